@@ -1,0 +1,73 @@
+# t2s: agentic text-to-SQL GRPO recipes on TRL.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.stamp-$(shell cat requirements.txt pyproject.toml | sha256sum | cut -c1-16)
+GPU_STAMP := $(VENV)/.stamp-gpu-$(shell cat requirements-gpu.txt | sha256sum | cut -c1-16)
+export HF_HUB_OFFLINE ?= 1
+export HF_HUB_DISABLE_TELEMETRY := 1
+export TRL_EXPERIMENTAL_SILENCE := 1
+export TOKENIZERS_PARALLELISM := false
+
+RECIPE ?= bird
+ACCELERATE ?= multi_gpu
+NUM_GPUS ?= 3
+MODEL ?= Qwen/Qwen3.5-2B
+PORT ?= 8000
+MAX_MODEL_LEN ?= 16384
+PYTEST_ARGS ?=
+
+.PHONY: install install-gpu test demo train serve data bench-env bench-rollout clean help
+
+help:
+	@echo "make demo      train the smoke recipe on data/demo (CPU), then evaluate it"
+	@echo "make test      run the test suite (offline, CPU)"
+	@echo "make train RECIPE=bird [ACCELERATE=multi_gpu] [NUM_GPUS=3]"
+	@echo "make serve MODEL=...   vLLM server for server-mode rollouts"
+	@echo "make data      where to put BIRD, then check whatever is present"
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -r requirements.txt
+	$(PY) -m pip install --quiet --no-deps -e .
+	rm -f $(VENV)/.stamp-[0-9a-f]*
+	touch $@
+
+install-gpu: $(GPU_STAMP)
+
+$(GPU_STAMP): $(STAMP) requirements-gpu.txt
+	$(PY) -m pip install -r requirements-gpu.txt
+	touch $@
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: install
+	$(PY) -m t2s demo
+
+train: install
+	$(VENV)/bin/accelerate launch --config_file accelerate_configs/$(ACCELERATE).yaml --num_processes $(NUM_GPUS) \
+		-m t2s train --config recipes/$(RECIPE).yaml
+
+serve: install
+	VLLM_SERVER_DEV_MODE=1 $(VENV)/bin/vllm serve $(MODEL) --port $(PORT) \
+		--weight-transfer-config '{"backend":"nccl"}' \
+		--logprobs-mode processed_logprobs --max-logprobs -1 \
+		--enable-prefix-caching --max-model-len $(MAX_MODEL_LEN)
+
+data: install
+	$(PY) -m t2s data prepare
+
+bench-env: install
+	$(PY) -m t2s bench env --data data/demo/dev.json
+
+bench-rollout: install
+	$(PY) -m t2s bench rollout
+
+clean:
+	rm -rf $(VENV) .pytest_cache

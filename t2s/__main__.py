@@ -1,0 +1,3 @@
+from t2s.cli import main
+
+raise SystemExit(main())

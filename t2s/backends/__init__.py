@@ -1,0 +1,1 @@
+"""Generation backends: vLLM server (HTTP), vLLM colocate, transformers ``generate``, and scripted policies."""

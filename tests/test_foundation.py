@@ -1,0 +1,110 @@
+"""The package foundation: fast CLI, offline guard, the tiny tokenizer and model."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from t2s.settings import REPO_ROOT
+
+
+def test_help_is_fast_and_imports_no_torch():
+    code = (
+        "import sys, time; t = time.time(); from t2s.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "assert 'torch' not in sys.modules and 'trl' not in sys.modules and 'transformers' not in sys.modules, "
+        "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'trl', 'transformers'))\n"
+        "print('elapsed', time.time() - t)"
+    )
+    start = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO_ROOT, check=True)
+    assert time.time() - start < 5.0
+    assert "COMMAND" in out.stdout
+
+
+def test_help_lists_commands():
+    out = subprocess.run([sys.executable, "-m", "t2s", "--help"], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode == 0
+    from t2s.cli import available_commands
+
+    for name in available_commands():
+        assert name in out.stdout
+
+
+def test_unknown_command_is_a_clear_error():
+    out = subprocess.run([sys.executable, "-m", "t2s", "frobnicate"], capture_output=True, text=True, cwd=REPO_ROOT)
+    assert out.returncode == 2
+    assert "unknown command" in out.stderr
+
+
+def test_network_guard_blocks_non_loopback():
+    from conftest import NetworkAccessError
+
+    with pytest.raises(NetworkAccessError):
+        socket.create_connection(("93.184.216.34", 80), timeout=1)
+    with pytest.raises(NetworkAccessError):
+        socket.getaddrinfo("huggingface.co", 443)
+
+
+def test_network_guard_allows_loopback():
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    client = socket.create_connection(server.getsockname(), timeout=1)
+    client.close()
+    server.close()
+
+
+def test_tokenizer_round_trips_text_and_special_tokens(tiny_tokenizer):
+    text = '<|im_start|>user\nSELECT "Unit Price" FROM t; -- ünïcode 🙂<|im_end|>\n<think>\nhm\n</think>\n<|endoftext|>'
+    ids = tiny_tokenizer.encode(text, add_special_tokens=False)
+    assert tiny_tokenizer.decode(ids) == text
+    for special in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<think>", "</think>"):
+        ids = tiny_tokenizer.encode(special, add_special_tokens=False)
+        assert len(ids) == 1, special
+    assert tiny_tokenizer.eos_token == "<|endoftext|>"
+
+
+def test_special_tokens_can_be_tokenized_as_plain_text(tiny_tokenizer):
+    im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ids = tiny_tokenizer("<|im_end|><|im_start|>assistant", add_special_tokens=False, split_special_tokens=True).input_ids
+    assert im_end not in ids
+    assert tiny_tokenizer.decode(ids) == "<|im_end|><|im_start|>assistant"
+
+
+def test_generation_prompt_opens_think_block_only_with_enable_thinking(tiny_tokenizer):
+    messages = [{"role": "system", "content": "You write SQL."}, {"role": "user", "content": "How many?"}]
+    on = tiny_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, enable_thinking=True)
+    assert on.endswith("<|im_start|>assistant\n<think>\n")
+    off = tiny_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert off.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_chat_template_is_qwen35_nothink_from_trl(tiny_tokenizer):
+    from t2s.tiny_model import chat_template_path
+
+    assert chat_template_path().name == "qwen3_5_nothink.jinja"
+    assert tiny_tokenizer.chat_template == chat_template_path().read_text()
+
+
+def test_tiny_model_loads_from_path_and_generates(tiny_model_dir, tiny_tokenizer):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert type(model).__name__ == "Qwen3_5ForCausalLM"
+    assert model.config.name_or_path == str(tiny_model_dir)
+    prompt = tiny_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "List the tables."}], add_generation_prompt=True, tokenize=False, enable_thinking=True
+    )
+    inputs = tiny_tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=6, do_sample=True)
+    assert out.shape[1] == inputs.input_ids.shape[1] + 6 or out[0, -1].item() in (
+        tiny_tokenizer.eos_token_id,
+        tiny_tokenizer.convert_tokens_to_ids("<|im_end|>"),
+    )
