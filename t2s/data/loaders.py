@@ -1,0 +1,602 @@
+"""Loaders for BIRD, Spider, SQaLe and SynSQL into the one row shape that training and evaluation share.
+
+Every loader yields plain dicts with exactly these keys (DESIGN §2, §9)::
+
+    {question_id, question, evidence, gold_sql, db_id, db_path, schema_id, difficulty, source}
+
+``db_path`` is the absolute path of a SQLite file, or None for row-payload data (SQaLe), which sets ``schema_id``
+instead. ``question_id`` is the data's own id (as a string) where it has one, else ``"<source>:<position>"`` with the
+0-based position in the data file. ``databases.ref_from_row(row)`` maps a row to its database.
+
+Rows whose database file is absent keep the path where it was expected; the returned list carries a
+``missing_databases`` map (db_id -> number of questions) so callers can count and report them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+log = logging.getLogger(__name__)
+
+ROW_KEYS = ("question_id", "question", "evidence", "gold_sql", "db_id", "db_path", "schema_id", "difficulty", "source")
+DIFFICULTIES = ("simple", "moderate", "challenging")
+KINDS = ("bird", "spider", "sqale", "synsql")
+
+# SynSQL-2.5M's `sql_complexity` labels, mapped onto BIRD's three levels.
+SYNSQL_DIFFICULTY = {
+    "simple": "simple",
+    "moderate": "moderate",
+    "complex": "challenging",
+    "highly complex": "challenging",
+}
+
+# Data file names looked for when a loader is given a folder, in order.
+_DATA_FILES = {
+    "bird": ("dev.json", "train.json", "mini_dev_sqlite.json"),
+    "spider": ("dev.json", "train_spider.json"),
+    "synsql": ("data.json", "synsql.json"),
+}
+# Database folders looked for beside a data file, in order.
+_DB_FOLDERS = ("dev_databases", "train_databases", "database", "databases")
+
+
+class DataError(ValueError):
+    """A data file that cannot be loaded; the message begins with ``Error:`` and names the file (and row)."""
+
+
+class RowList(list):
+    """The loaded rows, plus what was found missing while loading.
+
+    ``missing_databases``: db_id -> number of questions whose database file is absent.
+    ``db_root``: the folder searched for databases (None for row-payload data).
+    """
+
+    def __init__(self, rows: Iterable[dict] = (), missing_databases: dict[str, int] | None = None, db_root=None):
+        super().__init__(rows)
+        self.missing_databases: dict[str, int] = dict(missing_databases or {})
+        self.db_root: str | None = str(db_root) if db_root is not None else None
+
+    @property
+    def missing_questions(self) -> int:
+        return sum(self.missing_databases.values())
+
+    def missing_summary(self) -> str:
+        """One line naming the missing databases and their question counts ('' when none are missing)."""
+        if not self.missing_databases:
+            return ""
+        items = sorted(self.missing_databases.items())
+        names = ", ".join(f"{db} ({n} questions)" for db, n in items[:8])
+        if len(items) > 8:
+            names += f" and {len(items) - 8} more databases"
+        return f"{self.missing_questions} of {len(self)} questions point at databases missing under {self.db_root}: {names}"
+
+
+def make_row(
+    *,
+    question_id: str,
+    question: str,
+    gold_sql: str,
+    db_id: str,
+    source: str,
+    evidence: str = "",
+    db_path: str | None = None,
+    schema_id: str | None = None,
+    difficulty: str | None = None,
+) -> dict:
+    """One row in the common shape (every key present, plain strings or None)."""
+    return {
+        "question_id": str(question_id),
+        "question": question,
+        "evidence": evidence or "",
+        "gold_sql": gold_sql,
+        "db_id": db_id,
+        "db_path": db_path,
+        "schema_id": schema_id,
+        "difficulty": difficulty,
+        "source": source,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading files
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """A JSON list of objects, or JSONL (one object a line). Errors name the file and the line or row."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"Error: data file not found: {path}")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"Error: {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    stripped = text.lstrip()
+    if path.suffix == ".jsonl" or (stripped.startswith("{") and not _is_single_json_object(stripped)):
+        records = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"Error: {path}: line {number} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+    else:
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(
+                f"Error: {path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from None
+        if isinstance(records, dict):  # a single object holding the list, e.g. {"data": [...]}
+            lists = [v for v in records.values() if isinstance(v, list)]
+            if len(lists) != 1:
+                raise DataError(f"Error: {path}: expected a JSON list of questions, found an object")
+            records = lists[0]
+        if not isinstance(records, list):
+            raise DataError(f"Error: {path}: expected a JSON list of questions, found {type(records).__name__}")
+    for position, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise DataError(
+                f"Error: {path}: row {position} (0-based) is {type(record).__name__}, expected a JSON object"
+            )
+    return records
+
+
+def _is_single_json_object(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except json.JSONDecodeError:
+        return False
+
+
+def _require(record: dict, fields: Iterable[str], path, position: int) -> None:
+    """Raise naming the file and row when a required field is missing or not a non-empty string."""
+    missing = [f for f in fields if not isinstance(record.get(f), str) or not record.get(f).strip()]
+    if missing:
+        names = ", ".join(repr(f) for f in missing)
+        raise DataError(f"Error: {path}: row {position} (0-based) is missing required field(s) {names}")
+
+
+def _pick(record: dict, names: Iterable[str]) -> str | None:
+    for name in names:
+        if name in record:
+            return name
+    return None
+
+
+def _difficulty(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    value = value.strip().lower()
+    return value if value in DIFFICULTIES else None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Files with databases on disk (BIRD, Spider, SynSQL)
+
+
+def _data_file(kind: str, path: Path) -> Path:
+    if path.is_dir():
+        for name in _DATA_FILES.get(kind, ()):
+            if (path / name).is_file():
+                return path / name
+        expected = " or ".join(_DATA_FILES.get(kind, ("a .json file",)))
+        raise DataError(f"Error: no {kind} data file in {path} (expected {expected})")
+    return path
+
+
+def default_db_root(data_file: str | Path, kind: str | None = None) -> Path:
+    """The folder beside the data file that holds one sub-folder per db_id (it may not exist)."""
+    data_file = Path(data_file).resolve()
+    parent = data_file.parent
+    stem = data_file.stem.lower()
+    preferred = []
+    if kind == "spider":
+        preferred.append("database")
+    elif kind == "synsql":
+        preferred.append("databases")
+    elif "train" in stem:
+        preferred.append("train_databases")
+    elif "dev" in stem:
+        preferred.append("dev_databases")
+    for name in preferred + [n for n in _DB_FOLDERS if n not in preferred]:
+        if (parent / name).is_dir():
+            return parent / name
+    return parent / (preferred[0] if preferred else "databases")
+
+
+def database_file(db_root: str | Path, db_id: str) -> Path:
+    """``<db_root>/<db_id>/<db_id>.sqlite``."""
+    return Path(db_root) / db_id / f"{db_id}.sqlite"
+
+
+def _source_name(kind: str, data_file: Path) -> str:
+    stem = data_file.stem.lower()
+    if stem.startswith("mini_dev"):
+        split = "minidev"
+    elif stem in ("dev", "train", "test"):
+        split = stem
+    elif stem == "train_spider":
+        split = "train"
+    else:
+        split = stem
+    return f"{kind}_{split}"
+
+
+def _attach_databases(rows: list[dict], db_root: Path, data_file: Path, require_databases: bool | None) -> RowList:
+    """Set db_path on every row and collect the db_ids whose files are absent."""
+    db_root = db_root.resolve()
+    missing: dict[str, int] = {}
+    present: dict[str, bool] = {}
+    for row in rows:
+        db_id = row["db_id"]
+        file = database_file(db_root, db_id)
+        if db_id not in present:
+            present[db_id] = file.is_file()
+        if not present[db_id]:
+            missing[db_id] = missing.get(db_id, 0) + 1
+        row["db_path"] = str(file)
+    result = RowList(rows, missing, db_root)
+    if not missing or require_databases is False:
+        if missing:
+            log.warning(result.missing_summary())
+        return result
+    nothing_there = len(missing) == len(present)
+    if require_databases or nothing_there:
+        if not db_root.is_dir():
+            raise DataError(
+                f"Error: the database folder {db_root} does not exist (needed by {data_file}). "
+                f"Download the databases and unpack them there, or pass --db-root."
+            )
+        folders = ", ".join(str(db_root / db) for db in sorted(missing)[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise DataError(
+            f"Error: {len(missing)} database folder(s) missing under {db_root} for {data_file}: {folders}{more}"
+        )
+    log.warning(result.missing_summary())
+    return result
+
+
+def _load_with_databases(
+    kind: str,
+    path,
+    db_root,
+    *,
+    sql_fields: tuple[str, ...],
+    evidence_fields: tuple[str, ...],
+    difficulty_of,
+    source: str | None,
+    require_databases: bool | None,
+    limit: int | None,
+) -> RowList:
+    data_file = _data_file(kind, Path(path))
+    records = read_records(data_file)
+    if limit is not None:
+        records = records[:limit]
+    source = source or _source_name(kind, data_file)
+    rows = []
+    for position, record in enumerate(records):
+        sql_field = _pick(record, sql_fields) or sql_fields[0]
+        _require(record, ("db_id", "question", sql_field), data_file, position)
+        own_id = record.get("question_id")
+        rows.append(
+            make_row(
+                question_id=str(own_id) if own_id is not None else f"{source}:{position}",
+                question=record["question"],
+                gold_sql=record[sql_field],
+                db_id=record["db_id"],
+                evidence=next((record[f] for f in evidence_fields if isinstance(record.get(f), str)), ""),
+                difficulty=difficulty_of(record),
+                source=source,
+            )
+        )
+    root = Path(db_root) if db_root is not None else default_db_root(data_file, kind)
+    return _attach_databases(rows, root, data_file, require_databases)
+
+
+def _bird_difficulty(record: dict) -> str | None:
+    """The labelled difficulty; a file written by `data difficulty` supplies its estimate where no label exists."""
+    return _difficulty(record.get("difficulty")) or _difficulty(record.get("difficulty_estimated"))
+
+
+def load_bird(path, db_root=None, *, source=None, require_databases=None, limit=None) -> RowList:
+    """BIRD's official layout: ``dev.json`` + ``dev_databases/`` or ``train/train.json`` + ``train_databases/``."""
+    return _load_with_databases(
+        "bird", path, db_root, sql_fields=("SQL", "sql", "query"), evidence_fields=("evidence",),
+        difficulty_of=_bird_difficulty, source=source, require_databases=require_databases, limit=limit,
+    )
+
+
+def load_spider(path, db_root=None, *, source=None, require_databases=None, limit=None) -> RowList:
+    """Spider: ``dev.json`` or ``train_spider.json`` + ``database/<db_id>/<db_id>.sqlite``."""
+    return _load_with_databases(
+        "spider", path, db_root, sql_fields=("query", "SQL", "sql"), evidence_fields=("evidence",),
+        difficulty_of=_bird_difficulty, source=source, require_databases=require_databases, limit=limit,
+    )
+
+
+def synsql_difficulty(label: Any) -> str | None:
+    """SynSQL's ``sql_complexity`` (Simple, Moderate, Complex, Highly Complex) as simple/moderate/challenging."""
+    if not isinstance(label, str):
+        return None
+    return SYNSQL_DIFFICULTY.get(" ".join(label.strip().lower().replace("_", " ").split()))
+
+
+def load_synsql(path, db_root=None, *, source=None, require_databases=None, limit=None) -> RowList:
+    """SynSQL-2.5M: its JSON list (db_id, question, sql, external_knowledge, sql_complexity) + ``databases/``."""
+    return _load_with_databases(
+        "synsql", path, db_root, sql_fields=("sql", "SQL", "query"), evidence_fields=("external_knowledge", "evidence"),
+        difficulty_of=lambda r: synsql_difficulty(r.get("sql_complexity")) or _bird_difficulty(r),
+        source=source or "synsql", require_databases=require_databases, limit=limit,
+    )
+
+
+def load_json_rows(path, db_root=None, source=None, *, require_databases=None) -> RowList:
+    """A BIRD- or Spider-style JSON file, told apart by its SQL field (``SQL`` or ``query``).
+
+    This is the loader of ``score`` and ``eval``. Files in the common row shape (``gold_sql``) load as they are.
+    """
+    data_file = Path(path)
+    if data_file.is_dir():
+        for name in ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spider.json"):
+            if (data_file / name).is_file():
+                data_file = data_file / name
+                break
+    records = read_records(data_file)
+    first = records[0] if records else {}
+    if "gold_sql" in first:
+        return _load_common_rows(records, data_file, db_root, source, require_databases)
+    if "query" in first and "SQL" not in first:
+        return load_spider(data_file, db_root, source=source, require_databases=require_databases)
+    if "sql_complexity" in first or ("sql" in first and "SQL" not in first):
+        return load_synsql(data_file, db_root, source=source, require_databases=require_databases)
+    return load_bird(data_file, db_root, source=source, require_databases=require_databases)
+
+
+def _load_common_rows(records, data_file, db_root, source, require_databases) -> RowList:
+    rows = []
+    for position, record in enumerate(records):
+        _require(record, ("question", "gold_sql", "db_id"), data_file, position)
+        row = make_row(
+            question_id=record.get("question_id") or f"{source or data_file.stem}:{position}",
+            question=record["question"],
+            gold_sql=record["gold_sql"],
+            db_id=record["db_id"],
+            evidence=record.get("evidence") or "",
+            db_path=record.get("db_path"),
+            schema_id=record.get("schema_id"),
+            difficulty=_bird_difficulty(record),
+            source=source or record.get("source") or data_file.stem,
+        )
+        rows.append(row)
+    if db_root is None and all(r["db_path"] or r["schema_id"] for r in rows):
+        return RowList(rows)
+    root = Path(db_root) if db_root is not None else default_db_root(data_file)
+    return _attach_databases(rows, root, data_file, require_databases)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# SQaLe: row payloads
+
+
+@dataclass(frozen=True)
+class SqaleColumns:
+    """Column names of the SQaLe schema and query tables (the published data renamed them more than once).
+
+    Where a configured name is absent, the first present alias in ``*_aliases`` is used.
+    """
+
+    schema_id: str = "schema_id"
+    ddl: str = "full_schema"
+    content: str = "schema_content"
+    question: str = "question"
+    sql: str = "query"
+    evidence: str | None = None
+    ddl_aliases: tuple[str, ...] = ("schema", "ddl", "create_statements")
+    content_aliases: tuple[str, ...] = ("rows", "data", "table_rows")
+    question_aliases: tuple[str, ...] = ("nl", "natural_language", "prompt")
+    sql_aliases: tuple[str, ...] = ("sql", "SQL", "gold_sql", "sql_query")
+
+
+SQALE_QUERIES = "trl-lab/SQaLe-2-text-to-SQL-Queries"
+SQALE_SCHEMAS = "trl-lab/SQaLe-2-text-to-SQL-Schemas"
+
+
+def read_table(source: str | Path, *, split: str = "train", what: str = "data") -> list[dict]:
+    """Records from a local parquet / JSONL / JSON file, or a Hub dataset id (through ``datasets.load_dataset``)."""
+    path = Path(source)
+    if path.exists():
+        if path.is_dir():
+            files = sorted(path.glob("*.parquet")) or sorted(path.glob("*.jsonl")) or sorted(path.glob("*.json"))
+            if not files:
+                raise DataError(f"Error: no parquet, JSONL or JSON files in {path} ({what})")
+            return [r for f in files for r in read_table(f, what=what)]
+        if path.suffix == ".parquet":
+            import datasets
+
+            try:
+                return datasets.Dataset.from_parquet(str(path)).to_list()
+            except Exception as exc:  # noqa: BLE001 - any reader failure becomes one clear line
+                raise DataError(f"Error: {path}: cannot read parquet ({what}): {exc}") from None
+        return read_records(path)
+    if str(source).endswith((".parquet", ".json", ".jsonl")) or str(source).startswith((".", "/")):
+        raise DataError(f"Error: {what} file not found: {source}")
+    import datasets
+
+    try:
+        return datasets.load_dataset(str(source), split=split).to_list()
+    except Exception as exc:  # noqa: BLE001
+        raise DataError(f"Error: cannot load the Hub dataset {source!r} ({what}): {exc}") from None
+
+
+def _column(records: list[dict], name: str | None, aliases: tuple[str, ...], where, what: str) -> str:
+    if not records:
+        return name or ""
+    keys = records[0].keys()
+    for candidate in ([name] if name else []) + list(aliases):
+        if candidate in keys:
+            return candidate
+    raise DataError(
+        f"Error: {where}: no {what} column {name!r} (columns: {', '.join(map(str, keys))}); set it in SqaleColumns"
+    )
+
+
+def parse_payload(content: Any, where: str) -> dict[str, list[dict]]:
+    """The JSON map table -> list of row dicts (a JSON string or an already-decoded mapping)."""
+    if content is None or content == "":
+        return {}
+    if isinstance(content, (bytes, str)):
+        try:
+            content = json.loads(content)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"Error: {where}: the row payload is not valid JSON: {exc.msg} (column {exc.colno})") from None
+    if not isinstance(content, dict):
+        raise DataError(f"Error: {where}: the row payload is {type(content).__name__}, expected a table -> rows map")
+    payload = {}
+    for table, table_rows in content.items():
+        if table_rows is None:
+            table_rows = []
+        if not isinstance(table_rows, list) or not all(isinstance(r, dict) for r in table_rows):
+            raise DataError(f"Error: {where}: rows of table {table!r} are not a list of objects")
+        payload[str(table)] = table_rows
+    return payload
+
+
+def load_sqale(
+    path=None,
+    db_root=None,
+    *,
+    schemas=None,
+    columns: SqaleColumns | None = None,
+    split: str = "train",
+    source: str = "sqale",
+    limit: int | None = None,
+    register: bool = True,
+    **_ignored,
+) -> RowList:
+    """SQaLe: query rows joined on a schema id to schema rows (DDL + JSON map table -> row dicts).
+
+    ``path``: the query table (local parquet/JSONL/JSON, a folder of them, or a Hub id; default the published
+    queries). ``schemas``: the schema table, same forms. When the query rows carry the DDL and payload columns
+    themselves, ``schemas`` may be omitted (each distinct DDL becomes one schema). Every schema used is registered
+    once with ``databases.register_payload``; rows get ``schema_id`` and ``db_path=None``.
+    """
+    cols = columns or SqaleColumns()
+    query_source = path or SQALE_QUERIES
+    queries = read_table(query_source, split=split, what="SQaLe queries")
+    if limit is not None:
+        queries = queries[:limit]
+    q_col = _column(queries, cols.question, cols.question_aliases, query_source, "question")
+    s_col = _column(queries, cols.sql, cols.sql_aliases, query_source, "SQL")
+    inline = bool(queries) and _has_column(queries, cols.ddl, cols.ddl_aliases)
+    if schemas is None and not inline:
+        schemas = SQALE_SCHEMAS
+
+    schema_table: dict[str, tuple[str, Any]] = {}
+    if schemas is not None:
+        schema_records = read_table(schemas, split=split, what="SQaLe schemas")
+        id_col = _column(schema_records, cols.schema_id, (), schemas, "schema id")
+        ddl_col = _column(schema_records, cols.ddl, cols.ddl_aliases, schemas, "DDL")
+        content_col = _column(schema_records, cols.content, cols.content_aliases, schemas, "row payload")
+        for record in schema_records:
+            schema_table[str(record[id_col])] = (record.get(ddl_col) or "", record.get(content_col))
+        qid_col = _column(queries, cols.schema_id, (), query_source, "schema id")
+    else:
+        ddl_col = _column(queries, cols.ddl, cols.ddl_aliases, query_source, "DDL")
+        content_col = _column(queries, cols.content, cols.content_aliases, query_source, "row payload")
+        qid_col = cols.schema_id if queries and cols.schema_id in queries[0] else None
+
+    rows: list[dict] = []
+    needed: dict[str, tuple[str, Any]] = {}
+    missing: dict[str, int] = {}
+    for position, record in enumerate(queries):
+        _require(record, (q_col, s_col), query_source, position)
+        if schemas is not None:
+            schema_id = record.get(qid_col)
+            if schema_id is None:
+                raise DataError(f"Error: {query_source}: row {position} (0-based) has no {qid_col!r}")
+            schema_id = str(schema_id)
+            if schema_id not in schema_table:
+                missing[schema_id] = missing.get(schema_id, 0) + 1
+                continue
+            needed[schema_id] = schema_table[schema_id]
+        else:
+            ddl = record.get(ddl_col) or ""
+            schema_id = str(record[qid_col]) if qid_col and record.get(qid_col) is not None else _ddl_id(ddl)
+            needed.setdefault(schema_id, (ddl, record.get(content_col)))
+        evidence = record.get(cols.evidence) if cols.evidence else ""
+        own_id = record.get("question_id")
+        rows.append(
+            make_row(
+                question_id=str(own_id) if own_id is not None else f"{source}:{position}",
+                question=record[q_col],
+                gold_sql=record[s_col],
+                db_id=schema_id,
+                evidence=evidence if isinstance(evidence, str) else "",
+                schema_id=schema_id,
+                difficulty=_bird_difficulty(record),
+                source=source,
+            )
+        )
+    if missing:
+        log.warning("%d SQaLe questions name schemas absent from the schema table: %s",
+                    sum(missing.values()), ", ".join(sorted(missing)[:10]))
+    if register:
+        register_payloads(needed)
+    return RowList(rows, missing, None)
+
+
+def _has_column(records: list[dict], name: str | None, aliases: tuple[str, ...]) -> bool:
+    keys = records[0].keys()
+    return any(c in keys for c in ([name] if name else []) + list(aliases))
+
+
+def _ddl_id(ddl: str) -> str:
+    return "schema_" + hashlib.sha256(ddl.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def register_payloads(schemas: dict[str, tuple[str, Any]]) -> None:
+    """Register each (DDL, payload) with ``databases.register_payload`` under its schema id."""
+    from t2s import databases
+
+    for schema_id, (ddl, content) in schemas.items():
+        payload = parse_payload(content, f"schema {schema_id}")
+        databases.register_payload(schema_id, ddl, payload)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Dispatch
+
+
+def load_rows(kind: str, path=None, db_root=None, **opts) -> RowList:
+    """Load data of one kind (``bird``, ``spider``, ``sqale``, ``synsql``) into the common row shape.
+
+    Options: ``require_databases`` (True: any missing database is an error; False: never; default: an error only
+    when none of the databases is present), ``source`` (the prefix of generated question ids), ``limit``; SQaLe also
+    takes ``schemas``, ``columns`` (a :class:`SqaleColumns`) and ``split``.
+    """
+    kind = kind.lower()
+    if kind == "bird":
+        return load_bird(path, db_root, **opts)
+    if kind == "spider":
+        return load_spider(path, db_root, **opts)
+    if kind == "synsql":
+        return load_synsql(path, db_root, **opts)
+    if kind == "sqale":
+        return load_sqale(path, db_root, **opts)
+    if kind in ("json", "auto"):
+        return load_json_rows(path, db_root, opts.get("source"), require_databases=opts.get("require_databases"))
+    raise DataError(f"Error: unknown data kind {kind!r} (expected one of {', '.join(KINDS)})")
+
+
+def database_ref(row: dict):
+    """The DatabaseRef of a row (the registry: ``databases.ref_from_row``)."""
+    from t2s import databases
+
+    return databases.ref_from_row(row)
