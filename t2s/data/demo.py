@@ -1,0 +1,630 @@
+"""The embedded demo data: a small cycling-club database and questions, in BIRD's dev layout.
+
+``python -m t2s.data.demo [--output DIR]`` writes, deterministically (default ``data/demo/``)::
+
+    dev.json                      questions: question_id, db_id, question, evidence, SQL, difficulty
+    dev_tables.json               the schema in BIRD/Spider tables.json format, read back from the database
+    dev_databases/cycling_club/cycling_club.sqlite
+    dev_databases/cycling_club/database_description/<table>.csv
+
+All content (names, rows, questions) is invented here; rows come from a seeded ``random.Random``. Running the
+generator twice gives byte-identical files for the same SQLite library version.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import io
+import json
+import os
+import random
+import sqlite3
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+DB_ID = "cycling_club"
+SEED = 20240611
+PAGE_SIZE = 4096
+DESCRIPTION_HEADER = ["original_column_name", "column_name", "column_description", "data_format", "value_description"]
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # declared SQLite type: INTEGER, TEXT or REAL
+    constraint: str = ""  # e.g. "PRIMARY KEY", "NOT NULL REFERENCES clubs(club_id)"
+    readable: str = ""  # BIRD's column_name: a human-readable name, empty when the original reads well
+    description: str = ""
+    values: str = ""  # BIRD's value_description
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    columns: tuple[Column, ...]
+    extra: tuple[str, ...] = ()  # table constraints, e.g. a composite PRIMARY KEY
+
+
+TABLES: tuple[Table, ...] = (
+    Table("clubs", (
+        Column("club_id", "INTEGER", "PRIMARY KEY", "club id", "the unique identifier of the club"),
+        Column("club_name", "TEXT", "NOT NULL", "club name", "the name of the club"),
+        Column("city", "TEXT", "", "", "the city where the club is based"),
+        Column("founded_year", "INTEGER", "", "founded year", "the year the club was founded"),
+        Column("MonthlyFee", "REAL", "", "monthly fee", "the membership fee per month, in euros"),
+    )),
+    Table("members", (
+        Column("member_id", "INTEGER", "PRIMARY KEY", "member id", "the unique identifier of the member"),
+        Column("club_id", "INTEGER", "NOT NULL REFERENCES clubs(club_id)", "club id",
+               "the club the member belongs to\nMaps to clubs(club_id)"),
+        Column("first_name", "TEXT", "NOT NULL", "first name", "the member's first name"),
+        Column("last_name", "TEXT", "NOT NULL", "last name", "the member's last name",
+               "commonsense evidence:\nthe full name of a member is first_name followed by last_name"),
+        Column("gender", "TEXT", "", "", "the member's gender",
+               "'F' = female; 'M' = male; NULL = not stated"),
+        Column("birth_year", "INTEGER", "", "birth year", "the year the member was born",
+               "NULL when the member did not give it"),
+        Column("JoinDate", "TEXT", "NOT NULL", "join date", "the date the member joined the club",
+               "YYYY-MM-DD"),
+        Column("EmailAddress", "TEXT", "", "email address", "the member's e-mail address",
+               "NULL when the member gave none"),
+        Column("is_active", "INTEGER", "NOT NULL", "is active", "whether the membership is current",
+               "1 = active; 0 = lapsed"),
+    )),
+    Table("bikes", (
+        Column("bike_id", "INTEGER", "PRIMARY KEY", "bike id", "the unique identifier of the bike"),
+        Column("owner_id", "INTEGER", "NOT NULL REFERENCES members(member_id)", "owner id",
+               "the member who owns the bike\nMaps to members(member_id)"),
+        Column("brand", "TEXT", "NOT NULL", "", "the maker of the bike"),
+        Column("bike_type", "TEXT", "NOT NULL", "bike type", "the kind of bike",
+               "'road', 'gravel', 'mountain' or 'e-bike'"),
+        Column("frame_material", "TEXT", "", "frame material", "what the frame is made of",
+               "'aluminium', 'carbon', 'steel' or 'titanium'; NULL = unknown"),
+        Column("purchase_price", "REAL", "", "purchase price", "what the owner paid for the bike, in euros"),
+        Column("weight_kg", "REAL", "", "weight kg", "the weight of the bike in kilograms",
+               "NULL when never weighed"),
+        Column("purchase_date", "TEXT", "", "purchase date", "the date the bike was bought", "YYYY-MM-DD"),
+    )),
+    Table("routes", (
+        Column("route_id", "INTEGER", "PRIMARY KEY", "route id", "the unique identifier of the route"),
+        Column("club_id", "INTEGER", "NOT NULL REFERENCES clubs(club_id)", "club id",
+               "the club that designed the route\nMaps to clubs(club_id)"),
+        Column("route_name", "TEXT", "NOT NULL", "route name", "the name of the route"),
+        Column("Start Point", "TEXT", "", "start point", "where rides on this route start"),
+        Column("distance_km", "REAL", "NOT NULL", "distance km", "the length of the route in kilometres"),
+        Column("elevation_gain_m", "INTEGER", "", "elevation gain m", "the total climbing in metres"),
+        Column("surface", "TEXT", "", "", "the main road surface", "'paved', 'gravel' or 'mixed'"),
+        Column("difficulty_level", "INTEGER", "", "difficulty level", "how hard the route is",
+               "1 (easiest) to 5 (hardest)"),
+    )),
+    Table("rides", (
+        Column("ride_id", "INTEGER", "PRIMARY KEY", "ride id", "the unique identifier of the group ride"),
+        Column("route_id", "INTEGER", "NOT NULL REFERENCES routes(route_id)", "route id",
+               "the route ridden\nMaps to routes(route_id)"),
+        Column("club_id", "INTEGER", "NOT NULL REFERENCES clubs(club_id)", "club id",
+               "the club that organised the ride\nMaps to clubs(club_id)"),
+        Column("leader_id", "INTEGER", "REFERENCES members(member_id)", "leader id",
+               "the member who led the ride\nMaps to members(member_id)", "NULL = no appointed leader"),
+        Column("ride_date", "TEXT", "NOT NULL", "ride date", "the date of the ride", "YYYY-MM-DD"),
+        Column("start_time", "TEXT", "", "start time", "the time the ride set off", "HH:MM, 24-hour clock"),
+        Column("weather", "TEXT", "", "", "the weather during the ride",
+               "'sunny', 'cloudy', 'rain' or 'windy'; NULL = not recorded"),
+        Column("temperature_c", "REAL", "", "temperature c", "the air temperature at the start, in Celsius",
+               "NULL = not recorded"),
+    )),
+    Table("Ride Participants", (
+        Column("ride_id", "INTEGER", "NOT NULL REFERENCES rides(ride_id)", "ride id",
+               "the ride\nMaps to rides(ride_id)"),
+        Column("member_id", "INTEGER", "NOT NULL REFERENCES members(member_id)", "member id",
+               "the member who took part\nMaps to members(member_id)"),
+        Column("bike_id", "INTEGER", "REFERENCES bikes(bike_id)", "bike id",
+               "the bike the member rode\nMaps to bikes(bike_id)", "NULL = an unregistered bike; the bike may belong to another member"),
+        Column("FinishMinutes", "INTEGER", "", "finish minutes", "the member's riding time in minutes",
+               "commonsense evidence:\nNULL means the member did not finish the ride"),
+        Column("AvgSpeedKmh", "REAL", "", "average speed km/h",
+               "the member's average speed in kilometres per hour", "NULL when the member did not finish"),
+    ), ("PRIMARY KEY (ride_id, member_id)",)),
+    Table("membership_payments", (
+        Column("payment_id", "INTEGER", "PRIMARY KEY", "payment id", "the unique identifier of the payment"),
+        Column("member_id", "INTEGER", "NOT NULL REFERENCES members(member_id)", "member id",
+               "the member who paid\nMaps to members(member_id)"),
+        Column("PaidOn", "TEXT", "NOT NULL", "paid on", "the date of the payment", "YYYY-MM-DD"),
+        Column("amount", "REAL", "NOT NULL", "", "the amount paid, in euros"),
+        Column("method", "TEXT", "", "", "how the member paid",
+               "'card', 'cash' or 'bank transfer'; NULL = not recorded"),
+        Column("period_year", "INTEGER", "NOT NULL", "period year", "the membership year the payment covers"),
+    )),
+)
+
+
+def quote(name: str) -> str:
+    """A SQLite identifier, double-quoted when it is not plain lower-case."""
+    plain = name.replace("_", "a").isalnum() and name.islower() and not name[0].isdigit()
+    return name if plain else '"' + name.replace('"', '""') + '"'
+
+
+def create_statement(table: Table) -> str:
+    parts = [f"    {quote(c.name)} {c.type}" + (f" {c.constraint}" if c.constraint else "") for c in table.columns]
+    parts += [f"    {extra}" for extra in table.extra]
+    return f"CREATE TABLE {quote(table.name)} (\n" + ",\n".join(parts) + "\n)"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rows
+
+CLUBS = [
+    ("Riverside Wheelers", "Aldermouth", 1987, 12.5),
+    ("Hilltop Cadence", "Brackenford", 2004, 15.0),
+    ("North Quay Riders", "Aldermouth", 2011, 10.0),
+    ("Granite Spokes", "Carrow Heath", 1995, 18.0),
+    ("Lantern Lane CC", "Dunmere", 2016, 9.5),
+    ("Saltmarsh Velo", "Eastwick Bay", 1979, 14.0),
+]
+FIRST_NAMES = [
+    "Ada", "Bram", "Cora", "Dmitri", "Elin", "Farid", "Greta", "Hugo", "Ines", "Jonas", "Kaia", "Luca", "Mira",
+    "Nils", "Oona", "Pavel", "Quinn", "Rosa", "Soren", "Talia", "Ugo", "Vera", "Wim", "Ximena", "Yusuf", "Zora",
+    "Anouk", "Basil", "Cleo", "Dario", "Esme", "Felix", "Gwen", "Hamid", "Ida", "Jasper",
+]
+LAST_NAMES = [
+    "Ashdown", "Birchall", "Calloway", "Draper", "Ellery", "Fenwick", "Garside", "Holloway", "Ingram", "Jessop",
+    "Kettering", "Lowry", "Marchetti", "Norcross", "Okafor", "Pemberton", "Quayle", "Rushworth", "Sandoval",
+    "Thistlewood", "Underhill", "Varga", "Whitcombe", "Yardley", "Zeller", "Abernethy", "Brightwell", "Cordell",
+]
+BRANDS = ["Kestrel", "Ironfell", "Vantia", "Solano", "Brookline", "Tidewater", "Marlowe"]
+BIKE_TYPES = ["road", "road", "road", "gravel", "gravel", "mountain", "e-bike"]
+MATERIALS = ["aluminium", "carbon", "steel", "titanium"]
+ROUTE_WORDS_A = ["Heron", "Copper", "Windmill", "Lark", "Old Mill", "Beacon", "Foxglove", "Chalk", "Harbour",
+                 "Bluebell", "Quarry", "Orchard"]
+ROUTE_WORDS_B = ["Loop", "Climb", "Circuit", "Ramble", "Dash", "Trail"]
+START_POINTS = ["Market Square", "Station Car Park", "Clubhouse", "Bridge End", "Village Green", "Harbour Wall"]
+SURFACES = ["paved", "paved", "paved", "gravel", "mixed"]
+WEATHER = ["sunny", "cloudy", "cloudy", "rain", "windy"]
+METHODS = ["card", "card", "bank transfer", "cash"]
+
+
+def _date(rng: random.Random, start: dt.date, end: dt.date) -> str:
+    return (start + dt.timedelta(days=rng.randrange((end - start).days + 1))).isoformat()
+
+
+def generate_rows(seed: int = SEED) -> dict[str, list[tuple]]:
+    """Every table's rows, in insertion order, from one seeded generator."""
+    rng = random.Random(seed)
+    rows: dict[str, list[tuple]] = {t.name: [] for t in TABLES}
+    for club_id, (name, city, founded, fee) in enumerate(CLUBS, start=1):
+        rows["clubs"].append((club_id, name, city, founded, fee))
+
+    names = [(f, l) for f in FIRST_NAMES for l in LAST_NAMES]
+    rng.shuffle(names)
+    members = []
+    for member_id, (first, last) in enumerate(names[:320], start=1):
+        club_id = rng.choices(range(1, 7), weights=[22, 18, 16, 14, 10, 20])[0]
+        gender = rng.choices(["F", "M", None], weights=[46, 48, 6])[0]
+        birth_year = rng.randint(1950, 2006) if rng.random() > 0.07 else None
+        joined = _date(rng, dt.date(2015, 1, 1), dt.date(2024, 12, 31))
+        email = f"{first}.{last}@example.org".lower() if rng.random() > 0.15 else None
+        active = 1 if rng.random() > 0.2 else 0
+        members.append((member_id, club_id, first, last, gender, birth_year, joined, email, active))
+    rows["members"] = members
+
+    bikes_by_owner: dict[int, list[int]] = {}
+    bike_id = 0
+    for member in members:
+        for _ in range(rng.choices([0, 1, 2, 3], weights=[12, 50, 28, 10])[0]):
+            bike_id += 1
+            kind = rng.choice(BIKE_TYPES)
+            material = rng.choice(MATERIALS) if rng.random() > 0.1 else None
+            price = round(rng.uniform(350, 2400) * (2.0 if material in ("carbon", "titanium") else 1.0)
+                          * (1.6 if kind == "e-bike" else 1.0), 2)
+            weight = None if rng.random() < 0.12 else round(
+                rng.uniform(7.0, 10.5) + (8.0 if kind == "e-bike" else 0.0) + (3.0 if kind == "mountain" else 0.0), 1)
+            bought = _date(rng, dt.date(2012, 1, 1), dt.date(2024, 10, 31))
+            rows["bikes"].append((bike_id, member[0], rng.choice(BRANDS), kind, material, price, weight, bought))
+            bikes_by_owner.setdefault(member[0], []).append(bike_id)
+
+    route_names = [f"{a} {b}" for a in ROUTE_WORDS_A for b in ROUTE_WORDS_B]
+    rng.shuffle(route_names)
+    routes = []
+    for route_id, name in enumerate(route_names[:36], start=1):
+        distance = round(rng.uniform(18, 160), 1)
+        climb = int(distance * rng.uniform(4, 22)) if rng.random() > 0.05 else None
+        level = min(5, 1 + int(distance / 40) + (1 if (climb or 0) > 1500 else 0))
+        routes.append((route_id, rng.randint(1, 6), name, rng.choice(START_POINTS), distance, climb,
+                       rng.choice(SURFACES), level))
+    rows["routes"] = routes
+
+    members_by_club: dict[int, list[int]] = {}
+    for member in members:
+        members_by_club.setdefault(member[1], []).append(member[0])
+    ride_dates = sorted(_date(rng, dt.date(2022, 1, 1), dt.date(2024, 12, 31)) for _ in range(520))
+    for ride_id, ride_date in enumerate(ride_dates, start=1):
+        route = rng.choice(routes)
+        club_id = route[1] if rng.random() < 0.7 else rng.randint(1, 6)
+        squad = members_by_club[club_id]
+        leader = rng.choice(squad) if rng.random() > 0.08 else None
+        start = f"{rng.choice([6, 7, 8, 9, 10, 18])}:{rng.choice(['00', '15', '30', '45'])}".zfill(5)
+        weather = rng.choice(WEATHER) if rng.random() > 0.18 else None
+        month = int(ride_date[5:7])
+        temperature = round(rng.gauss(8 + 10 * (1 if 5 <= month <= 9 else 0), 4), 1) if rng.random() > 0.1 else None
+        rows["rides"].append((ride_id, route[0], club_id, leader, ride_date, start, weather, temperature))
+
+        riders = rng.sample(squad, k=min(len(squad), rng.randint(2, 8)))
+        if leader is not None and leader not in riders:
+            riders[0] = leader
+        for member_id in sorted(riders):
+            owned = bikes_by_owner.get(member_id, [])
+            bike = rng.choice(owned) if owned and rng.random() > 0.1 else None
+            if rng.random() < 0.04:  # a bike borrowed from another member
+                bike = rng.randint(1, bike_id)
+            if rng.random() < 0.07:
+                minutes, speed = None, None
+            else:
+                speed = round(rng.uniform(17, 33) - route[7] * 0.8, 1)
+                minutes = int(round(route[4] / speed * 60))
+                speed = round(route[4] / (minutes / 60), 2)
+            rows["Ride Participants"].append((ride_id, member_id, bike, minutes, speed))
+
+    payment_id = 0
+    fees = {club_id: fee for club_id, (_, _, _, fee) in enumerate(CLUBS, start=1)}
+    for member in members:
+        first_year = int(member[6][:4])
+        last_year = 2024 if member[8] else min(2024, first_year + rng.randint(0, 3))
+        for year in range(max(first_year, 2019), last_year + 1):
+            if rng.random() < 0.1:
+                continue
+            payment_id += 1
+            paid_on = member[6] if year == first_year else _date(rng, dt.date(year, 1, 1), dt.date(year, 3, 31))
+            amount = round(fees[member[1]] * 12 * (0.9 if rng.random() < 0.25 else 1.0), 2)
+            method = rng.choice(METHODS) if rng.random() > 0.05 else None
+            rows["membership_payments"].append((payment_id, member[0], paid_on, amount, method, year))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Questions (our own; every gold SQL returns rows, checked by the generator and the tests)
+
+QUESTIONS: list[tuple[str, str, str, str]] = [
+    # (question, evidence, SQL, difficulty)
+    ("How many members does the club Granite Spokes have?",
+     "Granite Spokes refers to club_name = 'Granite Spokes'",
+     "SELECT COUNT(T1.member_id) FROM members AS T1 INNER JOIN clubs AS T2 ON T1.club_id = T2.club_id "
+     "WHERE T2.club_name = 'Granite Spokes'", "simple"),
+    ("Which clubs are based in Aldermouth?",
+     "", "SELECT club_name FROM clubs WHERE city = 'Aldermouth'", "simple"),
+    ("What is the name of the oldest club?",
+     "oldest club refers to MIN(founded_year)",
+     "SELECT club_name FROM clubs ORDER BY founded_year ASC LIMIT 1", "simple"),
+    ("How many bikes are e-bikes?",
+     "e-bikes refers to bike_type = 'e-bike'",
+     "SELECT COUNT(*) FROM bikes WHERE bike_type = 'e-bike'", "simple"),
+    ("List the names of the routes with a difficulty level of 5.",
+     "difficulty level of 5 refers to difficulty_level = 5",
+     "SELECT route_name FROM routes WHERE difficulty_level = 5", "simple"),
+    ("How many members did not give an e-mail address?",
+     "did not give an e-mail address refers to EmailAddress IS NULL",
+     "SELECT COUNT(*) FROM members WHERE EmailAddress IS NULL", "simple"),
+    ("How many members joined a club in 2020?",
+     "joined in 2020 refers to JoinDate LIKE '2020%'",
+     "SELECT COUNT(*) FROM members WHERE JoinDate LIKE '2020%'", "simple"),
+    ("What is the average purchase price of carbon-framed bikes?",
+     "carbon-framed refers to frame_material = 'carbon'; average purchase price = AVG(purchase_price)",
+     "SELECT AVG(purchase_price) FROM bikes WHERE frame_material = 'carbon'", "simple"),
+    ("What is the longest route, and how long is it?",
+     "longest route refers to MAX(distance_km)",
+     "SELECT route_name, distance_km FROM routes ORDER BY distance_km DESC LIMIT 1", "simple"),
+    ("How many group rides took place in rain?",
+     "in rain refers to weather = 'rain'",
+     "SELECT COUNT(ride_id) FROM rides WHERE weather = 'rain'", "simple"),
+    ("What is the monthly fee of the club Lantern Lane CC?",
+     "", "SELECT MonthlyFee FROM clubs WHERE club_name = 'Lantern Lane CC'", "simple"),
+    ("How many rides start from the Clubhouse?",
+     "start from the Clubhouse refers to `Start Point` = 'Clubhouse'",
+     "SELECT COUNT(T1.ride_id) FROM rides AS T1 INNER JOIN routes AS T2 ON T1.route_id = T2.route_id "
+     "WHERE T2.`Start Point` = 'Clubhouse'", "simple"),
+    ("List the brands and types of the bikes owned by Ada Ashdown.",
+     "Ada Ashdown refers to first_name = 'Ada' AND last_name = 'Ashdown'",
+     "SELECT T1.brand, T1.bike_type FROM bikes AS T1 INNER JOIN members AS T2 ON T1.owner_id = T2.member_id "
+     "WHERE T2.first_name = 'Ada' AND T2.last_name = 'Ashdown'", "simple"),
+    ("How many members of Saltmarsh Velo are no longer active?",
+     "no longer active refers to is_active = 0",
+     "SELECT COUNT(T1.member_id) FROM members AS T1 INNER JOIN clubs AS T2 ON T1.club_id = T2.club_id "
+     "WHERE T2.club_name = 'Saltmarsh Velo' AND T1.is_active = 0", "simple"),
+    ("How many participations ended without the rider finishing?",
+     "did not finish refers to FinishMinutes IS NULL",
+     'SELECT COUNT(*) FROM "Ride Participants" WHERE FinishMinutes IS NULL', "simple"),
+    ("What is the total amount paid by card for the 2023 membership year?",
+     "by card refers to method = 'card'; 2023 membership year refers to period_year = 2023",
+     "SELECT SUM(amount) FROM membership_payments WHERE method = 'card' AND period_year = 2023", "simple"),
+    ("Which brand of bike is the most common among the members?",
+     "most common refers to MAX(COUNT(bike_id))",
+     "SELECT brand FROM bikes GROUP BY brand ORDER BY COUNT(bike_id) DESC LIMIT 1", "simple"),
+    ("What is the heaviest mountain bike's brand and weight?",
+     "mountain bike refers to bike_type = 'mountain'; heaviest refers to MAX(weight_kg)",
+     "SELECT brand, weight_kg FROM bikes WHERE bike_type = 'mountain' AND weight_kg IS NOT NULL "
+     "ORDER BY weight_kg DESC LIMIT 1", "simple"),
+    ("How many rides did each club organise? List the club name and the number of rides.",
+     "",
+     "SELECT T2.club_name, COUNT(T1.ride_id) FROM rides AS T1 INNER JOIN clubs AS T2 ON T1.club_id = T2.club_id "
+     "GROUP BY T2.club_name", "moderate"),
+    ("What is the average speed of finished rides on the route with the most climbing?",
+     "most climbing refers to MAX(elevation_gain_m); finished refers to AvgSpeedKmh IS NOT NULL; "
+     "average speed = AVG(AvgSpeedKmh)",
+     'SELECT AVG(T1.AvgSpeedKmh) FROM "Ride Participants" AS T1 INNER JOIN rides AS T2 ON T1.ride_id = T2.ride_id '
+     "WHERE T1.AvgSpeedKmh IS NOT NULL AND T2.route_id = "
+     "(SELECT route_id FROM routes ORDER BY elevation_gain_m DESC LIMIT 1)", "moderate"),
+    ("Which member led the most group rides? Give the full name.",
+     "led refers to leader_id; full name refers to first_name, last_name; most refers to MAX(COUNT(ride_id))",
+     "SELECT T2.first_name, T2.last_name FROM rides AS T1 INNER JOIN members AS T2 ON T1.leader_id = T2.member_id "
+     "GROUP BY T1.leader_id ORDER BY COUNT(T1.ride_id) DESC, T1.leader_id LIMIT 1", "moderate"),
+    ("In which month of 2023 did the most group rides take place?",
+     "month refers to strftime('%m', ride_date); 2023 refers to ride_date LIKE '2023%'",
+     "SELECT strftime('%m', ride_date) AS ride_month FROM rides WHERE strftime('%Y', ride_date) = '2023' "
+     "GROUP BY ride_month ORDER BY COUNT(ride_id) DESC, ride_month LIMIT 1", "moderate"),
+    ("What percentage of the bikes have a carbon frame?",
+     "carbon frame refers to frame_material = 'carbon'; percentage = "
+     "DIVIDE(COUNT(frame_material = 'carbon'), COUNT(bike_id)) * 100",
+     "SELECT CAST(SUM(CASE WHEN frame_material = 'carbon' THEN 1 ELSE 0 END) AS REAL) * 100 / COUNT(bike_id) "
+     "FROM bikes", "moderate"),
+    ("How many distinct members took part in at least one ride in 2024?",
+     "in 2024 refers to strftime('%Y', ride_date) = '2024'",
+     "SELECT COUNT(DISTINCT T1.member_id) FROM `Ride Participants` AS T1 INNER JOIN rides AS T2 "
+     "ON T1.ride_id = T2.ride_id WHERE strftime('%Y', T2.ride_date) = '2024'", "moderate"),
+    ("List the names of the routes designed by Granite Spokes that have a gravel surface.",
+     "designed by Granite Spokes refers to club_name = 'Granite Spokes'; gravel surface refers to "
+     "surface = 'gravel'",
+     "SELECT T1.route_name FROM routes AS T1 INNER JOIN clubs AS T2 ON T1.club_id = T2.club_id "
+     "WHERE T2.club_name = 'Granite Spokes' AND T1.surface = 'gravel'", "moderate"),
+    ("What is the average temperature of the rides led by women?",
+     "women refers to gender = 'F'; average temperature = AVG(temperature_c)",
+     "SELECT AVG(T1.temperature_c) FROM rides AS T1 INNER JOIN members AS T2 ON T1.leader_id = T2.member_id "
+     "WHERE T2.gender = 'F'", "moderate"),
+    ("Among the members who joined before 2018, how many are still active?",
+     "joined before 2018 refers to JoinDate < '2018-01-01'; still active refers to is_active = 1",
+     "SELECT COUNT(member_id) FROM members WHERE JoinDate < '2018-01-01' AND is_active = 1", "moderate"),
+    ("How many rides had no appointed leader, and on how many distinct routes were they?",
+     "no appointed leader refers to leader_id IS NULL",
+     "SELECT COUNT(ride_id), COUNT(DISTINCT route_id) FROM rides WHERE leader_id IS NULL", "moderate"),
+    ("What is the total amount of membership payments received by each club in 2024? List club name and total.",
+     "in 2024 refers to PaidOn LIKE '2024%'; total = SUM(amount)",
+     "SELECT T3.club_name, SUM(T1.amount) FROM membership_payments AS T1 INNER JOIN members AS T2 "
+     "ON T1.member_id = T2.member_id INNER JOIN clubs AS T3 ON T2.club_id = T3.club_id "
+     "WHERE T1.PaidOn LIKE '2024%' GROUP BY T3.club_name", "moderate"),
+    ("Which members own more than two bikes? List their full names.",
+     "more than two bikes refers to COUNT(bike_id) > 2; full name refers to first_name, last_name",
+     "SELECT T2.first_name, T2.last_name FROM bikes AS T1 INNER JOIN members AS T2 ON T1.owner_id = T2.member_id "
+     "GROUP BY T1.owner_id HAVING COUNT(T1.bike_id) > 2", "moderate"),
+    ("How many times did members ride a titanium bike on a group ride?",
+     "titanium bike refers to frame_material = 'titanium'",
+     "SELECT COUNT(*) FROM `Ride Participants` AS T1 INNER JOIN bikes AS T2 ON T1.bike_id = T2.bike_id "
+     "WHERE T2.frame_material = 'titanium'", "moderate"),
+    ("What was the fastest average speed recorded on the Beacon Climb route?",
+     "fastest average speed refers to MAX(AvgSpeedKmh); Beacon Climb refers to route_name = 'Beacon Climb'",
+     'SELECT MAX(T1.AvgSpeedKmh) FROM "Ride Participants" AS T1 INNER JOIN rides AS T2 ON T1.ride_id = T2.ride_id '
+     "INNER JOIN routes AS T3 ON T2.route_id = T3.route_id WHERE T3.route_name = 'Beacon Climb'", "moderate"),
+    ("Classify the routes by length: how many are short, medium and long?",
+     "short refers to distance_km < 50; medium refers to distance_km BETWEEN 50 AND 100; "
+     "long refers to distance_km > 100",
+     "SELECT CASE WHEN distance_km < 50 THEN 'short' WHEN distance_km <= 100 THEN 'medium' ELSE 'long' END "
+     "AS length_class, COUNT(route_id) FROM routes GROUP BY length_class", "moderate"),
+    ("What is the average age, in 2024, of the active members of Riverside Wheelers with a known birth year?",
+     "age in 2024 = 2024 - birth_year; active refers to is_active = 1; known birth year refers to "
+     "birth_year IS NOT NULL",
+     "SELECT AVG(2024 - T1.birth_year) FROM members AS T1 INNER JOIN clubs AS T2 ON T1.club_id = T2.club_id "
+     "WHERE T2.club_name = 'Riverside Wheelers' AND T1.is_active = 1 AND T1.birth_year IS NOT NULL",
+     "moderate"),
+    ("Which weather was most common on rides in July and August?",
+     "July and August refers to strftime('%m', ride_date) IN ('07', '08'); weather recorded refers to "
+     "weather IS NOT NULL",
+     "SELECT weather FROM rides WHERE strftime('%m', ride_date) IN ('07', '08') AND weather IS NOT NULL "
+     "GROUP BY weather ORDER BY COUNT(ride_id) DESC LIMIT 1", "moderate"),
+    ("How many days passed between the first and the last group ride in the records?",
+     "days between = julianday(MAX(ride_date)) - julianday(MIN(ride_date))",
+     "SELECT julianday(MAX(ride_date)) - julianday(MIN(ride_date)) FROM rides", "moderate"),
+    ("List the full names of the members who paid in cash for the 2022 membership year.",
+     "paid in cash refers to method = 'cash'; 2022 membership year refers to period_year = 2022",
+     "SELECT T2.first_name, T2.last_name FROM membership_payments AS T1 INNER JOIN members AS T2 "
+     "ON T1.member_id = T2.member_id WHERE T1.method = 'cash' AND T1.period_year = 2022", "moderate"),
+    ("For each bike type, what is the average weight of the bikes that were weighed?",
+     "weighed refers to weight_kg IS NOT NULL",
+     "SELECT bike_type, AVG(weight_kg) FROM bikes WHERE weight_kg IS NOT NULL GROUP BY bike_type", "moderate"),
+    ("Which club's members completed the most kilometres in group rides in 2023?",
+     "completed refers to FinishMinutes IS NOT NULL; kilometres refers to SUM(distance_km); "
+     "in 2023 refers to strftime('%Y', ride_date) = '2023'",
+     "SELECT T5.club_name FROM `Ride Participants` AS T1 INNER JOIN rides AS T2 ON T1.ride_id = T2.ride_id "
+     "INNER JOIN routes AS T3 ON T2.route_id = T3.route_id INNER JOIN members AS T4 ON T1.member_id = T4.member_id "
+     "INNER JOIN clubs AS T5 ON T4.club_id = T5.club_id WHERE T1.FinishMinutes IS NOT NULL "
+     "AND strftime('%Y', T2.ride_date) = '2023' GROUP BY T5.club_id ORDER BY SUM(T3.distance_km) DESC LIMIT 1",
+     "challenging"),
+    ("Which members rode more kilometres in 2024 than the average member who rode that year? List full names.",
+     "kilometres refers to SUM(distance_km) of finished rides; finished refers to FinishMinutes IS NOT NULL; "
+     "in 2024 refers to strftime('%Y', ride_date) = '2024'",
+     "WITH totals AS (SELECT T1.member_id, SUM(T3.distance_km) AS km FROM `Ride Participants` AS T1 "
+     "INNER JOIN rides AS T2 ON T1.ride_id = T2.ride_id INNER JOIN routes AS T3 ON T2.route_id = T3.route_id "
+     "WHERE T1.FinishMinutes IS NOT NULL AND strftime('%Y', T2.ride_date) = '2024' GROUP BY T1.member_id) "
+     "SELECT T4.first_name, T4.last_name FROM totals INNER JOIN members AS T4 ON totals.member_id = T4.member_id "
+     "WHERE totals.km > (SELECT AVG(km) FROM totals)", "challenging"),
+    ("What percentage of the participations in rainy rides ended without the rider finishing?",
+     "rainy refers to weather = 'rain'; did not finish refers to FinishMinutes IS NULL; percentage = "
+     "DIVIDE(COUNT(FinishMinutes IS NULL), COUNT(*)) * 100",
+     "SELECT CAST(SUM(CASE WHEN T1.FinishMinutes IS NULL THEN 1 ELSE 0 END) AS REAL) * 100 / COUNT(*) "
+     'FROM "Ride Participants" AS T1 INNER JOIN rides AS T2 ON T1.ride_id = T2.ride_id WHERE T2.weather = \'rain\'',
+     "challenging"),
+    ("Which members rode a bike that they do not own on a group ride? List distinct full names.",
+     "a bike they do not own refers to bike_id IS NOT NULL AND owner_id <> member_id",
+     "SELECT DISTINCT T3.first_name, T3.last_name FROM `Ride Participants` AS T1 INNER JOIN bikes AS T2 "
+     "ON T1.bike_id = T2.bike_id INNER JOIN members AS T3 ON T1.member_id = T3.member_id "
+     "WHERE T2.owner_id <> T1.member_id", "challenging"),
+    ("Among the rides on routes of difficulty 4 or more, what is the difference between the average speed in "
+     "sunny weather and in rain?",
+     "difficulty 4 or more refers to difficulty_level >= 4; difference = SUBTRACT(AVG(AvgSpeedKmh where "
+     "weather = 'sunny'), AVG(AvgSpeedKmh where weather = 'rain'))",
+     "SELECT AVG(CASE WHEN T2.weather = 'sunny' THEN T1.AvgSpeedKmh END) - "
+     "AVG(CASE WHEN T2.weather = 'rain' THEN T1.AvgSpeedKmh END) FROM `Ride Participants` AS T1 "
+     "INNER JOIN rides AS T2 ON T1.ride_id = T2.ride_id INNER JOIN routes AS T3 ON T2.route_id = T3.route_id "
+     "WHERE T3.difficulty_level >= 4", "challenging"),
+    ("Which route has been ridden by the largest number of distinct members? Give the route name and that number.",
+     "distinct members refers to COUNT(DISTINCT member_id)",
+     "SELECT T3.route_name, COUNT(DISTINCT T1.member_id) AS riders FROM `Ride Participants` AS T1 "
+     "INNER JOIN rides AS T2 ON T1.ride_id = T2.ride_id INNER JOIN routes AS T3 ON T2.route_id = T3.route_id "
+     "GROUP BY T3.route_id ORDER BY riders DESC, T3.route_id LIMIT 1", "challenging"),
+    ("List the active members who do not own any registered bike. Give their full names.",
+     "active refers to is_active = 1; own no registered bike refers to member_id not among bikes.owner_id",
+     "SELECT T1.first_name, T1.last_name FROM members AS T1 WHERE T1.is_active = 1 AND NOT EXISTS "
+     "(SELECT 1 FROM bikes AS T2 WHERE T2.owner_id = T1.member_id)", "moderate"),
+    ("For the club Granite Spokes, how many members paid for the 2024 membership year less than twelve times the "
+     "club's monthly fee?",
+     "paid less than twelve times the monthly fee refers to amount < MonthlyFee * 12; 2024 membership year "
+     "refers to period_year = 2024",
+     "SELECT COUNT(DISTINCT T1.member_id) FROM membership_payments AS T1 INNER JOIN members AS T2 "
+     "ON T1.member_id = T2.member_id INNER JOIN clubs AS T3 ON T2.club_id = T3.club_id "
+     "WHERE T3.club_name = 'Granite Spokes' AND T1.period_year = 2024 AND T1.amount < T3.MonthlyFee * 12",
+     "challenging"),
+    ("How many members joined in 2021 and took part in a group ride within 90 days of joining?",
+     "joined in 2021 refers to JoinDate LIKE '2021%'; within 90 days refers to "
+     "julianday(ride_date) - julianday(JoinDate) BETWEEN 0 AND 90",
+     "SELECT COUNT(DISTINCT T1.member_id) FROM members AS T1 INNER JOIN `Ride Participants` AS T2 "
+     "ON T1.member_id = T2.member_id INNER JOIN rides AS T3 ON T2.ride_id = T3.ride_id "
+     "WHERE T1.JoinDate LIKE '2021%' AND julianday(T3.ride_date) - julianday(T1.JoinDate) BETWEEN 0 AND 90",
+     "challenging"),
+    ("Which ride leader's rides had the highest average number of participants, among leaders who led at least "
+     "five rides? Give the full name.",
+     "at least five rides refers to COUNT(ride_id) >= 5; average number of participants = "
+     "DIVIDE(COUNT(participations), COUNT(DISTINCT ride_id))",
+     "SELECT T3.first_name, T3.last_name FROM rides AS T1 INNER JOIN `Ride Participants` AS T2 "
+     "ON T1.ride_id = T2.ride_id INNER JOIN members AS T3 ON T1.leader_id = T3.member_id GROUP BY T1.leader_id "
+     "HAVING COUNT(DISTINCT T1.ride_id) >= 5 "
+     "ORDER BY CAST(COUNT(*) AS REAL) / COUNT(DISTINCT T1.ride_id) DESC, T1.leader_id LIMIT 1", "challenging"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Writing
+
+
+def build_database(path: Path, rows: dict[str, list[tuple]]) -> None:
+    """Create the SQLite file at ``path`` (must not exist), with stable bytes."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute(f"PRAGMA page_size = {PAGE_SIZE}")
+        conn.execute("PRAGMA journal_mode = DELETE")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("BEGIN")
+        for table in TABLES:
+            conn.execute(create_statement(table))
+            marks = ", ".join("?" * len(table.columns))
+            conn.executemany(f"INSERT INTO {quote(table.name)} VALUES ({marks})", rows[table.name])
+        conn.execute("COMMIT")
+        problems = conn.execute("PRAGMA foreign_key_check").fetchall()
+        if problems:
+            raise RuntimeError(f"foreign key violations: {problems[:5]}")
+        conn.execute("VACUUM")
+    finally:
+        conn.close()
+
+
+def tables_json(db_path: Path, db_id: str) -> dict:
+    """The BIRD/Spider tables.json entry for one database, read from the file itself."""
+    readable = {(t.name, c.name): c.readable or c.name.replace("_", " ") for t in TABLES for c in t.columns}
+    conn = sqlite3.connect(db_path.as_uri() + "?mode=ro", uri=True)
+    try:
+        names = [r[0] for r in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid")]
+        entry = {"db_id": db_id, "table_names_original": names,
+                 "table_names": [n.lower().replace("_", " ") for n in names],
+                 "column_names_original": [[-1, "*"]], "column_names": [[-1, "*"]], "column_types": ["text"],
+                 "primary_keys": [], "foreign_keys": []}
+        index: dict[tuple[str, str], int] = {}
+        for t, table in enumerate(names):
+            info = conn.execute(f"PRAGMA table_info({quote(table)})").fetchall()
+            key = []
+            for _, col, col_type, _, _, pk in info:
+                index[(table, col)] = len(entry["column_names_original"])
+                entry["column_names_original"].append([t, col])
+                entry["column_names"].append([t, readable.get((table, col), col.replace("_", " ")).lower()])
+                entry["column_types"].append(col_type.lower())
+                if pk:
+                    key.append((pk, index[(table, col)]))
+            if key:
+                ordered = [i for _, i in sorted(key)]
+                entry["primary_keys"].append(ordered[0] if len(ordered) == 1 else ordered)
+        for table in names:
+            for fk in conn.execute(f"PRAGMA foreign_key_list({quote(table)})").fetchall():
+                entry["foreign_keys"].append([index[(table, fk[3])], index[(fk[2], fk[4])]])
+        return entry
+    finally:
+        conn.close()
+
+
+def description_csv(table: Table) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(DESCRIPTION_HEADER)
+    for c in table.columns:
+        writer.writerow([c.name, c.readable, c.description, c.type.lower(), c.values])
+    return buffer.getvalue()
+
+
+def question_records(db_path: Path) -> list[dict]:
+    """The dev.json records, after checking that every gold SQL runs and returns rows."""
+    conn = sqlite3.connect(db_path.as_uri() + "?mode=ro", uri=True)
+    records = []
+    try:
+        for question_id, (question, evidence, sql, difficulty) in enumerate(QUESTIONS):
+            if not conn.execute(sql).fetchall():
+                raise RuntimeError(f"gold SQL of question {question_id} returns no rows: {sql}")
+            records.append({"question_id": question_id, "db_id": DB_ID, "question": question,
+                            "evidence": evidence, "SQL": sql, "difficulty": difficulty})
+    finally:
+        conn.close()
+    return records
+
+
+def _write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        handle.write(text)
+
+
+def write_demo(output: Path) -> Path:
+    """Write the whole demo data set under ``output``; returns the SQLite file's path."""
+    db_folder = output / "dev_databases" / DB_ID
+    db_folder.mkdir(parents=True, exist_ok=True)
+    db_path = db_folder / f"{DB_ID}.sqlite"
+    handle, tmp_name = tempfile.mkstemp(suffix=".sqlite.tmp", dir=db_folder)
+    os.close(handle)
+    tmp_path = Path(tmp_name)
+    try:
+        tmp_path.unlink()
+        build_database(tmp_path, generate_rows())
+        records = question_records(tmp_path)
+        os.replace(tmp_path, db_path)
+    finally:
+        if tmp_path.exists():
+            tmp_path.unlink()
+    for table in TABLES:
+        _write_text(db_folder / "database_description" / f"{table.name}.csv", description_csv(table))
+    _write_text(output / "dev_tables.json", json.dumps([tables_json(db_path, DB_ID)], indent=2) + "\n")
+    _write_text(output / "dev.json", json.dumps(records, indent=4, ensure_ascii=False) + "\n")
+    return db_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    from t2s.settings import DEMO_DIR
+
+    parser = argparse.ArgumentParser(prog="python -m t2s.data.demo", description=__doc__.splitlines()[0])
+    parser.add_argument("--output", type=Path, default=DEMO_DIR, help="folder to write (default: data/demo)")
+    args = parser.parse_args(argv)
+    try:
+        db_path = write_demo(args.output)
+    except (OSError, sqlite3.Error, RuntimeError) as exc:
+        print(f"Error: could not write the demo data to {args.output}: {exc}", file=sys.stderr)
+        return 1
+    print(f"Wrote {len(QUESTIONS)} questions and {db_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
