@@ -1,0 +1,140 @@
+"""`export`: the tiny model round trip, with and without a LoRA adapter, and a composite Qwen3.5 base."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from t2s.export import ExportError, export_model, read_safetensors
+
+
+def _logits(folder, text="SELECT name FROM customers"):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids = tok(text, return_tensors="pt")
+    with torch.no_grad():
+        return model(**ids).logits
+
+
+def _stop_ids(tokenizer):
+    return sorted(tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
+
+
+def test_export_tiny_model_round_trip(tiny_model_dir, tiny_tokenizer, tmp_path):
+    out = export_model(tiny_model_dir, tmp_path / "export")
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3_5ForCausalLM"]
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert sorted(gen["eos_token_id"]) == _stop_ids(tiny_tokenizer)
+    assert (out / "chat_template.jinja").read_text() == (tiny_model_dir / "chat_template.jinja").read_text()
+    assert (out / "tokenizer.json").is_file() and (out / "README.md").is_file()
+    assert torch.allclose(_logits(out), _logits(tiny_model_dir), atol=1e-5)
+    # weight names are the checkpoint's own
+    assert set(read_safetensors(out)) == set(read_safetensors(tiny_model_dir))
+
+
+def test_export_merges_lora_adapter(tiny_model_dir, tiny_tokenizer, tmp_path):
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    lora = get_peft_model(
+        base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False)
+    )
+    adapter_dir = tmp_path / "adapter"
+    lora.save_pretrained(adapter_dir)
+    assert json.loads((adapter_dir / "adapter_config.json").read_text())["base_model_name_or_path"]
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("name: smoke\nlearning_rate: 1.0e-5\n")
+    out = export_model(adapter_dir, tmp_path / "export", recipe=str(recipe))
+    assert not (out / "adapter_config.json").exists()
+    assert not any("lora" in name for name in read_safetensors(out))
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert sorted(gen["eos_token_id"]) == _stop_ids(tiny_tokenizer)
+
+    reference = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), adapter_dir
+    )
+    ids = tiny_tokenizer("SELECT name FROM customers", return_tensors="pt")
+    with torch.no_grad():
+        expected = reference(**ids).logits
+    merged = _logits(out)
+    assert torch.allclose(merged, expected, atol=1e-4)
+    assert not torch.allclose(merged, _logits(tiny_model_dir), atol=1e-4)  # the adapter changed something
+    assert "learning_rate: 1.0e-5" in (out / "README.md").read_text()
+
+
+def _composite_base(folder, vocab_size):
+    """A tiny Qwen3_5ForConditionalGeneration with a vision tower and an extra MTP tensor, like the real checkpoint."""
+    from safetensors.torch import load_file, save_file
+    from transformers import Qwen3_5Config, Qwen3_5ForConditionalGeneration
+
+    text = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                layer_types=["linear_attention", "full_attention"], num_attention_heads=4, num_key_value_heads=2,
+                head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                linear_value_head_dim=16, linear_conv_kernel_dim=4, tie_word_embeddings=True)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
+                  spatial_merge_size=2, temporal_patch_size=2)
+    torch.manual_seed(1)
+    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True))
+    model.save_pretrained(folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["mtp.fc.weight"] = torch.randn(64, 128)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "preprocessor_config.json").write_text('{"processor_class": "Qwen3VLProcessor"}\n')
+    return tensors
+
+
+def test_export_keeps_composite_base_architecture(tiny_model_dir, tiny_tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    base_dir = tmp_path / "base"
+    base_tensors = _composite_base(base_dir, len(tiny_tokenizer))
+    # training loads the base as the text-only CausalLM and changes its weights
+    trained = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    assert type(trained).__name__ == "Qwen3_5ForCausalLM"
+    with torch.no_grad():
+        trained.model.layers[1].self_attn.q_proj.weight.add_(0.5)
+    ckpt = tmp_path / "ckpt"
+    trained.save_pretrained(ckpt)
+    tiny_tokenizer.save_pretrained(ckpt)
+
+    out = export_model(ckpt, tmp_path / "export", base=str(base_dir))
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    assert (out / "preprocessor_config.json").is_file()
+    exported = read_safetensors(out)
+    assert set(exported) == set(base_tensors)  # the base's weight names, vision tower and MTP head included
+    for name in base_tensors:
+        if name.startswith("model.visual.") or name.startswith("mtp."):
+            assert torch.equal(exported[name], base_tensors[name])
+    q = "model.language_model.layers.1.self_attn.q_proj.weight"
+    assert torch.allclose(exported[q], base_tensors[q] + 0.5)
+    gen = json.loads((out / "generation_config.json").read_text())
+    assert sorted(gen["eos_token_id"]) == _stop_ids(tiny_tokenizer)
+
+
+def test_export_refuses_mismatched_base_and_bad_inputs(tiny_model_dir, tiny_tokenizer, tmp_path):
+    base_dir = tmp_path / "base"
+    _composite_base(base_dir, len(tiny_tokenizer) + 8)  # another vocabulary size: shapes disagree
+    with pytest.raises(ExportError, match="shape"):
+        export_model(tiny_model_dir, tmp_path / "export", base=str(base_dir), verify=False)
+    with pytest.raises(ExportError, match="not found"):
+        export_model(tmp_path / "nope", tmp_path / "export2")
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "x").write_text("x")
+    with pytest.raises(ExportError, match="not empty"):
+        export_model(tiny_model_dir, busy)
+
+
+def test_export_cli_error_line(tmp_path, capsys):
+    from t2s.cli import main
+
+    assert main(["export", "--checkpoint", str(tmp_path / "missing"), "--output", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("Error: checkpoint folder not found")
