@@ -1,0 +1,337 @@
+"""The exec_plan protocol (DESIGN §3): prompts, reading an assistant turn, rendering observations, env tokens.
+
+A turn is the text the model writes after the generation prompt ``<|im_start|>assistant\\n<think>\\n``: it starts
+inside the think block. Tool calls are bare JSON objects ``{"tool": NAME, "args": {...}}`` read after the last
+``</think>`` (or anywhere when there is none). Reading is forgiving, and every deviation from the format is counted.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+THINK_OPEN = "<think>"
+THINK_CLOSE = "</think>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+
+OBSERVATION_CHAR_CAP = 4000  # all tool results of one observation together (each tool result is capped too)
+LABEL_SQL_CHARS = 60  # a run_query label quotes this much of the SQL
+FORCED_SQL_CHARS = 1500  # the forced-turn message quotes at most this much of the last working query
+MAX_FAILED_DECODES = 64  # JSON decode attempts that may fail in one turn before scanning stops (keeps reading linear)
+
+EXEC_PLAN_SYSTEM_PROMPT = """\
+You answer questions about a SQLite database by writing one SQL query. You may explore the database with tools \
+before you answer, and you see the real results of every tool call.
+
+Tools:
+- list_tables: {} -> the names of the tables
+- describe_table: {"table_name": TEXT} -> the table's CREATE TABLE statement
+- foreign_keys: {"table_name": TEXT} -> the foreign keys from and to the table, as a.col -> b.col
+- join_path: {"table_a": TEXT, "table_b": TEXT} -> the join conditions that link two tables through foreign keys
+- sample_rows: {"table_name": TEXT, "limit": INTEGER (default 5, at most 20)} -> some rows of the table
+- distinct_values: {"table_name": TEXT, "column_name": TEXT, "limit": INTEGER (default 20, at most 50)} -> the \
+column's values, most frequent first, with counts
+- run_query: {"sql": TEXT} -> the header and first 5 rows of a read-only SELECT query
+- submit_sql: {"sql": TEXT} -> submits your final query and ends the episode
+
+How to call a tool: think first, close your thinking with </think>, then write the call as one JSON object:
+{"tool": "run_query", "args": {"sql": "SELECT COUNT(*) FROM orders"}}
+Write one JSON object per call and nothing else after your thinking. The results come back in the next message. \
+You have a limited number of tool turns; the remaining count is shown after each result.
+
+When you are confident, call submit_sql with your final query. submit_sql ends the episode at once: nothing after \
+it runs. The database is read-only; only SELECT queries work."""
+
+SIBLING_SYSTEM_PROMPT = """\
+You answer questions about a SQLite database by writing one SQL query. Use the tools to look at the database, \
+test your queries, and then submit your answer.
+
+Tools:
+- inspect_schema: {} or {"table_name": TEXT} -> CREATE TABLE statements of every table, or of one table
+- sample_rows: {"table_name": TEXT, "limit": INTEGER (default 5, at most 20)} -> some rows of the table
+- run_sql: {"sql": TEXT} -> the header and first 5 rows of a read-only query
+- submit: {"sql": TEXT} -> submits your final query and ends the episode
+
+After your thinking, write each call as one JSON object, for example:
+{"tool": "run_sql", "args": {"sql": "SELECT COUNT(*) FROM orders"}}
+submit ends the episode at once. The database is read-only."""
+
+SYSTEM_PROMPTS = {"exec_plan": EXEC_PLAN_SYSTEM_PROMPT, "sibling": SIBLING_SYSTEM_PROMPT}
+SUBMIT_TOOLS = {"exec_plan": "submit_sql", "sibling": "submit"}
+
+
+def system_prompt(dialect: str = "exec_plan", path: str | Path | None = None) -> str:
+    """The tool instructions; ``path`` replaces them with a file's text (the published checkpoints are wording-sensitive)."""
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"Error: cannot read the system prompt file {path}: {exc}") from exc
+        if not text.strip():
+            raise ValueError(f"Error: the system prompt file {path} is empty")
+        return text.strip()
+    if dialect not in SYSTEM_PROMPTS:
+        raise ValueError(f"Error: unknown tool dialect {dialect!r}; expected one of {sorted(SYSTEM_PROMPTS)}")
+    return SYSTEM_PROMPTS[dialect]
+
+
+def user_prompt(row: dict, mode: str, schema=None) -> str:
+    """Question, evidence (BIRD's hint) and, in full mode, the CREATE TABLE statement of every table."""
+    if mode not in ("full", "withheld"):
+        raise ValueError(f"Error: unknown mode {mode!r}; expected 'full' or 'withheld'")
+    parts = [f"Question: {str(row.get('question') or '').strip()}"]
+    evidence = str(row.get("evidence") or "").strip()
+    if evidence:
+        parts.append(f"Evidence: {evidence}")
+    if mode == "full":
+        tables = list(schema.tables) if schema is not None else []
+        ddl = "\n".join(schema.ddl(t) for t in tables) if tables else "(no tables)"
+        parts.append(f"Database schema:\n{ddl}")
+    else:
+        parts.append("The database schema is not shown: explore it with the tools.")
+    return "\n\n".join(parts)
+
+
+def initial_messages(row: dict, config, schema=None) -> list[dict]:
+    """The chat messages the episode starts from: ``[system, user]``."""
+    system = system_prompt(config.dialect, config.system_prompt_file)
+    return [{"role": "system", "content": system}, {"role": "user", "content": user_prompt(row, config.mode, schema)}]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reading an assistant turn
+
+
+@dataclass
+class ToolCall:
+    tool: str
+    args: object  # a dict when the model wrote one; anything else is reported by the tool as an argument error
+
+    def as_dict(self) -> dict:
+        return {"tool": self.tool, "args": self.args}
+
+
+@dataclass
+class ParsedTurn:
+    calls: list[ToolCall]
+    deviations: int  # format deviations forgiven while reading (each kind counted once per turn)
+    errors: list[str]  # `Error:` lines about what could not be read
+    thinking: str
+    body: str = ""  # the text after the last </think> (the whole turn when there is none)
+    deviation_kinds: list[str] = field(default_factory=list)
+
+
+_FENCE = re.compile(r"```[A-Za-z0-9_-]*")
+_DECODER = json.JSONDecoder()
+
+
+def split_thinking(text: str) -> tuple[str, str, list[str]]:
+    """(thinking, body, deviation kinds): the body is what follows the last ``</think>``."""
+    kinds: list[str] = []
+    stripped = text.lstrip()
+    if stripped.startswith(THINK_OPEN):  # tolerated: some models repeat the opening tag
+        stripped = stripped[len(THINK_OPEN):]
+    count = stripped.count(THINK_CLOSE)
+    if count == 0:
+        if stripped.strip():
+            kinds.append("no_think_close")
+        return "", stripped, kinds
+    if count > 1:
+        kinds.append("several_think_close")
+    head, _, body = stripped.rpartition(THINK_CLOSE)
+    thinking = head.replace(THINK_CLOSE, "").replace(THINK_OPEN, "").strip()
+    return thinking, body, kinds
+
+
+def _as_call(obj) -> tuple[ToolCall | None, bool]:
+    """A decoded JSON value as a tool call, and whether an alias spelling was forgiven."""
+    if not isinstance(obj, dict):
+        return None, False
+    alias = False
+    name = obj.get("tool")
+    if name is None and isinstance(obj.get("name"), str):
+        name, alias = obj["name"], True
+    if not isinstance(name, str):
+        return None, False
+    if "args" in obj:
+        args = obj["args"]
+    elif "arguments" in obj or "parameters" in obj:
+        args, alias = obj.get("arguments", obj.get("parameters")), True
+    else:
+        args = {k: v for k, v in obj.items() if k != "tool"}  # {"tool": "run_query", "sql": ...}
+        alias = alias or bool(args)
+    if isinstance(args, str):  # args written as a JSON string
+        try:
+            decoded = json.loads(args)
+        except ValueError:
+            decoded = None
+        if isinstance(decoded, dict):
+            args, alias = decoded, True
+    return ToolCall(name.strip(), args), alias
+
+
+def parse_turn(text: str) -> ParsedTurn:
+    """Read the tool calls of one assistant turn (linear time, never raises)."""
+    text = text if isinstance(text, str) else ""
+    thinking, body, kinds = split_thinking(text)
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    spans: list[tuple[int, int]] = []
+    pos, failed, bad_objects = 0, 0, 0
+    aliased = False
+    n = len(body)
+    while pos < n:
+        start = body.find("{", pos)
+        if start < 0:
+            break
+        try:
+            obj, end = _DECODER.raw_decode(body, start)
+        except ValueError:  # not JSON here: try the next brace
+            failed += 1
+            if failed >= MAX_FAILED_DECODES:
+                kinds.append("unreadable_json")
+                break
+            pos = start + 1
+            continue
+        call, alias = _as_call(obj)
+        if call is None:
+            bad_objects += 1
+        else:
+            calls.append(call)
+            aliased = aliased or alias
+        spans.append((start, end))
+        pos = end
+    if failed:
+        kinds.append("bad_json")
+    if bad_objects:
+        kinds.append("not_a_call")
+        errors.append('Error: a JSON object without a "tool" name was ignored.')
+    if aliased:
+        kinds.append("call_spelling")
+    if len(calls) > 1:
+        kinds.append("several_calls")
+    if _FENCE.search(body):
+        kinds.append("fenced")
+    if spans:
+        outside, last = [], 0
+        for a, b in spans:
+            outside.append(body[last:a])
+            last = b
+        outside.append(body[last:])
+        rest = _FENCE.sub("", "".join(outside)).replace("```", "")
+        if rest.strip():
+            kinds.append("prose")
+    if failed and not calls:
+        errors.append("Error: the tool call is not valid JSON (it may be cut off).")
+    kinds = list(dict.fromkeys(kinds))
+    return ParsedTurn(calls, len(kinds), errors, thinking, body, kinds)
+
+
+_SQL_START = re.compile(r"^\s*(select|with)\b", re.IGNORECASE)
+_SQL_FENCE = re.compile(r"```(?:sql|sqlite)?\s*\n?(.*?)```", re.IGNORECASE | re.DOTALL)
+
+
+def bare_sql(body: str) -> str | None:
+    """SQL written without a tool call (accepted on the forced final turn): a fenced block or a SELECT/WITH text."""
+    if not isinstance(body, str):
+        return None
+    for block in _SQL_FENCE.findall(body):
+        if _SQL_START.match(block):
+            return block.strip()
+    match = re.search(r"\b(select|with)\b", body, re.IGNORECASE)
+    if match:
+        candidate = body[match.start():].strip().strip("`").strip()
+        if _SQL_START.match(candidate):
+            return candidate
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Observations
+
+
+def budget_line(turns_left: int) -> str:
+    noun = "turn" if turns_left == 1 else "turns"
+    return f"[{turns_left} tool {noun} left before you must answer]"
+
+
+def forced_message(last_working_sql: str | None, reason: str, submit_tool: str = "submit_sql") -> str:
+    """Replaces the budget line when the next turn is the forced final turn."""
+    lines = [
+        f"[{reason} Your exploration budget is spent. Reply now with the final SQL only: a {submit_tool} call or the "
+        "bare query. No more tools will run.]"
+    ]
+    if last_working_sql:
+        sql = shorten(last_working_sql, FORCED_SQL_CHARS)
+        lines.append(f"The last query that ran without error was:\n{sql}\nIf you are unsure, return that query.")
+    else:
+        lines.append("No query has run without error yet.")
+    return "\n".join(lines)
+
+
+def shorten(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def cap_text(text: str, limit: int = OBSERVATION_CHAR_CAP) -> str:
+    """Cut ``text`` to ``limit`` characters with a visible marker."""
+    if len(text) <= limit:
+        return text
+    marker = f"\n... [output cut: {len(text) - limit} more characters not shown]"
+    return text[: max(0, limit - len(marker))] + marker
+
+
+def render_observation(results, tail: str) -> str:
+    """Each result under its ``[label]``, all within the observation cap, then the budget line or forced message.
+
+    ``results`` are objects with ``label`` and ``text`` (tools.ToolResult) or plain ``(label, text)`` pairs.
+    """
+    blocks = []
+    for item in results:
+        label, text = (item.label, item.text) if hasattr(item, "label") else item
+        blocks.append(f"[{label}]\n{text}" if label else str(text))
+    body = cap_text("\n\n".join(blocks)) if blocks else ""
+    return f"{body}\n\n{tail}".strip() if body else tail.strip()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Token ids
+
+
+def _ids(tokenizer, text: str, *, literal: bool) -> list[int]:
+    if not text:
+        return []
+    if literal:  # the observation: special-token text stays plain text
+        return list(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def env_suffix_ids(tokenizer, observation: str, *, needs_im_end: bool, enable_thinking: bool = True) -> list[int]:
+    """The environment's tokens between two model turns, exactly as the chat template renders them.
+
+    ``[<|im_end|>]`` (when the model's turn did not end on it) + ``\\n<|im_start|>user\\n`` + observation +
+    ``<|im_end|>\\n<|im_start|>assistant\\n`` + ``<think>\\n`` (thinking on). The observation is trimmed as the
+    template trims message content, and tokenized without special-token parsing.
+    """
+    head = (IM_END if needs_im_end else "") + f"\n{IM_START}user\n"
+    tail = f"{IM_END}\n{IM_START}assistant\n" + (f"{THINK_OPEN}\n" if enable_thinking else f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n")
+    return _ids(tokenizer, head, literal=False) + _ids(tokenizer, observation.strip(), literal=True) + _ids(
+        tokenizer, tail, literal=False
+    )
+
+
+def generation_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = True) -> list[int]:
+    """The prompt tokens for the first turn, rendered with thinking explicitly on (or off)."""
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
+    )
+    if enable_thinking and not text.endswith(f"{IM_START}assistant\n{THINK_OPEN}\n"):
+        raise AssertionError(
+            "the chat template's generation prompt does not end in '<think>\\n' with enable_thinking=True: "
+            f"{text[-60:]!r}"
+        )
+    return _ids(tokenizer, text, literal=False)
