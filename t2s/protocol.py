@@ -39,8 +39,8 @@ column's values, most frequent first, with counts
 
 How to call a tool: think first, close your thinking with </think>, then write the call as one JSON object:
 {"tool": "run_query", "args": {"sql": "SELECT COUNT(*) FROM orders"}}
-Write one JSON object per call and nothing else after your thinking. The results come back in the next message. \
-You have a limited number of tool turns; the remaining count is shown after each result.
+Write exactly one such JSON object per turn, and nothing else after your thinking. The result comes back in the \
+next message. You have a limited number of tool turns; the remaining count is shown after each result.
 
 When you are confident, call submit_sql with your final query. submit_sql ends the episode at once: nothing after \
 it runs. The database is read-only; only SELECT queries work."""
@@ -55,7 +55,7 @@ Tools:
 - run_sql: {"sql": TEXT} -> the header and first 5 rows of a read-only query
 - submit: {"sql": TEXT} -> submits your final query and ends the episode
 
-After your thinking, write each call as one JSON object, for example:
+After your thinking, write one call per turn as one JSON object, for example:
 {"tool": "run_sql", "args": {"sql": "SELECT COUNT(*) FROM orders"}}
 submit ends the episode at once. The database is read-only."""
 

@@ -1,0 +1,105 @@
+"""Scripted policies: play an episode without a model. A policy is ``policy(episode) -> str`` (one assistant turn).
+
+- ``ReplayPolicy`` plays recorded assistant turns (``ask --replay TURNS.jsonl``); once they run out it produces empty
+  turns, and the episode ends by its own rules.
+- ``GoldPolicy`` lists the tables, describes each table the gold SQL reads, runs the gold SQL and submits it: an
+  episode that must score 1.0 (the evaluator's self-check).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from t2s.protocol import THINK_CLOSE
+
+
+def read_turns(path: str | Path) -> list[str]:
+    """TURNS.jsonl: each non-blank line is one JSON string, the raw text of one assistant turn."""
+    turns = []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"Error: cannot read the turns file {path}: {exc}") from exc
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            turn = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"Error: {path} line {number} is not a JSON string: {exc}") from exc
+        if not isinstance(turn, str):
+            raise ValueError(f"Error: {path} line {number} must be a JSON string (one assistant turn), got {type(turn).__name__}")
+        turns.append(turn)
+    return turns
+
+
+class ReplayPolicy:
+    """Plays the given assistant turns in order, then empty turns."""
+
+    def __init__(self, turns: list[str]):
+        self.turns = list(turns)
+        self.position = 0
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ReplayPolicy":
+        return cls(read_turns(path))
+
+    def __call__(self, episode=None) -> str:
+        if self.position >= len(self.turns):
+            return ""
+        turn = self.turns[self.position]
+        self.position += 1
+        return turn
+
+
+def call_text(tool: str, **args) -> str:
+    return json.dumps({"tool": tool, "args": args}, ensure_ascii=False)
+
+
+def turn_text(thinking: str, calls: list[str]) -> str:
+    """An assistant turn as the model writes it: thinking (already inside the think block), then the calls."""
+    return f"{thinking}\n{THINK_CLOSE}\n\n" + "\n".join(calls)
+
+
+class ScriptPolicy:
+    """Plays a fixed list of turns, each a list of call texts (one JSON object per call)."""
+
+    def __init__(self, turns: list[list[str]], thinking: str = "Following the script."):
+        self.turns = [turn_text(thinking, calls) for calls in turns]
+        self.position = 0
+
+    def __call__(self, episode=None) -> str:
+        if self.position >= len(self.turns):
+            return ""
+        turn = self.turns[self.position]
+        self.position += 1
+        return turn
+
+
+def gold_tables(gold_sql: str, schema) -> list[str]:
+    """The tables the gold SQL reads, as the schema spells them, in schema order."""
+    from t2s.schema import tables_in_sql
+
+    try:
+        wanted = {name.lower() for name in tables_in_sql(gold_sql)}
+    except Exception:
+        wanted = set()
+    return [t for t in schema.tables if t.lower() in wanted]
+
+
+class GoldPolicy(ScriptPolicy):
+    """list_tables and describe_table of the gold's tables, then run_query gold, then submit_sql gold."""
+
+    def __init__(self, row: dict, schema, *, dialect: str = "exec_plan", max_calls_per_turn: int = 8):
+        gold = row["gold_sql"]
+        tables = gold_tables(gold, schema)
+        if dialect == "sibling":
+            explore = [call_text("inspect_schema")]
+            turns = [explore, [call_text("run_sql", sql=gold)], [call_text("submit", sql=gold)]]
+        else:
+            explore = [call_text("list_tables")] + [call_text("describe_table", table_name=t) for t in tables]
+            size = max(1, max_calls_per_turn)
+            turns = [explore[i: i + size] for i in range(0, len(explore), size)]
+            turns += [[call_text("run_query", sql=gold)], [call_text("submit_sql", sql=gold)]]
+        super().__init__(turns, thinking="I will look at the tables the question needs, check the query, then submit it.")

@@ -1,0 +1,351 @@
+"""The per-question episode: a model-agnostic state machine over the tools (DESIGN §3, §10).
+
+The caller feeds assistant turns (text) and its own token counts; the episode runs the calls, enforces every
+budget, renders the next observation and finally picks the final SQL:
+1. the submitted SQL, if it executes;  2. else the forced answer, if it executes;
+3. else the last ``run_query`` that ran without error (fallback);  4. else the submitted/forced SQL as written, or none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from t2s import protocol
+from t2s.protocol import ToolCall, budget_line, forced_message, parse_turn, render_observation
+from t2s.tools import ToolResult, Toolbox
+
+RECORD_KEYS = ("question_id", "db_id", "mode", "turns", "final_sql", "final_sql_source", "submitted_sql", "counters")
+COUNTER_KEYS = (
+    "turns", "calls", "tool_errors", "format_deviations", "write_attempts", "turn_cutoffs",
+    "submitted", "forced", "fallback_used", "truncated",
+)  # fmt: skip
+ENV_CHARS_PER_TOKEN = 2  # conservative guess of an observation's size in tokens, before the caller counts it
+
+
+@dataclass
+class EpisodeConfig:
+    mode: str = "full"
+    dialect: str = "exec_plan"
+    max_turns: int = 6
+    max_calls_per_turn: int = 8
+    max_failed_queries: int = 4
+    episode_tool_seconds: float = 30.0
+    episode_token_budget: int = 12288
+    max_tokens_per_turn: int = 2048
+    forced_turn_reserve: int = 512
+    min_episode_tokens: int = 2048
+    tool_timeout: float = 5.0
+    column_descriptions: bool = False
+    system_prompt_file: str | None = None
+    enable_thinking: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Episode:
+    """One question's episode. ``start`` -> (``next_max_tokens`` -> ``step`` -> ``add_env_tokens``)* -> ``record``."""
+
+    def __init__(self, row: dict, config: EpisodeConfig | None = None, db=None, *, schema=None):
+        from t2s.databases import ref_from_row
+
+        self.row = row
+        self.config = config or EpisodeConfig()
+        self.db = db if db is not None else ref_from_row(row)
+        self.toolbox = Toolbox(
+            self.db,
+            dialect=self.config.dialect,
+            tool_timeout=self.config.tool_timeout,
+            column_descriptions=self.config.column_descriptions,
+        )
+        self.setup_error: str | None = None
+        if schema is None and self.config.mode == "full":
+            try:
+                schema = self.toolbox.schema
+            except Exception as exc:  # a missing or unreadable database: the tools will say so too
+                self.setup_error = f"Error: cannot read the database schema: {exc}"
+        self.messages = protocol.initial_messages(row, self.config, schema)
+        self.turns: list[dict] = []
+        self.counters = {key: 0 for key in COUNTER_KEYS}
+        self.done = False
+        self.forced_turn = False  # the next turn is the forced final turn
+        self.end_reason: str | None = None  # submitted, max_turns, failed_queries, tool_time, token_budget, ...
+        self.prompt_too_long = False
+        self.tool_seconds = 0.0
+        self.tool_turns = 0
+        self.failed_streak = 0
+        self.tokens_used = 0
+        self.started = False
+        self.submitted_sql: str | None = None
+        self.forced_sql: str | None = None
+        self.last_working_sql: str | None = None
+        self.final_sql: str | None = None
+        self.final_sql_source = "none"
+        self._runs: dict[str, bool] = {}  # SQL -> ran without error (tool connection), to avoid re-running it
+        self._finalized = False
+
+    # -- tokens -----------------------------------------------------------------------------------------------------
+
+    @property
+    def tokens_left(self) -> int:
+        return self.config.episode_token_budget - self.tokens_used
+
+    def start(self, prompt_tokens: int = 0) -> None:
+        """Account the prompt; a prompt leaving less than ``min_episode_tokens`` ends the episode at once."""
+        self.started = True
+        self.tokens_used = int(prompt_tokens)
+        if prompt_tokens and self.tokens_left < self.config.min_episode_tokens:
+            self.prompt_too_long = True
+            self._finish("prompt_too_long")
+
+    def next_max_tokens(self) -> int:
+        """Tokens the next generation call may use; 0 means the budget is spent and the episode is over."""
+        if self.done:
+            return 0
+        cfg = self.config
+        if self.forced_turn:
+            allowed = min(cfg.max_tokens_per_turn, self.tokens_left)
+        else:
+            allowed = min(cfg.max_tokens_per_turn, self.tokens_left - cfg.forced_turn_reserve)
+        if allowed <= 0:
+            self.counters["truncated"] = 1
+            self._finish("token_budget")
+            return 0
+        return allowed
+
+    def add_env_tokens(self, n: int) -> None:
+        """The caller's count of the environment suffix tokens that followed the last observation."""
+        self.tokens_used += int(n)
+
+    # -- turns ------------------------------------------------------------------------------------------------------
+
+    def step(self, text: str, *, n_tokens: int = 0, cut_off: bool = False) -> str | None:
+        """One assistant turn; returns the next observation, or None when the episode is over."""
+        if self.done:
+            return None
+        text = text if isinstance(text, str) else ""
+        self.tokens_used += int(n_tokens)
+        if cut_off:
+            self.counters["turn_cutoffs"] += 1
+        parsed = parse_turn(text)
+        self.counters["format_deviations"] += parsed.deviations
+        self.counters["turns"] += 1
+        if self.forced_turn:
+            return self._forced_step(text, parsed)
+        return self._tool_step(text, parsed)
+
+    def _tool_step(self, text: str, parsed) -> str | None:
+        cfg = self.config
+        self.tool_turns += 1
+        results: list[ToolResult] = []
+        ran: list[dict] = []
+        calls = parsed.calls
+        stop_reason = None
+        for index, call in enumerate(calls[: cfg.max_calls_per_turn]):
+            ran.append(call.as_dict())
+            self.counters["calls"] += 1
+            left = cfg.episode_tool_seconds - self.tool_seconds
+            result = self.toolbox.call(call.tool, call.args, timeout=left)
+            self.tool_seconds += result.seconds
+            self.counters["tool_errors"] += int(result.error)
+            self.counters["write_attempts"] += int(result.write_attempt)
+            if result.role == "submit" and not result.error:
+                self.submitted_sql = result.sql
+                self.counters["submitted"] = 1
+                self._record_turn(text, ran, "")
+                self._finish("submitted")
+                return None
+            results.append(result)
+            if result.role == "query":
+                if result.error:
+                    self.failed_streak += 1
+                else:
+                    self.failed_streak = 0
+                    self.last_working_sql = result.sql
+                    self._runs[result.sql] = True
+            if self.failed_streak >= cfg.max_failed_queries:
+                stop_reason = "failed_queries"
+            elif self.tool_seconds >= cfg.episode_tool_seconds:
+                stop_reason = "tool_time"
+            if stop_reason:
+                skipped = min(len(calls), cfg.max_calls_per_turn) - index - 1
+                if skipped > 0:
+                    results.append(("", f"Error: {skipped} later call(s) in this turn were not run."))
+                break
+        if len(calls) > cfg.max_calls_per_turn and stop_reason is None:
+            extra = len(calls) - cfg.max_calls_per_turn
+            results.append(
+                ("", f"Error: only the first {cfg.max_calls_per_turn} calls of a turn run; {extra} more were ignored.")
+            )
+        if not calls:
+            results.extend(("", err) for err in parsed.errors)
+            submit = self.toolbox.submit_tool
+            results.append(
+                (
+                    "",
+                    "Error: no tool call found. After your thinking, write one JSON object such as "
+                    f'{{"tool": "{submit}", "args": {{"sql": "SELECT ..."}}}}.',
+                )
+            )
+        if stop_reason is None and self.tool_turns >= cfg.max_turns:
+            stop_reason = "max_turns"
+        if stop_reason is None and self._budget_nearly_spent(results):
+            stop_reason = "token_budget"
+        if stop_reason:
+            observation = render_observation(results, self._forced_message(stop_reason))
+            self._start_forced_turn(stop_reason)
+        else:
+            observation = render_observation(results, budget_line(cfg.max_turns - self.tool_turns))
+        self._record_turn(text, ran, observation)
+        return observation
+
+    def _budget_nearly_spent(self, results) -> bool:
+        """Whether the next observation plus a normal turn would eat into the forced-turn reserve."""
+        if not self.started or self.tokens_used == 0:
+            return False
+        size = sum(len(r.text) if isinstance(r, ToolResult) else len(r[1]) for r in results) + 200
+        return self.tokens_left - size // ENV_CHARS_PER_TOKEN - self.config.forced_turn_reserve <= 0
+
+    def _forced_message(self, reason: str) -> str:
+        why = {
+            "max_turns": "You have used all your tool turns.",
+            "failed_queries": f"{self.config.max_failed_queries} queries in a row failed.",
+            "tool_time": "The tool time budget is used up.",
+            "token_budget": "The token budget is nearly used up.",
+        }[reason]
+        return forced_message(self.last_working_sql, why, self.toolbox.submit_tool)
+
+    def _start_forced_turn(self, reason: str) -> None:
+        self.forced_turn = True
+        self.end_reason = reason
+        self.counters["forced"] = 1
+        if reason == "token_budget":
+            self.counters["truncated"] = 1
+
+    def _forced_step(self, text: str, parsed) -> None:
+        ran: list[dict] = []
+        for call in parsed.calls:
+            if call.tool == self.toolbox.submit_tool:
+                ran.append(call.as_dict())
+                self.counters["calls"] += 1
+                sql = call.args.get("sql") if isinstance(call.args, dict) else None
+                if isinstance(sql, str) and sql.strip():
+                    self.forced_sql = sql
+                else:
+                    self.counters["tool_errors"] += 1
+                break
+        if self.forced_sql is None and not parsed.calls:
+            self.forced_sql = protocol.bare_sql(parsed.body)
+        self._record_turn(text, ran, "")
+        self._finish(self.end_reason or "forced")
+        return None
+
+    def _record_turn(self, text: str, calls: list[dict], observation: str) -> None:
+        self.turns.append({"assistant": text, "calls": calls, "observation": observation})
+
+    # -- the end ----------------------------------------------------------------------------------------------------
+
+    def finish(self, reason: str = "stopped") -> None:
+        """End the episode now (e.g. the generation backend failed); the final-SQL rule still applies."""
+        self._finish(reason)
+
+    def _finish(self, reason: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.forced_turn = False
+        if self.end_reason is None or reason in ("submitted", "token_budget", "prompt_too_long"):
+            self.end_reason = reason
+        self._choose_final_sql()
+
+    def _executes(self, sql: str | None) -> bool:
+        if not isinstance(sql, str) or not sql.strip():
+            return False
+        if sql not in self._runs:
+            ok, write = self.toolbox.executes(sql)
+            self.counters["write_attempts"] += int(write)
+            self._runs[sql] = ok
+        return self._runs[sql]
+
+    def _choose_final_sql(self) -> None:
+        if self._finalized:
+            return
+        self._finalized = True
+        if self._executes(self.submitted_sql):
+            self.final_sql, self.final_sql_source = self.submitted_sql, "submitted"
+        elif self._executes(self.forced_sql):
+            self.final_sql, self.final_sql_source = self.forced_sql, "forced"
+        elif self.last_working_sql is not None:
+            self.final_sql, self.final_sql_source = self.last_working_sql, "fallback"
+            self.counters["fallback_used"] = 1
+        elif self.submitted_sql is not None:
+            self.final_sql, self.final_sql_source = self.submitted_sql, "submitted"
+        elif self.forced_sql is not None:
+            self.final_sql, self.final_sql_source = self.forced_sql, "forced"
+        else:
+            self.final_sql, self.final_sql_source = None, "none"
+
+    def record(self) -> dict:
+        """The DESIGN §10 episode record (ends the episode first if it is still running)."""
+        if not self.done:
+            self._finish("stopped")
+        counters = {key: self.counters[key] for key in COUNTER_KEYS}
+        for flag in ("submitted", "forced", "fallback_used", "truncated"):
+            counters[flag] = bool(counters[flag])
+        return {
+            "question_id": self.row.get("question_id"),
+            "db_id": self.row.get("db_id", getattr(self.db, "db_id", None)),
+            "mode": self.config.mode,
+            "turns": [dict(turn) for turn in self.turns],
+            "final_sql": self.final_sql,
+            "final_sql_source": self.final_sql_source,
+            "submitted_sql": self.submitted_sql,
+            "counters": counters,
+        }
+
+
+def run_text_episode(row: dict, config: EpisodeConfig | None, policy, db=None, tokenizer=None, *, schema=None) -> dict:
+    """Play one episode with a text policy (``policy(episode) -> str``); returns the record.
+
+    With a tokenizer, turns and environment suffixes are counted in tokens, and a turn longer than the episode allows
+    is cut; without one, only the turn and tool budgets apply.
+    """
+    episode = Episode(row, config, db, schema=schema)
+    return play(episode, policy, tokenizer).record()
+
+
+def play(episode: Episode, policy, tokenizer=None) -> Episode:
+    """Drive ``episode`` to its end with ``policy``; returns the episode."""
+    cfg = episode.config
+    if tokenizer is not None:
+        prompt = protocol.generation_prompt_ids(tokenizer, episode.messages, cfg.enable_thinking)
+        episode.start(len(prompt))
+    else:
+        episode.start(0)
+    while not episode.done:
+        max_tokens = episode.next_max_tokens()
+        if episode.done:
+            break
+        text = policy(episode)
+        text = text if isinstance(text, str) else ""
+        n_tokens, cut_off = 0, False
+        if tokenizer is not None:
+            ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            if len(ids) + 1 > max_tokens:  # +1: the <|im_end|> that closes the turn
+                ids = ids[:max_tokens]
+                text = tokenizer.decode(ids)
+                n_tokens, cut_off = len(ids), True
+            else:
+                n_tokens = len(ids) + 1
+        observation = episode.step(text, n_tokens=n_tokens, cut_off=cut_off)
+        if observation is None:
+            break
+        if tokenizer is not None:
+            suffix = protocol.env_suffix_ids(
+                tokenizer, observation, needs_im_end=cut_off, enable_thinking=cfg.enable_thinking
+            )
+            episode.add_env_tokens(len(suffix))
+    return episode
+
+
+__all__ = ["Episode", "EpisodeConfig", "RECORD_KEYS", "COUNTER_KEYS", "ToolCall", "play", "run_text_episode"]

@@ -1,0 +1,334 @@
+"""The tools the model calls (DESIGN §4): the eight exec_plan tools and the sibling dialect, over one database.
+
+Every call returns a ``ToolResult`` and never raises. Errors are text beginning ``Error:``. Identifiers are quoted,
+unknown names get "did you mean" suggestions, cells and outputs are capped with visible markers, and a query never
+fetches more rows than it shows plus one.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from t2s import databases
+from t2s.protocol import LABEL_SQL_CHARS, OBSERVATION_CHAR_CAP, cap_text, shorten
+from t2s.schema import get_schema, quote_identifier, read_descriptions
+
+CELL_CHARS = 200
+QUERY_ROWS = 5
+SAMPLE_LIMIT = (5, 20)  # (default, max)
+DISTINCT_LIMIT = (20, 50)
+MIN_TOOL_TIMEOUT = 0.05  # seconds: a call near the end of the tool-time budget still gets this much
+
+
+@dataclass
+class ToolResult:
+    tool: str
+    label: str  # "[label]" heading in the observation: the tool with its table or shortened SQL
+    text: str
+    error: bool = False
+    write_attempt: bool = False
+    seconds: float = 0.0
+    sql: str | None = None  # the SQL of run_query / run_sql / submit calls
+    role: str = "other"  # "query" (counts for failed-query streaks and fallback), "submit" or "other"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Formatting
+
+
+def format_cell(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return f"<blob {len(bytes(value))} bytes>"
+    text = str(value).replace("\r", "\\r").replace("\n", "\\n")
+    if len(text) > CELL_CHARS:
+        text = text[:CELL_CHARS] + f"...[+{len(text) - CELL_CHARS} chars]"
+    return text
+
+
+def format_table(columns, rows) -> str:
+    """Header plus rows, pipe-separated."""
+    lines = [" | ".join(format_cell(c) for c in columns)]
+    lines.extend(" | ".join(format_cell(v) for v in row) for row in rows)
+    if not rows:
+        lines.append("(no rows)")
+    return "\n".join(lines)
+
+
+def _suggest(kind: str, name, options: list[str]) -> str:
+    hint = f" Did you mean: {', '.join(options)}?" if options else ""
+    return f"Error: no {kind} named {str(name)!r}.{hint}"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Argument checking
+
+_STR, _INT = "text", "integer"
+
+
+class ArgumentError(Exception):
+    pass
+
+
+def _check_args(tool: str, args, spec: dict[str, tuple[str, bool]]) -> dict:
+    """Validate ``args`` against ``spec`` {name: (type, required)}; raises ArgumentError with an `Error:` text."""
+    usage = ", ".join(f"{k} ({t}{'' if req else ', optional'})" for k, (t, req) in spec.items()) or "no arguments"
+    if args is None:
+        args = {}
+    if not isinstance(args, dict):
+        raise ArgumentError(f"Error: {tool} args must be a JSON object; {tool} takes {usage}.")
+    extra = [k for k in args if k not in spec]
+    if extra:
+        raise ArgumentError(f"Error: {tool} got unexpected argument(s) {', '.join(map(repr, extra))}; it takes {usage}.")
+    missing = [k for k, (_, req) in spec.items() if req and k not in args]
+    if missing:
+        raise ArgumentError(f"Error: {tool} is missing argument(s) {', '.join(map(repr, missing))}; it takes {usage}.")
+    for key, (kind, _) in spec.items():
+        if key in args and kind == _STR and not isinstance(args[key], str):
+            raise ArgumentError(f"Error: {tool} argument {key!r} must be a string, got {type(args[key]).__name__}.")
+    return args
+
+
+def _limit(tool: str, value, bounds: tuple[int, int]) -> tuple[int, str]:
+    """A row limit clamped to [1, max] (with a note when clamped); a non-number is an ArgumentError."""
+    default, most = bounds
+    if value is None:
+        return default, ""
+    number = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, float) and value == value and abs(value) < 1e18:
+        number = int(value)
+    elif isinstance(value, str) and value.strip().lstrip("+-").isdigit() and len(value.strip()) < 19:
+        number = int(value.strip())
+    if number is None:
+        raise ArgumentError(f"Error: {tool} argument 'limit' must be an integer from 1 to {most}, got {value!r}.")
+    clamped = min(max(number, 1), most)
+    note = f"(limit {number} is outside 1..{most}; using {clamped})\n" if clamped != number else ""
+    return clamped, note
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The toolbox
+
+
+class Toolbox:
+    """The tools of one dialect over one database. ``call(name, args, timeout)`` never raises."""
+
+    def __init__(self, db, *, dialect: str = "exec_plan", tool_timeout: float = 5.0, column_descriptions: bool = False):
+        self.db = db
+        self.dialect = dialect
+        self.tool_timeout = tool_timeout
+        self.column_descriptions = column_descriptions
+        self._schema = None
+        self._descriptions = None
+        if dialect == "exec_plan":
+            self.tools = {
+                "list_tables": (self._list_tables, {}),
+                "describe_table": (self._describe_table, {"table_name": (_STR, True)}),
+                "foreign_keys": (self._foreign_keys, {"table_name": (_STR, True)}),
+                "join_path": (self._join_path, {"table_a": (_STR, True), "table_b": (_STR, True)}),
+                "sample_rows": (self._sample_rows, {"table_name": (_STR, True), "limit": (_INT, False)}),
+                "distinct_values": (
+                    self._distinct_values,
+                    {"table_name": (_STR, True), "column_name": (_STR, True), "limit": (_INT, False)},
+                ),
+                "run_query": (self._run_query, {"sql": (_STR, True)}),
+                "submit_sql": (self._submit, {"sql": (_STR, True)}),
+            }
+            self.query_tools, self.submit_tool = {"run_query"}, "submit_sql"
+        elif dialect == "sibling":
+            self.tools = {
+                "inspect_schema": (self._inspect_schema, {"table_name": (_STR, False)}),
+                "sample_rows": (self._sample_rows, {"table_name": (_STR, True), "limit": (_INT, False)}),
+                "run_sql": (self._run_query, {"sql": (_STR, True)}),
+                "submit": (self._submit, {"sql": (_STR, True)}),
+            }
+            self.query_tools, self.submit_tool = {"run_sql"}, "submit"
+        else:
+            raise ValueError(f"Error: unknown tool dialect {dialect!r}; expected 'exec_plan' or 'sibling'")
+
+    # -- plumbing ---------------------------------------------------------------------------------------------------
+
+    @property
+    def schema(self):
+        if self._schema is None:
+            self._schema = get_schema(self.db)
+        return self._schema
+
+    def role(self, tool: str) -> str:
+        if tool == self.submit_tool:
+            return "submit"
+        return "query" if tool in self.query_tools else "other"
+
+    def call(self, tool, args, *, timeout: float | None = None) -> ToolResult:
+        """Run one tool call. ``timeout`` (seconds) may shorten the tool timeout, e.g. near the episode's time budget."""
+        started = time.perf_counter()
+        name = tool if isinstance(tool, str) else str(tool)
+        role = self.role(name)
+        label = name
+        try:
+            if name not in self.tools:
+                known = ", ".join(self.tools)
+                result = ToolResult(name, name, f"Error: unknown tool {name!r}. The tools are: {known}.", error=True)
+            else:
+                handler, spec = self.tools[name]
+                checked = _check_args(name, args, spec)
+                label = self._label(name, checked)
+                limit = self.tool_timeout if timeout is None else max(MIN_TOOL_TIMEOUT, min(self.tool_timeout, timeout))
+                result = handler(name, checked, limit)
+        except ArgumentError as exc:
+            result = ToolResult(name, label, str(exc), error=True)
+        except Exception as exc:  # a tool never raises into the rollout
+            result = ToolResult(name, label, f"Error: {name} failed: {type(exc).__name__}: {exc}", error=True)
+        result.label = label
+        result.role = role
+        result.text = cap_text(result.text, OBSERVATION_CHAR_CAP)
+        result.seconds = time.perf_counter() - started
+        if role in ("query", "submit") and result.sql is None and isinstance(args, dict):
+            sql = args.get("sql")
+            result.sql = sql if isinstance(sql, str) else None
+        return result
+
+    def _label(self, tool: str, args: dict) -> str:
+        if "sql" in args:
+            return f"{tool}: {shorten(args['sql'], LABEL_SQL_CHARS)}"
+        if "table_a" in args:
+            return f"{tool}: {shorten(args['table_a'], 40)} -> {shorten(args['table_b'], 40)}"
+        if "table_name" in args:
+            column = f".{shorten(args['column_name'], 40)}" if "column_name" in args else ""
+            return f"{tool}: {shorten(args['table_name'], 40)}{column}"
+        return tool
+
+    def _table(self, name: str) -> str:
+        table = self.schema.resolve_table(name)
+        if table is None:
+            raise ArgumentError(_suggest("table", name, self.schema.closest_tables(name)))
+        return table
+
+    def _column(self, table: str, name: str) -> str:
+        column = self.schema.resolve_column(table, name)
+        if column is None:
+            raise ArgumentError(_suggest(f"column in table {table!r}", name, self.schema.closest_columns(table, name)))
+        return column
+
+    def _fetch(self, sql: str, rows: int, timeout: float):
+        return databases.run_tool_query(self.db, sql, max_rows=rows, timeout=timeout)
+
+    @staticmethod
+    def _failed(tool: str, raw, sql: str | None = None) -> ToolResult:
+        text = str(raw.error or "Error: the query failed.")
+        if not text.startswith("Error:"):
+            text = "Error: " + text
+        return ToolResult(tool, tool, text, error=True, write_attempt=bool(raw.write_attempt), sql=sql)
+
+    # -- exec_plan tools --------------------------------------------------------------------------------------------
+
+    def _list_tables(self, tool, args, timeout):
+        tables = self.schema.tables
+        return ToolResult(tool, tool, "\n".join(tables) if tables else "(the database has no tables)")
+
+    def _describe_table(self, tool, args, timeout):
+        table = self._table(args["table_name"])
+        text = self.schema.ddl(table)
+        if self.column_descriptions:
+            notes = self._column_notes(table)
+            if notes:
+                text += "\n" + notes
+        return ToolResult(tool, tool, text)
+
+    def _column_notes(self, table: str) -> str:
+        if self._descriptions is None:
+            self._descriptions = {}
+            path = getattr(self.db, "path", None)
+            if path:
+                try:
+                    self._descriptions = {k.lower(): v for k, v in read_descriptions(Path(path).parent).items()}
+                except Exception:
+                    self._descriptions = {}
+        notes = self._descriptions.get(table.lower(), {})
+        return "\n".join(f"-- {col}: {text}" for col, text in notes.items() if text)
+
+    def _foreign_keys(self, tool, args, timeout):
+        table = self._table(args["table_name"])
+        keys = self.schema.foreign_keys(table)
+        if not keys:
+            return ToolResult(tool, tool, f"(no foreign keys from or to {table})")
+        return ToolResult(tool, tool, "\n".join(f"{a}.{b} -> {c}.{d}" for a, b, c, d in keys))
+
+    def _join_path(self, tool, args, timeout):
+        table_a, table_b = self._table(args["table_a"]), self._table(args["table_b"])
+        path = self.schema.join_path(table_a, table_b)
+        if path is None:
+            return ToolResult(tool, tool, f"no foreign-key path between {table_a} and {table_b}")
+        if not path:
+            return ToolResult(tool, tool, f"{table_a} and {table_b} are the same table: no join needed")
+        return ToolResult(tool, tool, "\n".join(path))
+
+    def _sample_rows(self, tool, args, timeout):
+        table = self._table(args["table_name"])
+        limit, note = _limit(tool, args.get("limit"), SAMPLE_LIMIT)
+        raw = self._fetch(f"SELECT * FROM {quote_identifier(table)} LIMIT {limit}", limit, timeout)
+        if not raw.ok:
+            return self._failed(tool, raw)
+        return ToolResult(tool, tool, note + format_table(raw.columns, raw.rows))
+
+    def _distinct_values(self, tool, args, timeout):
+        table = self._table(args["table_name"])
+        column = self._column(table, args["column_name"])
+        limit, note = _limit(tool, args.get("limit"), DISTINCT_LIMIT)
+        col = quote_identifier(column)
+        sql = (
+            f"SELECT {col}, COUNT(*) AS count FROM {quote_identifier(table)} GROUP BY {col} "
+            f"ORDER BY count DESC, {col} LIMIT {limit + 1}"
+        )
+        raw = self._fetch(sql, limit, timeout)
+        if not raw.ok:
+            return self._failed(tool, raw)
+        text = note + format_table(raw.columns, raw.rows)
+        if raw.more:
+            text += f"\n... (showing the {limit} most frequent values; more exist)"
+        return ToolResult(tool, tool, text)
+
+    def _run_query(self, tool, args, timeout):
+        sql = args["sql"]
+        if not sql.strip():
+            return ToolResult(tool, tool, f"Error: {tool} needs a non-empty 'sql' string.", error=True, sql=sql)
+        raw = self._fetch(sql, QUERY_ROWS, timeout)
+        if not raw.ok:
+            return self._failed(tool, raw, sql)
+        text = format_table(raw.columns, raw.rows)
+        if raw.more:
+            text += f"\n... (showing first {QUERY_ROWS} rows; more rows exist)"
+        return ToolResult(tool, tool, text, sql=sql)
+
+    def _submit(self, tool, args, timeout):
+        sql = args["sql"]
+        if not sql.strip():
+            return ToolResult(tool, tool, f"Error: {tool} needs a non-empty 'sql' string.", error=True, sql=sql)
+        return ToolResult(tool, tool, "Submitted.", sql=sql)
+
+    # -- sibling dialect --------------------------------------------------------------------------------------------
+
+    def _inspect_schema(self, tool, args, timeout):
+        if args.get("table_name") is not None:
+            return ToolResult(tool, tool, self.schema.ddl(self._table(args["table_name"])))
+        tables = self.schema.tables
+        return ToolResult(tool, tool, "\n".join(self.schema.ddl(t) for t in tables) or "(the database has no tables)")
+
+    # -- the final-SQL check ------------------------------------------------------------------------------------------
+
+    def executes(self, sql, *, timeout: float | None = None) -> tuple[bool, bool]:
+        """(runs without error, was a write attempt): a cheap, row-capped run on the tool connection."""
+        if not isinstance(sql, str) or not sql.strip():
+            return False, False
+        try:
+            result = databases.run_tool_query(self.db, sql, max_rows=1, timeout=timeout or self.tool_timeout)
+        except Exception:
+            return False, False
+        return result.ok, bool(result.write_attempt)
