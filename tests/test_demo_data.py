@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import sqlite3
 from contextlib import closing
@@ -125,31 +126,44 @@ def test_tables_json_agrees_with_the_database(demo_dir, tables_entries):
         assert sorted(named) == sorted(fks)
 
 
-def test_schema_has_foreign_keys_awkward_names_nulls_dates_and_numbers(demo_dir):
-    with open_read_only(db_file(demo_dir, demo.DB_ID)) as conn:
-        tables = user_tables(conn)
-        fk_count = sum(len(conn.execute(f"PRAGMA foreign_key_list({quoted(t)})").fetchall()) for t in tables)
-        assert fk_count >= 5
-        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
-        assert any(" " in t for t in tables)
-        info = {t: conn.execute(f"PRAGMA table_info({quoted(t)})").fetchall() for t in tables}
-        names = [c[1] for cols in info.values() for c in cols]
-        assert any(n != n.lower() for n in names), "no mixed-case column"
-        assert any(" " in n for n in names), "no column with a space"
-        types = {c[2].upper() for cols in info.values() for c in cols}
-        assert {"INTEGER", "REAL", "TEXT"} <= types
-        nullable_nulls = 0
-        for table, cols in info.items():
-            for col in cols:
-                nullable_nulls += conn.execute(
-                    f"SELECT COUNT(*) FROM {quoted(table)} WHERE {quoted(col[1])} IS NULL").fetchone()[0]
-        assert nullable_nulls > 0
-        join_dates = [r[0] for r in conn.execute('SELECT "JoinDate" FROM members')]
-        assert join_dates and all(isinstance(d, str) and len(d) == 10 for d in join_dates)
-        assert conn.execute("SELECT COUNT(*) FROM members WHERE date(JoinDate) IS NOT JoinDate").fetchone()[0] == 0
+def test_each_database_declares_valid_foreign_keys(demo_dir, tables_entries):
+    for entry in tables_entries:
+        with open_read_only(db_file(demo_dir, entry["db_id"])) as conn:
+            tables = user_tables(conn)
+            referencing = [t for t in tables if conn.execute(f"PRAGMA foreign_key_list({quoted(t)})").fetchall()]
+            assert len(referencing) >= 3, entry["db_id"]
+            assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+        assert len(entry["foreign_keys"]) >= 4
+
+
+def test_awkward_names_nulls_text_dates_and_numbers_are_present(demo_dir, tables_entries):
+    names, types, nulls = [], set(), 0
+    for entry in tables_entries:
+        with open_read_only(db_file(demo_dir, entry["db_id"])) as conn:
+            for table in user_tables(conn):
+                names.append(table)
+                for col in conn.execute(f"PRAGMA table_info({quoted(table)})").fetchall():
+                    names.append(col[1])
+                    types.add(col[2].upper())
+                    nulls += conn.execute(
+                        f"SELECT COUNT(*) FROM {quoted(table)} WHERE {quoted(col[1])} IS NULL").fetchone()[0]
+    assert "Ride Participants" in names and "Book Copies" in names
+    assert any(" " in n for n in names[1:] if n not in {"Ride Participants", "Book Copies"}), "no spaced column"
+    assert any(n != n.lower() and " " not in n for n in names), "no mixed-case name"
+    assert {"INTEGER", "REAL", "TEXT"} <= types
+    assert nulls > 0
+
+    with open_read_only(db_file(demo_dir, "cycling_club")) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM members WHERE JoinDate IS NULL OR typeof(JoinDate) <> 'text' "
+                            "OR date(JoinDate) IS NOT JoinDate").fetchone()[0] == 0
+        assert conn.execute("SELECT COUNT(*) FROM members WHERE birth_year IS NULL").fetchone()[0] > 0
         assert conn.execute("SELECT typeof(purchase_price) FROM bikes LIMIT 1").fetchone()[0] == "real"
         assert conn.execute("SELECT typeof(elevation_gain_m) FROM routes WHERE elevation_gain_m IS NOT NULL "
                             "LIMIT 1").fetchone()[0] == "integer"
+    with open_read_only(db_file(demo_dir, "village_library")) as conn:
+        dates = conn.execute('SELECT COUNT(*), SUM(date("Registered On") IS "Registered On") FROM patrons').fetchone()
+        assert dates[0] > 0 and dates[0] == dates[1]
+        assert conn.execute("SELECT COUNT(*) FROM loans WHERE returned_on IS NULL").fetchone()[0] > 0
 
 
 def test_generator_is_deterministic(demo_dir, tmp_path):
@@ -167,9 +181,10 @@ def test_generator_is_deterministic(demo_dir, tmp_path):
 
 
 def test_generator_rejects_gold_sql_without_rows(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(demo, "QUESTIONS", [("Any club founded in 1066?", "", "SELECT club_name FROM clubs "
-                                             "WHERE founded_year = 1066", "simple")])
+    empty_answer = ("Any club founded in 1066?", "", "SELECT club_name FROM clubs WHERE founded_year = 1066", "simple")
+    broken = dataclasses.replace(demo.DATABASES[0], questions=[empty_answer])
+    monkeypatch.setattr(demo, "DATABASES", (*demo.DATABASES[1:], broken))
     assert demo.main(["--output", str(tmp_path)]) == 1
     assert capsys.readouterr().err.startswith("Error:")
     assert not (tmp_path / "dev.json").exists()
-    assert not list(tmp_path.rglob("*.sqlite*"))
+    assert not list(tmp_path.rglob("*.sqlite*")), "a database was left behind although a gold SQL failed"

@@ -1,11 +1,11 @@
-"""The embedded demo data: a small cycling-club database and questions, in BIRD's dev layout.
+"""The embedded demo data: two small databases (a cycling club, a village library) and questions, in BIRD's layout.
 
 ``python -m t2s.data.demo [--output DIR]`` writes, deterministically (default ``data/demo/``)::
 
     dev.json                      questions: question_id, db_id, question, evidence, SQL, difficulty
-    dev_tables.json               the schema in BIRD/Spider tables.json format, read back from the database
-    dev_databases/cycling_club/cycling_club.sqlite
-    dev_databases/cycling_club/database_description/<table>.csv
+    dev_tables.json               the schemas in BIRD/Spider tables.json format, read back from the databases
+    dev_databases/<db_id>/<db_id>.sqlite
+    dev_databases/<db_id>/database_description/<table>.csv
 
 All content (names, rows, questions) is invented here; rows come from a seeded ``random.Random``. Running the
 generator twice gives byte-identical files for the same SQLite library version.
@@ -23,11 +23,12 @@ import random
 import sqlite3
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-DB_ID = "cycling_club"
-SEED = 20240611
+CYCLING_SEED = 20240611
+LIBRARY_SEED = 20240612
 PAGE_SIZE = 4096
 DESCRIPTION_HEADER = ["original_column_name", "column_name", "column_description", "data_format", "value_description"]
 
@@ -49,7 +50,7 @@ class Table:
     extra: tuple[str, ...] = ()  # table constraints, e.g. a composite PRIMARY KEY
 
 
-TABLES: tuple[Table, ...] = (
+CYCLING_TABLES: tuple[Table, ...] = (
     Table("clubs", (
         Column("club_id", "INTEGER", "PRIMARY KEY", "club id", "the unique identifier of the club"),
         Column("club_name", "TEXT", "NOT NULL", "club name", "the name of the club"),
@@ -122,7 +123,8 @@ TABLES: tuple[Table, ...] = (
         Column("member_id", "INTEGER", "NOT NULL REFERENCES members(member_id)", "member id",
                "the member who took part\nMaps to members(member_id)"),
         Column("bike_id", "INTEGER", "REFERENCES bikes(bike_id)", "bike id",
-               "the bike the member rode\nMaps to bikes(bike_id)", "NULL = an unregistered bike; the bike may belong to another member"),
+               "the bike the member rode\nMaps to bikes(bike_id)",
+               "NULL = an unregistered bike; the bike may belong to another member"),
         Column("FinishMinutes", "INTEGER", "", "finish minutes", "the member's riding time in minutes",
                "commonsense evidence:\nNULL means the member did not finish the ride"),
         Column("AvgSpeedKmh", "REAL", "", "average speed km/h",
@@ -154,7 +156,7 @@ def create_statement(table: Table) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Rows
+# The cycling club database: rows
 
 CLUBS = [
     ("Riverside Wheelers", "Aldermouth", 1987, 12.5),
@@ -190,10 +192,10 @@ def _date(rng: random.Random, start: dt.date, end: dt.date) -> str:
     return (start + dt.timedelta(days=rng.randrange((end - start).days + 1))).isoformat()
 
 
-def generate_rows(seed: int = SEED) -> dict[str, list[tuple]]:
-    """Every table's rows, in insertion order, from one seeded generator."""
+def cycling_rows(seed: int = CYCLING_SEED) -> dict[str, list[tuple]]:
+    """Every cycling-club table's rows, in insertion order, from one seeded generator."""
     rng = random.Random(seed)
-    rows: dict[str, list[tuple]] = {t.name: [] for t in TABLES}
+    rows: dict[str, list[tuple]] = {t.name: [] for t in CYCLING_TABLES}
     for club_id, (name, city, founded, fee) in enumerate(CLUBS, start=1):
         rows["clubs"].append((club_id, name, city, founded, fee))
 
@@ -284,9 +286,9 @@ def generate_rows(seed: int = SEED) -> dict[str, list[tuple]]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Questions (our own; every gold SQL returns rows, checked by the generator and the tests)
+# The cycling club database: questions (every gold SQL returns rows; the generator checks it)
 
-QUESTIONS: list[tuple[str, str, str, str]] = [
+CYCLING_QUESTIONS: list[tuple[str, str, str, str]] = [
     # (question, evidence, SQL, difficulty)
     ("How many members does the club Granite Spokes have?",
      "Granite Spokes refers to club_name = 'Granite Spokes'",
@@ -501,10 +503,235 @@ QUESTIONS: list[tuple[str, str, str, str]] = [
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# The village library database
+
+LIBRARY_TABLES: tuple[Table, ...] = (
+    Table("branches", (
+        Column("branch_id", "INTEGER", "PRIMARY KEY", "branch id", "the unique identifier of the branch"),
+        Column("branch_name", "TEXT", "NOT NULL", "branch name", "the name of the library branch"),
+        Column("district", "TEXT", "", "", "the district the branch serves", "NULL for the mobile library"),
+        Column("OpenedOn", "TEXT", "", "opened on", "the date the branch opened", "YYYY-MM-DD"),
+        Column("weekly_hours", "INTEGER", "", "weekly hours", "the number of opening hours per week"),
+        Column("has_cafe", "INTEGER", "NOT NULL", "has cafe", "whether the branch has a cafe", "1 = yes; 0 = no"),
+    )),
+    Table("authors", (
+        Column("author_id", "INTEGER", "PRIMARY KEY", "author id", "the unique identifier of the author"),
+        Column("full_name", "TEXT", "NOT NULL", "full name", "the author's name as printed on the books"),
+        Column("birth_year", "INTEGER", "", "birth year", "the year the author was born", "NULL = unknown"),
+        Column("country", "TEXT", "", "", "the author's country", "NULL = unknown"),
+    )),
+    Table("books", (
+        Column("book_id", "INTEGER", "PRIMARY KEY", "book id", "the unique identifier of the title"),
+        Column("title", "TEXT", "NOT NULL", "", "the title of the book"),
+        Column("author_id", "INTEGER", "NOT NULL REFERENCES authors(author_id)", "author id",
+               "the author of the book\nMaps to authors(author_id)"),
+        Column("genre", "TEXT", "", "", "the genre of the book",
+               "'mystery', 'fantasy', 'history', 'science', 'poetry', 'children' or 'biography'"),
+        Column("published_year", "INTEGER", "", "published year", "the year the book was first published"),
+        Column("page_count", "INTEGER", "", "page count", "the number of pages", "NULL = unknown"),
+        Column("ListPrice", "REAL", "", "list price", "the publisher's price, in euros"),
+    )),
+    Table("patrons", (
+        Column("patron_id", "INTEGER", "PRIMARY KEY", "patron id", "the unique identifier of the library user"),
+        Column("first_name", "TEXT", "NOT NULL", "first name", "the patron's first name"),
+        Column("last_name", "TEXT", "NOT NULL", "last name", "the patron's last name"),
+        Column("home_branch_id", "INTEGER", "NOT NULL REFERENCES branches(branch_id)", "home branch id",
+               "the branch where the patron registered\nMaps to branches(branch_id)"),
+        Column("Registered On", "TEXT", "NOT NULL", "registered on", "the date the patron got a library card",
+               "YYYY-MM-DD"),
+        Column("birth_year", "INTEGER", "", "birth year", "the year the patron was born", "NULL = not given"),
+        Column("membership_tier", "TEXT", "NOT NULL", "membership tier", "the kind of library card",
+               "'standard', 'student' or 'senior'"),
+    )),
+    Table("Book Copies", (
+        Column("copy_id", "INTEGER", "PRIMARY KEY", "copy id", "the unique identifier of one physical copy"),
+        Column("book_id", "INTEGER", "NOT NULL REFERENCES books(book_id)", "book id",
+               "the title this is a copy of\nMaps to books(book_id)"),
+        Column("branch_id", "INTEGER", "NOT NULL REFERENCES branches(branch_id)", "branch id",
+               "the branch that holds the copy\nMaps to branches(branch_id)"),
+        Column("acquired_on", "TEXT", "", "acquired on", "the date the library acquired the copy", "YYYY-MM-DD"),
+        Column("condition", "TEXT", "", "", "the physical state of the copy",
+               "'new', 'good', 'worn' or 'damaged'; NULL = not inspected"),
+    )),
+    Table("loans", (
+        Column("loan_id", "INTEGER", "PRIMARY KEY", "loan id", "the unique identifier of the loan"),
+        Column("copy_id", "INTEGER", 'NOT NULL REFERENCES "Book Copies"(copy_id)', "copy id",
+               "the copy that was lent\nMaps to Book Copies(copy_id)"),
+        Column("patron_id", "INTEGER", "NOT NULL REFERENCES patrons(patron_id)", "patron id",
+               "the patron who borrowed the copy\nMaps to patrons(patron_id)"),
+        Column("loaned_on", "TEXT", "NOT NULL", "loaned on", "the date the copy was lent", "YYYY-MM-DD"),
+        Column("due_on", "TEXT", "NOT NULL", "due on", "the date the copy was due back", "YYYY-MM-DD"),
+        Column("returned_on", "TEXT", "", "returned on", "the date the copy came back",
+               "commonsense evidence:\nNULL means the copy has not been returned"),
+        Column("late_fee", "REAL", "", "late fee", "the fee charged for a late return, in euros",
+               "0 when returned on time; NULL while not returned"),
+    )),
+)
+
+BRANCHES = [
+    ("Central", "Old Town", "1962-04-02", 60, 1),
+    ("Millbrook", "Millbrook", "1988-09-15", 42, 0),
+    ("Harbourside", "Docklands", "2005-03-01", 48, 1),
+    ("Elm Park", "Elm Park", "1974-11-20", 36, 0),
+    ("Westgate Mobile", None, "2012-06-04", 20, 0),
+]
+AUTHOR_FIRST = ["Marguerite", "Tobias", "Selin", "Augustin", "Hana", "Florian", "Imogen", "Kwame", "Lucia",
+                "Matthias", "Noor", "Oskar", "Priya", "Rafael", "Sigrid", "Teodor"]
+AUTHOR_LAST = ["Alder", "Bellweather", "Castellan", "Dunmore", "Everly", "Fairbairn", "Greaves", "Hollis",
+               "Ivers", "Janssen", "Kowal", "Linden"]
+COUNTRIES = ["Ireland", "Canada", "Norway", "Portugal", "Kenya", "India", "Chile", "Poland"]
+TITLE_ADJECTIVES = ["Silent", "Crimson", "Hollow", "Northern", "Forgotten", "Glass", "Winter", "Hidden", "Last",
+                    "Paper", "Copper", "Wandering", "Quiet", "Salt"]
+TITLE_NOUNS = ["Lighthouse", "Orchard", "Cartographer", "Garden", "Harbour", "Clockmaker", "Meadow", "Archive",
+               "River", "Kingdom", "Letters", "Observatory", "Ferryman", "Atlas", "Tides", "Beekeeper"]
+GENRES = ["mystery", "fantasy", "history", "science", "poetry", "children", "biography"]
+PATRON_FIRST = ["Abel", "Bettina", "Casper", "Delia", "Emil", "Fenna", "Gideon", "Hester", "Isak", "Juno", "Konrad",
+                "Liesel", "Marius", "Nadia", "Otto", "Petra", "Ruben", "Saskia", "Tomas", "Wilma"]
+PATRON_LAST = ["Ambrose", "Blackwood", "Crane", "Dalby", "Eastman", "Frost", "Gilchrist", "Hale", "Ivory", "Kemp",
+               "Lockhart", "Moss", "Nightingale", "Orme", "Pryce", "Redfern"]
+CONDITIONS = ["new", "good", "good", "worn", "damaged"]
+
+
+def library_rows(seed: int = LIBRARY_SEED) -> dict[str, list[tuple]]:
+    """Every village-library table's rows, in insertion order, from one seeded generator."""
+    rng = random.Random(seed)
+    rows: dict[str, list[tuple]] = {t.name: [] for t in LIBRARY_TABLES}
+    rows["branches"] = [(i, *branch) for i, branch in enumerate(BRANCHES, start=1)]
+
+    author_names = [f"{f} {l}" for f in AUTHOR_FIRST for l in AUTHOR_LAST]
+    rng.shuffle(author_names)
+    for author_id, name in enumerate(author_names[:60], start=1):
+        birth = rng.randint(1920, 1995) if rng.random() > 0.1 else None
+        country = rng.choice(COUNTRIES) if rng.random() > 0.12 else None
+        rows["authors"].append((author_id, name, birth, country))
+
+    titles = [f"The {a} {n}" for a in TITLE_ADJECTIVES for n in TITLE_NOUNS]
+    rng.shuffle(titles)
+    for book_id, title in enumerate(titles[:220], start=1):
+        genre = rng.choice(GENRES)
+        short = genre in ("children", "poetry")
+        pages = None if rng.random() < 0.08 else rng.randint(40 if short else 150, 160 if short else 820)
+        price = round(rng.uniform(6, 32), 0) - 0.01
+        rows["books"].append((book_id, title, rng.randint(1, 60), genre, rng.randint(1950, 2021), pages, price))
+
+    patron_names = [(f, l) for f in PATRON_FIRST for l in PATRON_LAST]
+    rng.shuffle(patron_names)
+    for patron_id, (first, last) in enumerate(patron_names[:260], start=1):
+        tier = rng.choices(["standard", "student", "senior"], weights=[60, 22, 18])[0]
+        birth = None if rng.random() < 0.1 else (
+            rng.randint(1995, 2010) if tier == "student" else rng.randint(1940, 1962) if tier == "senior"
+            else rng.randint(1960, 2000))
+        registered = _date(rng, dt.date(2012, 1, 1), dt.date(2024, 6, 30))
+        rows["patrons"].append((patron_id, first, last, rng.choices(range(1, 6), weights=[35, 20, 20, 15, 10])[0],
+                                registered, birth, tier))
+
+    for copy_id in range(1, 481):
+        condition = rng.choice(CONDITIONS) if rng.random() > 0.1 else None
+        branch_id = rng.choices(range(1, 6), weights=[35, 20, 20, 15, 10])[0]
+        acquired = _date(rng, dt.date(2010, 1, 1), dt.date(2021, 12, 31))
+        rows["Book Copies"].append((copy_id, rng.randint(1, 220), branch_id, acquired, condition))
+
+    end = dt.date(2024, 12, 31)
+    loan_dates = sorted(_date(rng, dt.date(2022, 1, 1), dt.date(2024, 12, 20)) for _ in range(1600))
+    for loan_id, loaned in enumerate(loan_dates, start=1):
+        out = dt.date.fromisoformat(loaned)
+        due = out + dt.timedelta(days=21)
+        back = out + dt.timedelta(days=rng.choices([rng.randint(3, 21), rng.randint(22, 60)], weights=[78, 22])[0])
+        if back > end or rng.random() < 0.03:
+            returned, fee = None, None
+        else:
+            returned, fee = back.isoformat(), round(0.25 * max(0, (back - due).days), 2)
+        rows["loans"].append((loan_id, rng.randint(1, 480), rng.randint(1, 260), loaned, due.isoformat(),
+                              returned, fee))
+    return rows
+
+
+LIBRARY_QUESTIONS: list[tuple[str, str, str, str]] = [
+    ("How many book copies does the Harbourside branch hold?",
+     "Harbourside refers to branch_name = 'Harbourside'",
+     "SELECT COUNT(T1.copy_id) FROM `Book Copies` AS T1 INNER JOIN branches AS T2 ON T1.branch_id = T2.branch_id "
+     "WHERE T2.branch_name = 'Harbourside'", "simple"),
+    ("Which branch has no district recorded?",
+     "no district recorded refers to district IS NULL",
+     "SELECT branch_name FROM branches WHERE district IS NULL", "simple"),
+    ("How many loans have not been returned yet?",
+     "not returned refers to returned_on IS NULL",
+     "SELECT COUNT(loan_id) FROM loans WHERE returned_on IS NULL", "simple"),
+    ("What is the average number of pages of the fantasy books?",
+     "fantasy refers to genre = 'fantasy'; average number of pages = AVG(page_count)",
+     "SELECT AVG(page_count) FROM books WHERE genre = 'fantasy'", "simple"),
+    ("How many patrons got their library card in 2023?",
+     "got their library card in 2023 refers to `Registered On` LIKE '2023%'",
+     "SELECT COUNT(patron_id) FROM patrons WHERE `Registered On` LIKE '2023%'", "simple"),
+    ("How many books were written by authors from Norway?",
+     "from Norway refers to country = 'Norway'",
+     "SELECT COUNT(T1.book_id) FROM books AS T1 INNER JOIN authors AS T2 ON T1.author_id = T2.author_id "
+     "WHERE T2.country = 'Norway'", "simple"),
+    ("List the titles of the books written by Oskar Kowal.",
+     "Oskar Kowal refers to full_name = 'Oskar Kowal'",
+     "SELECT T1.title FROM books AS T1 INNER JOIN authors AS T2 ON T1.author_id = T2.author_id "
+     "WHERE T2.full_name = 'Oskar Kowal'", "simple"),
+    ("Which genre has been borrowed the most often?",
+     "borrowed the most often refers to MAX(COUNT(loan_id))",
+     "SELECT T3.genre FROM loans AS T1 INNER JOIN `Book Copies` AS T2 ON T1.copy_id = T2.copy_id "
+     "INNER JOIN books AS T3 ON T2.book_id = T3.book_id GROUP BY T3.genre ORDER BY COUNT(T1.loan_id) DESC LIMIT 1",
+     "moderate"),
+    ("What is the total of the late fees charged for copies held by each branch? List branch name and total.",
+     "total of the late fees = SUM(late_fee)",
+     'SELECT T3.branch_name, SUM(T1.late_fee) FROM loans AS T1 INNER JOIN "Book Copies" AS T2 '
+     "ON T1.copy_id = T2.copy_id INNER JOIN branches AS T3 ON T2.branch_id = T3.branch_id "
+     "GROUP BY T3.branch_name", "moderate"),
+    ("How many loans were returned after their due date?",
+     "returned after the due date refers to returned_on > due_on",
+     "SELECT COUNT(loan_id) FROM loans WHERE returned_on > due_on", "moderate"),
+    ("Which books have copies in at least four different branches? List the titles.",
+     "at least four different branches refers to COUNT(DISTINCT branch_id) >= 4",
+     "SELECT T1.title FROM books AS T1 INNER JOIN `Book Copies` AS T2 ON T1.book_id = T2.book_id "
+     "GROUP BY T1.book_id HAVING COUNT(DISTINCT T2.branch_id) >= 4", "moderate"),
+    ("On average, how many days did patrons keep the mystery books they have returned?",
+     "mystery refers to genre = 'mystery'; days kept = julianday(returned_on) - julianday(loaned_on); "
+     "returned refers to returned_on IS NOT NULL",
+     "SELECT AVG(julianday(T1.returned_on) - julianday(T1.loaned_on)) FROM loans AS T1 "
+     "INNER JOIN `Book Copies` AS T2 ON T1.copy_id = T2.copy_id INNER JOIN books AS T3 ON T2.book_id = T3.book_id "
+     "WHERE T3.genre = 'mystery' AND T1.returned_on IS NOT NULL", "moderate"),
+    ("How many patrons have borrowed a copy held by a branch other than their home branch?",
+     "a branch other than their home branch refers to branch_id <> home_branch_id",
+     "SELECT COUNT(DISTINCT T1.patron_id) FROM loans AS T1 INNER JOIN `Book Copies` AS T2 "
+     "ON T1.copy_id = T2.copy_id INNER JOIN patrons AS T3 ON T1.patron_id = T3.patron_id "
+     "WHERE T2.branch_id <> T3.home_branch_id", "challenging"),
+    ("Whose books have been borrowed by the largest number of different patrons? Give the author's name.",
+     "different patrons refers to COUNT(DISTINCT patron_id)",
+     "SELECT T4.full_name FROM loans AS T1 INNER JOIN `Book Copies` AS T2 ON T1.copy_id = T2.copy_id "
+     "INNER JOIN books AS T3 ON T2.book_id = T3.book_id INNER JOIN authors AS T4 ON T3.author_id = T4.author_id "
+     "GROUP BY T4.author_id ORDER BY COUNT(DISTINCT T1.patron_id) DESC LIMIT 1", "challenging"),
+    ("What percentage of the returned loans of student-card patrons came back late?",
+     "student-card refers to membership_tier = 'student'; returned refers to returned_on IS NOT NULL; came back "
+     "late refers to returned_on > due_on; percentage = DIVIDE(COUNT(returned_on > due_on), COUNT(loan_id)) * 100",
+     "SELECT CAST(SUM(CASE WHEN T1.returned_on > T1.due_on THEN 1 ELSE 0 END) AS REAL) * 100 / COUNT(T1.loan_id) "
+     "FROM loans AS T1 INNER JOIN patrons AS T2 ON T1.patron_id = T2.patron_id "
+     "WHERE T2.membership_tier = 'student' AND T1.returned_on IS NOT NULL", "challenging"),
+]
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # Writing
 
 
-def build_database(path: Path, rows: dict[str, list[tuple]]) -> None:
+@dataclass(frozen=True)
+class DemoDatabase:
+    db_id: str
+    tables: tuple[Table, ...]
+    rows: Callable[[], dict[str, list[tuple]]]
+    questions: list[tuple[str, str, str, str]]  # (question, evidence, SQL, difficulty)
+
+
+DATABASES: tuple[DemoDatabase, ...] = (
+    DemoDatabase("cycling_club", CYCLING_TABLES, cycling_rows, CYCLING_QUESTIONS),
+    DemoDatabase("village_library", LIBRARY_TABLES, library_rows, LIBRARY_QUESTIONS),
+)
+
+
+def build_database(path: Path, tables: tuple[Table, ...], rows: dict[str, list[tuple]]) -> None:
     """Create the SQLite file at ``path`` (must not exist), with stable bytes."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
@@ -512,7 +739,7 @@ def build_database(path: Path, rows: dict[str, list[tuple]]) -> None:
         conn.execute("PRAGMA journal_mode = DELETE")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.execute("BEGIN")
-        for table in TABLES:
+        for table in tables:
             conn.execute(create_statement(table))
             marks = ", ".join("?" * len(table.columns))
             conn.executemany(f"INSERT INTO {quote(table.name)} VALUES ({marks})", rows[table.name])
@@ -525,22 +752,25 @@ def build_database(path: Path, rows: dict[str, list[tuple]]) -> None:
         conn.close()
 
 
-def tables_json(db_path: Path, db_id: str) -> dict:
+def _read_only(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path.as_uri() + "?mode=ro", uri=True)
+
+
+def tables_json(db_path: Path, database: DemoDatabase) -> dict:
     """The BIRD/Spider tables.json entry for one database, read from the file itself."""
-    readable = {(t.name, c.name): c.readable or c.name.replace("_", " ") for t in TABLES for c in t.columns}
-    conn = sqlite3.connect(db_path.as_uri() + "?mode=ro", uri=True)
+    readable = {(t.name, c.name): c.readable or c.name.replace("_", " ") for t in database.tables for c in t.columns}
+    conn = _read_only(db_path)
     try:
         names = [r[0] for r in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY rowid")]
-        entry = {"db_id": db_id, "table_names_original": names,
+        entry = {"db_id": database.db_id, "table_names_original": names,
                  "table_names": [n.lower().replace("_", " ") for n in names],
                  "column_names_original": [[-1, "*"]], "column_names": [[-1, "*"]], "column_types": ["text"],
                  "primary_keys": [], "foreign_keys": []}
         index: dict[tuple[str, str], int] = {}
         for t, table in enumerate(names):
-            info = conn.execute(f"PRAGMA table_info({quote(table)})").fetchall()
             key = []
-            for _, col, col_type, _, _, pk in info:
+            for _, col, col_type, _, _, pk in conn.execute(f"PRAGMA table_info({quote(table)})").fetchall():
                 index[(table, col)] = len(entry["column_names_original"])
                 entry["column_names_original"].append([t, col])
                 entry["column_names"].append([t, readable.get((table, col), col.replace("_", " ")).lower()])
@@ -559,6 +789,7 @@ def tables_json(db_path: Path, db_id: str) -> dict:
 
 
 def description_csv(table: Table) -> str:
+    """BIRD's database_description/<table>.csv text for one table."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(DESCRIPTION_HEADER)
@@ -567,15 +798,15 @@ def description_csv(table: Table) -> str:
     return buffer.getvalue()
 
 
-def question_records(db_path: Path) -> list[dict]:
-    """The dev.json records, after checking that every gold SQL runs and returns rows."""
-    conn = sqlite3.connect(db_path.as_uri() + "?mode=ro", uri=True)
+def question_records(db_path: Path, database: DemoDatabase, first_id: int) -> list[dict]:
+    """One database's dev.json records, after checking that every gold SQL runs and returns rows."""
+    conn = _read_only(db_path)
     records = []
     try:
-        for question_id, (question, evidence, sql, difficulty) in enumerate(QUESTIONS):
+        for question_id, (question, evidence, sql, difficulty) in enumerate(database.questions, start=first_id):
             if not conn.execute(sql).fetchall():
                 raise RuntimeError(f"gold SQL of question {question_id} returns no rows: {sql}")
-            records.append({"question_id": question_id, "db_id": DB_ID, "question": question,
+            records.append({"question_id": question_id, "db_id": database.db_id, "question": question,
                             "evidence": evidence, "SQL": sql, "difficulty": difficulty})
     finally:
         conn.close()
@@ -588,27 +819,38 @@ def _write_text(path: Path, text: str) -> None:
         handle.write(text)
 
 
-def write_demo(output: Path) -> Path:
-    """Write the whole demo data set under ``output``; returns the SQLite file's path."""
-    db_folder = output / "dev_databases" / DB_ID
-    db_folder.mkdir(parents=True, exist_ok=True)
-    db_path = db_folder / f"{DB_ID}.sqlite"
-    handle, tmp_name = tempfile.mkstemp(suffix=".sqlite.tmp", dir=db_folder)
-    os.close(handle)
-    tmp_path = Path(tmp_name)
+def write_demo(output: Path, databases: tuple[DemoDatabase, ...] | None = None) -> list[dict]:
+    """Write the demo data set (default: every database in ``DATABASES``) under ``output``; returns dev.json's records.
+
+    Every database is built into a temporary file and its questions checked before anything is moved into place.
+    """
+    databases = DATABASES if databases is None else databases
+    staged: list[tuple[Path, Path]] = []  # (temporary file, final path)
+    records: list[dict] = []
     try:
-        tmp_path.unlink()
-        build_database(tmp_path, generate_rows())
-        records = question_records(tmp_path)
-        os.replace(tmp_path, db_path)
-    finally:
-        if tmp_path.exists():
+        for database in databases:
+            db_folder = output / "dev_databases" / database.db_id
+            db_folder.mkdir(parents=True, exist_ok=True)
+            handle, tmp_name = tempfile.mkstemp(suffix=".sqlite.tmp", dir=db_folder)
+            os.close(handle)
+            tmp_path = Path(tmp_name)
             tmp_path.unlink()
-    for table in TABLES:
-        _write_text(db_folder / "database_description" / f"{table.name}.csv", description_csv(table))
-    _write_text(output / "dev_tables.json", json.dumps([tables_json(db_path, DB_ID)], indent=2) + "\n")
+            staged.append((tmp_path, db_folder / f"{database.db_id}.sqlite"))
+            build_database(tmp_path, database.tables, database.rows())
+            records += question_records(tmp_path, database, len(records))
+        for tmp_path, db_path in staged:
+            os.replace(tmp_path, db_path)
+    finally:
+        for tmp_path, _ in staged:
+            tmp_path.unlink(missing_ok=True)
+    entries = []
+    for database, (_, db_path) in zip(databases, staged):
+        for table in database.tables:
+            _write_text(db_path.parent / "database_description" / f"{table.name}.csv", description_csv(table))
+        entries.append(tables_json(db_path, database))
+    _write_text(output / "dev_tables.json", json.dumps(entries, indent=2) + "\n")
     _write_text(output / "dev.json", json.dumps(records, indent=4, ensure_ascii=False) + "\n")
-    return db_path
+    return records
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -618,11 +860,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=DEMO_DIR, help="folder to write (default: data/demo)")
     args = parser.parse_args(argv)
     try:
-        db_path = write_demo(args.output)
+        records = write_demo(args.output)
     except (OSError, sqlite3.Error, RuntimeError) as exc:
         print(f"Error: could not write the demo data to {args.output}: {exc}", file=sys.stderr)
         return 1
-    print(f"Wrote {len(QUESTIONS)} questions and {db_path}")
+    print(f"Wrote {len(records)} questions over {len({r['db_id'] for r in records})} databases to {args.output}")
     return 0
 
 
