@@ -25,10 +25,11 @@ import dataclasses
 import hashlib
 import logging
 import math
-from collections import Counter
+import threading
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from itertools import islice
 
 from t2s.metrics import official_match
@@ -143,11 +144,13 @@ def result_signature(rows) -> str:
 # ---------------------------------------------------------------------------------------------------- parsing
 
 
+@cache
 def _statement_types() -> tuple:
     from sqlglot import exp
 
-    names = ("Query", "Values", "DDL", "DML", "Command", "Pragma", "Transaction", "Commit", "Rollback", "Attach",
-             "Detach", "Analyze", "Use", "Set", "Describe")
+    names = ("Query", "Values", "DDL", "DML", "Create", "Drop", "Alter", "Insert", "Update", "Delete", "Merge",
+             "Command", "Pragma", "Transaction", "Commit", "Rollback", "Attach", "Detach", "Analyze", "Use", "Set",
+             "Describe")
     return tuple(getattr(exp, name) for name in names if hasattr(exp, name))
 
 
@@ -190,13 +193,32 @@ class _GoldFeatures:
     tables: frozenset[str]
 
 
-@lru_cache(maxsize=512)
+_GOLD_FEATURES_MAX = 512
+_gold_features_cache: OrderedDict = OrderedDict()
+_gold_features_lock = threading.Lock()
+
+
 def _gold_features(ref, gold_sql: str) -> _GoldFeatures:
+    """The gold result with its cell multiset and tables, computed once per (database, gold SQL).
+
+    Gold timeouts are not kept (as in ``databases.gold_result``), so a loaded machine does not fix a failure.
+    """
     from t2s import databases
 
+    key = (ref, gold_sql)
+    with _gold_features_lock:
+        if key in _gold_features_cache:
+            _gold_features_cache.move_to_end(key)
+            return _gold_features_cache[key]
     result = databases.gold_result(ref, gold_sql)
     cells = _cells(result.rows) if result.ok and not result.over_cap else Counter()
-    return _GoldFeatures(result=result, cells=cells, tables=_tables(gold_sql))
+    features = _GoldFeatures(result=result, cells=cells, tables=_tables(gold_sql))
+    if not result.timed_out:
+        with _gold_features_lock:
+            _gold_features_cache[key] = features
+            while len(_gold_features_cache) > _GOLD_FEATURES_MAX:
+                _gold_features_cache.popitem(last=False)
+    return features
 
 
 def execute_final(row: dict, final_sql, *, episode_write_attempt: bool = False) -> ExecutionOutcome:
