@@ -180,7 +180,7 @@ class DifficultyModel:
         )
 
 
-def fit_logistic(vectors, labels, *, l2: float = 1.0, steps: int = 600, lr: float = 0.5, class_weight=True):
+def fit_logistic(vectors, labels, *, l2: float = 10.0, steps: int = 600, lr: float = 0.5, class_weight=True):
     """Multinomial logistic regression by full-batch gradient descent; returns (mean, scale, weights, bias)."""
     import numpy as np
 

@@ -1,0 +1,332 @@
+"""`python -m t2s data ...`: prepare, check, difficulty, passrate, make-demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from t2s.settings import REPO_ROOT
+
+KIND_CHOICES = ("auto", "bird", "spider", "sqale", "synsql")
+
+DOWNLOAD_HELP = """\
+Where to get the data (both CC BY-SA 4.0; credit their authors):
+  BIRD    https://bird-bench.github.io   (dev: dev.zip, train: train.zip)
+  Spider  https://yale-lily.github.io/spider
+
+Unpack them under {data_dir} so that it looks like this (--db-root names the folder of per-db_id folders):
+  {data_dir}/bird/dev_20240627/dev.json
+  {data_dir}/bird/dev_20240627/dev_tables.json
+  {data_dir}/bird/dev_20240627/dev_databases/<db_id>/<db_id>.sqlite
+  {data_dir}/bird/dev_20240627/dev_databases/<db_id>/database_description/*.csv
+  {data_dir}/bird/train/train.json
+  {data_dir}/bird/train/train_databases/<db_id>/<db_id>.sqlite
+  {data_dir}/spider/dev.json            (or train_spider.json)
+  {data_dir}/spider/database/<db_id>/<db_id>.sqlite
+SynSQL-2.5M: its data.json beside databases/<db_id>/<db_id>.sqlite. SQaLe loads from the Hub or local parquet/JSONL.
+"""
+
+DATA_FILE_NAMES = ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spider.json", "data.json")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+
+    def data_args(p, output_help: str) -> None:
+        p.add_argument("--data", required=True, help="data file (BIRD/Spider/SynSQL JSON, or SQaLe queries)")
+        p.add_argument("--kind", choices=KIND_CHOICES, default="auto", help="data kind (default: detect from the JSON)")
+        p.add_argument("--db-root", default=None, help="folder of <db_id>/<db_id>.sqlite (default: beside the data)")
+        p.add_argument("--schemas", default=None, help="SQaLe schema table (parquet/JSONL file or Hub id)")
+        p.add_argument("--limit", type=int, default=None, help="only the first N rows")
+        p.add_argument("--output", default=None, help=output_help)
+
+    p = sub.add_parser("prepare", help="where to download BIRD/Spider and the folder layout, then check what is present")
+    p.add_argument("--data-dir", default=None, help="folder to search (default: T2S_DATA_DIR and data/)")
+    p.add_argument("--workers", type=int, default=4)
+
+    p = sub.add_parser("check", help="run every gold SQL: ok / error / timeout / empty per database (cached)")
+    data_args(p, "write per-row outcomes as JSONL here")
+    p.add_argument("--workers", type=int, default=4, help="parallel queries (default 4)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per gold SQL (default: the scoring cap)")
+    p.add_argument("--no-cache", action="store_true", help="ignore and do not write the result cache")
+
+    p = sub.add_parser("difficulty", help="estimate difficulty from the gold SQL; report figures where labels exist")
+    p.add_argument("--data", required=True, help="BIRD/Spider/SynSQL JSON (databases not needed)")
+    p.add_argument("--output", default=None, help="write the rows back as a JSON list with `difficulty_estimated`")
+    p.add_argument("--folds", type=int, default=5, help="k for the cross-validated refit on this file's labels (0: off)")
+    p.add_argument("--model", default=None, help="a model JSON written by --save-model (default: the built-in one)")
+    p.add_argument("--save-model", default=None, help="fit on this file's labels and save the model JSON here")
+    p.add_argument("--keep-target", type=float, default=0.93,
+                   help="share of simple+moderate the threshold keeps when fitting (default 0.93)")
+
+    p = sub.add_parser("passrate", help="keep the questions a policy solves 1..k-1 times out of k")
+    data_args(p, "write the kept rows as a JSON list here")
+    p.add_argument("--policy", default="scripted-mix",
+                   help="gold | scripted-mix (scripted, CPU) | model | endpoint | vllm (through t2s.evaluate)")
+    p.add_argument("--k", type=int, default=8, help="samples per question (default 8)")
+    p.add_argument("--min-solved", type=int, default=1)
+    p.add_argument("--max-solved", type=int, default=None, help="default k-1")
+    p.add_argument("--workers", type=int, default=4)
+
+    sub.add_parser("make-demo", help="(re)write the embedded demo database and questions in data/demo",
+                   add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
+
+
+def run(args: argparse.Namespace) -> int:
+    from t2s.data.loaders import DataError
+
+    command = getattr(args, "data_command", None)
+    handlers = {"prepare": _prepare, "check": _check, "difficulty": _difficulty, "passrate": _passrate,
+                "make-demo": _make_demo}
+    if command not in handlers:
+        print("Error: choose a subcommand: prepare, check, difficulty, passrate or make-demo "
+              "(`python -m t2s data --help`).", file=sys.stderr)
+        return 2
+    import logging
+
+    logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # the commands print missing databases themselves
+    try:
+        return handlers[command](args)
+    except (DataError, ValueError, OSError) as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(message if message.startswith("Error:") else f"Error: {message}", file=sys.stderr)
+        return 1
+
+
+def _console():
+    from rich.console import Console
+
+    return Console()
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def load_for_command(args, *, require_databases=None):
+    """Rows of --data by --kind (auto-detected BIRD/Spider/SynSQL JSON by default)."""
+    from t2s.data import loaders
+
+    if args.kind == "sqale":
+        return loaders.load_rows("sqale", args.data, schemas=args.schemas, limit=args.limit)
+    if args.kind == "auto":
+        rows = loaders.load_json_rows(args.data, args.db_root, require_databases=require_databases)
+    else:
+        rows = loaders.load_rows(args.kind, args.data, args.db_root, require_databases=require_databases)
+    if args.limit is not None:
+        missing, root = rows.missing_databases, rows.db_root
+        rows = loaders.RowList(rows[: args.limit], missing, root)
+    return rows
+
+
+def _data_file_for_cache(args) -> Path | None:
+    path = Path(args.data)
+    if path.is_file():
+        return path
+    if path.is_dir():
+        for name in DATA_FILE_NAMES:
+            if (path / name).is_file():
+                return path / name
+    return None
+
+
+def check_and_report(rows, *, console, data_file=None, db_root=None, workers=4, timeout=None, use_cache=True,
+                     output=None, title="gold SQL check") -> dict:
+    from t2s.data import hygiene
+
+    key = None
+    if use_cache:
+        key = hygiene.cache_key(rows, data_file, db_root) if timeout is None else None
+    outcomes, from_cache = hygiene.check_rows(rows, workers=workers, timeout=timeout, key=key, use_cache=use_cache)
+    summary = hygiene.summarize(outcomes)
+    console.print(hygiene.summary_table(summary, title=title))
+    if getattr(rows, "missing_databases", None):
+        console.print(f"[yellow]{rows.missing_summary()}[/yellow]")
+    if from_cache:
+        console.print(f"(from the cache: {hygiene._cache_file(key)})")
+    if output:
+        hygiene.write_outcomes(output, outcomes)
+        console.print(f"per-row outcomes: {output}")
+    return summary
+
+
+def _check(args) -> int:
+    console = _console()
+    rows = load_for_command(args)
+    data_file = _data_file_for_cache(args)
+    check_and_report(
+        rows, console=console, data_file=data_file if args.limit is None else None, db_root=rows.db_root,
+        workers=args.workers, timeout=args.timeout, use_cache=not args.no_cache, output=args.output,
+        title=f"gold SQL check: {args.data}",
+    )
+    return 0
+
+
+def _prepare(args) -> int:
+    from t2s.data import loaders
+
+    console = _console()
+    dirs = [Path(args.data_dir)] if args.data_dir else _default_data_dirs()
+    console.print(DOWNLOAD_HELP.format(data_dir=dirs[0] if dirs else "data"), markup=False, highlight=False)
+    found = []
+    for folder in dirs:
+        if folder.is_dir():
+            found += _find_data_files(folder)
+    if not found:
+        console.print(f"No data files found under {', '.join(map(str, dirs))}. Nothing to check yet.")
+        return 0
+    for data_file in found:
+        try:
+            rows = loaders.load_json_rows(data_file)
+        except loaders.DataError as exc:
+            console.print(f"[yellow]{data_file}: skipped. {exc}[/yellow]")
+            continue
+        check_and_report(rows, console=console, data_file=data_file, db_root=rows.db_root, workers=args.workers,
+                         title=f"gold SQL check: {data_file}")
+    return 0
+
+
+def _default_data_dirs() -> list[Path]:
+    dirs = []
+    if os.environ.get("T2S_DATA_DIR"):
+        dirs.append(Path(os.environ["T2S_DATA_DIR"]))
+    dirs.append(REPO_ROOT / "data")
+    return dirs
+
+
+def _find_data_files(folder: Path, depth: int = 3) -> list[Path]:
+    """Known data file names under ``folder`` (up to ``depth`` levels), skipping database folders."""
+    found = []
+    stack = [(folder, 0)]
+    while stack:
+        here, level = stack.pop()
+        try:
+            entries = sorted(here.iterdir())
+        except OSError:
+            continue
+        for entry in entries:
+            if entry.is_file() and entry.name in DATA_FILE_NAMES:
+                found.append(entry)
+            elif entry.is_dir() and level < depth and not entry.name.endswith(("databases", "database")):
+                stack.append((entry, level + 1))
+    return sorted(found)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _difficulty(args) -> int:
+    from t2s.data import difficulty, loaders
+
+    console = _console()
+    data_file = Path(args.data)
+    if data_file.is_dir():
+        data_file = next((data_file / n for n in DATA_FILE_NAMES if (data_file / n).is_file()), data_file)
+    records = loaders.read_records(data_file)
+    rows = []
+    for position, record in enumerate(records):
+        sql = difficulty._sql_of(record)
+        if not sql.strip():
+            raise loaders.DataError(f"Error: {data_file}: row {position} (0-based) has no SQL (`SQL`, `query` or `sql`)")
+        rows.append({"gold_sql": sql, "evidence": record.get("evidence") or record.get("external_knowledge") or "",
+                     "difficulty": loaders.synsql_difficulty(record.get("sql_complexity"))
+                     or loaders._difficulty(record.get("difficulty"))})
+    model = None
+    if args.model:
+        model = difficulty.DifficultyModel.from_dict(json.loads(Path(args.model).read_text(encoding="utf-8")))
+    if args.save_model:
+        model = difficulty.calibrate(rows, folds=max(2, args.folds or 5), keep_target=args.keep_target)
+        Path(args.save_model).write_text(difficulty.model_json(model), encoding="utf-8")
+        console.print(f"model saved: {args.save_model}")
+    estimates = difficulty.estimate(rows, model)
+    counts = {c: estimates.count(c) for c in difficulty.CLASSES}
+    console.print(f"{len(rows)} rows estimated: " + ", ".join(f"{c} {n}" for c, n in counts.items()))
+    labelled = [i for i, r in enumerate(rows) if r["difficulty"] in difficulty.CLASSES]
+    if labelled:
+        figures = difficulty.filter_figures([rows[i]["difficulty"] for i in labelled], [estimates[i] for i in labelled])
+        note = " (in-sample when this file is the calibration data)" if not args.save_model else " (in-sample)"
+        print_figures(console, figures, f"the estimator on this file's {len(labelled)} labels{note}")
+        if args.folds and args.folds >= 2 and len(labelled) >= 2 * args.folds:
+            vectors = [difficulty.feature_vector(rows[i]["gold_sql"], rows[i]["evidence"]) for i in labelled]
+            cv = difficulty.cross_validate(vectors, [rows[i]["difficulty"] for i in labelled], folds=args.folds,
+                                           keep_target=args.keep_target)
+            print_figures(console, cv, f"{args.folds}-fold cross-validation of a refit on these labels (threshold "
+                                       f"set to keep {args.keep_target:.0%} of simple+moderate in each training part)")
+    if args.output:
+        out = [{**record, "difficulty_estimated": est} for record, est in zip(records, estimates)]
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(out, indent=1, ensure_ascii=False), encoding="utf-8")
+        console.print(f"rows with difficulty_estimated: {args.output}")
+    return 0
+
+
+def print_figures(console, figures: dict, title: str) -> None:
+    """Confusion matrix (true rows x estimated columns), then accuracy and the filter's shares."""
+    from rich.table import Table
+
+    from t2s.data.difficulty import CLASSES
+
+    table = Table(title=title)
+    table.add_column("true \\ estimated")
+    for c in CLASSES:
+        table.add_column(c, justify="right")
+    for t in CLASSES:
+        table.add_row(t, *[str(figures["confusion"][t][p]) for p in CLASSES])
+
+    def pct(value):
+        return "n/a" if value is None else f"{value:.1%}"
+
+    console.print(table)
+    console.print(f"accuracy {pct(figures['accuracy'])} | simple+moderate kept by the filter "
+                  f"{pct(figures['kept_simple_moderate'])} | challenging excluded {pct(figures['excluded_challenging'])}")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _passrate(args) -> int:
+    from t2s.data import passrate
+
+    console = _console()
+    if args.k < 2:
+        raise ValueError("Error: --k must be at least 2")
+    rows = load_for_command(args, require_databases=None)
+    if getattr(rows, "missing_databases", None):
+        console.print(f"[yellow]{rows.missing_summary()} (skipped)[/yellow]")
+        rows = [r for r in rows if r["db_id"] not in rows.missing_databases]
+    high = args.k - 1 if args.max_solved is None else args.max_solved
+    if args.policy in passrate.SCRIPTED_POLICIES:
+        factory = passrate.scripted_policy_factory(args.policy, args.k)
+        counts = passrate.solve_counts(rows, factory, args.k, workers=args.workers)
+    else:
+        counts = _evaluator_counts(rows, args)
+    kept = passrate.keep_partially_solved(rows, counts, args.k, args.min_solved, high)
+    console.print(passrate.histogram_table(counts, args.k, args.min_solved, high))
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(kept, indent=1, ensure_ascii=False), encoding="utf-8")
+        console.print(f"{len(kept)} of {len(rows)} rows kept: {args.output}")
+    return 0
+
+
+def _evaluator_counts(rows, args) -> list[int]:
+    """Model, endpoint and vLLM policies: the evaluator's own solve counts."""
+    try:
+        from t2s import evaluate
+    except ImportError:
+        evaluate = None
+    solve = getattr(evaluate, "solve_counts", None)
+    if solve is None:
+        raise ValueError(
+            f"Error: --policy {args.policy} needs the evaluator's solve_counts (t2s/evaluate.py); "
+            f"use a scripted policy: {', '.join(('gold', 'scripted-mix'))}"
+        )
+    return list(solve(rows, policy=args.policy, k=args.k, args=args))
+
+
+def _make_demo(args) -> int:
+    from t2s.data import demo
+
+    return int(demo.main(list(getattr(args, "rest", []) or [])) or 0)

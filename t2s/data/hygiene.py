@@ -1,0 +1,218 @@
+"""Gold hygiene: run every gold SQL under the scoring deadline and sort the rows into ok / error / timeout / empty.
+
+Training drops rows whose gold SQL errors, times out or returns nothing (DESIGN §9), and logs each count. Rows whose
+database file is absent are counted as ``missing_db``. Outcomes are cached on disk, keyed by the data (file hash or
+row contents), the database files (path, size, mtime) and the database root, so a second run reads the cache instead
+of querying. The cache folder is ``T2S_CACHE_DIR`` or ``.cache/`` in the repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Sequence
+
+from t2s.settings import REPO_ROOT
+
+log = logging.getLogger(__name__)
+
+OUTCOMES = ("ok", "error", "timeout", "empty", "missing_db")
+CACHE_VERSION = 1
+DEFAULT_WORKERS = 4
+
+
+def cache_dir() -> Path:
+    """Where cached results live: ``T2S_CACHE_DIR`` or ``<repo>/.cache``."""
+    env = os.environ.get("T2S_CACHE_DIR")
+    return Path(env) if env else REPO_ROOT / ".cache"
+
+
+def file_hash(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _database_stamp(rows: Sequence[dict]) -> list:
+    stamps = []
+    for path in sorted({r["db_path"] for r in rows if r.get("db_path")}):
+        try:
+            stat = os.stat(path)
+            stamps.append([path, stat.st_size, int(stat.st_mtime)])
+        except OSError:
+            stamps.append([path, None, None])
+    return stamps
+
+
+def cache_key(rows: Sequence[dict], data_file: str | Path | None = None, db_root: str | Path | None = None) -> str:
+    """Key of a check: the data file's hash (or the rows' contents), the database root and the database files."""
+    from t2s import databases
+
+    if data_file is not None:
+        data = file_hash(data_file)
+    else:
+        data = hashlib.sha256(
+            json.dumps([[r["question_id"], r.get("db_path"), r.get("schema_id"), r["gold_sql"]] for r in rows])
+            .encode("utf-8", "surrogatepass")
+        ).hexdigest()
+    limits = [getattr(databases, name, None) for name in ("SCORING_MIN_TIMEOUT", "SCORING_GOLD_FACTOR", "SCORING_MAX_TIMEOUT")]
+    payload = json.dumps(
+        [CACHE_VERSION, data, str(Path(db_root).resolve()) if db_root else None, _database_stamp(rows), limits]
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:32]
+
+
+def _cache_file(key: str) -> Path:
+    return cache_dir() / "data_check" / f"{key}.jsonl"
+
+
+def read_cache(key: str, rows: Sequence[dict]) -> list[dict] | None:
+    """Cached outcomes for exactly these rows, or None."""
+    path = _cache_file(key)
+    if not path.is_file():
+        return None
+    try:
+        outcomes = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError):
+        return None
+    if [o.get("question_id") for o in outcomes] != [r["question_id"] for r in rows]:
+        return None
+    return outcomes
+
+
+def write_cache(key: str, outcomes: Sequence[dict]) -> Path | None:
+    path = _cache_file(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text("".join(json.dumps(o) + "\n" for o in outcomes), encoding="utf-8")
+        tmp.replace(path)
+        return path
+    except OSError as exc:
+        log.warning("could not write the data-check cache %s: %s", path, exc)
+        return None
+
+
+def check_row(row: dict, timeout: float | None = None) -> dict:
+    """Run one row's gold SQL; returns {question_id, db_id, outcome, rows, seconds, error}."""
+    from t2s import databases
+
+    record = {"question_id": row["question_id"], "db_id": row["db_id"], "outcome": "ok", "rows": 0, "seconds": 0.0,
+              "error": None}
+    if row.get("db_path") and not Path(row["db_path"]).is_file():
+        record.update(outcome="missing_db", error=f"Error: database file not found: {row['db_path']}")
+        return record
+    try:
+        ref = databases.ref_from_row(row)
+        if timeout is None:
+            result = databases.gold_result(ref, row["gold_sql"])
+        else:
+            result = databases.run_scoring_query(ref, row["gold_sql"], timeout=timeout)
+    except Exception as exc:  # noqa: BLE001 - an unusable row is an error outcome, never a crash
+        record.update(outcome="error", error=f"Error: {exc}")
+        return record
+    record["seconds"] = round(float(result.seconds or 0.0), 4)
+    if result.timed_out:
+        record.update(outcome="timeout", error=result.error or "Error: timed out")
+    elif result.error is not None:
+        record.update(outcome="error", error=result.error)
+    elif result.over_cap:
+        record.update(outcome="error", error="Error: the gold result is over the scoring cap")
+    else:
+        record["rows"] = len(result.rows)
+        if not result.rows:
+            record["outcome"] = "empty"
+    return record
+
+
+def check_rows(
+    rows: Sequence[dict],
+    *,
+    workers: int = DEFAULT_WORKERS,
+    timeout: float | None = None,
+    key: str | None = None,
+    use_cache: bool = True,
+    progress: bool = True,
+) -> tuple[list[dict], bool]:
+    """Outcomes of every row's gold SQL, in row order, run on a thread pool; returns (outcomes, from_cache)."""
+    if use_cache and key is not None:
+        cached = read_cache(key, rows)
+        if cached is not None:
+            return cached, True
+    outcomes: list[dict | None] = [None] * len(rows)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = {pool.submit(check_row, row, timeout): i for i, row in enumerate(rows)}
+        if progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            columns = (TextColumn("checking gold SQL"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+            with Progress(*columns, transient=True) as bar:
+                task = bar.add_task("check", total=len(rows))
+                for future in as_completed(futures):
+                    outcomes[futures[future]] = future.result()
+                    bar.advance(task)
+        else:
+            for future in as_completed(futures):
+                outcomes[futures[future]] = future.result()
+    done = [o for o in outcomes if o is not None]
+    if key is not None:
+        write_cache(key, done)
+    return done, False
+
+
+def summarize(outcomes: Sequence[dict]) -> dict:
+    """{"overall": counts, "per_db": {db_id: counts}} with every outcome present (0 where none)."""
+    overall = Counter({name: 0 for name in OUTCOMES})
+    per_db: dict[str, Counter] = {}
+    for outcome in outcomes:
+        overall[outcome["outcome"]] += 1
+        per_db.setdefault(outcome["db_id"], Counter({name: 0 for name in OUTCOMES}))[outcome["outcome"]] += 1
+    return {"overall": dict(overall), "per_db": {db: dict(c) for db, c in sorted(per_db.items())}}
+
+
+def summary_table(summary: dict, title: str = "gold SQL check"):
+    """A rich table: one line per database, then the overall line."""
+    from rich.table import Table
+
+    table = Table(title=title)
+    table.add_column("database", overflow="fold")
+    for name in OUTCOMES + ("total",):
+        table.add_column(name, justify="right")
+    for db, counts in summary["per_db"].items():
+        table.add_row(db, *[str(counts[n]) for n in OUTCOMES], str(sum(counts.values())))
+    overall = summary["overall"]
+    table.add_row("[bold]overall[/bold]", *[f"[bold]{overall[n]}[/bold]" for n in OUTCOMES],
+                  f"[bold]{sum(overall.values())}[/bold]", end_section=True)
+    return table
+
+
+def filter_rows(
+    rows: Sequence[dict], *, workers: int = DEFAULT_WORKERS, use_cache: bool = True, progress: bool = False
+) -> tuple[list[dict], dict]:
+    """Drop rows whose gold SQL errors, times out, returns nothing, or has no database; returns (kept, counts).
+
+    ``counts`` holds every outcome's count (``ok`` is the number kept); they are logged too.
+    """
+    key = cache_key(rows) if use_cache else None
+    outcomes, _ = check_rows(rows, workers=workers, key=key, use_cache=use_cache, progress=progress)
+    kept = [row for row, outcome in zip(rows, outcomes) if outcome["outcome"] == "ok"]
+    counts = summarize(outcomes)["overall"]
+    log.info("gold hygiene: kept %d of %d rows (%s)", len(kept), len(rows),
+             ", ".join(f"{n} {counts[n]}" for n in OUTCOMES if n != "ok"))
+    return kept, counts
+
+
+def write_outcomes(path: str | Path, outcomes: Sequence[dict]) -> None:
+    """Per-row outcomes as JSONL."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for outcome in outcomes:
+            handle.write(json.dumps(outcome, ensure_ascii=False) + "\n")

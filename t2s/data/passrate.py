@@ -1,0 +1,112 @@
+"""Pass-rate filter (the sibling recipe): keep the questions a policy solves 1 to k-1 times out of k.
+
+``solve_counts(rows, policy_factory, k)`` plays k episodes per row with the shared episode engine and counts the
+official execution matches of each episode's final SQL. Scripted policies run on a CPU; model and endpoint policies
+come from the evaluator (``t2s.evaluate``), which may supply its own ``solve_counts`` over its backends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from typing import Callable, Sequence
+
+log = logging.getLogger(__name__)
+
+SCRIPTED_POLICIES = ("gold", "scripted-mix")
+WRONG_SQL = "SELECT 'scripted wrong answer' AS answer"
+
+
+def submit_only(sql: str):
+    """A scripted policy that submits ``sql`` in its first turn."""
+    from t2s.backends.scripted import ScriptPolicy, call_text
+
+    return ScriptPolicy([[call_text("submit_sql", sql=sql)]])
+
+
+def mix_solved(question_id: str, k: int) -> int:
+    """How many of k samples the ``scripted-mix`` policy solves for a question: 0..k, fixed by the id's hash."""
+    return int(hashlib.sha256(str(question_id).encode()).hexdigest(), 16) % (k + 1)
+
+
+def scripted_policy_factory(name: str, k: int) -> Callable:
+    """``policy_factory(row, sample) -> policy`` for a scripted policy name.
+
+    - ``gold``: the gold policy (explores, runs and submits the gold SQL): solves every sample;
+    - ``scripted-mix``: submits the gold SQL on the first ``mix_solved(question_id, k)`` samples and a wrong query on
+      the rest, so the solve counts spread over 0..k deterministically (a CPU check of the whole filter).
+    """
+    if name == "gold":
+        from t2s.backends.scripted import GoldPolicy
+        from t2s.databases import ref_from_row
+        from t2s.schema import get_schema
+
+        return lambda row, sample: GoldPolicy(row, get_schema(ref_from_row(row)))
+    if name == "scripted-mix":
+        return lambda row, sample: submit_only(row["gold_sql"] if sample < mix_solved(row["question_id"], k) else WRONG_SQL)
+    raise ValueError(f"Error: unknown scripted policy {name!r} (expected one of {', '.join(SCRIPTED_POLICIES)})")
+
+
+def _solve_row(row: dict, policy_factory: Callable, k: int, config) -> int:
+    from t2s import metrics
+    from t2s.databases import ref_from_row
+    from t2s.episode import run_text_episode
+
+    ref = ref_from_row(row)
+    solved = 0
+    for sample in range(k):
+        record = run_text_episode(row, config, policy_factory(row, sample), db=ref)
+        final_sql = record.get("final_sql")
+        if final_sql and metrics.score_sql(ref, final_sql, row["gold_sql"])["official"]:
+            solved += 1
+    return solved
+
+
+def solve_counts(
+    rows: Sequence[dict], policy_factory: Callable, k: int, *, config=None, workers: int = 4, progress: bool = True
+) -> list[int]:
+    """For each row, how many of k episodes (``policy_factory(row, sample)``) end in an official match."""
+    counts: list[int] = [0] * len(rows)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = {pool.submit(_solve_row, row, policy_factory, k, config): i for i, row in enumerate(rows)}
+        if progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            with Progress(TextColumn(f"solving x{k}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          transient=True) as bar:
+                task = bar.add_task("solve", total=len(rows))
+                for future in as_completed(futures):
+                    counts[futures[future]] = future.result()
+                    bar.advance(task)
+        else:
+            for future in as_completed(futures):
+                counts[futures[future]] = future.result()
+    return counts
+
+
+def keep_partially_solved(rows: Sequence[dict], counts: Sequence[int], k: int, low: int = 1, high: int | None = None):
+    """Rows solved between ``low`` and ``high`` (default k-1) times, each with ``passrate_solved`` and ``passrate_k``."""
+    high = k - 1 if high is None else high
+    kept = []
+    for row, solved in zip(rows, counts):
+        if low <= solved <= high:
+            kept.append({**row, "passrate_solved": int(solved), "passrate_k": int(k)})
+    return kept
+
+
+def histogram_table(counts: Sequence[int], k: int, low: int, high: int):
+    """A rich table: how many rows were solved 0..k times, and which of them are kept."""
+    from rich.table import Table
+
+    histogram = Counter(counts)
+    table = Table(title=f"pass rate over {k} samples")
+    table.add_column("solved")
+    table.add_column("rows", justify="right")
+    table.add_column("kept", justify="center")
+    for solved in range(k + 1):
+        table.add_row(f"{solved}/{k}", str(histogram.get(solved, 0)), "yes" if low <= solved <= high else "")
+    kept = sum(n for s, n in histogram.items() if low <= s <= high)
+    table.add_row("[bold]total[/bold]", f"[bold]{len(counts)}[/bold]", f"[bold]{kept} kept[/bold]", end_section=True)
+    return table
