@@ -1,0 +1,156 @@
+"""What every generation backend shares: sampling settings, one turn's output, and the backend protocol.
+
+A backend turns token-id prompts into one assistant turn each. It never sees text, messages or episodes: the rollout
+(``t2s.rollout``) owns the token stream. Two call shapes exist:
+
+- ``generate(prompts, max_tokens, sampling)``: a turn-synchronous batch (vLLM colocate, transformers);
+- ``await agenerate(prompt_ids, max_tokens, sampling)``: one request in an episode's own chain (vLLM server).
+
+Every backend stops on both ``<|im_end|>`` and ``<|endoftext|>`` and returns the sampled stop token inside
+``token_ids`` with its logprob, as vLLM does. Logprobs are those of the sampled tokens under ``log_softmax(logits / T)``
+with no top-k/top-p, which is what the training side recomputes (DESIGN §8).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Protocol, Sequence, runtime_checkable
+
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+FinishReason = Literal["stop", "length", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Sampling for one rollout. ``top_k`` 0 and ``top_p`` 1.0 mean off; ``seed`` None means unseeded."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+
+    @classmethod
+    def training(cls, temperature: float = 1.0, seed: int | None = None) -> SamplingSettings:
+        """The training sampler of DESIGN §8: temperature only, so sampler logprobs match the trainer's."""
+        return cls(temperature=temperature, seed=seed)
+
+    @classmethod
+    def evaluation(cls, seed: int | None = None) -> SamplingSettings:
+        """The evaluation sampler of DESIGN §8: T 0.6, top-p 0.95, top-k 20."""
+        return cls(temperature=0.6, top_p=0.95, top_k=20, seed=seed)
+
+    @property
+    def truncates(self) -> bool:
+        """True when top-k, top-p or min-p reshape the distribution (sampler logprobs then differ from training's)."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def request_seed(self, episode_index: int, turn_index: int) -> int | None:
+        """A distinct, reproducible seed per (episode, turn), or None when unseeded.
+
+        One seed shared by every request would make the G rollouts of a group identical.
+        """
+        if self.seed is None:
+            return None
+        return (self.seed * 1_000_003 + episode_index * 7919 + turn_index) % (2**31 - 1)
+
+
+@dataclass
+class TurnOutput:
+    """One generated assistant turn: the sampled ids (a sampled stop token included) and their logprobs."""
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason = "stop"
+    stop_token_id: int | None = None  # the stop token the turn ended on (last of token_ids), else None
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.token_ids) != len(self.logprobs):
+            raise ValueError(f"TurnOutput: {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs")
+
+    @classmethod
+    def failed(cls, message: str) -> TurnOutput:
+        return cls([], [], "error", None, message if message.startswith("Error:") else f"Error: {message}")
+
+    @property
+    def stop_token(self) -> int | None:  # the contract's short name
+        return self.stop_token_id
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    """The interface the rollout drives. ``schedule`` is "async" (per-episode chains) or "turnsync" (batched turns)."""
+
+    schedule: str
+    stop_token_ids: list[int]
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_tokens: list[int],
+        sampling: SamplingSettings,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[TurnOutput]: ...
+
+    async def agenerate(
+        self, prompt_ids: list[int], max_tokens: int, sampling: SamplingSettings, seed: int | None = None
+    ) -> TurnOutput: ...
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    """``[<|im_end|>, <|endoftext|>]`` ids read from the tokenizer; a clear error when either is missing."""
+    ids = []
+    for token in STOP_TOKENS:
+        tid = tokenizer.convert_tokens_to_ids(token)
+        if tid is None or tid == getattr(tokenizer, "unk_token_id", None) or not isinstance(tid, int):
+            raise ValueError(f"Error: the tokenizer has no {token} token; t2s needs a Qwen-style chat tokenizer")
+        ids.append(tid)
+    return ids
+
+
+def finish_turn(
+    token_ids: Sequence[int], logprobs: Sequence[float], max_tokens: int, stop_ids: Sequence[int]
+) -> TurnOutput:
+    """Cut raw sampled ids at the first stop token (kept) or at ``max_tokens``, and name the finish reason."""
+    stops = set(stop_ids)
+    limit = min(len(token_ids), max_tokens)
+    for i in range(limit):
+        if token_ids[i] in stops:
+            return TurnOutput(list(token_ids[: i + 1]), [float(x) for x in logprobs[: i + 1]], "stop", int(token_ids[i]))
+    return TurnOutput(list(token_ids[:limit]), [float(x) for x in logprobs[:limit]], "length", None)
+
+
+def engine_turn(
+    token_ids: Sequence[int], logprobs: Sequence[float], finish_reason: str | None, max_tokens: int, stop_ids: Sequence[int]
+) -> TurnOutput:
+    """Normalise a vLLM completion: stop/length as vLLM reports them, anything else (abort, None) an error.
+
+    vLLM keeps a sampled stop token in ``token_ids``; when an engine reports "stop" without one (a stop string, say),
+    the turn still counts as stopped, with ``stop_token_id`` None, so the rollout closes it with an env ``<|im_end|>``.
+    """
+    if finish_reason not in ("stop", "length"):
+        return TurnOutput.failed(f"the engine finished a request with {finish_reason!r}")
+    turn = finish_turn(token_ids, logprobs, max_tokens, stop_ids)
+    if finish_reason == "stop" and turn.finish_reason == "length" and len(turn.token_ids) < max_tokens:
+        turn.finish_reason = "stop"
+    return turn
+
+
+class TurnSyncBackend:
+    """Base for batch backends: ``agenerate`` runs a batch of one in a worker thread so it never blocks a loop."""
+
+    schedule = "turnsync"
+    stop_token_ids: list[int]
+
+    def generate(self, prompts, max_tokens, sampling, seeds=None) -> list[TurnOutput]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    async def agenerate(self, prompt_ids, max_tokens, sampling, seed=None) -> TurnOutput:
+        outputs = await asyncio.to_thread(self.generate, [list(prompt_ids)], [max_tokens], sampling, [seed])
+        return outputs[0]

@@ -1,0 +1,112 @@
+"""transformers ``generate`` as a turn-synchronous backend (CPU, and GPUs without vLLM).
+
+Each call left-pads the batch, generates up to the largest per-sequence ``max_tokens``, then cuts every sequence at
+its first stop token (kept, finish "stop") or at its own limit (finish "length"). Logprobs are computed from the raw
+logits as ``log_softmax(logits / T)`` at the sampled token, with no top-k/top-p/min-p: the training side's definition,
+whatever sampling filters were used to draw the token.
+
+Inside a trainer, pass a callable that yields the model, so ZeRO-3/FSDP gathering happens per call::
+
+    backend = HFGenerateBackend.for_trainer(trainer)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager, Sequence
+
+from t2s.backends.base import SamplingSettings, TurnOutput, TurnSyncBackend, finish_turn, stop_token_ids
+
+
+class HFGenerateBackend(TurnSyncBackend):
+    """Batches of token-id prompts through ``model.generate``; ``model`` is a model or a context-manager factory."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_batch_size: int | None = None,
+        stop_ids: Sequence[int] | None = None,
+    ) -> None:
+        if callable(model) and not hasattr(model, "generate"):
+            self._model_context: Callable[[], ContextManager] = model
+        else:
+            self._model_context = lambda: contextlib.nullcontext(model)
+        self.stop_token_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = pad if pad is not None else self.stop_token_ids[-1]
+        self.max_batch_size = max_batch_size
+        self._calls = 0
+
+    @classmethod
+    def for_trainer(cls, trainer, **kwargs) -> HFGenerateBackend:
+        """A backend that unwraps the trainer's model for every generate call (DDP, ZeRO-3)."""
+        from trl.models import unwrap_model_for_generation
+
+        def model_context():
+            return unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator)
+
+        return cls(model_context, trainer.processing_class, **kwargs)
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_tokens: list[int],
+        sampling: SamplingSettings,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[TurnOutput]:
+        if len(prompts) != len(max_tokens):
+            raise ValueError(f"{len(prompts)} prompts but {len(max_tokens)} max_tokens")
+        if not prompts:
+            return []
+        size = self.max_batch_size or len(prompts)
+        outputs: list[TurnOutput] = []
+        with self._model_context() as model:
+            for start in range(0, len(prompts), size):
+                chunk_seed = next((s for s in (seeds or [])[start : start + size] if s is not None), None)
+                outputs += self._generate_batch(
+                    model, prompts[start : start + size], max_tokens[start : start + size], sampling, chunk_seed
+                )
+        return outputs
+
+    def _generate_batch(self, model, prompts, max_tokens, sampling: SamplingSettings, seed) -> list[TurnOutput]:
+        import torch
+        from transformers import GenerationConfig
+
+        device = next(model.parameters()).device
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, ids in enumerate(prompts):
+            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention[i, width - len(ids) :] = 1
+        greedy = sampling.temperature <= 0
+        config = GenerationConfig(
+            max_new_tokens=max(1, max(max_tokens)),
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy or sampling.top_p >= 1.0 else sampling.top_p,
+            top_k=0 if greedy or sampling.top_k <= 0 else sampling.top_k,
+            min_p=None if greedy or sampling.min_p <= 0 else sampling.min_p,
+            repetition_penalty=None if sampling.repetition_penalty == 1.0 else sampling.repetition_penalty,
+            eos_token_id=list(self.stop_token_ids),
+            pad_token_id=self.pad_token_id,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        if seed is not None:
+            torch.manual_seed(seed)
+        self._calls += 1
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config
+            )
+        new_ids = out.sequences[:, width:].cpu()
+        scale = 1.0 if greedy else sampling.temperature
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # (batch, steps, vocab), raw (unprocessed)
+        token_lp = torch.log_softmax(logits / scale, dim=-1).gather(-1, new_ids[:, : logits.shape[1], None])[..., 0]
+        results = []
+        for i, limit in enumerate(max_tokens):
+            results.append(finish_turn(new_ids[i].tolist(), token_lp[i].tolist(), limit, self.stop_token_ids))
+        return results

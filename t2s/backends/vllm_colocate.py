@@ -1,0 +1,84 @@
+"""vLLM colocate: turn-synchronous batches through an in-process ``vllm.LLM`` (the published 3-rank layout).
+
+The engine is the trainer's own ``trainer.vllm_generation.llm`` (TRL pushes the weights into it before each rollout).
+We call ``llm.generate`` directly with one ``SamplingParams`` per request, so every turn gets its own ``max_tokens``;
+TRL's ``VLLMGeneration.generate`` would force ``max_completion_length`` and re-sync weights under sleep mode.
+vLLM is imported lazily; tests inject a ``SamplingParams``-shaped class and an ``LLM``-shaped object.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from t2s.backends.base import SamplingSettings, TurnOutput, TurnSyncBackend, engine_turn, stop_token_ids
+
+
+class VLLMColocateBackend(TurnSyncBackend):
+    """Batches of token-id prompts through ``llm.generate``; ``llm`` is a ``vllm.LLM`` or an object shaped like it."""
+
+    def __init__(self, llm, tokenizer=None, *, stop_ids: Sequence[int] | None = None, sampling_params_cls=None):
+        if stop_ids is None and tokenizer is None:
+            raise ValueError("VLLMColocateBackend needs a tokenizer or stop_ids")
+        self.llm = llm
+        self.stop_token_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(tokenizer)
+        self._sampling_params_cls = sampling_params_cls
+
+    @classmethod
+    def for_trainer(cls, trainer, **kwargs) -> VLLMColocateBackend:
+        """The engine TRL built for ``vllm_mode="colocate"``."""
+        generation = getattr(trainer, "vllm_generation", None)
+        if generation is None or getattr(generation, "llm", None) is None:
+            raise ValueError("Error: the trainer has no colocated vLLM engine (set use_vllm and vllm_mode: colocate)")
+        return cls(generation.llm, trainer.processing_class, **kwargs)
+
+    def sampling_params(self, max_tokens: int, sampling: SamplingSettings, seed: int | None = None):
+        cls = self._sampling_params_cls
+        if cls is None:
+            from vllm import SamplingParams as cls  # noqa: N813 - lazy: vllm is a GPU-only dependency
+        return cls(
+            n=1,
+            max_tokens=max(1, int(max_tokens)),
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k if sampling.top_k > 0 else -1,
+            min_p=sampling.min_p,
+            repetition_penalty=sampling.repetition_penalty,
+            seed=seed,
+            logprobs=0,
+            stop_token_ids=list(self.stop_token_ids),
+            skip_special_tokens=False,
+        )
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_tokens: list[int],
+        sampling: SamplingSettings,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[TurnOutput]:
+        if len(prompts) != len(max_tokens):
+            raise ValueError(f"{len(prompts)} prompts but {len(max_tokens)} max_tokens")
+        if not prompts:
+            return []
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+        params = [self.sampling_params(m, sampling, s) for m, s in zip(max_tokens, seeds)]
+        outputs = self.llm.generate(
+            prompts=[{"prompt_token_ids": list(p)} for p in prompts], sampling_params=params, use_tqdm=False
+        )
+        if len(outputs) != len(prompts):
+            raise RuntimeError(f"vLLM answered {len(outputs)} outputs for {len(prompts)} prompts")
+        return [self._turn(out, m) for out, m in zip(outputs, max_tokens)]
+
+    def _turn(self, request_output, max_tokens: int) -> TurnOutput:
+        completion = request_output.outputs[0]
+        ids = [int(t) for t in completion.token_ids]
+        logprobs = [_sampled_logprob(step, tid) for step, tid in zip(completion.logprobs or [], ids)]
+        if len(logprobs) != len(ids):
+            raise RuntimeError("vLLM returned no logprobs: SamplingParams(logprobs=0) is required")
+        return engine_turn(ids, logprobs, completion.finish_reason, max_tokens, self.stop_token_ids)
+
+
+def _sampled_logprob(step: dict, token_id: int) -> float:
+    """The logprob of the sampled token from one step's ``{token_id: Logprob}`` dict (vLLM's shape)."""
+    entry = step[token_id]
+    return float(getattr(entry, "logprob", entry))
