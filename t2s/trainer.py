@@ -1,0 +1,400 @@
+"""``Text2SQLGRPOTrainer``: TRL 1.16's GRPOTrainer driving multi-turn SQL episodes, with the published loss (DESIGN §8).
+
+What the subclass changes, and where:
+
+- **Rows reach the rollout** through a stash: ``_generate_and_score_completions`` keeps its ``inputs`` (the batch's
+  rows, already repeated G times) for the duration of the call; the rollout function asserts the counts match and
+  plays one episode per row. Rows are never looked up by prompt text.
+- **The rollout** (``t2s.rollout``) returns flat ``prompt_ids``/``completion_ids``/``logprobs``/``env_mask`` plus
+  per-episode extras for the reward functions; shapes are asserted here.
+- **The loss** (``_compute_loss``): per sequence ``L_i = Σ_t m_t ℓ_t / loss_norm_constant`` with ``m`` = env_mask ×
+  padding, and the returned micro-batch loss is ``Σ_i L_i / (B_micro × GA)``. TRL's Trainer does not rescale it for
+  gradient accumulation (``loss_is_scaled_for_ga``) and DDP averages gradients over ranks, so each optimiser step's
+  gradient is that of the mean ``L_i`` over all of the step's sequences, however it is split.
+  ``ℓ_t = -min(ρ A, clip(ρ, 1-ε_low, 1+ε_high) A) + β k3_t``. With ``old_logprobs: sampler`` the ratio ``ρ_i =
+  exp(mean_t(log π_θ − log π_sampler))`` uses the rollout's own logprobs and no old-logprob forward pass runs;
+  with ``recompute`` the old logprobs come from a forward pass and TRL's token_truncate IS correction multiplies the
+  token loss (a different algorithm).
+- **The KL controller**: after each optimiser step, the mean k3 over the step's model tokens (all ranks) moves β
+  proportionally toward ``target_kl`` (Ziegler et al. 2019), within [β_min, β_max]. β is saved in every checkpoint
+  (``t2s_kl_controller.json``) and restored on resume.
+- **EOS**: generation stops on ``<|im_end|>`` and ``<|endoftext|>``; both are in ``trainer.eos_token_ids``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from typing import Any, Callable
+
+import torch
+from trl import GRPOTrainer
+
+from t2s.configs import ConfigError, validate_training_config
+
+log = logging.getLogger(__name__)
+
+EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+KL_STATE_FILE = "t2s_kl_controller.json"
+ERROR_BAND = 0.2  # the controller's proportional error is clipped to ±0.2
+
+# Episode counters (DESIGN §10) summarised per step: metric name -> (numerator counter, denominator).
+# Denominator "episodes" divides by the number of episodes, otherwise by the sum of that counter.
+EPISODE_METRICS = {
+    "episodes/turns_mean": ("turns", "episodes"),
+    "episodes/calls_mean": ("calls", "episodes"),
+    "episodes/submit_rate": ("submitted", "episodes"),
+    "episodes/fallback_rate": ("fallback_used", "episodes"),
+    "episodes/forced_rate": ("forced", "episodes"),
+    "episodes/truncated_rate": ("truncated", "episodes"),
+    "episodes/turn_cutoff_rate": ("turn_cutoffs", "turns"),
+    "episodes/tool_error_rate": ("tool_errors", "calls"),
+    "episodes/format_deviations_mean": ("format_deviations", "episodes"),
+    "episodes/write_attempts_mean": ("write_attempts", "episodes"),
+}
+
+
+# ---------------------------------------------------------------------------------------------------- pure helpers
+
+
+def kl_controller_update(beta: float, kl: float, n: int, *, target: float, horizon: float, beta_min: float,
+                         beta_max: float) -> float:
+    """One proportional-controller step: ``β · (1 + clip(KL/target − 1, ±0.2) · n / horizon)``, clamped."""
+    if not math.isfinite(kl):
+        return beta
+    error = min(max(kl / target - 1.0, -ERROR_BAND), ERROR_BAND)
+    return min(max(beta * (1.0 + error * n / horizon), beta_min), beta_max)
+
+
+def k3(ref_logps: torch.Tensor, logps: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(π_θ ‖ π_ref): ``exp(ref − logp) − (ref − logp) − 1``."""
+    delta = ref_logps - logps
+    return torch.exp(delta) - delta - 1.0
+
+
+def check_eos_ids(eos_token_ids, tokenizer) -> None:
+    """Both ``<|im_end|>`` and ``<|endoftext|>`` must end a completion; a ConfigError names the missing one."""
+    for token in EOS_TOKENS:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == tokenizer.unk_token_id or token_id not in list(eos_token_ids):
+            raise ConfigError(
+                f"Error: the eos ids {list(eos_token_ids)} do not include {token} (id {token_id}); generation must "
+                "stop on both <|im_end|> and <|endoftext|>."
+            )
+
+
+def check_think_prompt(tokenizer, chat_template_kwargs: dict | None, enable_thinking: bool) -> None:
+    """With thinking on, the rendered generation prompt must open a think block (end in ``<think>\\n``)."""
+    if not enable_thinking:
+        return
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Which tables exist?"}], tokenize=False, add_generation_prompt=True,
+        **dict(chat_template_kwargs or {}),
+    )
+    if not rendered.endswith("<think>\n"):
+        raise ConfigError(
+            f"Error: thinking is on but the chat template's generation prompt does not open a think block: it ends "
+            f"with {rendered[-40:]!r}, expected '<think>\\n'. Pass enable_thinking=True to the template, or use a "
+            "Qwen3.5 template."
+        )
+
+
+def set_generation_eos(model, tokenizer) -> list[int]:
+    """Set ``model.generation_config.eos_token_id`` to [<|im_end|>, <|endoftext|>] (Qwen3.5 defaults to the latter)."""
+    ids = [tokenizer.convert_tokens_to_ids(token) for token in EOS_TOKENS]
+    ids = [i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id]
+    model.generation_config.eos_token_id = ids
+    return ids
+
+
+def check_rollout_output(output: dict, n: int) -> None:
+    """Assert the rollout's TRL dict is flat and consistent: n sequences, per-token lists of equal length."""
+    for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
+        if key not in output:
+            raise RuntimeError(f"rollout output lacks {key!r}")
+        if output[key] is None or len(output[key]) != n:
+            raise RuntimeError(f"rollout output {key!r} has {None if output[key] is None else len(output[key])} "
+                               f"entries for {n} rows")
+    for i, (completion, logprobs, mask) in enumerate(
+        zip(output["completion_ids"], output["logprobs"], output["env_mask"], strict=True)
+    ):
+        if not all(isinstance(t, int) for t in completion):
+            raise RuntimeError(f"rollout completion {i} is not a flat list of ints")
+        if len(logprobs) != len(completion) or len(mask) != len(completion):
+            raise RuntimeError(f"rollout sequence {i}: {len(completion)} completion ids, {len(logprobs)} logprobs, "
+                               f"{len(mask)} env_mask entries")
+        if logprobs and not isinstance(logprobs[0], (int, float)):
+            raise RuntimeError(f"rollout logprobs {i} must be a flat list of floats, not {type(logprobs[0]).__name__}")
+    for key in output:
+        if key not in ("prompt_ids", "completion_ids", "logprobs", "env_mask") and isinstance(output[key], list):
+            if len(output[key]) != n:
+                raise RuntimeError(f"rollout extra {key!r} has {len(output[key])} entries for {n} rows")
+
+
+def resolve_reward_funcs(names, args) -> list[Callable]:
+    """TRL reward functions for ``names`` (validated); ``dense`` gets the recipe's fallback scale and group size."""
+    from t2s import rewards
+
+    funcs = []
+    for name in names:
+        if name not in rewards.REWARD_FUNCS:
+            raise ConfigError(f"Error: unknown reward name {name!r}; known: {', '.join(sorted(rewards.REWARD_FUNCS))}.")
+        if name == "dense":
+            settings = rewards.RewardSettings(fallback_reward_scale=args.fallback_reward_scale)
+            funcs.append(rewards.make_dense_reward(settings, group_size=args.num_generations))
+        else:
+            funcs.append(rewards.REWARD_FUNCS[name])
+    return funcs
+
+
+# ---------------------------------------------------------------------------------------------------- the trainer
+
+
+class Text2SQLGRPOTrainer(GRPOTrainer):
+    """GRPOTrainer for agentic text-to-SQL (DESIGN §8). ``args`` is a :class:`t2s.configs.T2SGRPOConfig`.
+
+    ``model`` is a path or a loaded model with a ``name_or_path`` (the reference model and vLLM load by path).
+    ``reward_funcs`` defaults to ``args.reward_names``. ``episode_runner(rows, trainer) -> dict`` replaces the real
+    rollout (tests use scripted ones); by default episodes run through ``t2s.rollout`` on the backend that
+    ``args.rollout_backend`` names.
+    """
+
+    def __init__(self, model, args, train_dataset=None, processing_class=None, reward_funcs=None, *,
+                 episode_runner: Callable[[list[dict], Any], dict] | None = None, **kwargs) -> None:
+        validate_training_config(args)
+        if isinstance(model, str):
+            from trl.trainer.utils import create_model_from_path
+
+            model = create_model_from_path(model, **dict(args.model_init_kwargs or {}))
+        if not getattr(model.config, "_name_or_path", ""):
+            raise ConfigError("Error: the model has no path (built from a config?): save it with save_pretrained and "
+                              "pass the folder; the reference model and vLLM load it by path.")
+        if processing_class is None:
+            from transformers import AutoTokenizer
+
+            processing_class = AutoTokenizer.from_pretrained(model.config._name_or_path, padding_side="left")
+        check_think_prompt(processing_class, args.chat_template_kwargs, args.enable_thinking)
+        set_generation_eos(model, processing_class)
+        if reward_funcs is None:
+            reward_funcs = resolve_reward_funcs(args.reward_names, args)
+        self._episode_runner = episode_runner
+        self._batch_rows: list[dict] | None = None
+        self._backend = None
+        self._kl_window = torch.zeros(3, dtype=torch.float64)  # Σ k3·m, Σ m, sequences since the last step
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                         processing_class=processing_class, rollout_func=self._rollout, **kwargs)
+        check_eos_ids(self.eos_token_ids, self._tokenizer)
+        if self.beta == 0.0 or self.ref_model is None and not self._peft_model():
+            raise ConfigError("Error: no reference model was built; beta must be > 0 at start.")
+
+    def _peft_model(self) -> bool:
+        try:
+            from peft import PeftModel
+        except ImportError:  # pragma: no cover - peft is a requirement
+            return False
+        return isinstance(self.accelerator.unwrap_model(self.model), PeftModel)
+
+    # ------------------------------------------------------------------------------------------------ rollout
+
+    def _generate_and_score_completions(self, inputs):
+        self._batch_rows = inputs  # the rows of this generation batch, G consecutive copies per question
+        try:
+            output = super()._generate_and_score_completions(inputs)
+        finally:
+            self._batch_rows = None
+        if self.args.old_logprobs == "recompute" and "old_per_token_logps" not in output:
+            self._recompute_old_logprobs(output)
+        return output
+
+    def _rollout(self, prompts: list, trainer) -> dict:
+        rows = self._batch_rows
+        if rows is None or len(rows) != len(prompts):
+            raise RuntimeError(f"rollout got {len(prompts)} prompts but {0 if rows is None else len(rows)} stashed "
+                               "rows; rows must reach the rollout through _generate_and_score_completions")
+        runner = self._episode_runner or self._run_episodes
+        output = runner([dict(row) for row in rows], self)
+        check_rollout_output(output, len(rows))
+        self._log_episodes(output.get("record"))
+        return output
+
+    def _run_episodes(self, rows: list[dict], trainer) -> dict:
+        from t2s.backends.base import SamplingSettings
+        from t2s.rollout import Rollout
+
+        if self._backend is None:
+            self._backend = build_backend(self)
+        sampling = SamplingSettings.training(temperature=self.args.temperature)
+        rollout = Rollout(self._backend, self.processing_class, self.args.episode_config(), sampling=sampling)
+        traces = rollout.run(rows)
+        return rollout.to_trl(traces)
+
+    def _log_episodes(self, records) -> None:
+        """Per-step episode behaviour, summed over ranks (every rank runs this collective once per generation)."""
+        if records is None:
+            return
+        records = [json.loads(r) if isinstance(r, str) else r for r in records]
+        counters = sorted({c for c, _ in EPISODE_METRICS.values()})
+        sums = [float(len(records))] + [float(sum(float(r.get("counters", {}).get(c, 0) or 0) for r in records))
+                                        for c in counters]
+        totals = self.accelerator.reduce(torch.tensor(sums, device=self.accelerator.device), reduction="sum").tolist()
+        by_name = dict(zip(["episodes"] + counters, totals, strict=True))
+        mode = "train" if self.model.training else "eval"
+        for metric, (numerator, denominator) in EPISODE_METRICS.items():
+            if by_name[denominator] > 0:
+                self._metrics[mode][metric].append(by_name[numerator] / by_name[denominator])
+        if self.log_completions:
+            self._log_completion_extra("episode", [json.dumps(r, default=str) for r in records])
+
+    # ------------------------------------------------------------------------------------------------ old logprobs
+
+    def _recompute_old_logprobs(self, output: dict) -> None:
+        """``recompute`` without vLLM: the old-logprob forward pass and TRL's token_truncate IS ratio, done here."""
+        prompt_completion_ids = torch.cat([output["prompt_ids"], output["completion_ids"]], dim=1)
+        attention_mask = torch.cat([output["prompt_mask"], output["completion_mask"]], dim=1)
+        with torch.no_grad():
+            old, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, prompt_completion_ids, attention_mask, output["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
+        output["old_per_token_logps"] = old
+        sampler = output.get("sampling_per_token_logps")
+        if sampler is not None:
+            mask = output["completion_mask"] * output.get("tool_mask", torch.ones_like(output["completion_mask"]))
+            diff = torch.nan_to_num((old - sampler) * mask, nan=0.0)
+            output["importance_sampling_ratio"] = torch.clamp(
+                torch.exp(diff), min=self.args.vllm_importance_sampling_clip_min,
+                max=self.args.vllm_importance_sampling_clip_max,
+            )
+
+    # ------------------------------------------------------------------------------------------------ loss
+
+    def _compute_loss(self, model, inputs):
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask], dim=1)
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        mask = mask.to(torch.float32)
+        logps, entropies, _ = self._get_per_token_logps_and_entropies(
+            model, input_ids, attention_mask, completion_ids.size(1), compute_entropy=True
+        )
+
+        if self.args.old_logprobs == "sampler":
+            old = inputs.get("sampling_per_token_logps")
+            if old is None:
+                raise RuntimeError("old_logprobs 'sampler' needs the rollout's logprobs, but the rollout returned none")
+        else:
+            old = inputs.get("old_per_token_logps")
+            old = logps.detach() if old is None else old
+        log_ratio = torch.nan_to_num(logps - old, nan=0.0) * mask
+        tokens = mask.sum(-1).clamp(min=1.0)
+        if self.importance_sampling_level == "sequence":
+            coef_1 = torch.exp(log_ratio.sum(-1) / tokens).unsqueeze(-1)  # (B, 1)
+        else:
+            coef_1 = torch.exp(log_ratio)  # (B, T)
+        coef_2 = torch.clamp(coef_1, 1 - self.epsilon_low, 1 + self.epsilon_high)
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+        per_token_loss = -torch.min(coef_1 * advantages, coef_2 * advantages)
+        if self.args.old_logprobs == "recompute" and "importance_sampling_ratio" in inputs:
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+        per_token_kl = k3(inputs["ref_per_token_logps"], logps) if "ref_per_token_logps" in inputs else None
+        if per_token_kl is not None:
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+
+        seq_loss = (per_token_loss * mask).sum(-1) / self.args.loss_norm_constant  # L_i
+        mode = "train" if self.model.training else "eval"
+        if mode == "train":
+            loss = seq_loss.sum() / (seq_loss.size(0) * self.current_gradient_accumulation_steps)
+        else:
+            loss = seq_loss.mean()
+        self._log_loss_metrics(mode, mask, entropies, coef_1, advantages, per_token_kl)
+        return loss
+
+    def _log_loss_metrics(self, mode, mask, entropies, coef_1, advantages, per_token_kl) -> None:
+        def global_mean(values: torch.Tensor, weights: torch.Tensor) -> float:
+            totals = self.accelerator.reduce(torch.stack([(values * weights).sum(), weights.sum()]).detach(),
+                                             reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        self._metrics[mode]["entropy"].append(global_mean(entropies, mask))
+        if per_token_kl is not None:
+            kl_sum, tokens = (per_token_kl * mask).sum().detach(), mask.sum().detach()
+            self._metrics[mode]["kl"].append(global_mean(per_token_kl, mask))
+            if mode == "train":
+                window = torch.stack([kl_sum.double().cpu(), tokens.double().cpu(),
+                                      torch.tensor(float(mask.size(0)), dtype=torch.float64)])
+                self._kl_window = self._kl_window + window
+        seq_weights = torch.ones(coef_1.size(0), device=coef_1.device)
+        ratio = coef_1 if coef_1.size(1) == 1 else None
+        if ratio is not None:
+            low = ((ratio < 1 - self.epsilon_low) & (advantages < 0)).float().squeeze(-1)
+            high = ((ratio > 1 + self.epsilon_high) & (advantages > 0)).float().squeeze(-1)
+            self._metrics[mode]["clip_ratio/low_mean"].append(global_mean(low, seq_weights))
+            self._metrics[mode]["clip_ratio/high_mean"].append(global_mean(high, seq_weights))
+            self._metrics[mode]["clip_ratio/region_mean"].append(global_mean(low + high, seq_weights))
+        else:
+            low = ((coef_1 < 1 - self.epsilon_low) & (advantages < 0)).float()
+            high = ((coef_1 > 1 + self.epsilon_high) & (advantages > 0)).float()
+            self._metrics[mode]["clip_ratio/low_mean"].append(global_mean(low, mask))
+            self._metrics[mode]["clip_ratio/high_mean"].append(global_mean(high, mask))
+            self._metrics[mode]["clip_ratio/region_mean"].append(global_mean(low + high, mask))
+
+    # ------------------------------------------------------------------------------------------------ KL controller
+
+    def training_step(self, model, inputs, num_items_in_batch):
+        output = super().training_step(model, inputs, num_items_in_batch)
+        if self._step % self.current_gradient_accumulation_steps == 0:  # the optimiser step's last micro-batch
+            self._update_beta()
+        return output
+
+    def _update_beta(self) -> None:
+        """The proportional KL controller, after each optimiser step, on the step's k3 gathered over ranks."""
+        window = self.accelerator.reduce(self._kl_window.to(self.accelerator.device, torch.float32), reduction="sum")
+        self._kl_window = torch.zeros(3, dtype=torch.float64)
+        kl_sum, tokens, episodes = (float(x) for x in window.tolist())
+        if tokens > 0:
+            self.beta = kl_controller_update(
+                self.beta, kl_sum / tokens, int(round(episodes)), target=self.args.target_kl,
+                horizon=self.args.kl_horizon, beta_min=self.args.beta_min, beta_max=self.args.beta_max,
+            )
+        self._metrics["train"]["beta"].append(self.beta)
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            with open(os.path.join(folder, KL_STATE_FILE), "w") as f:
+                json.dump({"beta": self.beta, "global_step": self.state.global_step}, f)
+
+    def _load_optimizer_and_scheduler(self, checkpoint):
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is not None:
+            path = os.path.join(checkpoint, KL_STATE_FILE)
+            if os.path.exists(path):
+                with open(path) as f:
+                    self.beta = float(json.load(f)["beta"])
+                log.info("KL controller: beta %.6g restored from %s", self.beta, path)
+
+
+def build_backend(trainer):
+    """The generation backend that ``trainer.args.rollout_backend`` names, bound to the trainer's model or engine."""
+    name = trainer.args.rollout_backend
+    if name == "transformers":
+        from t2s.backends.hf_generate import HFGenerateBackend
+
+        return HFGenerateBackend.for_trainer(trainer, max_batch_size=trainer.args.rollout_max_batch_size)
+    if name == "vllm_colocate":
+        from t2s.backends.vllm_colocate import VLLMColocateBackend
+
+        return VLLMColocateBackend.for_trainer(trainer)
+    if name == "vllm_server":
+        from t2s.backends.vllm_server import VLLMServerBackend
+
+        return VLLMServerBackend.for_trainer(trainer)
+    raise ConfigError(f"Error: rollout_backend {name!r} is unknown.")

@@ -1,0 +1,169 @@
+"""A scripted episode runner and small config helpers for the trainer tests; also the torchrun entry point.
+
+The scripted runner stands in for the real rollout where a test needs exact control of the token stream: each row
+gets a deterministic completion (model turn, environment turn, model turn ending in <|im_end|>), an env_mask, and
+sampler logprobs computed from the current policy (so the ratio starts at 1), plus a scripted reward.
+
+    torchrun --nproc_per_node 2 tests/_train_script.py MODEL_DIR OUTPUT_DIR
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+PROMPT_TOKENS = 6
+TURN_TOKENS = 5
+ENV_TOKENS = 4
+
+
+def make_rows(n: int) -> list[dict]:
+    """n question rows in the common row shape, with a TRL ``prompt`` column."""
+    return [
+        {
+            "prompt": f"Question number {i}: how many orders were shipped?",
+            "question_id": f"scripted:{i}",
+            "question": f"Question number {i}: how many orders were shipped?",
+            "evidence": "",
+            "gold_sql": "SELECT 1",
+            "db_id": "none",
+            "db_path": None,
+            "schema_id": None,
+            "difficulty": "simple",
+            "source": "scripted",
+        }
+        for i in range(n)
+    ]
+
+
+def _ids(seed: str, n: int, low: int = 300, high: int = 700) -> list[int]:
+    digest = hashlib.sha256(seed.encode()).digest()
+    return [low + (digest[i % len(digest)] * 7 + i * 13) % (high - low) for i in range(n)]
+
+
+class ScriptedEpisodes:
+    """``runner(rows, trainer) -> dict`` for ``Text2SQLGRPOTrainer(episode_runner=...)``; records what it saw."""
+
+    def __init__(self, tokenizer, *, exact_logprobs: bool = True, logprob_shift: float = 0.0):
+        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        self.exact_logprobs = exact_logprobs
+        self.logprob_shift = logprob_shift
+        self.seen: list[list[str]] = []  # question ids per call
+
+    def __call__(self, rows: list[dict], trainer) -> dict:
+        import torch
+
+        self.seen.append([row["question_id"] for row in rows])
+        group = trainer.num_generations
+        prompt_ids, completion_ids, env_mask, rewards, records = [], [], [], [], []
+        for index, row in enumerate(rows):
+            copy = index % group
+            key = f"{row['question_id']}#{copy}"
+            turn1 = _ids(key + "a", TURN_TOKENS - 1) + [self.im_end]
+            env = _ids(key + "env", ENV_TOKENS, 100, 200)
+            turn2 = _ids(key + "b", TURN_TOKENS - 1) + [self.im_end]
+            prompt_ids.append(_ids(row["question_id"], PROMPT_TOKENS))
+            completion_ids.append(turn1 + env + turn2)
+            env_mask.append([1] * len(turn1) + [0] * len(env) + [1] * len(turn2))
+            rewards.append(float(copy))  # different within a group: non-zero advantages
+            records.append({"question_id": row["question_id"], "counters": {
+                "turns": 2, "calls": 2, "tool_errors": copy % 2, "format_deviations": 0, "write_attempts": 0,
+                "turn_cutoffs": 0, "submitted": copy % 2 == 0, "forced": copy % 2 == 1, "fallback_used": False,
+                "truncated": False}})
+        logprobs = self._logprobs(trainer, prompt_ids, completion_ids, env_mask) if self.exact_logprobs else [
+            [-2.0 if m else 0.0 for m in mask] for mask in env_mask]
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,
+                "env_mask": env_mask, "scripted_reward": rewards, "record": records}
+
+    def _logprobs(self, trainer, prompt_ids, completion_ids, env_mask):
+        import torch
+
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        ids = torch.tensor([p + c for p, c in zip(prompt_ids, completion_ids)], device=trainer.accelerator.device)
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits.float() / trainer.temperature
+        logps = torch.log_softmax(logits[:, PROMPT_TOKENS - 1 : -1], dim=-1)
+        picked = logps.gather(-1, ids[:, PROMPT_TOKENS:].unsqueeze(-1)).squeeze(-1)
+        out = []
+        for row, mask in zip(picked.tolist(), env_mask):
+            out.append([lp + self.logprob_shift if m else 0.0 for lp, m in zip(row, mask)])
+        return out
+
+
+def scripted_reward(prompts, completions, scripted_reward=None, **kwargs):
+    """TRL reward function reading the scripted runner's ``scripted_reward`` extra."""
+    return [float(r) for r in scripted_reward]
+
+
+def make_config(output_dir, **overrides):
+    """A CPU-friendly T2SGRPOConfig: 2 questions × 4 rollouts per step, fp32, no checkpointing, logging each step."""
+    from t2s.configs import T2SGRPOConfig
+
+    values = dict(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        num_generations=4,
+        max_steps=2,
+        learning_rate=1e-3,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        gradient_checkpointing=False,
+        seed=0,
+        max_completion_length=64,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
+    values.update(overrides)
+    return T2SGRPOConfig(**values)
+
+
+def build_trainer(model_dir, output_dir, n_rows: int = 4, runner=None, **overrides):
+    """A Text2SQLGRPOTrainer on scripted rows and episodes; returns (trainer, runner)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from t2s.trainer import Text2SQLGRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    runner = runner or ScriptedEpisodes(tokenizer)
+    args = make_config(output_dir, **overrides)
+    trainer = Text2SQLGRPOTrainer(
+        str(model_dir), args, train_dataset=Dataset.from_list(make_rows(n_rows)), processing_class=tokenizer,
+        reward_funcs=[scripted_reward], episode_runner=runner,
+    )
+    return trainer, runner
+
+
+def main(argv: list[str]) -> int:
+    """torchrun entry: 2 training steps under gloo on CPU; rank 0 writes what happened to OUTPUT_DIR/result.json."""
+    import os
+
+    from t2s.settings import offline_environment
+
+    offline_environment()
+    model_dir, output_dir = argv[0], Path(argv[1])
+    trainer, runner = build_trainer(model_dir, output_dir, n_rows=4, per_device_train_batch_size=4,
+                                    max_steps=2)
+    trainer.train()
+    rank = int(os.environ.get("RANK", "0"))
+    result = {
+        "rank": rank,
+        "world_size": trainer.accelerator.num_processes,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "global_step": trainer.state.global_step,
+        "beta": trainer.beta,
+        "seen": runner.seen,
+        "log_history": trainer.state.log_history,
+    }
+    (output_dir / f"result_rank{rank}.json").write_text(json.dumps(result, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
