@@ -1,0 +1,354 @@
+"""The attack suite: every bad SQL input is refused or bounded, and no database file ever changes."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from t2s import databases
+from t2s.databases import (
+    benchmark_db,
+    file_checksum,
+    run_scoring_query,
+    run_tool_query,
+    scoring_connection,
+    tool_connection,
+    user_db,
+)
+
+BASELINE_SQL = "SELECT count(*), sum(a), max(b) FROM t WHERE b LIKE 'ROW%'"
+MARGIN = 1.0  # seconds allowed past a deadline on a busy 2-core machine
+
+
+def _build(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        """
+        CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT COLLATE NOCASE);
+        CREATE INDEX t_b ON t(b);
+        CREATE TABLE big (x INTEGER, y TEXT);
+        CREATE TABLE raw (id INTEGER, v TEXT);
+        CREATE VIEW v AS SELECT a, b FROM t;
+        """
+    )
+    conn.executemany("INSERT INTO t VALUES (?, ?)", [(i, f"row{i}") for i in range(200)])
+    conn.executemany("INSERT INTO big VALUES (?, ?)", [(i, "y" * 10) for i in range(3000)])
+    conn.execute("INSERT INTO raw VALUES (1, CAST(x'41ff42' AS TEXT))")
+    conn.commit()
+    conn.close()
+
+
+@pytest.fixture()
+def db(tmp_path):
+    folder = tmp_path / "db"
+    folder.mkdir()
+    path = folder / "attack.sqlite"
+    _build(path)
+    return path
+
+
+def _listing(*folders: Path) -> dict:
+    return {str(folder): sorted(os.listdir(folder)) for folder in folders}
+
+
+def _baseline(ref):
+    return run_tool_query(ref, BASELINE_SQL, max_rows=5).rows
+
+
+WRITES = {
+    "insert": "INSERT INTO t VALUES (1000, 'x')",
+    "insert_returning": "INSERT INTO t VALUES (1001, 'x') RETURNING a",
+    "insert_in_cte": "WITH n(k) AS (SELECT 5000) INSERT INTO t SELECT k, 'x' FROM n",
+    "update": "UPDATE t SET b = 'changed'",
+    "update_returning": "UPDATE t SET b = 'changed' RETURNING *",
+    "update_in_cte": "WITH n AS (SELECT 1) UPDATE t SET b = 'c' WHERE a IN (SELECT * FROM n)",
+    "delete": "DELETE FROM t",
+    "delete_returning": "DELETE FROM t RETURNING a",
+    "delete_in_cte": "WITH n AS (SELECT 1) DELETE FROM t WHERE a IN (SELECT * FROM n)",
+    "replace": "REPLACE INTO t VALUES (1, 'x')",
+    "replace_returning": "REPLACE INTO t VALUES (1, 'x') RETURNING *",
+    "insert_or_replace": "INSERT OR REPLACE INTO t VALUES (1, 'x')",
+    "drop_table": "DROP TABLE t",
+    "drop_view": "DROP VIEW v",
+    "drop_index": "DROP INDEX t_b",
+    "create_table": "CREATE TABLE n (x)",
+    "create_table_as": "CREATE TABLE n AS SELECT * FROM t",
+    "create_temp_table": "CREATE TEMP TABLE t (a, b)",
+    "create_temp_view_shadow": "CREATE TEMP VIEW t AS SELECT 999 AS a, 'ROW' AS b",
+    "create_view": "CREATE VIEW w AS SELECT 1",
+    "create_index": "CREATE INDEX t_a ON t(a)",
+    "create_trigger": "CREATE TRIGGER tr AFTER INSERT ON t BEGIN DELETE FROM t; END",
+    "create_temp_trigger": "CREATE TEMP TRIGGER tr AFTER INSERT ON t BEGIN DELETE FROM t; END",
+    "create_virtual_fts5": "CREATE VIRTUAL TABLE f USING fts5(x)",
+    "create_virtual_rtree": "CREATE VIRTUAL TABLE r USING rtree(id, x0, x1)",
+    "create_temp_virtual": "CREATE VIRTUAL TABLE temp.f USING fts5(x)",
+    "alter_add": "ALTER TABLE t ADD COLUMN c",
+    "alter_rename": "ALTER TABLE t RENAME TO t2",
+    "reindex": "REINDEX",
+    "reindex_table": "REINDEX t",
+    "analyze": "ANALYZE",
+    "vacuum": "VACUUM",
+    "pragma_query_only_off": "PRAGMA query_only = OFF",
+    "pragma_writable_schema": "PRAGMA writable_schema = ON",
+    "pragma_hard_heap_limit": "PRAGMA hard_heap_limit = 1000",
+    "pragma_journal_mode": "PRAGMA journal_mode = DELETE",
+    "pragma_case_sensitive_like": "PRAGMA case_sensitive_like = ON",
+    "pragma_user_version": "PRAGMA user_version = 7",
+    "update_sqlite_master": "UPDATE sqlite_master SET sql = 'x'",
+    "detach": "DETACH DATABASE main",
+}
+
+# SQL whose only target is a file next to the database or in a separate folder: formatted with {target}.
+FILE_WRITES = {
+    "vacuum_into": "VACUUM INTO '{target}'",
+    "attach": "ATTACH DATABASE '{target}' AS other",
+    "attach_uri_rw": "ATTACH DATABASE 'file:{target}?mode=rw' AS other",
+    "attach_uri_rwc": "ATTACH DATABASE 'file:{target}?mode=rwc' AS other",
+    "attach_memory": "ATTACH DATABASE ':memory:' AS other",
+}
+
+REFUSED_NOT_WRITES = {
+    "load_extension": "SELECT load_extension('/nonexistent/ext')",
+    "fts3_tokenizer": "SELECT fts3_tokenizer('simple')",
+    "begin": "BEGIN",
+    "begin_immediate": "BEGIN IMMEDIATE",
+    "commit": "COMMIT",
+    "savepoint": "SAVEPOINT s",
+    "release": "RELEASE s",
+    "pragma_read_other": "PRAGMA database_list",
+}
+
+
+@pytest.mark.parametrize("ref_kind", ["benchmark", "user"])
+@pytest.mark.parametrize("name", sorted(WRITES))
+def test_writes_are_refused_as_write_attempts(db, tmp_path, name, ref_kind, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ref = benchmark_db(db) if ref_kind == "benchmark" else user_db(db)
+    before, listing, baseline = file_checksum(db), _listing(db.parent, tmp_path), _baseline(ref)
+    result = run_tool_query(ref, WRITES[name], max_rows=5)
+    assert result.error and result.error.startswith("Error:")
+    assert result.write_attempt, result.error
+    assert not result.timed_out
+    assert file_checksum(db) == before
+    assert _listing(db.parent, tmp_path) == listing
+    conn = tool_connection(ref)
+    assert not conn.in_transaction  # a refused statement leaves no transaction open
+    assert _baseline(ref) == baseline  # TEMP objects and PRAGMA changes can never alter later results
+    assert run_scoring_query(ref, BASELINE_SQL, timeout=5).rows == baseline
+
+
+@pytest.mark.parametrize("name", sorted(FILE_WRITES))
+def test_attach_and_vacuum_into_create_no_file(db, tmp_path, name, monkeypatch):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(tmp_path)
+    ref = benchmark_db(db)
+    before, listing = file_checksum(db), _listing(db.parent, elsewhere, tmp_path)
+    for target in (elsewhere / "copy.sqlite", db.parent / "copy.sqlite", Path("relative.sqlite"), db):
+        result = run_tool_query(ref, FILE_WRITES[name].format(target=target), max_rows=5)
+        assert result.error and result.error.startswith("Error:")
+        assert result.write_attempt, result.error
+    assert _listing(db.parent, elsewhere, tmp_path) == listing
+    assert not (elsewhere / "copy.sqlite").exists()
+    assert file_checksum(db) == before
+    assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).rows == [(200,)]
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED_NOT_WRITES))
+def test_refused_statements_that_are_not_writes(db, name):
+    ref = benchmark_db(db)
+    before, baseline = file_checksum(db), _baseline(ref)
+    result = run_tool_query(ref, REFUSED_NOT_WRITES[name], max_rows=5)
+    assert result.error and result.error.startswith("Error:")
+    assert not result.write_attempt
+    assert not tool_connection(ref).in_transaction
+    assert _baseline(ref) == baseline
+    assert file_checksum(db) == before
+
+
+def test_pragma_assignment_cannot_change_later_results(db):
+    ref = benchmark_db(db)
+    like_before = run_tool_query(ref, "SELECT count(*) FROM t WHERE b LIKE 'ROW1%'", max_rows=5).rows
+    for pragma in ("PRAGMA case_sensitive_like = ON", "PRAGMA query_only = OFF", "PRAGMA reverse_unordered_selects = ON"):
+        assert run_tool_query(ref, pragma, max_rows=5).write_attempt
+    assert run_tool_query(ref, "SELECT count(*) FROM t WHERE b LIKE 'ROW1%'", max_rows=5).rows == like_before
+    after = run_tool_query(ref, "INSERT INTO t VALUES (9999, 'x')", max_rows=5)
+    assert after.write_attempt
+
+
+def test_several_statements_are_one_clear_error(db):
+    ref = benchmark_db(db)
+    before = file_checksum(db)
+    for sql in ("SELECT 1; SELECT 2", "SELECT 1; DROP TABLE t", "SELECT * FROM t; DELETE FROM t;"):
+        result = run_tool_query(ref, sql, max_rows=5)
+        assert result.error == "Error: only one SQL statement per call is allowed"
+    assert run_tool_query(ref, "SELECT 1;  -- trailing comment\n", max_rows=5).rows == [(1,)]
+    assert file_checksum(db) == before
+    assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).rows == [(200,)]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT count(*) FROM big a, big b, big c",
+        "SELECT * FROM big a, big b, big c ORDER BY a.y || b.y DESC",
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r",
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT n FROM r ORDER BY n DESC",
+    ],
+)
+def test_runaway_queries_end_at_the_deadline(db, sql):
+    ref = benchmark_db(db)
+    for runner in (
+        lambda: run_tool_query(ref, sql, max_rows=5, timeout=0.5),
+        lambda: run_scoring_query(ref, sql, timeout=0.5),
+    ):
+        result = runner()
+        assert result.timed_out and result.error == "Error: query timed out after 0.5 s"
+        assert 0.45 <= result.seconds < 0.5 + MARGIN
+        assert not result.write_attempt
+    assert run_tool_query(ref, "SELECT count(*) FROM big", max_rows=5).rows == [(3000,)]
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT randomblob(2000000000)",
+        "SELECT zeroblob(300000000)",
+        "SELECT length(randomblob(2000000000))",
+        "SELECT printf('%.*c', 999999999, 'x')",
+        "SELECT format('%.*c', 999999999, 'x')",
+        "SELECT printf('%999999999d', 1)",
+        "SELECT printf('%*s', -999999999, 'x')",
+        "SELECT printf('%s%.*c', 'a', '999999999', 'x')",
+        "SELECT length(replace(hex(zeroblob(400000)), '0', 'abcdefgh'))",
+        "SELECT length(replace(replace(hex(zeroblob(90000)), '0', '0000000000'), '0', '0000000000'))",
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3000000) "
+        "SELECT length(group_concat('xxxxxxxxxx')) FROM r",
+        "SELECT length(group_concat(a.y || b.y)) FROM big a, big b",
+    ],
+)
+def test_blowups_fail_fast_with_a_clear_error(db, sql):
+    ref = benchmark_db(db)
+    result = run_tool_query(ref, sql, max_rows=5, timeout=5.0)
+    assert result.error and result.error.startswith("Error:")
+    assert not result.timed_out, "stopped by a limit, not by the deadline"
+    assert result.seconds < 2.0
+    assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).rows == [(200,)]
+
+
+def test_capped_printf_agrees_with_sqlite_below_the_cap(db):
+    ref = benchmark_db(db)
+    plain = sqlite3.connect(":memory:")
+    for sql in (
+        "SELECT printf('%5.2f|%d|%s|%-4s|', 3.14159, 42, 'ab', 'c')",
+        "SELECT printf('%*d|%.*f|%%|%q|%Q|%w', 6, 42, 3, 2.0/3, 'it''s', NULL, 'a\"b')",
+        "SELECT format('%x %o %e %g %c %,d', 255, 8, 12345.678, 0.0001, 'xyz', 1234567)",
+        "SELECT printf('%.3c', 'x'), printf('no args'), printf(NULL), printf('%d'), printf(7)",
+    ):
+        assert run_tool_query(ref, sql, max_rows=5).rows == plain.execute(sql).fetchall()
+
+
+def test_million_row_results_are_bounded(db):
+    ref = benchmark_db(db)
+    sql = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 1000000) SELECT n, n * 2 FROM r"
+    tool = run_tool_query(ref, sql, max_rows=5)
+    assert tool.ok and tool.rows == [(i, 2 * i) for i in range(1, 6)] and tool.more
+    assert tool.seconds < 0.5
+    scoring = run_scoring_query(ref, sql, timeout=10)
+    assert scoring.over_cap and scoring.ok and not scoring.timed_out
+    assert len(scoring.rows) * 2 <= databases.SCORING_MAX_CELLS
+    big_cells = run_scoring_query(ref, "SELECT a.y, b.y FROM big a, big b WHERE b.x < 30", timeout=10)
+    assert not big_cells.over_cap and len(big_cells.rows) == 90_000
+
+
+def test_non_utf8_text_decodes_with_replacement(db):
+    ref = benchmark_db(db)
+    for result in (
+        run_tool_query(ref, "SELECT id, v FROM raw", max_rows=5),
+        run_scoring_query(ref, "SELECT id, v FROM raw", timeout=5),
+    ):
+        assert result.ok and result.rows == [(1, "A\ufffdB")]
+    # the connection is back to normal decoding afterwards
+    assert run_tool_query(ref, "SELECT b FROM t WHERE a = 3", max_rows=5).rows == [("row3",)]
+
+
+def test_attacks_leave_other_threads_and_connections_working(db):
+    ref = benchmark_db(db)
+    baseline = _baseline(ref)
+    attacks = list(WRITES.values()) + [
+        "PRAGMA hard_heap_limit = 1",
+        "PRAGMA soft_heap_limit = 1",
+        "SELECT zeroblob(300000000)",
+        "SELECT printf('%.*c', 999999999, 'x')",
+    ]
+    for sql in attacks:
+        run_tool_query(ref, sql, max_rows=5)
+    seen = []
+
+    def other_thread():
+        seen.append((_baseline(ref), run_scoring_query(ref, BASELINE_SQL, timeout=5).rows))
+
+    worker = threading.Thread(target=other_thread)
+    worker.start()
+    worker.join()
+    assert seen == [(baseline, baseline)]
+    fresh = sqlite3.connect(db)  # a plain connection elsewhere in the process is unaffected
+    assert fresh.execute("SELECT count(*) FROM t").fetchone() == (200,)
+    fresh.close()
+
+
+def test_real_superhero_file_unchanged_after_the_attack_suite(bird_superhero_dir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = bird_superhero_dir / "dev_databases" / "superhero" / "superhero.sqlite"
+    before, listing = file_checksum(path), _listing(path.parent, tmp_path)
+    for ref in (benchmark_db(path), user_db(path)):
+        baseline = run_tool_query(ref, "SELECT count(*), sum(height_cm) FROM superhero", max_rows=5).rows
+        statements = [sql.replace(" t ", " superhero ").replace("TABLE t", "TABLE superhero") for sql in WRITES.values()]
+        statements += [sql.format(target=tmp_path / "copy.sqlite") for sql in FILE_WRITES.values()]
+        statements += ["SELECT zeroblob(300000000)", "SELECT printf('%.*c', 999999999, 'x')", "DROP TABLE superhero"]
+        for sql in statements:
+            assert not run_tool_query(ref, sql, max_rows=5).ok, sql
+            assert not run_scoring_query(ref, sql, timeout=2).ok, sql
+        result = run_tool_query(ref, "SELECT count(*) FROM superhero a, superhero b, superhero c", max_rows=5, timeout=0.5)
+        assert result.timed_out
+        assert run_tool_query(ref, "SELECT count(*), sum(height_cm) FROM superhero", max_rows=5).rows == baseline
+    assert file_checksum(path) == before
+    assert _listing(path.parent, tmp_path) == listing
+
+
+def test_allowlist_keeps_read_only_features(db):
+    ref = benchmark_db(db)
+    cases = {
+        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 4) SELECT sum(n) FROM r": [(10,)],
+        "SELECT count(*) FROM json_each('[1, 2, 3]')": [(3,)],
+        "SELECT name FROM pragma_table_info('t') ORDER BY cid": [("a",), ("b",)],
+        "SELECT count(*) FROM sqlite_master WHERE type = 'table'": [(3,)],
+        "SELECT a FROM v WHERE a < 2": [(0,), (1,)],
+    }
+    for sql, expected in cases.items():
+        result = run_tool_query(ref, sql, max_rows=5)
+        assert result.ok, result.error
+        assert result.rows == expected
+    info = run_tool_query(ref, "PRAGMA table_info(t)", max_rows=5)
+    assert info.ok and [row[1] for row in info.rows] == ["a", "b"]
+    assert run_tool_query(ref, "PRAGMA index_list(t)", max_rows=5).ok
+    assert run_tool_query(ref, "PRAGMA foreign_key_list(t)", max_rows=5).ok
+    assert run_tool_query(ref, "EXPLAIN QUERY PLAN SELECT * FROM t WHERE b = 'x'", max_rows=5).ok
+
+
+def test_connections_per_thread_and_purpose(db):
+    ref = benchmark_db(db)
+    tool, scoring = tool_connection(ref), scoring_connection(ref)
+    assert tool is tool_connection(ref) and scoring is scoring_connection(ref) and tool is not scoring
+    others = []
+    worker = threading.Thread(target=lambda: others.append(tool_connection(ref)))
+    worker.start()
+    worker.join()
+    assert others[0] is not tool
+    assert tool.isolation_level is None
+    assert tool.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED) == 0
+    assert tool.getlimit(sqlite3.SQLITE_LIMIT_LENGTH) == databases.MAX_VALUE_LENGTH
