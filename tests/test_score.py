@@ -1,0 +1,241 @@
+"""`score`: both predictions formats, the output files, bad input, and real BIRD / Spider data."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from t2s import databases
+from t2s.cli import main
+from t2s.metrics import score_sql
+from t2s.score import score_files
+
+SEP = "\t----- bird -----\t"
+LINE_KEYS = {"question_id", "db_id", "difficulty", "official", "strict", "soft_f1", "error"}
+SUMMARY_KEYS = {"n", "execution_accuracy_official", "strict", "soft_f1", "per_difficulty", "missing", "missing_ids",
+                "errors", "error_ids"}
+SLOW_SQL = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
+
+
+@pytest.fixture()
+def bird_dir(tmp_path):
+    """A tiny BIRD-layout dev set: dev.json plus dev_databases/heroes/heroes.sqlite."""
+    db_dir = tmp_path / "dev_databases" / "heroes"
+    db_dir.mkdir(parents=True)
+    conn = sqlite3.connect(db_dir / "heroes.sqlite")
+    conn.executescript(
+        """
+        CREATE TABLE hero (id INTEGER PRIMARY KEY, name TEXT, height REAL);
+        INSERT INTO hero VALUES (1, 'Ann', 1.5), (2, 'Bob', NULL), (3, 'Cy', 2.0);
+        """
+    )
+    conn.commit()
+    conn.close()
+    questions = [
+        ("SELECT name FROM hero WHERE id = 1", "simple"),
+        ("SELECT name, height FROM hero ORDER BY id", "moderate"),
+        ("SELECT count(*) FROM hero", "simple"),
+        ("SELECT nope FROM hero", "challenging"),  # gold that errors
+    ]
+    data = [{"question_id": 100 + i, "db_id": "heroes", "question": f"q{i}", "evidence": "", "SQL": sql,
+             "difficulty": difficulty} for i, (sql, difficulty) in enumerate(questions)]
+    (tmp_path / "dev.json").write_text(json.dumps(data))
+    return tmp_path
+
+
+def _write(path, obj):
+    path.write_text(obj if isinstance(obj, str) else json.dumps(obj))
+    return path
+
+
+def _lines(out):
+    return [json.loads(line) for line in (out / "scores.jsonl").read_text().splitlines()]
+
+
+def _summary(out):
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_bird_format_with_every_kind_of_bad_prediction(bird_dir, tmp_path, capsys):
+    predictions = _write(tmp_path / "predict_dev.json", {
+        "0": "SELECT name FROM hero WHERE name = 'Ann'" + SEP + "heroes",
+        "1": "SELECT height, name FROM hero" + SEP + "other_db",  # column order wrong, db_id disagrees
+        # "2" missing
+        "3": "SELECT nope FROM hero" + SEP + "heroes",  # gold errors: never correct
+        "7": "SELECT 1" + SEP + "heroes",  # no such position
+        "x": "SELECT 1",
+    })
+    out = tmp_path / "out"
+    assert main(["score", "--data", str(bird_dir / "dev.json"), "--predictions", str(predictions), "--output",
+                 str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    lines = _lines(out)
+    assert [set(line) for line in lines] == [LINE_KEYS] * 4
+    assert [line["question_id"] for line in lines] == ["100", "101", "102", "103"]
+    assert [line["official"] for line in lines] == [1, 0, 0, 0]
+    assert lines[2]["error"] == "Error: no prediction for this question"
+    assert lines[3]["error"].startswith("Error: the gold SQL failed")
+    summary = _summary(out)
+    assert set(summary) == SUMMARY_KEYS
+    assert summary["n"] == 4 and summary["execution_accuracy_official"] == 0.25
+    assert summary["missing"] == 1 and summary["missing_ids"] == ["102"]
+    assert summary["errors"] == 1 and summary["error_ids"] == ["103"]
+    assert summary["per_difficulty"]["simple"]["n"] == 2
+    assert summary["per_difficulty"]["simple"]["execution_accuracy_official"] == 0.5
+    problems = json.loads((out / "problems.json").read_text())
+    assert sorted(problems["unknown_ids"]) == ["7", "x"]
+    assert problems["db_id_mismatches"] == [{"question_id": "101", "data": "heroes", "prediction": "other_db"}]
+    assert "not in the data" in printed and "db_id other than the data's" in printed
+
+
+def test_jsonl_format_non_string_and_blank_sql_score_zero(bird_dir, tmp_path):
+    gold_empty = bird_dir / "dev.json"
+    data = json.loads(gold_empty.read_text())
+    data[2]["SQL"] = "SELECT name FROM hero WHERE id > 99"  # an empty gold result
+    gold_empty.write_text(json.dumps(data))
+    predictions = _write(tmp_path / "p.jsonl", "\n".join(json.dumps(x) for x in [
+        {"question_id": 100, "sql": 42},
+        {"question_id": "101", "sql": "SELECT name, height FROM hero"},
+        {"question_id": "102", "sql": "   "},  # BIRD would call this correct, the gold being empty
+        {"question_id": "103", "sql": None},
+        {"question_id": "999", "sql": "SELECT 1"},
+    ]))
+    result = score_files(gold_empty, predictions, tmp_path / "out", progress=False)
+    lines = result["lines"]
+    assert [line["official"] for line in lines] == [0, 1, 0, 0]
+    assert [line["strict"] for line in lines] == [0, 1, 0, 0]
+    assert "not a string" in lines[0]["error"] and "blank" in lines[2]["error"]
+    assert result["problems"]["unknown_ids"] == ["999"]
+    assert result["summary"]["errors"] == 3 and result["summary"]["missing"] == 0
+
+
+def test_gold_timeout_is_reported_and_never_correct(bird_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(databases, "SCORING_MAX_TIMEOUT", 0.2)
+    data = json.loads((bird_dir / "dev.json").read_text())
+    data[0]["SQL"] = SLOW_SQL
+    (bird_dir / "dev.json").write_text(json.dumps(data))
+    predictions = _write(tmp_path / "p.jsonl", json.dumps({"question_id": 100, "sql": SLOW_SQL}))
+    lines = score_files(bird_dir / "dev.json", predictions, tmp_path / "out", progress=False)["lines"]
+    assert lines[0]["official"] == 0 and "gold SQL failed" in lines[0]["error"]
+    assert "timed out" in lines[0]["error"]
+
+
+def test_score_sql_prediction_timeout_and_over_cap(bird_dir, monkeypatch):
+    ref = databases.benchmark_db(bird_dir / "dev_databases" / "heroes" / "heroes.sqlite", "heroes")
+    monkeypatch.setattr(databases, "SCORING_MIN_TIMEOUT", 0.2)
+    slow = score_sql(ref, SLOW_SQL, "SELECT count(*) FROM hero")
+    assert slow["official"] == 0 and "timed out" in slow["error"]
+    gold = "SELECT name FROM hero"
+    assert score_sql(ref, "SELECT name FROM hero ORDER BY name DESC", gold)["official"] == 1
+    monkeypatch.setattr(databases, "SCORING_MAX_CELLS", 4)
+    over = score_sql(ref, "SELECT h.name FROM hero h, hero h2", gold)  # same row set, past the cap
+    assert over["official"] == 0 and over["soft_f1"] == 0.0 and "cap" in over["error"]
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("", "is empty"),
+    ("  \n", "is empty"),
+    ('{"0": "SELECT 1"', "not valid JSON"),
+    ('{"question_id": 1, "sql": "SELECT 1"}\n{"question_id": 2, "sql": ', "line 2"),
+    ('[1, 2]', "row 0"),
+])
+def test_unreadable_predictions_fail_with_one_clear_line(bird_dir, tmp_path, capsys, content, needle):
+    predictions = _write(tmp_path / "bad.json", content)
+    code = main(["score", "--data", str(bird_dir / "dev.json"), "--predictions", str(predictions), "--output",
+                 str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert code != 0
+    assert err.startswith("Error:") and needle in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "summary.json").exists()
+
+
+def test_missing_files_fail_clearly(bird_dir, tmp_path, capsys):
+    assert main(["score", "--data", str(bird_dir / "dev.json"), "--predictions", str(tmp_path / "none.json"),
+                 "--output", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.startswith("Error: predictions file not found")
+    assert main(["score", "--data", str(tmp_path / "none.json"), "--predictions", str(tmp_path / "none.json"),
+                 "--output", str(tmp_path / "out")]) == 1
+    assert capsys.readouterr().err.startswith("Error:")
+
+
+def test_empty_object_counts_everything_missing(bird_dir, tmp_path):
+    result = score_files(bird_dir / "dev.json", _write(tmp_path / "p.json", {}), tmp_path / "out", progress=False)
+    assert result["summary"]["missing"] == 4 and result["summary"]["execution_accuracy_official"] == 0.0
+
+
+# ------------------------------------------------------------------------------------------------ real data
+
+
+def _bird_predictions(path, records, pick):
+    return _write(path, {str(i): pick(i) + SEP + r["db_id"] for i, r in enumerate(records)})
+
+
+def _other_question_sql(records, key):
+    """For each question, the gold SQL of the next question on the same database whose SQL differs."""
+    def norm(sql):
+        return " ".join(sql.lower().split())
+
+    out = []
+    for i, record in enumerate(records):
+        later = records[i + 1:] + records[:i]
+        out.append(next(r[key] for r in later if r["db_id"] == record["db_id"] and norm(r[key]) != norm(record[key])))
+    return out
+
+
+def _counts_add_up(summary, lines):
+    clean = [line for line in lines if line["error"] is None]
+    assert summary["n"] == len(lines) == summary["missing"] + summary["errors"] + len(clean)
+    assert len(summary["missing_ids"]) == summary["missing"] and len(summary["error_ids"]) == summary["errors"]
+    assert not set(summary["missing_ids"]) & set(summary["error_ids"])
+    assert sum(part["n"] for part in summary["per_difficulty"].values()) == summary["n"]
+
+
+def test_superhero_gold_scores_one_and_shifted_scores_near_zero(bird_superhero_dir, tmp_path):
+    records = json.loads((bird_superhero_dir / "dev.json").read_text())
+    gold = _bird_predictions(tmp_path / "gold.json", records, lambda i: records[i]["SQL"])
+    result = score_files(bird_superhero_dir / "dev.json", gold, tmp_path / "gold", progress=False)
+    summary = result["summary"]
+    assert summary["n"] == 129
+    assert summary["execution_accuracy_official"] == summary["strict"] == summary["soft_f1"] == 1.0
+    assert summary["missing"] == summary["errors"] == 0
+    assert set(summary["per_difficulty"]) == {"simple", "moderate", "challenging"}
+    _counts_add_up(summary, result["lines"])
+
+    others = _other_question_sql(records, "SQL")
+    shifted = _bird_predictions(tmp_path / "shift.json", records, lambda i: others[i])
+    result = score_files(bird_superhero_dir / "dev.json", shifted, tmp_path / "shift", progress=False)
+    summary = result["summary"]
+    assert summary["execution_accuracy_official"] < 0.05
+    assert summary["strict"] <= summary["execution_accuracy_official"]
+    assert summary["soft_f1"] < 0.05
+    assert summary["errors"] == summary["missing"] == 0
+    _counts_add_up(summary, result["lines"])
+
+
+def test_spider_gold_scores_one_and_wta_1_is_reported_unscorable(spider_dev_dir, tmp_path):
+    records = json.loads((spider_dev_dir / "dev.json").read_text())
+    gold = _write(tmp_path / "gold.jsonl", "\n".join(
+        json.dumps({"question_id": f"spider_dev:{i}", "sql": r["query"]}) for i, r in enumerate(records)))
+    result = score_files(spider_dev_dir / "dev.json", gold, tmp_path / "gold", progress=False)
+    summary, lines = result["summary"], result["lines"]
+    assert summary["n"] == 1034
+    assert summary["execution_accuracy_official"] == summary["strict"] == summary["soft_f1"] == 1.0
+    wta = [f"spider_dev:{i}" for i, r in enumerate(records) if r["db_id"] == "wta_1"]
+    assert len(wta) == 62
+    assert summary["errors"] == 62 and summary["error_ids"] == wta and summary["missing"] == 0
+    unscorable = [line for line in lines if line["db_id"] == "wta_1"]
+    assert all(line["error"].startswith("Error: database not found") and line["official"] is None
+               for line in unscorable)
+    assert result["problems"]["unscorable_ids"] == wta
+    _counts_add_up(summary, lines)
+
+    others = _other_question_sql(records, "query")
+    shifted = _write(tmp_path / "shift.jsonl", "\n".join(
+        json.dumps({"question_id": f"spider_dev:{i}", "sql": sql}) for i, sql in enumerate(others)))
+    result = score_files(spider_dev_dir / "dev.json", shifted, tmp_path / "shift", progress=False)
+    assert result["summary"]["execution_accuracy_official"] < 0.1
+    assert result["summary"]["strict"] <= result["summary"]["execution_accuracy_official"]
+    assert result["summary"]["errors"] == 62
+    _counts_add_up(result["summary"], result["lines"])
