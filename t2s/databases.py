@@ -416,6 +416,9 @@ def execute(
     if not isinstance(sql, str) or not sql.strip():
         result.error = "Error: empty SQL"
         return result
+    if not isinstance(conn, SandboxConnection):
+        result.error = "Error: queries run only on sandboxed connections (tool_connection / scoring_connection)"
+        return result
     if _LEADING_REINDEX.match(sql):  # a REINDEX of a database without indexes never reaches the authorizer
         result.error, result.write_attempt = "Error: the database is read-only; writes are not allowed (REINDEX)", True
         return result
@@ -440,10 +443,7 @@ def execute(
         result.columns, result.rows, result.more = [], [], False
         result.error, result.timed_out, result.write_attempt = _error_text(exc, conn, timeout)
     finally:
-        try:
-            conn.deadline = math.inf
-        except Exception:  # noqa: BLE001 - not one of our connections
-            pass
+        conn.deadline = math.inf
     result.seconds = time.perf_counter() - started
     return result
 

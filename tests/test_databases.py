@@ -1,0 +1,245 @@
+"""Opening, references, fetching, scoring caps, gold caching and row-payload databases."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from t2s import databases
+from t2s.databases import (
+    DatabaseRef,
+    QueryResult,
+    benchmark_db,
+    database_uri,
+    execute,
+    file_checksum,
+    gold_result,
+    ref_from_row,
+    register_payload,
+    run_scoring_query,
+    run_tool_query,
+    scoring_timeout,
+    tool_connection,
+    user_db,
+)
+
+
+def _make_db(path: Path, rows: int = 10) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE t (a INTEGER, b TEXT)")
+    conn.executemany("INSERT INTO t VALUES (?, ?)", [(i, f"v{i}") for i in range(rows)])
+    conn.commit()
+    conn.close()
+    return path
+
+
+def test_refs_are_plain_hashable_and_picklable(tmp_path):
+    path = _make_db(tmp_path / "one.sqlite")
+    ref = benchmark_db(path, "one")
+    assert ref == DatabaseRef(db_id="one", path=str(path.resolve()), immutable=True)
+    assert pickle.loads(pickle.dumps(ref)) == ref and hash(ref) == hash(pickle.loads(pickle.dumps(ref)))
+    assert user_db(path).immutable is False and user_db(path).db_id == "one"
+    assert benchmark_db(path).db_id == "one"
+    row = {"question_id": "q", "db_id": "one", "db_path": str(path), "schema_id": None}
+    assert ref_from_row(row) == ref
+    payload_row = {"question_id": "q", "db_id": "s1", "db_path": None, "schema_id": "s1"}
+    assert ref_from_row(payload_row) == DatabaseRef(db_id="s1", schema_id="s1")
+    with pytest.raises(ValueError, match="^Error:"):
+        ref_from_row({"question_id": "q", "db_id": "x", "db_path": None, "schema_id": None})
+
+
+def test_uri_is_built_by_pathlib_and_flags_follow_the_kind(tmp_path):
+    path = tmp_path / "a#b?c d%.sqlite"
+    uri = database_uri(str(path), immutable=True)
+    assert uri == path.resolve().as_uri() + "?mode=ro&immutable=1"
+    assert "#" not in uri and uri.count("?") == 1
+    assert database_uri(str(path), immutable=False).endswith("?mode=ro")
+
+
+def test_path_with_hash_and_question_mark(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "odd#dir?x"
+    path = _make_db(folder / "we#ird?name.sqlite", rows=3)
+    before, listing = file_checksum(path), (sorted(os.listdir(folder)), sorted(os.listdir(tmp_path)))
+    for ref in (benchmark_db(path), user_db(path)):
+        result = run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5)
+        assert result.ok and result.rows == [(3,)]
+    assert (sorted(os.listdir(folder)), sorted(os.listdir(tmp_path))) == listing  # no stray empty database
+    assert file_checksum(path) == before
+
+
+def test_missing_and_invalid_files_give_clear_errors(tmp_path):
+    missing = run_tool_query(benchmark_db(tmp_path / "nope.sqlite"), "SELECT 1", max_rows=5)
+    assert missing.error.startswith("Error: database file not found") and "nope.sqlite" in missing.error
+    assert not (tmp_path / "nope.sqlite").exists()
+    scoring = run_scoring_query(benchmark_db(tmp_path / "nope.sqlite"), "SELECT 1", timeout=1)
+    assert scoring.error.startswith("Error: database file not found")
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"this is not a database at all" * 100)
+    result = run_tool_query(benchmark_db(junk), "SELECT 1", max_rows=5)
+    assert result.error.startswith("Error: cannot open database") and not result.ok
+    assert run_tool_query(DatabaseRef(db_id="nothing"), "SELECT 1", max_rows=5).error.startswith("Error:")
+
+
+def test_empty_databases(tmp_path):
+    zero = tmp_path / "zero.sqlite"
+    zero.write_bytes(b"")
+    no_tables = tmp_path / "none.sqlite"
+    sqlite3.connect(no_tables).execute("PRAGMA user_version = 1").close()
+    for path in (zero, no_tables):
+        before = file_checksum(path)
+        ref = benchmark_db(path)
+        assert run_tool_query(ref, "SELECT count(*) FROM sqlite_master", max_rows=5).rows == [(0,)]
+        missing = run_tool_query(ref, "SELECT * FROM t", max_rows=5)
+        assert missing.error == "Error: no such table: t"
+        assert run_tool_query(ref, "CREATE TABLE t (x)", max_rows=5).write_attempt
+        assert file_checksum(path) == before
+    assert zero.stat().st_size == 0
+
+
+def test_wal_user_database_shows_latest_data(tmp_path):
+    path = tmp_path / "wal.sqlite"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("PRAGMA journal_mode = WAL")
+    writer.execute("PRAGMA wal_autocheckpoint = 0")
+    writer.execute("CREATE TABLE t (a)")
+    writer.execute("INSERT INTO t VALUES (1), (2)")
+    assert (tmp_path / "wal.sqlite-wal").stat().st_size > 0  # the rows live only in the WAL so far
+    ref = user_db(path)
+    assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).rows == [(2,)]
+    writer.execute("INSERT INTO t VALUES (3)")
+    assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).rows == [(3,)]
+    assert benchmark_db(path).immutable is False  # WAL files are never opened immutable
+    assert run_tool_query(ref, "INSERT INTO t VALUES (4)", max_rows=5).write_attempt
+    assert writer.execute("SELECT count(*) FROM t").fetchone() == (3,)
+    writer.close()
+
+
+def test_tool_fetch_is_bounded_and_reports_more(tmp_path):
+    ref = benchmark_db(_make_db(tmp_path / "f.sqlite", rows=10))
+    exact = run_tool_query(ref, "SELECT a FROM t ORDER BY a", max_rows=10)
+    assert exact.rows == [(i,) for i in range(10)] and not exact.more
+    cut = run_tool_query(ref, "SELECT a FROM t ORDER BY a", max_rows=3)
+    assert cut.rows == [(0,), (1,), (2,)] and cut.more and cut.columns == ["a"]
+    assert run_tool_query(ref, "SELECT a FROM t WHERE a < 0", max_rows=3).rows == []
+
+
+def test_scoring_caps_on_cells_and_bytes(tmp_path):
+    ref = benchmark_db(_make_db(tmp_path / "c.sqlite", rows=100))
+    conn = databases.scoring_connection(ref)
+    full = execute(conn, "SELECT a, b FROM t", timeout=5, max_rows=None, max_cells=200)
+    assert full.ok and not full.over_cap and len(full.rows) == 100
+    cells = execute(conn, "SELECT a, b FROM t", timeout=5, max_rows=None, max_cells=199)
+    assert cells.over_cap and cells.ok and len(cells.rows) * 2 <= 199
+    wide = "SELECT a, printf('%.*c', 1000, 'x') FROM t"
+    assert execute(conn, wide, timeout=5, max_rows=None, max_bytes=10_000).over_cap
+    assert not execute(conn, wide, timeout=5, max_rows=None, max_bytes=1_000_000).over_cap
+
+
+def test_execute_never_raises(tmp_path):
+    ref = benchmark_db(_make_db(tmp_path / "e.sqlite"))
+    conn = tool_connection(ref)
+    for sql in (None, 42, "", "   ", "-- just a comment", "SELEC 1", "SELECT * FROM nowhere", "SELECT 'unterminated"):
+        result = execute(conn, sql, timeout=1, max_rows=5)
+        assert isinstance(result, QueryResult) and result.error.startswith("Error:"), sql
+    plain = sqlite3.connect(":memory:")
+    assert execute(plain, "SELECT 1", timeout=1, max_rows=5).error.startswith("Error: queries run only on sandboxed")
+    other = databases.tool_connection(benchmark_db(_make_db(tmp_path / "closed.sqlite")))
+    databases.close_thread_connections()
+    assert execute(other, "SELECT 1", timeout=1, max_rows=5).error.startswith("Error:")
+    assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).rows == [(10,)]  # reopened on demand
+
+
+def test_scoring_timeout_rule():
+    assert scoring_timeout(0.01) == 5.0
+    assert scoring_timeout(1.2) == pytest.approx(12.0)
+    assert scoring_timeout(100) == 30.0
+
+
+def test_gold_results_are_cached_by_file_hash_and_sql(tmp_path, monkeypatch):
+    path = _make_db(tmp_path / "g.sqlite", rows=5)
+    ref = benchmark_db(path)
+    calls = []
+    real = databases.file_checksum
+    monkeypatch.setattr(databases, "file_checksum", lambda p: calls.append(p) or real(p))
+    first = gold_result(ref, "SELECT sum(a) FROM t")
+    assert first.rows == [(10,)] and first.seconds > 0
+    assert gold_result(ref, "SELECT sum(a) FROM t") is first
+    assert gold_result(user_db(path), "SELECT sum(a) FROM t") is first  # same file content, same cache entry
+    other = gold_result(ref, "SELECT count(*) FROM t")
+    assert other.rows == [(5,)] and other is not first
+    assert len(calls) == 1  # the file is hashed once, not per call
+    broken = gold_result(ref, "SELECT nope FROM t")
+    assert broken.error == "Error: no such column: nope"
+
+
+def test_gold_runs_on_a_connection_the_tools_never_touch(tmp_path):
+    ref = benchmark_db(_make_db(tmp_path / "s.sqlite", rows=4))
+    run_tool_query(ref, "CREATE TEMP VIEW t AS SELECT 100 AS a", max_rows=5)
+    assert gold_result(ref, "SELECT max(a) FROM t").rows == [(3,)]
+    assert databases.scoring_connection(ref) is not tool_connection(ref)
+
+
+def test_row_payload_database(tmp_path):
+    ddl = """
+        CREATE TABLE parent (id INTEGER PRIMARY KEY, name TEXT);
+        CREATE TABLE child (id INTEGER PRIMARY KEY, parent_id INTEGER REFERENCES parent(id), data TEXT, n INTEGER);
+        CREATE TABLE broken (x INTEGR PRIMARY KEY KEY);
+        THIS IS NOT SQL;
+    """
+    rows = {
+        "parent": [{"id": 1, "name": "a"}, {"id": 1, "name": "duplicate"}, {"id": 2, "name": "b"}],
+        "child": [
+            {"id": 1, "parent_id": 99, "data": {"k": [1, 2]}, "n": 2**70},
+            {"id": 2, "parent_id": 1, "data": [1, "x"], "n": -(2**70), "unknown_column": 5},
+        ],
+        "no_such_table": [{"x": 1}],
+    }
+    ref = register_payload("payload-test-1", ddl, rows)
+    assert ref == DatabaseRef(db_id="payload-test-1", schema_id="payload-test-1")
+    assert register_payload("payload-test-1", "CREATE TABLE other (x)", {}) == ref  # built once
+    assert run_tool_query(ref, "SELECT id, name FROM parent ORDER BY id", max_rows=5).rows == [(1, "a"), (2, "b")]
+    children = run_tool_query(ref, "SELECT id, parent_id, data, n FROM child ORDER BY id", max_rows=5).rows
+    assert children == [(1, 99, '{"k": [1, 2]}', 2**63 - 1), (2, 1, '[1, "x"]', -(2**63))]  # FK not enforced
+    assert json.loads(children[0][2]) == {"k": [1, 2]}
+    assert run_tool_query(ref, "SELECT count(*) FROM other", max_rows=5).error == "Error: no such table: other"
+    assert run_tool_query(ref, "DELETE FROM parent", max_rows=5).write_attempt
+    assert gold_result(ref, "SELECT count(*) FROM parent").rows == [(2,)]
+    seen = []
+
+    def reader():
+        conn = tool_connection(ref)
+        seen.append((id(conn), run_tool_query(ref, "SELECT count(*) FROM child", max_rows=5).rows))
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [rows for _, rows in seen] == [[(2,)]] * 3
+    missing = run_tool_query(DatabaseRef(db_id="x", schema_id="never-registered"), "SELECT 1", max_rows=5)
+    assert missing.error.startswith("Error:") and "not registered" in missing.error
+    with pytest.raises(ValueError, match="^Error:"):
+        register_payload("payload-too-big", "CREATE TABLE t (x)", {"t": [{"x": "y" * 5000}]}, max_bytes=1000)
+
+
+def test_payload_copies_stay_within_the_byte_bound(monkeypatch):
+    refs = [
+        register_payload(f"bound-{i}", "CREATE TABLE t (x)", {"t": [{"x": "z" * 2000} for _ in range(20)]})
+        for i in range(4)
+    ]
+    image_size = len(databases._payloads._images["bound-0"][0])
+    monkeypatch.setattr(databases, "PAYLOAD_CACHE_BYTES", databases._payloads.total + 2 * image_size)
+    for ref in refs:
+        assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).rows == [(20,)]
+        assert databases._payloads.total <= databases.PAYLOAD_CACHE_BYTES
+    copies = [key for key in databases._thread_copies() if key[1] in refs]
+    assert 0 < len(copies) <= 2  # the oldest copies were closed to make room
+    assert run_tool_query(refs[0], "SELECT count(*) FROM t", max_rows=5).rows == [(20,)]  # reopened on demand
