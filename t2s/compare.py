@@ -1,0 +1,132 @@
+"""`python -m t2s compare RUN_A RUN_B`: a paired comparison of two runs over the same questions.
+
+Each run is a folder holding ``scores.jsonl`` (from ``score``) or ``episodes.jsonl`` (from ``eval``), or the file itself.
+Questions are paired on ``question_id``; with several samples per question, sample 0 is used. The report holds ``n``,
+``acc_a``, ``acc_b``, ``delta`` (acc_b - acc_a), the seeded paired-bootstrap 95% CI ``ci_low`` / ``ci_high``, the exact
+McNemar ``mcnemar_p``, and the discordant counts ``only_a`` (A right, B wrong) and ``only_b``.
+Questions that one run could not score (a null metric, e.g. a missing database) are left out of both, and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+RUN_FILES = ("scores.jsonl", "episodes.jsonl")
+
+
+class CompareError(ValueError):
+    """Runs that cannot be compared; the message begins with ``Error:``."""
+
+
+def run_file(path) -> Path:
+    """The per-question file of a run: the path itself, or scores.jsonl / episodes.jsonl inside a folder."""
+    path = Path(path)
+    if path.is_dir():
+        for name in RUN_FILES:
+            if (path / name).is_file():
+                return path / name
+        raise CompareError(f"Error: {path} holds neither scores.jsonl nor episodes.jsonl")
+    if not path.is_file():
+        raise CompareError(f"Error: run not found: {path}")
+    return path
+
+
+def read_run(path, metric: str = "official") -> dict[str, float | None]:
+    """question_id -> the metric of the lowest-numbered sample (normally sample 0); None when not scored."""
+    file = run_file(path)
+    chosen: dict[str, tuple[int, float | None]] = {}
+    with open(file, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CompareError(f"Error: {file}: line {number} is not valid JSON: {exc.msg}") from None
+            if not isinstance(record, dict) or "question_id" not in record:
+                raise CompareError(f"Error: {file}: line {number} has no question_id")
+            if metric not in record:
+                raise CompareError(f"Error: {file}: line {number} has no {metric!r} score")
+            question_id = str(record["question_id"])
+            sample = int(record.get("sample") or 0)
+            if question_id in chosen and chosen[question_id][0] == sample:
+                raise CompareError(f"Error: {file}: question {question_id} appears twice as sample {sample}")
+            if question_id not in chosen or sample < chosen[question_id][0]:
+                value = record[metric]
+                chosen[question_id] = (sample, None if value is None else float(value))
+    if not chosen:
+        raise CompareError(f"Error: {file} holds no questions")
+    return {question_id: value for question_id, (_, value) in chosen.items()}
+
+
+def compare_runs(run_a, run_b, metric: str = "official") -> dict:
+    """The paired report of two runs (see the module docstring)."""
+    from t2s.metrics import mcnemar_exact, paired_bootstrap
+
+    scores_a, scores_b = read_run(run_a, metric), read_run(run_b, metric)
+    missing_from_a = set(scores_b) - set(scores_a)
+    missing_from_b = set(scores_a) - set(scores_b)
+    if missing_from_a or missing_from_b:
+        raise CompareError(
+            f"Error: the runs cover different questions: {len(missing_from_a)} of B's questions are missing from A "
+            f"and {len(missing_from_b)} of A's are missing from B"
+        )
+    paired = [q for q in scores_a if scores_a[q] is not None and scores_b[q] is not None]
+    if not paired:
+        raise CompareError("Error: no question is scored in both runs")
+    a = [1.0 if scores_a[q] >= 1.0 else 0.0 for q in paired]
+    b = [1.0 if scores_b[q] >= 1.0 else 0.0 for q in paired]
+    only_a = sum(1 for x, y in zip(a, b) if x and not y)
+    only_b = sum(1 for x, y in zip(a, b) if y and not x)
+    low, high = paired_bootstrap(a, b)
+    acc_a, acc_b = sum(a) / len(a), sum(b) / len(b)
+    return {
+        "n": len(paired),
+        "acc_a": acc_a,
+        "acc_b": acc_b,
+        "delta": acc_b - acc_a,
+        "ci_low": low,
+        "ci_high": high,
+        "mcnemar_p": mcnemar_exact(only_a, only_b),
+        "only_a": only_a,
+        "only_b": only_b,
+        "not_scored": len(scores_a) - len(paired),
+    }
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("run_a", metavar="RUN_A", help="run folder (scores.jsonl or episodes.jsonl) or the file")
+    parser.add_argument("run_b", metavar="RUN_B", help="run folder or file, compared against RUN_A")
+    parser.add_argument("--metric", choices=("official", "strict"), default="official")
+    parser.add_argument("--output", default=None, help="write the JSON report here")
+
+
+def run(args) -> int:
+    import sys
+
+    from rich.console import Console
+    from rich.table import Table
+
+    try:
+        report = compare_runs(args.run_a, args.run_b, args.metric)
+    except (CompareError, OSError) as exc:
+        message = str(exc)
+        print(message if message.startswith("Error:") else f"Error: {message}", file=sys.stderr)
+        return 1
+    table = Table(title=f"compare ({args.metric})")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    for key in ("n", "acc_a", "acc_b", "delta", "ci_low", "ci_high", "mcnemar_p", "only_a", "only_b"):
+        value = report[key]
+        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    console = Console()
+    console.print(table)
+    if report["not_scored"]:
+        console.print(f"{report['not_scored']} questions are not scored in one or both runs and were left out")
+    text = json.dumps({k: v for k, v in report.items() if k != "not_scored"}, indent=2)
+    print(text)
+    if args.output:
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(text + "\n", encoding="utf-8")
+    return 0

@@ -1,0 +1,96 @@
+"""`compare`: pairing two runs on question_id, McNemar, bootstrap CI, and the error cases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from t2s.cli import main
+from t2s.compare import compare_runs
+from t2s.metrics import mcnemar_exact
+
+REPORT_KEYS = {"n", "acc_a", "acc_b", "delta", "ci_low", "ci_high", "mcnemar_p", "only_a", "only_b"}
+
+
+def _scores(path, values, key="official", extra=None):
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / "scores.jsonl", "w") as handle:
+        for i, value in enumerate(values):
+            handle.write(json.dumps({"question_id": f"q{i}", "db_id": "d", "difficulty": None, key: value,
+                                     "strict": value, "soft_f1": value, "error": None, **(extra or {})}) + "\n")
+    return path
+
+
+def test_hand_computed_comparison(tmp_path, capsys):
+    # 20 questions: both right 5, only A 2, only B 10, both wrong 3
+    a = [1] * 5 + [1] * 2 + [0] * 10 + [0] * 3
+    b = [1] * 5 + [0] * 2 + [1] * 10 + [0] * 3
+    run_a, run_b = _scores(tmp_path / "a", a), _scores(tmp_path / "b", b)
+    out = tmp_path / "report.json"
+    assert main(["compare", str(run_a), str(run_b), "--output", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report) == REPORT_KEYS
+    assert report["n"] == 20 and report["only_a"] == 2 and report["only_b"] == 10
+    assert report["acc_a"] == pytest.approx(7 / 20) and report["acc_b"] == pytest.approx(15 / 20)
+    assert report["delta"] == pytest.approx(0.4)
+    assert report["mcnemar_p"] == pytest.approx(0.0386, abs=5e-5)
+    assert report["ci_low"] < 0.4 < report["ci_high"] and report["ci_low"] > 0
+    printed = capsys.readouterr().out
+    assert '"mcnemar_p"' in printed and "only_b" in printed
+    # deterministic: the same report again
+    assert compare_runs(run_a, run_b) == compare_runs(run_a, run_b)
+
+
+def test_episodes_file_uses_sample_zero(tmp_path):
+    run_a = _scores(tmp_path / "a", [1, 0, 1])
+    episodes = tmp_path / "b" / "episodes.jsonl"
+    episodes.parent.mkdir()
+    lines = []
+    for i, (s0, s1) in enumerate([(0, 1), (1, 0), (1, 1)]):
+        lines.append({"question_id": f"q{i}", "sample": 1, "official": s1, "strict": s1})
+        lines.append({"question_id": f"q{i}", "sample": 0, "official": s0, "strict": s0})
+    episodes.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    report = compare_runs(run_a, tmp_path / "b")
+    assert (report["acc_b"], report["only_a"], report["only_b"]) == (pytest.approx(2 / 3), 1, 1)
+    assert compare_runs(run_a, episodes) == report  # the file path works too
+
+
+def test_strict_metric(tmp_path):
+    run_a = _scores(tmp_path / "a", [1, 1])
+    run_b = tmp_path / "b"
+    run_b.mkdir()
+    (run_b / "scores.jsonl").write_text("\n".join(json.dumps({"question_id": f"q{i}", "official": 1, "strict": s})
+                                                  for i, s in enumerate([1, 0])))
+    assert compare_runs(run_a, run_b, "official")["delta"] == 0.0
+    strict = compare_runs(run_a, run_b, "strict")
+    assert strict["delta"] == pytest.approx(-0.5) and strict["mcnemar_p"] == mcnemar_exact(1, 0)
+
+
+def test_mismatched_question_sets_fail_with_counts(tmp_path, capsys):
+    run_a = _scores(tmp_path / "a", [1, 0, 1, 1])
+    run_b = _scores(tmp_path / "b", [1, 0])
+    assert main(["compare", str(run_a), str(run_b)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("Error:") and "0 of B's questions are missing from A" in err
+    assert "2 of A's are missing from B" in err and "\n" not in err
+
+
+def test_unscored_questions_are_left_out_of_both(tmp_path):
+    run_a = _scores(tmp_path / "a", [1, None, 0])
+    run_b = _scores(tmp_path / "b", [1, None, 1])
+    report = compare_runs(run_a, run_b)
+    assert report["n"] == 2 and report["not_scored"] == 1 and report["only_b"] == 1
+
+
+def test_unreadable_runs(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["compare", str(empty), str(empty)]) == 1
+    assert "neither scores.jsonl nor episodes.jsonl" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question_id": "q0", "official": 1}\n{oops\n')
+    assert main(["compare", str(bad), str(bad)]) == 1
+    assert capsys.readouterr().err.startswith("Error:")
+    assert main(["compare", str(tmp_path / "nope"), str(bad)]) == 1
+    assert "run not found" in capsys.readouterr().err
