@@ -1,0 +1,151 @@
+"""The ``chat`` endpoint mode: any OpenAI-compatible server's ``/v1/chat/completions``, as a text policy.
+
+Every turn re-renders the conversation as chat messages: the initial system and user messages, then each earlier
+assistant turn *without its thinking* (only the text after ``</think>``) and each observation as a user message.
+Thinking is requested explicitly with ``chat_template_kwargs: {"enable_thinking": true}`` (vLLM and SGLang read it).
+This is not the token stream the model was trained on (training keeps earlier thinking and never re-renders), so
+results from this mode are labelled *not comparable* with the published figures. Use the ``completions`` mode on a
+vLLM server for comparable numbers.
+
+A request that fails to connect, times out, or meets 429/5xx is retried with exponential backoff; after the last
+retry ``EndpointError`` is raised with one clear ``Error:`` line (the evaluator keeps the finished results).
+"""
+
+from __future__ import annotations
+
+import time
+
+from t2s.backends.base import SamplingSettings
+from t2s.protocol import THINK_CLOSE, split_thinking
+
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class EndpointError(RuntimeError):
+    """The endpoint could not be reached or kept failing; the message begins with ``Error:``."""
+
+
+def normalise_base_url(url: str) -> str:
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class ChatEndpointClient:
+    """A small synchronous client for ``/v1/chat/completions`` with retries (thread-safe: one session per call)."""
+
+    def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
+                 request_timeout: float = 600.0, retries: int = 3, backoff: float = 1.0,
+                 enable_thinking: bool = True, extra_body: dict | None = None):
+        self.base_url = normalise_base_url(base_url)
+        self.model = model
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.request_timeout = request_timeout
+        self.retries = retries
+        self.backoff = backoff
+        self.enable_thinking = enable_thinking
+        self.extra_body = dict(extra_body or {})
+
+    def _call(self, method: str, path: str, payload: dict | None = None) -> dict:
+        import requests
+
+        url = self.base_url + path
+        last = "no attempt made"
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                response = requests.request(method, url, json=payload, headers=self.headers,
+                                            timeout=self.request_timeout)
+            except requests.Timeout:
+                last = f"timed out after {self.request_timeout:g} s"
+                continue
+            except requests.ConnectionError as exc:
+                last = f"connection failed ({type(exc).__name__})"
+                continue
+            if response.status_code == 200:
+                try:
+                    return response.json()
+                except ValueError:
+                    raise EndpointError(f"Error: {url} answered 200 with a body that is not JSON") from None
+            last = f"answered {response.status_code}: {response.text[:300]}"
+            if response.status_code not in RETRY_STATUSES:
+                raise EndpointError(f"Error: {url} {last}")
+        raise EndpointError(f"Error: {url} failed after {self.retries + 1} attempt(s): {last}")
+
+    def model_name(self) -> str:
+        """The served model: the one given, else the first of ``GET /v1/models``."""
+        if not self.model:
+            body = self._call("GET", "/v1/models")
+            try:
+                self.model = body["data"][0]["id"]
+            except (KeyError, IndexError, TypeError):
+                raise EndpointError(f"Error: {self.base_url}/v1/models lists no model") from None
+        return self.model
+
+    def request_body(self, messages: list[dict], max_tokens: int, sampling: SamplingSettings, seed=None) -> dict:
+        body = {
+            "model": self.model_name(),
+            "messages": messages,
+            "max_tokens": max(1, int(max_tokens)),
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "chat_template_kwargs": {"enable_thinking": self.enable_thinking},
+            "skip_special_tokens": False,
+        }
+        if sampling.top_k > 0:
+            body["top_k"] = sampling.top_k
+        if sampling.min_p > 0:
+            body["min_p"] = sampling.min_p
+        if seed is not None:
+            body["seed"] = int(seed)
+        body.update(self.extra_body)
+        return body
+
+    def complete(self, messages: list[dict], max_tokens: int, sampling: SamplingSettings, seed=None) -> tuple[str, str, dict]:
+        """(assistant text as the model produced it after the generation prompt, finish reason, usage)."""
+        answer = self._call("POST", "/v1/chat/completions", self.request_body(messages, max_tokens, sampling, seed))
+        try:
+            choice = answer["choices"][0]
+            message = choice.get("message") or {}
+        except (KeyError, IndexError, TypeError):
+            raise EndpointError(f"Error: {self.base_url}/v1/chat/completions answered without choices") from None
+        return assistant_text(message, self.enable_thinking), choice.get("finish_reason") or "stop", answer.get("usage") or {}
+
+
+def assistant_text(message: dict, enable_thinking: bool = True) -> str:
+    """The turn as the exec_plan parser reads it: ``thinking</think>body`` when the server split the reasoning off."""
+    content = message.get("content") or ""
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    if reasoning:
+        return f"{reasoning.strip()}\n{THINK_CLOSE}\n\n{content.lstrip()}"
+    return content
+
+
+def history_messages(episode) -> list[dict]:
+    """The conversation so far, re-rendered: initial messages, then (assistant body, observation) pairs."""
+    messages = [dict(m) for m in episode.messages]
+    for turn in episode.turns:
+        _, body, _ = split_thinking(turn["assistant"])
+        messages.append({"role": "assistant", "content": body.strip()})
+        if turn.get("observation"):
+            messages.append({"role": "user", "content": turn["observation"]})
+    return messages
+
+
+class ChatEndpointPolicy:
+    """``policy(episode) -> str`` for ``episode.play``: one chat request per turn, earlier thinking dropped."""
+
+    def __init__(self, client: ChatEndpointClient, sampling: SamplingSettings, *, seed: int | None = None):
+        self.client = client
+        self.sampling = sampling
+        self.seed = seed
+        self.turn_index = 0
+        self.finish_reasons: list[str] = []
+
+    def __call__(self, episode) -> str:
+        max_tokens = episode.next_max_tokens() or 1
+        seed = None if self.seed is None else self.seed * 1009 + self.turn_index
+        self.turn_index += 1
+        text, finish, _ = self.client.complete(history_messages(episode), max_tokens, self.sampling, seed)
+        self.finish_reasons.append(finish)
+        return text

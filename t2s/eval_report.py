@@ -1,0 +1,219 @@
+"""What `eval` reports: the summary of scored episode lines, its markdown table, and its plot.
+
+Definitions (DESIGN §7), over every scored episode (all k samples of every question):
+- ``execution_accuracy_official``, ``strict``, ``soft_f1``: means of the per-episode scores;
+- ``execution_accuracy_official_no_fallback``: official EX counting an episode whose final SQL came from the fallback
+  (the last query that ran) as wrong;
+- ``submit_rate``, ``forced_rate``, ``fallback_rate``, ``truncation_rate``: shares of episodes that submitted, got the
+  forced final turn, used the fallback, ran out of token budget;
+- ``turn_cutoff_rate`` and ``format_deviation_rate``: shares of episodes with at least one turn cut by
+  ``max_tokens_per_turn``, and with at least one format deviation;
+- ``executes_rate``: share of episodes whose final SQL ran without error on the scoring connection;
+- ``mean_turns`` and ``mean_calls``: per episode; ``write_attempts``: the total count;
+- ``vote_at_k`` (k > 1): official EX of the execution-consistency vote over each question's k samples.
+``n`` is the number of questions; ``n_episodes`` is n × k.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+DIFFICULTY_ORDER = ("simple", "moderate", "challenging")
+SCORE_KEYS = ("execution_accuracy_official", "strict", "soft_f1")
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return round(sum(values) / len(values), 6) if values else 0.0
+
+
+def _counter(line: dict, name: str) -> int:
+    return int((line.get("counters") or {}).get(name) or 0)
+
+
+def score_block(lines: list[dict]) -> dict:
+    """n (questions), and the three accuracy figures over the lines."""
+    return {
+        "n": len({line["question_id"] for line in lines}),
+        "execution_accuracy_official": _mean(line["official"] for line in lines),
+        "strict": _mean(line["strict"] for line in lines),
+        "soft_f1": _mean(line["soft_f1"] for line in lines),
+    }
+
+
+def behaviour_block(lines: list[dict]) -> dict:
+    """The behaviour figures of DESIGN §7 over the lines."""
+    return {
+        "execution_accuracy_official_no_fallback": _mean(
+            line["official"] if line.get("final_sql_source") != "fallback" else 0 for line in lines
+        ),
+        "submit_rate": _mean(min(1, _counter(line, "submitted")) for line in lines),
+        "executes_rate": _mean(1 if line.get("executes") else 0 for line in lines),
+        "mean_turns": _mean(_counter(line, "turns") for line in lines),
+        "mean_calls": _mean(_counter(line, "calls") for line in lines),
+        "fallback_rate": _mean(min(1, _counter(line, "fallback_used")) for line in lines),
+        "forced_rate": _mean(min(1, _counter(line, "forced")) for line in lines),
+        "truncation_rate": _mean(min(1, _counter(line, "truncated")) for line in lines),
+        "turn_cutoff_rate": _mean(min(1, _counter(line, "turn_cutoffs")) for line in lines),
+        "write_attempts": sum(_counter(line, "write_attempts") for line in lines),
+        "format_deviation_rate": _mean(min(1, _counter(line, "format_deviations")) for line in lines),
+    }
+
+
+def _difficulty_key(difficulty) -> str:
+    return difficulty if difficulty else "unknown"
+
+
+def _ordered(keys) -> list[str]:
+    known = [d for d in DIFFICULTY_ORDER if d in keys]
+    return known + sorted(k for k in keys if k not in DIFFICULTY_ORDER)
+
+
+def summarise(lines: list[dict], *, config: dict, k: int = 1, vote_at_k: float | None = None,
+              skipped: dict | None = None) -> dict:
+    """The summary.json dict of one run (one mode)."""
+    summary: dict = score_block(lines)
+    summary.update(behaviour_block(lines))
+    by_difficulty: dict[str, list] = {}
+    by_db: dict[str, list] = {}
+    for line in lines:
+        by_difficulty.setdefault(_difficulty_key(line.get("difficulty")), []).append(line)
+        by_db.setdefault(line.get("db_id") or "unknown", []).append(line)
+    summary["per_difficulty"] = OrderedDict(
+        (d, {**score_block(by_difficulty[d]), **behaviour_block(by_difficulty[d])}) for d in _ordered(by_difficulty)
+    )
+    summary["per_db"] = {db: score_block(by_db[db]) for db in sorted(by_db)}
+    if k > 1:
+        summary["vote_at_k"] = vote_at_k
+    summary["k"] = k
+    summary["n_episodes"] = len(lines)
+    skipped = skipped or {}
+    summary["skipped_missing_dbs"] = int(skipped.get("questions", 0))
+    summary["missing_db_ids"] = sorted(skipped.get("db_ids", []))
+    summary["config"] = config
+    return summary
+
+
+# --------------------------------------------------------------------------------------------------------- markdown
+_MAIN_ROWS = (
+    ("questions (n)", "n", "d"),
+    ("official EX", "execution_accuracy_official", "f"),
+    ("official EX, no fallback", "execution_accuracy_official_no_fallback", "f"),
+    ("strict EX", "strict", "f"),
+    ("Soft-F1", "soft_f1", "f"),
+    ("vote@k official EX", "vote_at_k", "f"),
+    ("submit rate", "submit_rate", "f"),
+    ("SQL executes", "executes_rate", "f"),
+    ("mean turns", "mean_turns", "2"),
+    ("mean calls", "mean_calls", "2"),
+    ("fallback rate", "fallback_rate", "f"),
+    ("forced final turn", "forced_rate", "f"),
+    ("truncated", "truncation_rate", "f"),
+    ("turn cut-offs", "turn_cutoff_rate", "f"),
+    ("format deviations", "format_deviation_rate", "f"),
+    ("write attempts", "write_attempts", "d"),
+)
+
+
+def _fmt(value, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "d":
+        return str(int(value))
+    if kind == "2":
+        return f"{value:.2f}"
+    return f"{value:.3f}"
+
+
+def summary_markdown(summary: dict, title: str | None = None) -> str:
+    """A markdown report: the main table, then accuracy per difficulty, then the run's settings."""
+    config = summary.get("config", {})
+    label = title or f"{config.get('policy', '?')} / {config.get('mode', '?')}"
+    lines = [f"### {label}", "", "| metric | value |", "|---|---|"]
+    for name, key, kind in _MAIN_ROWS:
+        if key in summary:
+            lines.append(f"| {name} | {_fmt(summary[key], kind)} |")
+    if summary.get("skipped_missing_dbs"):
+        lines.append(f"| skipped (missing databases) | {summary['skipped_missing_dbs']} |")
+    per = summary.get("per_difficulty") or {}
+    if per:
+        lines += ["", "| difficulty | n | official EX | strict EX | Soft-F1 | submit rate |", "|---|---|---|---|---|---|"]
+        for difficulty, block in per.items():
+            lines.append(
+                f"| {difficulty} | {block['n']} | {block['execution_accuracy_official']:.3f} | {block['strict']:.3f} "
+                f"| {block['soft_f1']:.3f} | {block['submit_rate']:.3f} |"
+            )
+    settings = _settings_line(config)
+    if settings:
+        lines += ["", settings]
+    return "\n".join(lines) + "\n"
+
+
+def _settings_line(config: dict) -> str:
+    if not config:
+        return ""
+    sampling = config.get("sampling") or {}
+    target = config.get("model") or config.get("endpoint") or config.get("predictions") or config.get("policy")
+    parts = [
+        f"policy `{config.get('policy')}`",
+        f"target `{target}`",
+        f"mode `{config.get('mode')}`",
+        f"k {config.get('k')}",
+        f"seed {config.get('seed')}",
+    ]
+    if sampling:
+        parts.append(f"T {sampling.get('temperature')} top-p {sampling.get('top_p')} top-k {sampling.get('top_k')}")
+    parts.append(f"thinking {'on' if config.get('enable_thinking') else 'off'}")
+    parts.append("comparable with the published figures" if config.get("comparable") else "**not comparable** with the published figures")
+    return "Settings: " + ", ".join(parts) + "."
+
+
+def modes_markdown(summaries: dict[str, dict]) -> str:
+    """Several modes side by side (one column per mode), then each mode's own report."""
+    modes = list(summaries)
+    lines = ["| metric | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
+    for name, key, kind in _MAIN_ROWS:
+        if any(key in s for s in summaries.values()):
+            lines.append(f"| {name} | " + " | ".join(_fmt(s.get(key), kind) for s in summaries.values()) + " |")
+    body = "\n".join(lines) + "\n"
+    for mode, summary in summaries.items():
+        body += "\n" + summary_markdown(summary, title=mode)
+    return body
+
+
+# ------------------------------------------------------------------------------------------------------------- plot
+def plot_summaries(summaries: dict[str, dict], path) -> None:
+    """Official EX per difficulty (and overall), one bar group per difficulty and one bar per mode."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    modes = list(summaries)
+    groups = _ordered({d for s in summaries.values() for d in (s.get("per_difficulty") or {})}) + ["all"]
+    width = 0.8 / max(1, len(modes))
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(groups), 3.6))
+    for i, mode in enumerate(modes):
+        summary = summaries[mode]
+        per = summary.get("per_difficulty") or {}
+        values = [
+            (summary if g == "all" else per.get(g, {})).get("execution_accuracy_official", 0.0) for g in groups
+        ]
+        xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(groups))]
+        bars = ax.bar(xs, values, width=width * 0.95, label=mode)
+        for bar, value in zip(bars, values):
+            ax.annotate(f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom", fontsize=7)
+    counts = [
+        (next(iter(summaries.values())) if g == "all" else next(iter(summaries.values())).get("per_difficulty", {}).get(g, {})).get("n", 0)
+        for g in groups
+    ]
+    ax.set_xticks(range(len(groups)), [f"{g}\n(n={n})" for g, n in zip(groups, counts)])
+    ax.set_ylim(0, 1.08)
+    ax.set_ylabel("official EX")
+    config = next(iter(summaries.values())).get("config", {})
+    ax.set_title(f"{config.get('policy', '')}: accuracy by difficulty", fontsize=10)
+    if len(modes) > 1:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

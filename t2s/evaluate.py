@@ -1,0 +1,769 @@
+"""`python -m t2s eval`: agentic evaluation with the same episode, tools and metrics code as training.
+
+Policies:
+- ``model``: a transformers checkpoint through ``backends.hf_generate`` (CPU or GPU);
+- ``vllm``: an offline ``vllm.LLM`` through ``backends.vllm_colocate``;
+- ``endpoint``: an OpenAI-compatible server. ``--endpoint-mode completions`` (vLLM) sends token-id prompts with
+  ``return_token_ids`` through ``backends.vllm_server``: the same token stream as training. ``chat`` works with any
+  server through ``backends.chat_endpoint``; it re-renders history and drops earlier thinking, so its results are
+  marked not comparable;
+- ``gold``: the scripted self-check (``backends.scripted.GoldPolicy``), which must score 1.0;
+- ``predictions``: a file of predicted SQL in the formats ``score`` reads.
+
+Modes: ``full`` (schema in the prompt), ``withheld`` (schema found through tools), ``single`` (schema in, SQL out, no
+tools: one turn under ``SINGLE_TURN_SYSTEM_PROMPT``; the SQL is read from a ``submit_sql`` call, a fenced block or a
+bare SELECT/WITH after the thinking).
+
+Output folder (one per mode; with several modes each gets ``DIR/<mode>/`` and ``DIR`` gets a side-by-side report):
+``episodes.jsonl`` (one scored episode record per question and sample), ``summary.json``, ``summary.md``,
+``summary.png``, and ``eval_config.json`` (the run's configuration, which a resumed run must match).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import sqlite3
+import sys
+import time
+import zlib
+from pathlib import Path
+
+POLICIES = ("model", "vllm", "endpoint", "gold", "predictions")
+MODES = ("full", "withheld", "single")
+ENDPOINT_MODES = ("completions", "chat")
+PACKAGES = ("torch", "transformers", "trl", "vllm", "peft", "sqlglot")
+TIMING_KEYS = ("started_at", "finished_at", "wall_seconds")
+
+SINGLE_TURN_SYSTEM_PROMPT = """\
+You are an expert SQLite analyst. You are given a question, optional evidence (hints about the data) and the \
+CREATE TABLE statements of a SQLite database. Write one SQLite SELECT query that answers the question.
+Think first if you need to, then give the final query in a ```sql fenced block. Return only one query; no tools \
+are available and the query is not run before it is scored."""
+
+
+class EvalError(Exception):
+    """A user-facing failure; ``str`` is one line beginning ``Error:``."""
+
+
+# --------------------------------------------------------------------------------------------------------- arguments
+def add_arguments(parser) -> None:
+    p = parser
+    p.add_argument("--policy", required=True, choices=POLICIES)
+    p.add_argument("--data", required=True, help="BIRD/Spider-style JSON (or a folder holding dev.json)")
+    p.add_argument("--db-root", default=None, help="folder of per-db_id folders (default: beside the data file)")
+    p.add_argument("--mode", nargs="+", default=["full"], choices=MODES, help="one or more of full, withheld, single")
+    p.add_argument("--n", type=int, default=0, help="questions to evaluate, picked with --seed (0 = all)")
+    p.add_argument("--seed", type=int, default=0, help="picks the questions (the same for any model) and seeds sampling")
+    p.add_argument("--k", type=int, default=1, help="samples per question (k > 1 adds vote_at_k)")
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=20)
+    p.add_argument("--max-turns", type=int, default=6)
+    p.add_argument("--episode-token-budget", type=int, default=12288)
+    p.add_argument("--max-tokens-per-turn", type=int, default=2048)
+    p.add_argument("--system-prompt-file", default=None, help="replace the exec_plan system prompt with this file's text")
+    p.add_argument("--enable-thinking", action=__import__("argparse").BooleanOptionalAction, default=True,
+                   help="render prompts with thinking on (default: on)")
+    p.add_argument("--output", required=True, help="output folder (re-running the same command resumes it)")
+    p.add_argument("--skip-missing-dbs", action="store_true", help="skip questions whose database is missing")
+    p.add_argument("--model", default=None, help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: --model)")
+    p.add_argument("--endpoint", default=None, help="base URL of an OpenAI-compatible server, e.g. http://localhost:8000")
+    p.add_argument("--endpoint-mode", default="completions", choices=ENDPOINT_MODES)
+    p.add_argument("--served-model", default=None, help="model name on the server (default: the first of /v1/models)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)")
+    p.add_argument("--retries", type=int, default=3, help="endpoint retries, with exponential backoff")
+    p.add_argument("--backoff", type=float, default=2.0, help="first endpoint retry delay in seconds")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--concurrency", type=int, default=64, help="endpoint requests in flight")
+    p.add_argument("--predictions", default=None, help="predictions file (policy predictions)")
+    p.add_argument("--batch-size", type=int, default=0, help="episodes per rollout batch (default: 64, 256 for endpoints)")
+    p.add_argument("--device", default=None, help="policy model: cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="policy vllm")
+    p.add_argument("--workers", type=int, default=4, help="threads for scripted episodes and scoring")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    from t2s.settings import offline_environment
+
+    offline_environment()
+    try:
+        evaluate(args)
+    except EvalError as exc:
+        message = str(exc)
+        print(message if message.startswith("Error:") else f"Error: {message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------- helpers
+def file_sha256(path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def text_sha256(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def package_versions() -> dict:
+    from importlib import metadata
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def select_rows(rows: list[dict], n: int, seed: int) -> list[dict]:
+    """``n`` rows picked by ``seed`` from the whole data file (kept in file order); all rows when n is 0.
+
+    The pick depends only on the file's length, n and seed, so runs of different models pair question by question.
+    """
+    if n <= 0 or n >= len(rows):
+        return list(rows)
+    positions = sorted(random.Random(seed).sample(range(len(rows)), n))
+    return [rows[i] for i in positions]
+
+
+def tokenizer_fingerprint(tokenizer) -> tuple[str | None, str | None]:
+    """(hash of the vocabulary and special tokens, hash of the chat template)."""
+    if tokenizer is None:
+        return None, None
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
+    special = json.dumps(sorted(map(str, getattr(tokenizer, "all_special_tokens", []))))
+    return text_sha256(vocab + special), text_sha256(getattr(tokenizer, "chat_template", None))
+
+
+# ---------------------------------------------------------------------------------------------------- output folder
+class EpisodeLog:
+    """``episodes.jsonl``: resumable, one line per finished (question, sample), appended and flushed as it finishes."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.path = folder / "episodes.jsonl"
+        self.lines: list[dict] = []
+        self._handle = None
+
+    def load(self) -> set[tuple[str, int]]:
+        """Read earlier lines; a truncated last line (a killed run) is dropped from the file."""
+        if not self.path.is_file():
+            return set()
+        data = self.path.read_bytes()
+        raw_lines = data.split(b"\n")
+        complete, tail = raw_lines[:-1], raw_lines[-1]  # tail: bytes after the last newline (a cut-off write)
+        lines = []
+        for number, raw in enumerate(complete, 1):
+            if not raw.strip():
+                continue
+            try:
+                lines.append(json.loads(raw))
+            except ValueError:
+                if number == len(complete) and not tail.strip():
+                    complete = complete[: number - 1]
+                    break
+                raise EvalError(f"Error: {self.path} line {number} is not valid JSON; move the file away to start over")
+        if tail.strip():
+            try:
+                lines.append(json.loads(tail))
+                complete.append(tail)
+            except ValueError:
+                pass  # the last write was cut off: that question runs again
+        kept = b"".join(raw + b"\n" for raw in complete)
+        if kept != data:
+            self.path.write_bytes(kept)
+        unique: dict[tuple[str, int], dict] = {}
+        for line in lines:
+            unique[(str(line["question_id"]), int(line.get("sample", 0)))] = line
+        self.lines = list(unique.values())
+        return set(unique)
+
+    def append(self, line: dict) -> None:
+        if self._handle is None:
+            self._handle = open(self.path, "a", encoding="utf-8")
+        self._handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+        self._handle.flush()
+        self.lines.append(line)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+
+def comparable_config(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in TIMING_KEYS}
+
+
+def check_resume_config(folder: Path, config: dict) -> None:
+    """Write ``eval_config.json``, or refuse when the folder holds results of another configuration."""
+    path = folder / "eval_config.json"
+    wanted = comparable_config(config)
+    if path.is_file():
+        old = comparable_config(json.loads(path.read_text()))
+        if old != wanted:
+            changed = sorted(k for k in set(old) | set(wanted) if old.get(k) != wanted.get(k))
+            raise EvalError(
+                f"Error: {folder} holds results of a different configuration (changed: {', '.join(changed)}); "
+                "re-run with the same settings to resume, or choose another --output"
+            )
+    elif (folder / "episodes.jsonl").is_file():
+        raise EvalError(f"Error: {folder} has episodes.jsonl but no eval_config.json; choose another --output")
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(wanted, indent=2) + "\n")
+
+
+# ----------------------------------------------------------------------------------------------------------- scoring
+def score_final_sql(row: dict, record: dict) -> dict:
+    """official, strict, soft_f1 and error of an episode's final SQL (``metrics.score_sql`` on scoring connections)."""
+    from t2s.databases import ref_from_row
+    from t2s.metrics import score_sql
+
+    final_sql = record.get("final_sql")
+    if isinstance(final_sql, str) and final_sql.strip():
+        return score_sql(ref_from_row(row), final_sql, row["gold_sql"])
+    return {"official": 0, "strict": 0, "soft_f1": 0.0, "error": "Error: no final SQL"}
+
+
+def eval_line(row: dict, record: dict, scores: dict, sample: int) -> dict:
+    """The eval line: the episode record plus sample, difficulty, official, strict, soft_f1, executes and error."""
+    error = scores.get("error")
+    line = dict(record)
+    line.update(
+        sample=sample,
+        difficulty=row.get("difficulty"),
+        official=int(scores["official"]),
+        strict=int(scores["strict"]),
+        soft_f1=float(scores["soft_f1"]),
+        executes=error is None,
+        error=record.get("error") or error,
+    )
+    return line
+
+
+def score_record(row: dict, record: dict, sample: int) -> dict:
+    return eval_line(row, record, score_final_sql(row, record), sample)
+
+
+def vote_accuracy(lines: list[dict], rows_by_id: dict[str, dict]) -> float:
+    """Official EX of execution-consistency voting over each question's samples (DESIGN §7)."""
+    from t2s import databases
+    from t2s.databases import ref_from_row
+    from t2s.metrics import vote
+
+    by_question: dict[str, list[dict]] = {}
+    for line in lines:
+        by_question.setdefault(str(line["question_id"]), []).append(line)
+    correct = 0
+    for question_id, samples in by_question.items():
+        samples.sort(key=lambda line: line["sample"])
+        row = rows_by_id[question_id]
+        ref = ref_from_row(row)
+        gold = databases.gold_result(ref, row["gold_sql"])
+        timeout = databases.scoring_timeout(gold.seconds)
+        results, cache = [], {}
+        for line in samples:
+            sql = line.get("final_sql")
+            if not (isinstance(sql, str) and sql.strip()):
+                results.append(None)
+                continue
+            if sql not in cache:
+                cache[sql] = databases.run_scoring_query(ref, sql, timeout=timeout)
+            results.append(cache[sql])
+        chosen = vote(results)
+        correct += int(chosen is not None and samples[chosen]["official"] == 1)
+    return round(correct / len(by_question), 6) if by_question else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------------- progress
+class Progress:
+    """A rich progress bar with the running official EX (silent with ``quiet``)."""
+
+    def __init__(self, total: int, done_lines: list[dict], label: str, quiet: bool = False):
+        self.correct = sum(line["official"] for line in done_lines)
+        self.count = len(done_lines)
+        self.quiet = quiet
+        self._progress = None
+        if quiet:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._progress = RichProgress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("official EX {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            console=Console(stderr=True), transient=False,
+        )  # fmt: skip
+        self._progress.start()
+        self._task = self._progress.add_task(label, total=total, completed=self.count, acc=self._acc())
+
+    def _acc(self) -> str:
+        return f"{self.correct / self.count:.3f}" if self.count else "-"
+
+    def advance(self, line: dict) -> None:
+        self.count += 1
+        self.correct += line["official"]
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, acc=self._acc())
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+# ------------------------------------------------------------------------------------------------------------ runners
+def _episode_config(args, mode: str):
+    from t2s.episode import EpisodeConfig
+
+    return EpisodeConfig(
+        mode=mode if mode != "single" else "full",
+        max_turns=args.max_turns,
+        episode_token_budget=args.episode_token_budget,
+        max_tokens_per_turn=args.max_tokens_per_turn,
+        system_prompt_file=args.system_prompt_file,
+        enable_thinking=args.enable_thinking,
+    )
+
+
+def _sampling(args):
+    from t2s.backends.base import SamplingSettings
+
+    return SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+
+
+def single_turn_messages(row: dict) -> list[dict]:
+    """``single`` mode: the single-turn system prompt and the full-mode user message (question, evidence, schema)."""
+    from t2s import protocol
+    from t2s.databases import ref_from_row
+    from t2s.schema import get_schema
+
+    schema = get_schema(ref_from_row(row))
+    return [{"role": "system", "content": SINGLE_TURN_SYSTEM_PROMPT},
+            {"role": "user", "content": protocol.user_prompt(row, "full", schema)}]
+
+
+def single_turn_sql(text: str) -> tuple[str | None, int]:
+    """(SQL, format deviations) of a single-turn answer: a submit_sql call, else a fenced block or bare SQL."""
+    from t2s import protocol
+
+    parsed = protocol.parse_turn(text)
+    for call in parsed.calls:
+        if call.tool == "submit_sql" and isinstance(call.args, dict) and isinstance(call.args.get("sql"), str):
+            return call.args["sql"], parsed.deviations
+    return protocol.bare_sql(parsed.body), 0
+
+
+def single_turn_record(row: dict, text: str | None, *, cut_off: bool = False, sql: str | None = None) -> dict:
+    """An episode record (DESIGN §10 keys) for a one-turn answer."""
+    from t2s.episode import COUNTER_KEYS
+
+    deviations = 0
+    if sql is None and text is not None:
+        sql, deviations = single_turn_sql(text)
+    counters = {key: 0 for key in COUNTER_KEYS}
+    counters.update(turns=1 if text is not None else 0, format_deviations=deviations, turn_cutoffs=int(cut_off))
+    for flag in ("submitted", "forced", "fallback_used", "truncated"):
+        counters[flag] = False
+    counters["submitted"] = sql is not None
+    return {
+        "question_id": row["question_id"], "db_id": row["db_id"], "mode": "single",
+        "turns": [] if text is None else [{"assistant": text, "calls": [], "observation": ""}],
+        "final_sql": sql, "final_sql_source": "submitted" if sql is not None else "none", "submitted_sql": sql,
+        "counters": counters,
+    }  # fmt: skip
+
+
+class Runner:
+    """Plays jobs ``(row, sample)`` for one policy and calls ``emit(row, sample, record)`` as each finishes."""
+
+    def __init__(self, args):
+        self.args = args
+        self.tokenizer = None
+        self.backend = None
+        self.chat_client = None
+        self.predictions = None
+        self.target: dict = {}
+
+    # -- set-up -------------------------------------------------------------------------------------------------
+    def setup(self, all_rows: list[dict]) -> None:
+        args = self.args
+        if args.policy in ("model", "vllm") and not args.model:
+            raise EvalError(f"Error: --policy {args.policy} needs --model PATH")
+        if args.policy == "endpoint" and not args.endpoint:
+            raise EvalError("Error: --policy endpoint needs --endpoint URL")
+        if args.policy == "predictions":
+            self._setup_predictions(all_rows)
+        elif args.policy == "endpoint":
+            self._setup_endpoint()
+        elif args.policy == "model":
+            self._setup_model()
+        elif args.policy == "vllm":
+            self._setup_vllm()
+
+    def _load_tokenizer(self, name: str | None, required: bool):
+        if not name:
+            if required:
+                raise EvalError("Error: the completions endpoint mode needs a tokenizer: pass --model or --tokenizer")
+            return None
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(name)
+        except Exception as exc:  # noqa: BLE001 - one clear line
+            if required:
+                raise EvalError(f"Error: cannot load the tokenizer {name!r}: {exc}") from None
+            return None
+
+    def _setup_predictions(self, all_rows: list[dict]) -> None:
+        from t2s.score import PredictionsError, read_predictions
+
+        if not self.args.predictions:
+            raise EvalError("Error: --policy predictions needs --predictions FILE")
+        try:
+            self.predictions = read_predictions(self.args.predictions, all_rows)
+        except (PredictionsError, ValueError) as exc:
+            raise EvalError(str(exc)) from None
+        self.target = {"predictions": str(Path(self.args.predictions).resolve()),
+                       "predictions_sha256": file_sha256(self.args.predictions)}
+
+    def _setup_endpoint(self) -> None:
+        from t2s.backends.chat_endpoint import ChatEndpointClient, EndpointError
+
+        args = self.args
+        self.chat_client = ChatEndpointClient(
+            args.endpoint, model=args.served_model, api_key=args.api_key, request_timeout=args.request_timeout,
+            retries=args.retries, backoff=args.backoff, enable_thinking=args.enable_thinking,
+        )  # fmt: skip
+        try:
+            served = self.chat_client.model_name()  # fails fast, after retries, when the server is down
+        except EndpointError as exc:
+            raise EvalError(f"{exc} (is the server running?)") from None
+        self.tokenizer = self._load_tokenizer(args.tokenizer or args.model, required=args.endpoint_mode == "completions")
+        if args.endpoint_mode == "completions":
+            from t2s.backends.vllm_server import VLLMServerBackend
+
+            self.backend = VLLMServerBackend(
+                args.endpoint, self.tokenizer, model=served, max_concurrency=args.concurrency,
+                request_timeout=args.request_timeout, retries=args.retries, backoff=args.backoff, api_key=args.api_key,
+            )  # fmt: skip
+        self.target = {"endpoint": self.chat_client.base_url, "endpoint_mode": args.endpoint_mode, "served_model": served,
+                       "model": args.model}
+
+    def _setup_model(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from t2s.backends.hf_generate import HFGenerateBackend
+
+        args = self.args
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+        self.tokenizer = self._load_tokenizer(args.tokenizer or args.model, required=True)
+        try:
+            model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
+        except Exception as exc:  # noqa: BLE001
+            raise EvalError(f"Error: cannot load the model {args.model!r}: {exc}") from None
+        self.backend = HFGenerateBackend(model, self.tokenizer, max_batch_size=args.batch_size or None)
+        self.target = {"model": args.model, "device": device}
+
+    def _setup_vllm(self) -> None:
+        args = self.args
+        try:
+            from vllm import LLM
+        except ImportError:
+            raise EvalError("Error: --policy vllm needs vLLM (pip install -r requirements-gpu.txt)") from None
+        from t2s.backends.vllm_colocate import VLLMColocateBackend
+
+        self.tokenizer = self._load_tokenizer(args.tokenizer or args.model, required=True)
+        llm = LLM(
+            model=args.model, tokenizer=args.tokenizer or args.model, seed=args.seed,
+            gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=True,
+            max_model_len=args.episode_token_budget + 512,
+        )  # fmt: skip
+        self.backend = VLLMColocateBackend(llm, self.tokenizer)
+        self.target = {"model": args.model}
+
+    # -- playing ------------------------------------------------------------------------------------------------
+    def batch_size(self) -> int:
+        if self.args.batch_size:
+            return self.args.batch_size
+        return 256 if self.args.policy == "endpoint" else 64
+
+    def play(self, jobs: list[tuple[dict, int]], mode: str, emit) -> None:
+        policy = self.args.policy
+        if policy == "predictions":
+            for row, sample in jobs:
+                emit(row, sample, single_turn_record(row, None, sql=self.predictions.sql.get(row["question_id"])) | {"mode": mode})
+        elif policy == "gold":
+            self._play_threads(jobs, mode, emit, self._gold_record)
+        elif policy == "endpoint" and self.args.endpoint_mode == "chat":
+            self._play_threads(jobs, mode, emit, self._chat_record, workers=self.args.concurrency)
+        elif mode == "single":
+            self._play_single(jobs, emit)
+        else:
+            self._play_rollout(jobs, mode, emit)
+
+    def _play_threads(self, jobs, mode, emit, make_record, workers: int | None = None) -> None:
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        with ThreadPoolExecutor(max(1, workers or self.args.workers)) as pool:
+            pending = {pool.submit(self._scored, make_record, row, sample, mode): (row, sample) for row, sample in jobs}
+            try:
+                while pending:
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for future in finished:
+                        row, sample = pending.pop(future)
+                        emit(row, sample, future.result(), scored=True)
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+
+    def _scored(self, make_record, row, sample, mode) -> dict:
+        return score_record(row, make_record(row, sample, mode), sample)
+
+    def _gold_record(self, row: dict, sample: int, mode: str) -> dict:
+        from t2s.backends.scripted import GoldPolicy
+        from t2s.databases import ref_from_row
+        from t2s.episode import run_text_episode
+        from t2s.schema import get_schema
+
+        if mode == "single":
+            return single_turn_record(row, f"```sql\n{row['gold_sql']}\n```")
+        schema = get_schema(ref_from_row(row))
+        return run_text_episode(row, _episode_config(self.args, mode), GoldPolicy(row, schema), tokenizer=self.tokenizer)
+
+    def _chat_record(self, row: dict, sample: int, mode: str) -> dict:
+        from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
+        from t2s.episode import Episode, play
+
+        sampling = _sampling(self.args)
+        seed = self.args.seed * 1_000_003 + sample * 7919 + zlib.crc32(str(row["question_id"]).encode()) % 997
+        try:
+            if mode == "single":
+                budget = self.args.episode_token_budget
+                text, finish, _ = self.chat_client.complete(single_turn_messages(row), budget, sampling, seed)
+                return single_turn_record(row, text, cut_off=finish == "length")
+            policy = ChatEndpointPolicy(self.chat_client, sampling, seed=seed)
+            episode = play(Episode(row, _episode_config(self.args, mode)), policy, self.tokenizer)
+        except EndpointError as exc:
+            raise EvalError(str(exc)) from None
+        record = episode.record()
+        if self.tokenizer is None:  # without a tokenizer the episode cannot see cut-offs; the server reports them
+            record["counters"]["turn_cutoffs"] = max(
+                record["counters"]["turn_cutoffs"], sum(reason == "length" for reason in policy.finish_reasons)
+            )
+        return record
+
+    def _play_rollout(self, jobs, mode, emit) -> None:
+        from t2s.rollout import Rollout
+
+        rows = [row for row, _ in jobs]
+        failures: list[str] = []
+
+        def on_finish(trace) -> None:  # scored in the rollout's worker threads (scorer), written here
+            row, sample = jobs[trace.index]
+            if trace.error:
+                failures.append(trace.error)
+                return
+            emit(row, sample, eval_line(row, trace.record, trace.outcome, sample), scored=True)
+
+        rollout = Rollout(self.backend, self.tokenizer, _episode_config(self.args, mode), sampling=_sampling(self.args),
+                          scorer=score_final_sql, on_finish=on_finish, tool_workers=self.args.workers)
+        rollout.run(rows)
+        if failures:
+            raise EvalError(f"{failures[0]} ({len(failures)} episode(s) failed; finished results are kept)")
+
+    def _play_single(self, jobs, emit) -> None:
+        from t2s import protocol
+
+        args = self.args
+        sampling = _sampling(args)
+        prompts, limits, seeds = [], [], []
+        for index, (row, sample) in enumerate(jobs):
+            ids = protocol.generation_prompt_ids(self.tokenizer, single_turn_messages(row), args.enable_thinking)
+            prompts.append(ids)
+            limits.append(args.episode_token_budget - len(ids))
+            seeds.append(sampling.request_seed(index, 0))
+        ready = [i for i, limit in enumerate(limits) if limit > 0]
+        outputs = self.backend.generate([prompts[i] for i in ready], [limits[i] for i in ready], sampling,
+                                        [seeds[i] for i in ready]) if ready else []
+        by_index = dict(zip(ready, outputs))
+        for index, (row, sample) in enumerate(jobs):
+            out = by_index.get(index)
+            if out is None:
+                record = single_turn_record(row, None)
+                record["error"] = "Error: the prompt does not fit the episode token budget"
+            elif out.finish_reason == "error":
+                raise EvalError(f"{out.error} (finished results are kept)")
+            else:
+                ids = out.token_ids[:-1] if out.stop_token_id is not None else out.token_ids
+                record = single_turn_record(row, self.tokenizer.decode(ids, skip_special_tokens=False),
+                                            cut_off=out.finish_reason == "length")
+            emit(row, sample, score_record(row, record, sample), scored=True)
+
+
+# ------------------------------------------------------------------------------------------------------------- main
+def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
+    """(all rows, selected rows with databases present, skipped info, data file)."""
+    from t2s.data.loaders import DataError, load_json_rows
+
+    data = Path(args.data)
+    if not data.exists():
+        raise EvalError(f"Error: data file not found: {data}")
+    try:
+        rows = load_json_rows(data, args.db_root, require_databases=False)
+    except DataError as exc:
+        raise EvalError(str(exc)) from None
+    if not rows:
+        raise EvalError(f"Error: no questions in {data}")
+    data_file = data
+    if data.is_dir():
+        data_file = next(p for p in (data / n for n in ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spider.json")) if p.is_file())
+    selected = select_rows(list(rows), args.n, args.seed)
+    missing = {r["db_id"] for r in selected if r.get("db_path") and not Path(r["db_path"]).is_file()}
+    skipped = {"questions": 0, "db_ids": []}
+    if missing:
+        if not args.skip_missing_dbs:
+            root = getattr(rows, "db_root", None) or args.db_root
+            raise EvalError(
+                f"Error: {len(missing)} database(s) missing under {root}: {', '.join(sorted(missing))} "
+                "(pass --db-root, or --skip-missing-dbs to skip their questions)"
+            )
+        skipped = {"questions": sum(r["db_id"] in missing for r in selected), "db_ids": sorted(missing)}
+        selected = [r for r in selected if r["db_id"] not in missing]
+    return list(rows), selected, skipped, data_file
+
+
+def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: int) -> dict:
+    tokenizer_hash, template_hash = tokenizer_fingerprint(runner.tokenizer)
+    generative = args.policy in ("model", "vllm", "endpoint")
+    chat = args.policy == "endpoint" and args.endpoint_mode == "chat"
+    system_prompt = (Path(args.system_prompt_file).read_text(encoding="utf-8").strip()
+                     if args.system_prompt_file else None)
+    if mode == "single":
+        system_prompt = SINGLE_TURN_SYSTEM_PROMPT
+    elif system_prompt is None:
+        from t2s.protocol import system_prompt as default_prompt
+
+        system_prompt = default_prompt("exec_plan")
+    config = {
+        "policy": args.policy,
+        "mode": mode,
+        "model": runner.target.get("model"),
+        "endpoint": runner.target.get("endpoint"),
+        "endpoint_mode": runner.target.get("endpoint_mode"),
+        "served_model": runner.target.get("served_model"),
+        "predictions": runner.target.get("predictions"),
+        "predictions_sha256": runner.target.get("predictions_sha256"),
+        "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k} if generative else None,
+        "k": args.k,
+        "n": args.n,
+        "seed": args.seed,
+        "max_turns": args.max_turns,
+        "episode_token_budget": args.episode_token_budget,
+        "max_tokens_per_turn": args.max_tokens_per_turn,
+        "enable_thinking": args.enable_thinking,
+        "system_prompt_file": str(Path(args.system_prompt_file).resolve()) if args.system_prompt_file else None,
+        "system_prompt_sha256": text_sha256(system_prompt),
+        "tokenizer_sha256": tokenizer_hash,
+        "chat_template_sha256": template_hash,
+        "packages": package_versions(),
+        "sqlite_version": sqlite3.sqlite_version,
+        "data_file": str(data_file.resolve()),
+        "data_sha256": file_sha256(data_file),
+        "questions": n_selected,
+        "skip_missing_dbs": bool(args.skip_missing_dbs),
+        "comparable": bool(generative and not chat and mode != "single" and args.enable_thinking),
+    }
+    return config
+
+
+def evaluate(args) -> dict[str, dict]:
+    """Run every requested mode; returns {mode: summary}."""
+    from t2s.eval_report import modes_markdown, plot_summaries, summarise, summary_markdown
+
+    if args.k < 1:
+        raise EvalError("Error: --k must be at least 1")
+    if args.system_prompt_file and not Path(args.system_prompt_file).is_file():
+        raise EvalError(f"Error: system prompt file not found: {args.system_prompt_file}")
+    modes = list(dict.fromkeys(args.mode))
+    all_rows, selected, skipped, data_file = load_data(args)
+    runner = Runner(args)
+    runner.setup(all_rows)
+    root = Path(args.output)
+    summaries: dict[str, dict] = {}
+    for mode in modes:
+        folder = root if len(modes) == 1 else root / mode
+        summaries[mode] = evaluate_mode(args, mode, runner, selected, skipped, data_file, folder)
+    if len(modes) > 1:
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "summary.md").write_text(modes_markdown(summaries))
+        plot_summaries(summaries, root / "summary.png")
+    _print_table(summaries)
+    return summaries
+
+
+def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path) -> dict:
+    from t2s.eval_report import plot_summaries, summarise, summary_markdown
+
+    config = build_config(args, mode, runner, data_file, len(selected))
+    check_resume_config(folder, config)
+    log = EpisodeLog(folder)
+    done = log.load()
+    wanted = {(str(r["question_id"]), s) for r in selected for s in range(args.k)}
+    log.lines = [line for line in log.lines if (str(line["question_id"]), int(line["sample"])) in wanted]
+    jobs = [(row, s) for row in selected for s in range(args.k) if (str(row["question_id"]), s) not in done]
+    progress = Progress(len(wanted), log.lines, f"{args.policy}/{mode}", quiet=args.quiet)
+    started = time.time()
+
+    def emit(row, sample, record, scored=False):
+        line = record if scored else score_record(row, record, sample)
+        log.append(line)
+        progress.advance(line)
+
+    try:
+        size = runner.batch_size()
+        for start in range(0, len(jobs), size):
+            runner.play(jobs[start : start + size], mode, emit)
+    finally:
+        progress.close()
+        log.close()
+    lines = sorted(log.lines, key=lambda line: (str(line["question_id"]), line["sample"]))
+    rows_by_id = {str(r["question_id"]): r for r in selected}
+    vote = vote_accuracy(lines, rows_by_id) if args.k > 1 else None
+    config = dict(config, wall_seconds=round(time.time() - started, 1))
+    summary = summarise(lines, config=config, k=args.k, vote_at_k=vote, skipped=skipped)
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (folder / "summary.md").write_text(summary_markdown(summary))
+    plot_summaries({mode: summary}, folder / "summary.png")
+    return summary
+
+
+def _print_table(summaries: dict[str, dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="t2s eval")
+    table.add_column("metric")
+    for mode in summaries:
+        table.add_column(mode, justify="right")
+    keys = ("n", "execution_accuracy_official", "execution_accuracy_official_no_fallback", "strict", "soft_f1",
+            "vote_at_k", "submit_rate", "executes_rate", "mean_turns", "mean_calls", "fallback_rate", "forced_rate",
+            "truncation_rate", "skipped_missing_dbs")
+    for key in keys:
+        values = [s.get(key) for s in summaries.values()]
+        if all(v is None for v in values):
+            continue
+        table.add_row(key, *("-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in values))
+    Console().print(table)
