@@ -548,7 +548,14 @@ def load_sqale(
         log.warning("%d SQaLe questions name schemas absent from the schema table: %s",
                     sum(missing.values()), ", ".join(sorted(missing)[:10]))
     if register:
-        register_payloads(needed)
+        failed = register_payloads(needed)
+        if failed:
+            for schema_id, error in sorted(failed.items())[:5]:
+                log.warning("SQaLe schema %s could not be built, its questions are left out: %s", schema_id, error)
+            dropped = [r for r in rows if r["schema_id"] in failed]
+            for row in dropped:
+                missing[row["schema_id"]] = missing.get(row["schema_id"], 0) + 1
+            rows = [r for r in rows if r["schema_id"] not in failed]
     return RowList(rows, missing, None)
 
 
@@ -561,13 +568,24 @@ def _ddl_id(ddl: str) -> str:
     return "schema_" + hashlib.sha256(ddl.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def register_payloads(schemas: dict[str, tuple[str, Any]]) -> None:
-    """Register each (DDL, payload) with ``databases.register_payload`` under its schema id."""
+def register_payloads(schemas: dict[str, tuple[str, Any]]) -> dict[str, str]:
+    """Register each (DDL, payload) with ``databases.register_payload`` under its schema id.
+
+    A payload that is not a table -> rows map raises (naming the schema); a schema the database layer cannot build
+    (too large, nothing left of its DDL) is returned in ``{schema_id: reason}`` instead.
+    """
+    import sqlite3
+
     from t2s import databases
 
+    failed: dict[str, str] = {}
     for schema_id, (ddl, content) in schemas.items():
         payload = parse_payload(content, f"schema {schema_id}")
-        databases.register_payload(schema_id, ddl, payload)
+        try:
+            databases.register_payload(schema_id, ddl, payload)
+        except (ValueError, sqlite3.Error, MemoryError) as exc:
+            failed[schema_id] = str(exc)
+    return failed
 
 
 # ----------------------------------------------------------------------------------------------------------------
