@@ -1,0 +1,257 @@
+"""Generation backends: the vLLM server client against a loopback fake (good and bad days), vLLM colocate against
+an object shaped like ``vllm.LLM``, and transformers generate on the tiny model."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from t2s.backends.base import SamplingSettings, TurnOutput, finish_turn, stop_token_ids
+from t2s.backends.vllm_colocate import VLLMColocateBackend
+from t2s.backends.vllm_server import VLLMServerBackend
+from tests.fake_vllm import FakeLLM, FakeSamplingParams, FakeVLLMServer, fake_logprob, refused_url
+
+
+@pytest.fixture(scope="module")
+def stops(tiny_tokenizer):
+    return stop_token_ids(tiny_tokenizer)
+
+
+def fixed(ids):
+    """A policy that always writes ``ids``."""
+    return lambda prompt, max_tokens: list(ids)
+
+
+def one_turn(backend, prompt, max_tokens=16, sampling=None):
+    return backend.generate([prompt], [max_tokens], sampling or SamplingSettings())[0]
+
+
+def test_stop_ids_are_im_end_then_endoftext(tiny_tokenizer, stops):
+    assert stops == [tiny_tokenizer.convert_tokens_to_ids("<|im_end|>"), tiny_tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+
+
+def test_finish_turn_cuts_at_first_stop_or_limit():
+    assert finish_turn([5, 6, 1, 7], [-1, -2, -3, -4], 10, [1, 2]) == TurnOutput([5, 6, 1], [-1, -2, -3], "stop", 1)
+    assert finish_turn([5, 6, 7, 8], [-1.0] * 4, 3, [1, 2]) == TurnOutput([5, 6, 7], [-1.0] * 3, "length", None)
+    assert finish_turn([5, 6, 2], [-1.0] * 3, 2, [1, 2]).finish_reason == "length"  # the stop lies past the limit
+
+
+# ---------------------------------------------------------------------------------------------------- server
+
+
+@pytest.mark.timeout(30)
+def test_server_good_answer_and_request_body(stops):
+    with FakeVLLMServer(fixed([11, 12, stops[0]]), model="served-name") as server:
+        backend = VLLMServerBackend(server.base_url + "/v1", stop_ids=stops, retries=0)
+        sampling = SamplingSettings(temperature=0.7)
+        out = backend.generate([[3, 4, 5], [6]], [8, 8], sampling, seeds=[7, None])
+    assert [o.token_ids for o in out] == [[11, 12, stops[0]]] * 2
+    assert out[0].logprobs == [fake_logprob(t) for t in (11, 12, stops[0])]
+    assert out[0].finish_reason == "stop" and out[0].stop_token_id == stops[0]
+    bodies = sorted(server.requests, key=lambda b: len(b["prompt"]), reverse=True)
+    body = bodies[0]
+    assert body["model"] == "served-name"  # read from /v1/models
+    assert body["prompt"] == [3, 4, 5] and body["n"] == 1 and body["max_tokens"] == 8
+    assert body["logprobs"] == 0 and body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True
+    assert body["stop_token_ids"] == stops and body["temperature"] == 0.7 and body["top_k"] == -1
+    assert body["seed"] == 7 and "seed" not in bodies[1]
+
+
+@pytest.mark.timeout(30)
+def test_server_length_finish_without_stop_token(stops):
+    with FakeVLLMServer(fixed(list(range(20, 40)))) as server:
+        out = one_turn(VLLMServerBackend(server.base_url, stop_ids=stops), [1, 2], max_tokens=5)
+    assert out.token_ids == [20, 21, 22, 23, 24] and out.finish_reason == "length" and out.stop_token_id is None
+    assert len(out.logprobs) == 5
+
+
+@pytest.mark.timeout(30)
+def test_server_500s_are_retried(stops):
+    with FakeVLLMServer(fixed([9, stops[1]]), faults=["500", "503"]) as server:
+        backend = VLLMServerBackend(server.base_url, stop_ids=stops, retries=3, backoff=0.01)
+        out = one_turn(backend, [1, 2])
+    assert out.finish_reason == "stop" and out.stop_token_id == stops[1]
+    assert len(server.requests) == 3 and backend.retries_done == 2
+
+
+@pytest.mark.timeout(30)
+def test_server_500s_past_the_retries_end_as_error(stops):
+    with FakeVLLMServer(fixed([9, stops[0]]), faults=["500"] * 10) as server:
+        out = one_turn(VLLMServerBackend(server.base_url, stop_ids=stops, retries=2, backoff=0.01), [1])
+    assert out.finish_reason == "error" and out.token_ids == [] and "500" in out.error
+    assert out.error.startswith("Error:") and len(server.requests) == 3
+
+
+@pytest.mark.timeout(30)
+def test_server_slow_answer_times_out_then_retry_succeeds(stops):
+    with FakeVLLMServer(fixed([9, stops[0]]), faults=["slow"], slow_seconds=3.0) as server:
+        backend = VLLMServerBackend(server.base_url, stop_ids=stops, request_timeout=0.5, retries=1, backoff=0.01)
+        started = time.monotonic()
+        out = one_turn(backend, [1])
+    assert out.finish_reason == "stop" and out.token_ids == [9, stops[0]]
+    assert time.monotonic() - started < 2.5  # did not wait for the slow answer
+
+
+@pytest.mark.timeout(30)
+def test_server_always_slow_ends_as_error(stops):
+    with FakeVLLMServer(fixed([9, stops[0]]), faults=["slow"] * 3, slow_seconds=3.0) as server:
+        backend = VLLMServerBackend(server.base_url, stop_ids=stops, request_timeout=0.3, retries=1, backoff=0.01)
+        out = one_turn(backend, [1])
+    assert out.finish_reason == "error" and "timed out" in out.error
+
+
+@pytest.mark.timeout(30)
+def test_server_refused_connection_ends_as_error(stops):
+    backend = VLLMServerBackend(refused_url(), stop_ids=stops, model="m", retries=2, backoff=0.01)
+    out = one_turn(backend, [1])
+    assert out.finish_reason == "error" and "connection failed" in out.error and backend.requests_sent == 3
+
+
+@pytest.mark.timeout(30)
+def test_server_refused_without_model_name_ends_as_error(stops):
+    out = one_turn(VLLMServerBackend(refused_url(), stop_ids=stops, retries=0), [1])
+    assert out.finish_reason == "error" and "/v1/models" in out.error
+
+
+@pytest.mark.timeout(30)
+def test_server_unreadable_answer_is_an_error(stops):
+    with FakeVLLMServer(fixed([9]), faults=["garbage"]) as server:
+        out = one_turn(VLLMServerBackend(server.base_url, stop_ids=stops, retries=0), [1])
+    assert out.finish_reason == "error" and "unreadable" in out.error
+
+
+@pytest.mark.timeout(30)
+def test_server_concurrency_limit(stops):
+    in_flight, peak = [0], [0]
+
+    def slow_policy(prompt, max_tokens):
+        in_flight[0] += 1
+        peak[0] = max(peak[0], in_flight[0])
+        time.sleep(0.05)
+        in_flight[0] -= 1
+        return [5, stops[0]]
+
+    with FakeVLLMServer(slow_policy) as server:
+        backend = VLLMServerBackend(server.base_url, stop_ids=stops, max_concurrency=2, model="m")
+        outs = backend.generate([[i] for i in range(8)], [4] * 8, SamplingSettings())
+    assert all(o.finish_reason == "stop" for o in outs)
+    assert peak[0] <= 2
+
+
+@pytest.mark.timeout(30)
+def test_server_model_name_and_reuse_across_loops(stops):
+    with FakeVLLMServer(fixed([5, stops[0]]), model="my-model") as server:
+        backend = VLLMServerBackend(server.base_url, stop_ids=stops)
+        assert backend.model_name() == "my-model"
+        for _ in range(2):  # a fresh event loop each time: the session is rebuilt, not reused across loops
+            out = asyncio.run(backend.agenerate([1, 2], 4, SamplingSettings()))
+            assert out.token_ids == [5, stops[0]]
+            asyncio.run(backend.aclose())
+
+
+# ---------------------------------------------------------------------------------------------------- colocate
+
+
+def test_colocate_per_request_sampling_params(stops):
+    llm = FakeLLM(lambda prompt, m: [100 + len(prompt)] * 3 + [stops[1]])
+    backend = VLLMColocateBackend(llm, stop_ids=stops, sampling_params_cls=FakeSamplingParams)
+    outs = backend.generate([[1, 2], [3]], [10, 2], SamplingSettings(temperature=0.6, top_p=0.95, top_k=20), [4, 5])
+    prompts, params = llm.calls[0]
+    assert prompts == [{"prompt_token_ids": [1, 2]}, {"prompt_token_ids": [3]}]
+    assert [p.max_tokens for p in params] == [10, 2] and [p.seed for p in params] == [4, 5]
+    assert all(p.logprobs == 0 and p.stop_token_ids == stops and p.n == 1 for p in params)
+    assert (params[0].temperature, params[0].top_p, params[0].top_k) == (0.6, 0.95, 20)
+    assert outs[0].token_ids == [102, 102, 102, stops[1]] and outs[0].stop_token_id == stops[1]
+    assert outs[0].logprobs == [fake_logprob(t) for t in outs[0].token_ids]
+    assert outs[1].token_ids == [101, 101] and outs[1].finish_reason == "length"
+
+
+def test_colocate_aborted_request_is_an_error(stops):
+    class Aborting(FakeLLM):
+        def generate(self, prompts, sampling_params=None, use_tqdm=True, **kw):
+            results = super().generate(prompts, sampling_params, use_tqdm)
+            results[0].outputs[0].finish_reason = "abort"
+            return results
+
+    backend = VLLMColocateBackend(Aborting(fixed([5])), stop_ids=stops, sampling_params_cls=FakeSamplingParams)
+    assert one_turn(backend, [1]).finish_reason == "error"
+
+
+def test_colocate_without_vllm_installed_says_so(stops):
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        backend = VLLMColocateBackend(FakeLLM(fixed([5])), stop_ids=stops)
+        with pytest.raises(ImportError):
+            one_turn(backend, [1])
+    else:  # pragma: no cover - GPU machines
+        pytest.skip("vllm is installed")
+
+
+# ---------------------------------------------------------------------------------------------------- transformers
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+
+def test_hf_per_sequence_limits_and_logprobs_match_training(tiny_model, tiny_tokenizer, stops):
+    import torch
+
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    backend = HFGenerateBackend(tiny_model, tiny_tokenizer)
+    prompts = [tiny_tokenizer("SELECT name FROM customers")["input_ids"], tiny_tokenizer("How many")["input_ids"]]
+    for temperature in (1.0, 0.7):
+        sampling = SamplingSettings(temperature=temperature, seed=3)
+        outs = backend.generate(prompts, [12, 3], sampling)
+        assert len(outs[1].token_ids) <= 3
+        for prompt, out, limit in zip(prompts, outs, [12, 3]):
+            assert len(out.token_ids) == len(out.logprobs) <= limit
+            if out.finish_reason == "stop":
+                assert out.token_ids[-1] in stops and out.stop_token_id == out.token_ids[-1]
+                assert not set(out.token_ids[:-1]) & set(stops)
+            else:
+                assert out.finish_reason == "length" and len(out.token_ids) == limit and not set(out.token_ids) & set(stops)
+            ids = torch.tensor([prompt + out.token_ids])
+            with torch.no_grad():
+                logits = tiny_model(ids).logits[0, len(prompt) - 1 : -1].float()
+            expected = torch.log_softmax(logits / temperature, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+            assert torch.allclose(expected, torch.tensor(out.logprobs), atol=1e-4)
+
+
+def test_hf_logprobs_ignore_top_k(tiny_model, tiny_tokenizer):
+    """Sampling with top-k still reports log_softmax(logits / T), the training side's definition."""
+    import torch
+
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    prompt = tiny_tokenizer("SELECT")["input_ids"]
+    out = one_turn(HFGenerateBackend(tiny_model, tiny_tokenizer), prompt, 6, SamplingSettings(top_k=2, seed=1))
+    ids = torch.tensor([prompt + out.token_ids])
+    with torch.no_grad():
+        logits = tiny_model(ids).logits[0, len(prompt) - 1 : -1].float()
+    expected = torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt) :, None])[:, 0]
+    assert torch.allclose(expected, torch.tensor(out.logprobs), atol=1e-4)
+
+
+def test_hf_model_factory_is_entered_per_call(tiny_model, tiny_tokenizer):
+    import contextlib
+
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    entered = []
+
+    @contextlib.contextmanager
+    def unwrap():
+        entered.append(1)
+        yield tiny_model
+
+    backend = HFGenerateBackend(unwrap, tiny_tokenizer, max_batch_size=1)
+    outs = backend.generate([[1, 2], [3, 4, 5]], [2, 2], SamplingSettings(seed=0))
+    assert len(outs) == 2 and entered == [1]
