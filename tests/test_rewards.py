@@ -346,3 +346,18 @@ def test_sibling_trl_function():
     items = [dataclasses.asdict(o) for o in (_executed("A", equivalent=True), _executed("B"),
                                              ExecutionOutcome(parses=True, write_attempt=True))]
     assert REWARD_FUNCS["sibling"](None, None, outcome=items) == [1.0, 0.1, -1.0]
+
+
+def test_gold_features_are_computed_once_per_question(hero_db, monkeypatch):
+    calls = []
+    real = databases.gold_result
+
+    def counting(ref, sql):
+        calls.append(sql)
+        return real(ref, sql)
+
+    monkeypatch.setattr(databases, "gold_result", counting)
+    row = _row(hero_db, "SELECT name FROM hero WHERE id = 2 /* once */")
+    first = [execute_final(row, sql) for sql in ("SELECT 'Bob'", "SELECT name FROM hero", "SELECT name FROM hero")]
+    assert calls == ["SELECT name FROM hero WHERE id = 2 /* once */"]
+    assert first[1] == first[2] and not first[1].equivalent
