@@ -119,15 +119,15 @@ def show_trajectory(record: dict, db, console=None) -> None:
                 parts.append(json.dumps(call, ensure_ascii=False) + "\n", style="bold cyan")
         elif body.strip():
             parts.append(body.strip() + "\n")
+        if not parts:
+            parts.append("(empty turn)", style="dim")
         if turn["observation"]:
             parts.append("\n" + turn["observation"], style="green")
         console.print(Panel(parts, title=f"turn {number}", title_align="left"))
     counters = record["counters"]
-    console.print(
-        f"final SQL ([bold]{record['final_sql_source']}[/bold]): "
-        + (record["final_sql"] or "[red]none[/red]"),
-        highlight=False,
-    )
+    final = Text(f"final SQL ({record['final_sql_source']}): ", style="bold")
+    final.append(record["final_sql"] or "none", style="bold" if record["final_sql"] else "red")
+    console.print(final)
     console.print(
         " ".join(f"{key}={value}" for key, value in counters.items()), style="dim", highlight=False
     )
@@ -135,7 +135,7 @@ def show_trajectory(record: dict, db, console=None) -> None:
         return
     result = databases.run_tool_query(db, record["final_sql"], max_rows=RESULT_ROWS)
     if not result.ok:
-        console.print(result.error, style="red", highlight=False)
+        console.print(Text(str(result.error), style="red"))
         return
     table = Table(*[str(c) for c in result.columns], title="result")
     for row in result.rows:
