@@ -1,0 +1,116 @@
+"""Gold hygiene: `data check` counts on real data, outcome classes, the on-disk cache, filter_rows, `data prepare`."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from t2s.cli import main
+from t2s.data import hygiene
+from t2s.data.loaders import load_json_rows, load_rows
+
+
+@pytest.fixture(autouse=True)
+def cache_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("T2S_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_check_superhero_and_the_cache(bird_superhero_dir, tmp_path, capsys, monkeypatch, cache_in_tmp):
+    output = tmp_path / "outcomes.jsonl"
+    assert main(["data", "check", "--data", str(bird_superhero_dir), "--output", str(output)]) == 0
+    printed = capsys.readouterr().out
+    assert "superhero" in printed and "129" in printed and "from the cache" not in printed
+    outcomes = [json.loads(line) for line in output.read_text().splitlines()]
+    assert len(outcomes) == 129 and {o["outcome"] for o in outcomes} == {"ok"}
+    assert outcomes[0]["question_id"] == "717" and outcomes[0]["rows"] > 0
+    cached = list((cache_in_tmp / "data_check").glob("*.jsonl"))
+    assert len(cached) == 1
+
+    # second run: answered from the cache file, no gold SQL runs at all
+    def no_queries(*args, **kwargs):
+        raise AssertionError("a gold SQL ran although the cache holds the answer")
+
+    monkeypatch.setattr(hygiene, "check_row", no_queries)
+    assert main(["data", "check", "--data", str(bird_superhero_dir)]) == 0
+    printed = capsys.readouterr().out
+    assert "from the cache" in printed and cached[0].name in printed.replace("\n", "")
+
+
+def test_check_spider_dev_counts(spider_dev_dir):
+    rows = load_rows("spider", spider_dev_dir)
+    outcomes, from_cache = hygiene.check_rows(rows, progress=False)
+    summary = hygiene.summarize(outcomes)
+    assert not from_cache
+    assert summary["overall"] == {"ok": 923, "error": 0, "timeout": 0, "empty": 49, "missing_db": 62}
+    assert summary["per_db"]["wta_1"]["missing_db"] == 62 and summary["per_db"]["flight_2"]["empty"] == 30
+
+
+def _tiny_bird(folder: Path, slow_query: bool = True) -> Path:
+    """A BIRD-layout folder whose gold SQL covers every outcome."""
+    db = folder / "dev_databases" / "tiny" / "tiny.sqlite"
+    db.parent.mkdir(parents=True)
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (x INTEGER)")
+        conn.executemany("INSERT INTO t VALUES (?)", [(1,), (2,), (3,)])
+    conn.close()
+    slow = ("WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c) SELECT COUNT(*) FROM c")
+    records = [
+        {"question_id": 1, "db_id": "tiny", "question": "ok", "evidence": "", "SQL": "SELECT x FROM t"},
+        {"question_id": 2, "db_id": "tiny", "question": "error", "evidence": "", "SQL": "SELECT nope FROM t"},
+        {"question_id": 3, "db_id": "tiny", "question": "empty", "evidence": "", "SQL": "SELECT x FROM t WHERE x > 9"},
+        {"question_id": 4, "db_id": "tiny", "question": "timeout", "evidence": "", "SQL": slow},
+        {"question_id": 5, "db_id": "tiny", "question": "write", "evidence": "", "SQL": "DELETE FROM t"},
+        {"question_id": 6, "db_id": "gone", "question": "missing", "evidence": "", "SQL": "SELECT 1"},
+    ]
+    if not slow_query:
+        records = [r for r in records if r["question"] != "timeout"]
+    (folder / "dev.json").write_text(json.dumps(records))
+    return folder / "dev.json"
+
+
+def test_outcome_classes_and_filter_rows(tmp_path):
+    rows = load_json_rows(_tiny_bird(tmp_path / "bird"))
+    outcomes, _ = hygiene.check_rows(rows, timeout=0.5, progress=False)
+    assert [o["outcome"] for o in outcomes] == ["ok", "error", "empty", "timeout", "error", "missing_db"]
+    assert outcomes[1]["error"].startswith("Error:") and "gone" in outcomes[5]["error"]
+    db = Path(rows[0]["db_path"])
+    assert sqlite3.connect(db).execute("SELECT COUNT(*) FROM t").fetchone() == (3,)  # the DELETE changed nothing
+
+    no_timeout_rows = [r for r in rows if r["question"] != "timeout"]
+    kept, counts = hygiene.filter_rows(no_timeout_rows)
+    assert [r["question"] for r in kept] == ["ok"]
+    assert counts == {"ok": 1, "error": 2, "timeout": 0, "empty": 1, "missing_db": 1}
+    # filter_rows caches by row contents: the same rows again give the same answer from the cache
+    assert hygiene.read_cache(hygiene.cache_key(no_timeout_rows), no_timeout_rows) is not None
+
+
+def test_cache_key_follows_the_data_and_databases(tmp_path):
+    data = _tiny_bird(tmp_path / "bird")
+    rows = load_json_rows(data)
+    key = hygiene.cache_key(rows, data, rows.db_root)
+    assert key == hygiene.cache_key(rows, data, rows.db_root)
+    assert key != hygiene.cache_key(rows, data, tmp_path)  # another database root
+    data.write_text(data.read_text().replace("SELECT x FROM t WHERE x > 9", "SELECT x FROM t WHERE x > 2"))
+    assert key != hygiene.cache_key(load_json_rows(data), data, rows.db_root)  # another data file
+
+
+def test_prepare_prints_layout_and_checks_what_is_present(tmp_path, capsys, bird_train_file):
+    root = tmp_path / "data"
+    _tiny_bird(root / "bird" / "dev_20240627", slow_query=False)
+    train = root / "bird" / "train"
+    train.mkdir(parents=True)
+    (train / "train.json").write_text(json.dumps(json.loads(bird_train_file.read_text())[:3]))
+    assert main(["data", "prepare", "--data-dir", str(root)]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "https://bird-bench.github.io" in printed and "train_databases/<db_id>/<db_id>.sqlite" in printed
+    assert "dev_20240627" in printed and "missing_db" in printed  # the present file was checked
+    assert "skipped" in printed and "train_databases" in printed  # the file without databases is named
+
+
+def test_prepare_with_nothing_present(tmp_path, capsys):
+    assert main(["data", "prepare", "--data-dir", str(tmp_path / "empty")]) == 0
+    assert "Nothing to check yet" in " ".join(capsys.readouterr().out.split())
