@@ -521,9 +521,15 @@ class Runner:
             try:
                 while pending:
                     finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for future in finished:
+                    failed = None
+                    for future in finished:  # keep every finished result before reporting a failure
                         row, sample = pending.pop(future)
-                        emit(row, sample, future.result(), scored=True)
+                        if future.exception() is not None:
+                            failed = failed or future
+                        else:
+                            emit(row, sample, future.result(), scored=True)
+                    if failed is not None:
+                        failed.result()
             except BaseException:
                 for future in pending:
                     future.cancel()

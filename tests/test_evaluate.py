@@ -1,0 +1,378 @@
+"""`eval`: gold self-check, predictions, endpoints (chat and completions fakes), the tiny model, resume, voting, errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from t2s.cli import build_parser
+from t2s.evaluate import EvalError, EpisodeLog, Runner, evaluate, select_rows, single_turn_sql
+
+
+def eval_args(*argv):
+    return build_parser("eval").parse_args(["eval", *map(str, argv), "--quiet"])
+
+
+def read_lines(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "episodes.jsonl").read_text().splitlines() if line.strip()]
+
+
+def gold_by_question(data_dir: Path) -> dict[str, str]:
+    return {r["question"]: r["SQL"] for r in json.loads((data_dir / "dev.json").read_text())}
+
+
+# -------------------------------------------------------------------------------------------------------- gold
+@pytest.mark.parametrize("dataset", ["demo_dir", "bird_superhero_dir"])
+def test_gold_policy_scores_one_in_full_and_withheld(dataset, request, tmp_path):
+    data_dir = request.getfixturevalue(dataset)
+    summaries = evaluate(eval_args("--policy", "gold", "--data", data_dir, "--mode", "full", "withheld",
+                                   "--output", tmp_path / "out"))
+    n_questions = len(json.loads((data_dir / "dev.json").read_text()))
+    for mode in ("full", "withheld"):
+        summary = json.loads((tmp_path / "out" / mode / "summary.json").read_text())
+        assert summary == json.loads(json.dumps(summaries[mode]))
+        assert summary["n"] == n_questions
+        assert summary["execution_accuracy_official"] == summary["strict"] == summary["submit_rate"] == 1.0
+        assert summary["execution_accuracy_official_no_fallback"] == 1.0
+        assert summary["fallback_rate"] == 0.0 and summary["write_attempts"] == 0
+        assert sum(block["n"] for block in summary["per_difficulty"].values()) == n_questions
+        assert summary["config"]["policy"] == "gold" and summary["config"]["mode"] == mode
+        assert summary["config"]["comparable"] is False
+        lines = read_lines(tmp_path / "out" / mode)
+        assert len(lines) == n_questions and all(line["mode"] == mode for line in lines)
+        assert {"sample", "difficulty", "official", "strict", "soft_f1", "turns", "counters"} <= set(lines[0])
+        assert (tmp_path / "out" / mode / "summary.png").stat().st_size > 1000
+        assert "| official EX | 1.000 |" in (tmp_path / "out" / mode / "summary.md").read_text()
+    assert (tmp_path / "out" / "summary.png").is_file()  # the side-by-side plot of the modes
+
+
+def test_summary_keys(demo_dir, tmp_path):
+    summary = evaluate(eval_args("--policy", "gold", "--data", demo_dir, "--n", "5", "--output", tmp_path))["full"]
+    for key in ("n", "execution_accuracy_official", "strict", "soft_f1", "execution_accuracy_official_no_fallback",
+                "submit_rate", "executes_rate", "mean_turns", "mean_calls", "fallback_rate", "forced_rate",
+                "truncation_rate", "turn_cutoff_rate", "write_attempts", "format_deviation_rate", "per_difficulty",
+                "per_db", "config"):
+        assert key in summary, key
+    assert "vote_at_k" not in summary
+    config = summary["config"]
+    for key in ("policy", "mode", "model", "endpoint", "sampling", "seed", "enable_thinking", "system_prompt_sha256",
+                "tokenizer_sha256", "chat_template_sha256", "packages", "sqlite_version", "data_sha256", "comparable"):
+        assert key in config, key
+    assert summary["n"] == 5 and sum(block["n"] for block in summary["per_db"].values()) == 5
+
+
+def test_seeded_selection_is_model_independent():
+    rows = [{"question_id": str(i)} for i in range(100)]
+    first = select_rows(rows, 10, seed=3)
+    assert first == select_rows(list(rows), 10, seed=3)
+    assert first != select_rows(rows, 10, seed=4)
+    assert [r["question_id"] for r in first] == sorted((r["question_id"] for r in first), key=int)
+    assert select_rows(rows, 0, seed=3) == rows
+
+
+def test_single_turn_sql_reading():
+    assert single_turn_sql("think</think>\n```sql\nSELECT 1\n```") == ("SELECT 1", 0)
+    assert single_turn_sql('x</think>{"tool": "submit_sql", "args": {"sql": "SELECT 2"}}')[0] == "SELECT 2"
+    assert single_turn_sql("no idea</think> sorry")[0] is None
+
+
+# --------------------------------------------------------------------------------------------------- predictions
+def test_predictions_of_gold_score_one(demo_dir, tmp_path):
+    records = json.loads((demo_dir / "dev.json").read_text())
+    jsonl = tmp_path / "pred.jsonl"
+    jsonl.write_text("".join(json.dumps({"question_id": r["question_id"], "sql": r["SQL"]}) + "\n" for r in records))
+    summary = evaluate(eval_args("--policy", "predictions", "--predictions", jsonl, "--data", demo_dir,
+                                 "--output", tmp_path / "a"))["full"]
+    assert summary["execution_accuracy_official"] == summary["strict"] == summary["soft_f1"] == 1.0
+    assert summary["n"] == len(records)
+    # BIRD's predict_dev.json format, keyed by position; one prediction swapped for another question's SQL
+    bird = {str(i): f"{r['SQL']}\t----- bird -----\t{r['db_id']}" for i, r in enumerate(records)}
+    bird["0"] = f"{records[1]['SQL']}\t----- bird -----\t{records[0]['db_id']}"
+    (tmp_path / "predict_dev.json").write_text(json.dumps(bird))
+    summary = evaluate(eval_args("--policy", "predictions", "--predictions", tmp_path / "predict_dev.json",
+                                 "--data", demo_dir, "--output", tmp_path / "b"))["full"]
+    assert summary["execution_accuracy_official"] == pytest.approx((len(records) - 1) / len(records), abs=1e-6)
+
+
+# -------------------------------------------------------------------------------------------------------- resume
+def test_resume_after_interruption_keeps_each_question_once(demo_dir, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    argv = ("--policy", "gold", "--data", demo_dir, "--n", "12", "--workers", "1", "--output", out)
+    real = Runner._gold_record
+    calls = {"n": 0}
+
+    def interrupted(self, row, sample, mode):
+        calls["n"] += 1
+        if calls["n"] > 5:
+            raise KeyboardInterrupt
+        return real(self, row, sample, mode)
+
+    monkeypatch.setattr(Runner, "_gold_record", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(eval_args(*argv))
+    assert len(read_lines(out)) == 5
+    assert not (out / "summary.json").exists()
+    with open(out / "episodes.jsonl", "a") as handle:  # a write cut off by the kill
+        handle.write('{"question_id": "3", "sample": 0, "offic')
+    monkeypatch.setattr(Runner, "_gold_record", real)
+    summary = evaluate(eval_args(*argv))["full"]
+    lines = read_lines(out)
+    ids = [(line["question_id"], line["sample"]) for line in lines]
+    assert len(ids) == len(set(ids)) == 12
+    assert summary["n"] == 12 and summary["execution_accuracy_official"] == 1.0
+    # a finished run re-run does nothing new
+    evaluate(eval_args(*argv))
+    assert len(read_lines(out)) == 12
+
+
+def test_resume_refuses_changed_config(demo_dir, tmp_path, capsys):
+    from t2s.cli import main
+
+    out = tmp_path / "out"
+    assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3", "--output", str(out), "--quiet"]) == 0
+    before = (out / "episodes.jsonl").read_text()
+    code = main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3", "--max-turns", "4",
+                 "--output", str(out), "--quiet"])
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("Error:") and "different configuration" in err and "max_turns" in err
+    assert (out / "episodes.jsonl").read_text() == before
+
+
+def test_episode_log_rejects_corruption_in_the_middle(tmp_path):
+    (tmp_path / "episodes.jsonl").write_text('{"question_id": "1", "sample": 0}\nnot json\n{"question_id": "2", "sample": 0}\n')
+    with pytest.raises(EvalError, match="line 2"):
+        EpisodeLog(tmp_path).load()
+
+
+# ----------------------------------------------------------------------------------------------- missing databases
+def _data_with_missing_db(demo_dir, tmp_path) -> Path:
+    folder = tmp_path / "data"
+    shutil.copytree(demo_dir, folder)
+    records = json.loads((folder / "dev.json").read_text())[:6]
+    records[1]["db_id"] = "lost_db"
+    records[4]["db_id"] = "another_lost_db"
+    (folder / "dev.json").write_text(json.dumps(records))
+    return folder
+
+
+def test_missing_databases_fail_at_once_or_are_skipped(demo_dir, tmp_path, capsys):
+    from t2s.cli import main
+
+    data = _data_with_missing_db(demo_dir, tmp_path)
+    assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(tmp_path / "o1"), "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "Error:" in err and "another_lost_db" in err and "lost_db" in err and "--skip-missing-dbs" in err
+    assert not (tmp_path / "o1" / "episodes.jsonl").exists()
+    summary = evaluate(eval_args("--policy", "gold", "--data", data, "--skip-missing-dbs", "--output", tmp_path / "o2"))["full"]
+    assert summary["n"] == 4 and summary["skipped_missing_dbs"] == 2
+    assert summary["missing_db_ids"] == ["another_lost_db", "lost_db"]
+    assert summary["execution_accuracy_official"] == 1.0
+
+
+# -------------------------------------------------------------------------------------------- a chat-completions fake
+class ChatFake:
+    """A loopback OpenAI-style server: /v1/models and /v1/chat/completions answered by ``respond(body)``."""
+
+    def __init__(self, respond, port: int = 0):
+        self.respond = respond
+        self.requests: list[dict] = []
+        self.lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                if self.path == "/v1/models":
+                    self._send(200, {"data": [{"id": "fake-model"}]})
+                else:
+                    self._send(404, {"error": "not found"})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with fake.lock:
+                    fake.requests.append(body)
+                status, payload = fake.respond(body)
+                self._send(status, payload)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def chat_answer(content, reasoning="Let me work it out.", finish="stop"):
+    message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+    return 200, {"choices": [{"message": message, "finish_reason": finish}], "usage": {"completion_tokens": 10}}
+
+
+def question_of(body) -> str:
+    user = body["messages"][1]["content"]
+    return user.split("\n", 1)[0].removeprefix("Question: ").strip()
+
+
+def good_agent(gold: dict[str, str]):
+    """run_query the gold SQL, then submit it (thinking comes back split off, as vLLM's reasoning parser does)."""
+
+    def respond(body):
+        sql = gold[question_of(body)]
+        assistant_turns = sum(m["role"] == "assistant" for m in body["messages"])
+        tool = "run_query" if assistant_turns == 0 else "submit_sql"
+        return chat_answer(json.dumps({"tool": tool, "args": {"sql": sql}}))
+
+    return respond
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("mode", ["full", "withheld"])
+def test_chat_endpoint_good_agent_and_garbage(demo_dir, tmp_path, mode):
+    gold = gold_by_question(demo_dir)
+    with ChatFake(good_agent(gold)) as fake:
+        summary = evaluate(eval_args("--policy", "endpoint", "--endpoint-mode", "chat", "--endpoint", fake.url,
+                                     "--data", demo_dir, "--n", "6", "--mode", mode, "--output", tmp_path / "good"))[mode]
+        first = fake.requests[0]
+        second = next(b for b in fake.requests if len(b["messages"]) > 2)
+    assert summary["execution_accuracy_official"] == summary["strict"] == summary["submit_rate"] == 1.0
+    assert summary["mean_turns"] == 2.0
+    assert summary["config"]["comparable"] is False and summary["config"]["endpoint_mode"] == "chat"
+    assert first["chat_template_kwargs"] == {"enable_thinking": True}
+    assert (first["temperature"], first["top_p"], first["top_k"]) == (0.6, 0.95, 20)
+    # history is re-rendered with the earlier thinking dropped, and the observation as a user turn
+    assert second["messages"][2]["role"] == "assistant" and "work it out" not in second["messages"][2]["content"]
+    assert second["messages"][3]["role"] == "user" and "[run_query" in second["messages"][3]["content"]
+
+    with ChatFake(lambda body: chat_answer("I do not know. ¯\\_(ツ)_/¯ {not json", reasoning="")) as fake:
+        summary = evaluate(eval_args("--policy", "endpoint", "--endpoint-mode", "chat", "--endpoint", fake.url,
+                                     "--data", demo_dir, "--n", "6", "--mode", mode, "--max-turns", "2",
+                                     "--output", tmp_path / "garbage"))[mode]
+    assert summary["execution_accuracy_official"] == 0.0 and summary["submit_rate"] == 0.0
+    assert summary["forced_rate"] == 1.0 and summary["mean_turns"] == 3.0  # 2 tool turns + the forced final turn
+    assert summary["format_deviation_rate"] == 1.0 and summary["executes_rate"] == 0.0
+
+
+def test_vote_at_k_on_a_scripted_policy(demo_dir, tmp_path):
+    records = json.loads((demo_dir / "dev.json").read_text())
+    q_right, q_wrong = records[0], records[1]
+    empty = "SELECT 1 WHERE 0"  # executes, empty: never a vote candidate
+    scripts = {
+        # two gold answers (different SQL, same result), one other result, one error: the vote picks gold
+        q_right["question"]: [q_right["SQL"], q_right["SQL"] + " ", "SELECT 12345", "SELEC oops"],
+        # the same wrong result twice against gold once and an empty result: the vote picks the wrong one
+        q_wrong["question"]: ["SELECT 'wrong'", "SELECT 'wrong' AS x", q_wrong["SQL"], empty],
+    }
+    served: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def respond(body):
+        question = question_of(body)
+        with lock:
+            index = served.get(question, 0)
+            served[question] = index + 1
+        sql = scripts[question][index]
+        return chat_answer(json.dumps({"tool": "submit_sql", "args": {"sql": sql}}))
+
+    data = tmp_path / "data"
+    shutil.copytree(demo_dir, data)
+    (data / "dev.json").write_text(json.dumps([q_right, q_wrong]))
+    with ChatFake(respond) as fake:
+        summary = evaluate(eval_args("--policy", "endpoint", "--endpoint-mode", "chat", "--endpoint", fake.url,
+                                     "--data", data, "--k", "4", "--concurrency", "1", "--output", tmp_path / "out"))["full"]
+    assert summary["k"] == 4 and summary["n"] == 2 and summary["n_episodes"] == 8
+    assert summary["execution_accuracy_official"] == pytest.approx(3 / 8)
+    assert summary["vote_at_k"] == pytest.approx(0.5)
+    assert "| vote@k official EX | 0.500 |" in (tmp_path / "out" / "summary.md").read_text()
+
+
+def test_dead_endpoint_fails_with_a_clear_message(demo_dir, tmp_path, capsys):
+    from t2s.cli import main
+
+    url = f"http://127.0.0.1:{free_port()}"
+    for mode in ("chat", "completions"):
+        code = main(["eval", "--policy", "endpoint", "--endpoint-mode", mode, "--endpoint", url, "--data", str(demo_dir),
+                     "--retries", "1", "--backoff", "0.01", "--output", str(tmp_path / mode), "--quiet"])
+        assert code == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("Error:") and "failed after 2 attempt(s)" in err[-1] and "Traceback" not in "".join(err)
+
+
+def test_endpoint_dying_midway_keeps_finished_results(demo_dir, tmp_path, capsys):
+    from t2s.cli import main
+
+    gold = gold_by_question(demo_dir)
+    healthy = good_agent(gold)
+    state = {"alive": True, "answered": 0}
+
+    def respond(body):
+        if not state["alive"]:
+            return 500, {"error": "engine died"}
+        state["answered"] += 1
+        if state["answered"] >= 8:  # 4 questions done (2 turns each), then the engine dies
+            state["alive"] = False
+        return healthy(body)
+
+    argv = ["eval", "--policy", "endpoint", "--endpoint-mode", "chat", "--data", str(demo_dir), "--n", "10",
+            "--concurrency", "1", "--retries", "2", "--backoff", "0.01", "--output", str(tmp_path / "out"), "--quiet"]
+    with ChatFake(respond) as fake:
+        assert main([*argv, "--endpoint", fake.url]) == 1
+        port = fake.server.server_address[1]
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("Error:") and "500" in err and "after 3 attempt(s)" in err
+    kept = read_lines(tmp_path / "out")
+    assert len(kept) == 4 and all(line["official"] == 1 for line in kept)
+    with ChatFake(healthy, port) as fake:  # the server is back: the run resumes and finishes
+        assert main([*argv, "--endpoint", fake.url]) == 0
+        assert len(fake.requests) == 12  # only the 6 missing questions ran
+    lines = read_lines(tmp_path / "out")
+    assert len({line["question_id"] for line in lines}) == len(lines) == 10
+
+
+# ------------------------------------------------------------------------------------------------ the tiny model
+def test_model_policy_with_tiny_model(tiny_model_dir, demo_dir, tmp_path):
+    summary = evaluate(eval_args("--policy", "model", "--model", tiny_model_dir, "--data", demo_dir, "--n", "3",
+                                 "--k", "2", "--mode", "withheld", "--max-turns", "2", "--max-tokens-per-turn", "24",
+                                 "--output", tmp_path))["withheld"]
+    lines = read_lines(tmp_path)
+    assert summary["n"] == 3 and summary["n_episodes"] == len(lines) == 6
+    assert sorted((line["question_id"], line["sample"]) for line in lines) == sorted(
+        {(line["question_id"], s) for line in lines for s in (0, 1)})
+    for line in lines:
+        counters = line["counters"]
+        assert 1 <= counters["turns"] <= 3  # 2 tool turns + the forced turn at most
+        assert len(line["turns"]) == counters["turns"]
+        assert counters["calls"] == sum(len(turn["calls"]) for turn in line["turns"])
+        assert line["official"] <= line["executes"] and line["strict"] <= line["official"]
+        assert bool(counters["fallback_used"]) == (line["final_sql_source"] == "fallback")
+    assert summary["mean_turns"] == pytest.approx(sum(line["counters"]["turns"] for line in lines) / 6, abs=1e-6)
+    assert summary["submit_rate"] + summary["forced_rate"] >= 0.99 or summary["truncation_rate"] > 0
+    config = summary["config"]
+    assert config["comparable"] is True and config["tokenizer_sha256"] and config["chat_template_sha256"]
+    assert config["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
+    assert "vote_at_k" in summary
