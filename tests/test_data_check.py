@@ -114,3 +114,12 @@ def test_prepare_prints_layout_and_checks_what_is_present(tmp_path, capsys, bird
 def test_prepare_with_nothing_present(tmp_path, capsys):
     assert main(["data", "prepare", "--data-dir", str(tmp_path / "empty")]) == 0
     assert "Nothing to check yet" in " ".join(capsys.readouterr().out.split())
+
+
+def test_make_demo_then_check_it(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["data", "make-demo", "--output", str(out)]) == 0
+    rows = load_json_rows(out / "dev.json")
+    assert rows and rows.missing_databases == {}
+    kept, counts = hygiene.filter_rows(rows)
+    assert counts["ok"] == len(rows) == len(kept)  # every demo gold SQL runs and returns rows

@@ -71,8 +71,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--max-solved", type=int, default=None, help="default k-1")
     p.add_argument("--workers", type=int, default=4)
 
-    sub.add_parser("make-demo", help="(re)write the embedded demo database and questions in data/demo",
-                   add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
+    p = sub.add_parser("make-demo", help="(re)write the embedded demo databases and questions (data/demo)")
+    p.add_argument("--output", default=None, help="folder to write (default: data/demo)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -329,4 +329,4 @@ def _evaluator_counts(rows, args) -> list[int]:
 def _make_demo(args) -> int:
     from t2s.data import demo
 
-    return int(demo.main(list(getattr(args, "rest", []) or [])) or 0)
+    return int(demo.main(["--output", args.output] if args.output else []) or 0)
