@@ -145,7 +145,7 @@ def check_and_report(rows, *, console, data_file=None, db_root=None, workers=4, 
     if getattr(rows, "missing_databases", None):
         console.print(f"[yellow]{rows.missing_summary()}[/yellow]")
     if from_cache:
-        console.print(f"(from the cache: {hygiene._cache_file(key)})")
+        console.print(f"(from the cache: {hygiene.cache_file(key)})")
     if output:
         hygiene.write_outcomes(output, outcomes)
         console.print(f"per-row outcomes: {output}")

@@ -69,13 +69,13 @@ def cache_key(rows: Sequence[dict], data_file: str | Path | None = None, db_root
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
-def _cache_file(key: str) -> Path:
+def cache_file(key: str) -> Path:
     return cache_dir() / "data_check" / f"{key}.jsonl"
 
 
 def read_cache(key: str, rows: Sequence[dict]) -> list[dict] | None:
     """Cached outcomes for exactly these rows, or None."""
-    path = _cache_file(key)
+    path = cache_file(key)
     if not path.is_file():
         return None
     try:
@@ -88,7 +88,7 @@ def read_cache(key: str, rows: Sequence[dict]) -> list[dict] | None:
 
 
 def write_cache(key: str, outcomes: Sequence[dict]) -> Path | None:
-    path = _cache_file(key)
+    path = cache_file(key)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -132,6 +132,23 @@ def check_row(row: dict, timeout: float | None = None) -> dict:
     return record
 
 
+def thread_map(fn, items: Sequence, *, workers: int = DEFAULT_WORKERS, label: str = "working",
+               progress: bool = True) -> list:
+    """``[fn(item) for item in items]`` on a thread pool, in item order, with a rich progress bar."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    results: list = [None] * len(items)
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, disable=not progress, transient=True) as bar, \
+            ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        task = bar.add_task(label, total=len(items))
+        futures = {pool.submit(fn, item): index for index, item in enumerate(items)}
+        for future in as_completed(futures):
+            results[futures[future]] = future.result()
+            bar.advance(task)
+    return results
+
+
 def check_rows(
     rows: Sequence[dict],
     *,
@@ -146,22 +163,8 @@ def check_rows(
         cached = read_cache(key, rows)
         if cached is not None:
             return cached, True
-    outcomes: list[dict | None] = [None] * len(rows)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = {pool.submit(check_row, row, timeout): i for i, row in enumerate(rows)}
-        if progress:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            columns = (TextColumn("checking gold SQL"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-            with Progress(*columns, transient=True) as bar:
-                task = bar.add_task("check", total=len(rows))
-                for future in as_completed(futures):
-                    outcomes[futures[future]] = future.result()
-                    bar.advance(task)
-        else:
-            for future in as_completed(futures):
-                outcomes[futures[future]] = future.result()
-    done = [o for o in outcomes if o is not None]
+    done = thread_map(lambda row: check_row(row, timeout), rows, workers=workers, label="checking gold SQL",
+                      progress=progress)
     if key is not None:
         write_cache(key, done)
     return done, False

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Callable, Sequence
 
 log = logging.getLogger(__name__)
@@ -68,22 +67,10 @@ def solve_counts(
     rows: Sequence[dict], policy_factory: Callable, k: int, *, config=None, workers: int = 4, progress: bool = True
 ) -> list[int]:
     """For each row, how many of k episodes (``policy_factory(row, sample)``) end in an official match."""
-    counts: list[int] = [0] * len(rows)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = {pool.submit(_solve_row, row, policy_factory, k, config): i for i, row in enumerate(rows)}
-        if progress:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from t2s.data.hygiene import thread_map
 
-            with Progress(TextColumn(f"solving x{k}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          transient=True) as bar:
-                task = bar.add_task("solve", total=len(rows))
-                for future in as_completed(futures):
-                    counts[futures[future]] = future.result()
-                    bar.advance(task)
-        else:
-            for future in as_completed(futures):
-                counts[futures[future]] = future.result()
-    return counts
+    return thread_map(lambda row: _solve_row(row, policy_factory, k, config), rows, workers=workers,
+                      label=f"solving x{k}", progress=progress)
 
 
 def keep_partially_solved(rows: Sequence[dict], counts: Sequence[int], k: int, low: int = 1, high: int | None = None):
