@@ -376,3 +376,87 @@ def test_model_policy_with_tiny_model(tiny_model_dir, demo_dir, tmp_path):
     assert config["comparable"] is True and config["tokenizer_sha256"] and config["chat_template_sha256"]
     assert config["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
     assert "vote_at_k" in summary
+
+
+# ------------------------------------------------------------------------------- completions mode (vLLM-like fake)
+class CompletionsGoodAgent:
+    """A token-level agent for the vLLM fakes: reads the question from the prompt, runs the gold SQL, submits it."""
+
+    def __init__(self, tokenizer, gold: dict[str, str]):
+        self.tokenizer = tokenizer
+        self.gold = gold
+        self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def __call__(self, prompt_ids, max_tokens):
+        from tests.fake_vllm import turn_index
+
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        question = text.split("Question: ", 1)[1].split("\n", 1)[0].strip()
+        tool = "run_query" if turn_index(prompt_ids, self.im_start) == 0 else "submit_sql"
+        turn = "I check the query first.\n</think>\n\n" + json.dumps({"tool": tool, "args": {"sql": self.gold[question]}})
+        return list(self.tokenizer(turn, add_special_tokens=False)["input_ids"]) + [self.im_end]
+
+
+@pytest.mark.parametrize("mode", ["full", "withheld"])
+def test_completions_endpoint_good_agent_and_garbage(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, mode):
+    from tests.fake_vllm import FakeVLLMServer, RandomAgent
+
+    agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
+    with FakeVLLMServer(agent) as server:
+        summary = evaluate(eval_args("--policy", "endpoint", "--endpoint", server.base_url, "--model", tiny_model_dir,
+                                     "--data", demo_dir, "--n", "5", "--mode", mode, "--output", tmp_path / "good"))[mode]
+        body = server.requests[0]
+    assert summary["execution_accuracy_official"] == summary["strict"] == summary["submit_rate"] == 1.0
+    assert summary["mean_turns"] == 2.0 and summary["config"]["comparable"] is True
+    assert summary["config"]["endpoint_mode"] == "completions"
+    assert isinstance(body["prompt"][0], int) and body["return_token_ids"] is True
+    assert sorted(body["stop_token_ids"]) == sorted(tiny_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+    assert (body["temperature"], body["top_p"], body["top_k"]) == (0.6, 0.95, 20)
+    # the prompt is the chat template's, with thinking on
+    assert tiny_tokenizer.decode(body["prompt"]).endswith("<|im_start|>assistant\n<think>\n")
+
+    with FakeVLLMServer(RandomAgent(tiny_tokenizer, seed=1)) as server:
+        summary = evaluate(eval_args("--policy", "endpoint", "--endpoint", server.base_url, "--model", tiny_model_dir,
+                                     "--data", demo_dir, "--n", "5", "--mode", mode, "--max-turns", "2",
+                                     "--max-tokens-per-turn", "64", "--output", tmp_path / "garbage"))[mode]
+    assert summary["execution_accuracy_official"] == 0.0 and summary["submit_rate"] == 0.0
+    assert summary["n"] == 5 and summary["forced_rate"] + summary["truncation_rate"] > 0
+
+
+def test_completions_endpoint_failing_midway(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, capsys):
+    from t2s.cli import main
+    from tests.fake_vllm import FakeVLLMServer
+
+    agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
+    argv = ["eval", "--policy", "endpoint", "--model", str(tiny_model_dir), "--data", str(demo_dir), "--n", "6",
+            "--concurrency", "1", "--batch-size", "2", "--retries", "1", "--backoff", "0.01",
+            "--output", str(tmp_path / "out"), "--quiet"]
+    with FakeVLLMServer(agent, faults=[None] * 4 + ["500"] * 200) as server:  # two questions, then 500s
+        assert main([*argv, "--endpoint", server.base_url]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("Error:") and "500" in err and "finished results are kept" in err
+    lines = read_lines(tmp_path / "out")
+    assert len(lines) == 2 and all(line["official"] == 1 for line in lines)  # finished results are kept
+
+
+def test_vllm_policy_wiring(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, monkeypatch):
+    """--policy vllm builds vllm.LLM and plays through the colocate backend (here an object shaped like vLLM's)."""
+    import sys
+    import types
+
+    from tests.fake_vllm import FakeLLM, FakeSamplingParams
+
+    agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
+    built = {}
+
+    def make_llm(**kwargs):
+        built.update(kwargs)
+        return FakeLLM(agent)
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=make_llm, SamplingParams=FakeSamplingParams))
+    summary = evaluate(eval_args("--policy", "vllm", "--model", tiny_model_dir, "--data", demo_dir, "--n", "4",
+                                 "--output", tmp_path))["full"]
+    assert summary["execution_accuracy_official"] == 1.0 and summary["submit_rate"] == 1.0
+    assert built["model"] == str(tiny_model_dir) and built["enable_prefix_caching"] is True
+    assert built["max_model_len"] >= 12288
