@@ -49,6 +49,11 @@ class T2SScriptArguments:
         metadata={"help": "Folder holding one sub-folder per db_id. Default: the data file's sibling "
                   "dev_databases/, train_databases/, database/ or databases/ folder."},
     )
+    sqale_schemas: str | None = field(
+        default=None,
+        metadata={"help": "SQaLe only: the schema table (local parquet/JSONL/JSON, a folder, or a Hub id) joined to "
+                  "the query rows on the schema id. None: inline DDL columns, else the published schema table."},
+    )
     difficulties: list[str] | None = field(
         default=None,
         metadata={"help": "Keep only rows with these difficulty labels (simple, moderate, challenging). None keeps "
@@ -73,7 +78,7 @@ class T2SScriptArguments:
         default=None,
         metadata={"help": "Keep at most this many rows after filtering (None: all)."},
     )
-    data_seed: int = field(
+    rows_seed: int = field(
         default=0,
         metadata={"help": "Seed of the shuffle applied before `max_train_rows` is taken."},
     )
@@ -182,6 +187,7 @@ class T2SGRPOConfig(GRPOConfig):
                                                             "aggregation with sum over tokens / loss_norm_constant."})
 
     def __post_init__(self) -> None:
+        check_groups_per_rank(self)
         if self.rollout_backend in ("vllm_colocate", "vllm_server"):
             self.use_vllm = True
             self.vllm_mode = "colocate" if self.rollout_backend == "vllm_colocate" else "server"
@@ -204,6 +210,23 @@ class T2SGRPOConfig(GRPOConfig):
 
         names = {f.name for f in dataclasses.fields(EpisodeConfig)}
         return EpisodeConfig(**{name: getattr(self, name) for name in names if hasattr(self, name)})
+
+
+def check_groups_per_rank(args) -> None:
+    """A rank's generation batch (per_device_train_batch_size × steps_per_generation) must hold whole groups."""
+    steps = args.steps_per_generation
+    if steps is None and args.generation_batch_size is None:
+        steps = args.gradient_accumulation_steps
+    if steps is None:  # derived from generation_batch_size, whose divisibility TRL checks
+        return
+    per_rank = args.per_device_train_batch_size * steps
+    if per_rank % args.num_generations != 0:
+        raise ConfigError(
+            f"Error: a GRPO group would be split across ranks: per_device_train_batch_size × steps_per_generation = "
+            f"{args.per_device_train_batch_size} × {steps} = {per_rank} is not a multiple of "
+            f"num_generations ({args.num_generations}). Groups must stay on one rank (consensus and advantages "
+            "need the whole group)."
+        )
 
 
 def _sampling_filters(args) -> list[str]:
@@ -238,14 +261,7 @@ def validate_training_config(args, reward_names=None) -> None:
             "logprobs never apply top-k/top-p/min-p, so the sampler's would not match; remove them (evaluation "
             "sampling is separate)."
         )
-    per_rank = args.per_device_train_batch_size * args.steps_per_generation
-    if per_rank % args.num_generations != 0:
-        raise ConfigError(
-            f"Error: a GRPO group would be split across ranks: per_device_train_batch_size × steps_per_generation = "
-            f"{args.per_device_train_batch_size} × {args.steps_per_generation} = {per_rank} is not a multiple of "
-            f"num_generations ({args.num_generations}). Groups must stay on one rank (consensus and advantages "
-            "need the whole group)."
-        )
+    check_groups_per_rank(args)
     if not args.beta > 0:
         raise ConfigError(f"Error: beta must be > 0 (got {args.beta}): TRL builds the reference model only when "
                           "beta != 0, and the KL controller needs one.")

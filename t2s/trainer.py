@@ -396,5 +396,8 @@ def build_backend(trainer):
     if name == "vllm_server":
         from t2s.backends.vllm_server import VLLMServerBackend
 
-        return VLLMServerBackend.for_trainer(trainer)
+        args = trainer.args
+        base_url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+        return VLLMServerBackend(base_url, trainer.processing_class, max_concurrency=args.rollout_concurrency,
+                                 request_timeout=args.rollout_request_timeout)
     raise ConfigError(f"Error: rollout_backend {name!r} is unknown.")

@@ -1,0 +1,257 @@
+"""`python -m t2s train --config recipes/X.yaml [overrides]`: GRPO training from a recipe.
+
+Single process: ``python -m t2s train --config recipes/smoke.yaml``. Several GPUs:
+``accelerate launch --config_file accelerate_configs/multi_gpu.yaml --num_processes 3 -m t2s train --config
+recipes/bird.yaml`` (what ``make train RECIPE=bird`` runs). Overrides are recipe keys as flags, e.g.
+``--learning_rate 5e-6 --max_steps 100``; ``--resume_from_checkpoint runs/bird/checkpoint-200`` (or ``latest``)
+continues from that step with the same β and data order.
+
+Before the model loads, rows are loaded (``t2s.data.loaders.load_rows``), filtered by difficulty (labelled or, with
+``difficulty_estimated``, estimated), by pass rate when a file is given, and by gold hygiene; rows whose prompt
+leaves less than ``min_episode_tokens`` of the episode budget are dropped. Every drop is counted, logged and written
+to ``<output_dir>/data_summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="recipe YAML (recipes/bird.yaml, recipes/smoke.yaml, ...)")
+    parser.epilog = ("Any other flag overrides a recipe key, e.g. --learning_rate 5e-6 --max_steps 100 "
+                     "--resume_from_checkpoint latest")
+    parser.set_defaults(overrides=[])
+    parse_known = parser.parse_known_args
+
+    def keep_overrides(args=None, namespace=None):
+        """Recipe overrides are not this parser's options: keep them for TrlParser instead of rejecting them."""
+        namespace, extras = parse_known(args, namespace)
+        namespace.overrides = [*namespace.overrides, *(a for a in extras if a != "--")]
+        return namespace, []
+
+    parser.parse_known_args = keep_overrides
+
+
+def resolve_path(path: str | None) -> Path | None:
+    """A path as given if it exists, else relative to the repository root (recipes name repo paths); None if absent."""
+    if not path:
+        return None
+    from t2s.settings import REPO_ROOT
+
+    for candidate in (Path(path), REPO_ROOT / path):
+        if candidate.exists():
+            return candidate.resolve()
+    return None
+
+
+def load_training_rows(script_args, training_args, tokenizer=None) -> tuple[list[dict], dict]:
+    """Rows for training and the counts of every filter; raises ConfigError for a missing data path."""
+    from t2s.configs import ConfigError
+    from t2s.data.loaders import load_rows
+
+    data_path = resolve_path(script_args.dataset_path)
+    if data_path is None and script_args.dataset_kind != "sqale":
+        raise ConfigError(f"Error: dataset_path {script_args.dataset_path!r} not found (looked in the working "
+                          "directory and the repository root).")
+    db_root = resolve_path(script_args.db_root) if script_args.db_root else None
+    if script_args.db_root and db_root is None:
+        raise ConfigError(f"Error: db_root {script_args.db_root!r} not found.")
+    opts = {"schemas": script_args.sqale_schemas} if script_args.dataset_kind == "sqale" else {}
+    rows = list(load_rows(script_args.dataset_kind, str(data_path or script_args.dataset_path),
+                          str(db_root) if db_root else None, **opts))
+    counts: dict = {"loaded": len(rows)}
+    if script_args.difficulties:
+        wanted = set(script_args.difficulties)
+        if script_args.difficulty_estimated:
+            from t2s.data.difficulty import estimate
+
+            unlabelled = [r for r in rows if r.get("difficulty") is None]
+            for row, level in zip(unlabelled, estimate(unlabelled), strict=True):
+                row["difficulty"] = level
+            counts["difficulty_estimated"] = len(unlabelled)
+        kept = [r for r in rows if r.get("difficulty") in wanted]
+        counts["dropped_difficulty"] = len(rows) - len(kept)
+        rows = kept
+    if script_args.pass_rate_file:
+        path = resolve_path(script_args.pass_rate_file)
+        if path is None:
+            raise ConfigError(f"Error: pass_rate_file {script_args.pass_rate_file!r} not found.")
+        keep_ids = pass_rate_ids(path)
+        kept = [r for r in rows if str(r["question_id"]) in keep_ids]
+        counts["dropped_pass_rate"] = len(rows) - len(kept)
+        rows = kept
+    if script_args.gold_hygiene:
+        from t2s.data.hygiene import filter_rows
+
+        before = len(rows)
+        rows, hygiene = filter_rows(rows)
+        counts["dropped_gold_hygiene"] = before - len(rows)
+        counts["gold_hygiene"] = hygiene
+    if tokenizer is not None:
+        rows, too_long = drop_long_prompts(rows, tokenizer, training_args)
+        counts["dropped_prompt_too_long"] = too_long
+    if script_args.max_train_rows is not None and len(rows) > script_args.max_train_rows:
+        import random
+
+        random.Random(script_args.rows_seed).shuffle(rows)
+        rows = rows[: script_args.max_train_rows]
+    counts["kept"] = len(rows)
+    if not rows:
+        raise ConfigError(f"Error: no training rows left after filtering ({counts}).")
+    return rows, counts
+
+
+def pass_rate_ids(path: Path) -> set[str]:
+    """Question ids kept by ``t2s data passrate`` (its JSON list of rows, or JSONL with question_id)."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError:
+        items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if isinstance(items, dict):
+        items = [items]
+    return {str(item["question_id"]) for item in items}
+
+
+def drop_long_prompts(rows: list[dict], tokenizer, training_args) -> tuple[list[dict], int]:
+    """Drop rows whose rendered prompt leaves less than ``min_episode_tokens`` of the episode budget."""
+    from t2s import protocol
+    from t2s.episode import Episode
+
+    config = training_args.episode_config()
+    kept = []
+    for row in rows:
+        episode = Episode(row, config)
+        prompt_tokens = len(protocol.generation_prompt_ids(tokenizer, episode.messages, config.enable_thinking))
+        if config.episode_token_budget - prompt_tokens >= config.min_episode_tokens:
+            kept.append(row)
+    dropped = len(rows) - len(kept)
+    if dropped:
+        log.warning("dropped %d rows whose prompt leaves less than %d of the %d-token episode budget", dropped,
+                    config.min_episode_tokens, config.episode_token_budget)
+    return kept, dropped
+
+
+def prepare_model_path(script_args, model_args) -> str:
+    """The model to load: a local folder (built first for the tiny smoke model) or a hub id."""
+    from t2s.configs import ConfigError
+
+    name = model_args.model_name_or_path
+    if not name:
+        raise ConfigError("Error: model_name_or_path is not set in the recipe.")
+    local = resolve_path(name)
+    if local is not None:
+        return str(local)
+    if script_args.build_tiny_model:
+        from t2s.settings import REPO_ROOT
+        from t2s.tiny_model import build_tiny_model
+
+        target = Path(name) if Path(name).is_absolute() else REPO_ROOT / name
+        return str(build_tiny_model(target))
+    return name
+
+
+def build_trainer(script_args, training_args, model_args, *, callbacks=None):
+    """Load data and model and return a ready :class:`Text2SQLGRPOTrainer` (plus the data counts)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import get_peft_config
+
+    from t2s.configs import validate_training_config
+    from t2s.trainer import Text2SQLGRPOTrainer
+
+    validate_training_config(training_args)
+    model_path = prepare_model_path(script_args, model_args)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left", revision=model_args.model_revision,
+                                              trust_remote_code=training_args.trust_remote_code)
+    rows, counts = load_training_rows(script_args, training_args, tokenizer)
+    log.info("training rows: %s", counts)
+    init_kwargs = dict(training_args.model_init_kwargs or {})
+    for key in ("dtype", "attn_implementation"):
+        value = getattr(model_args, key, None)
+        if value is not None:
+            init_kwargs.setdefault(key, value)
+    if model_args.model_revision and model_args.model_revision != "main":
+        init_kwargs.setdefault("revision", model_args.model_revision)
+    training_args.model_init_kwargs = init_kwargs or None
+    dataset = Dataset.from_list([{"prompt": row["question"], **row} for row in rows])
+    trainer = Text2SQLGRPOTrainer(model_path, training_args, train_dataset=dataset, processing_class=tokenizer,
+                                  peft_config=get_peft_config(model_args), callbacks=callbacks)
+    return trainer, counts
+
+
+def resume_checkpoint(training_args) -> str | None:
+    """``resume_from_checkpoint``: a folder, or ``latest``/``true`` for the newest checkpoint in output_dir."""
+    value = training_args.resume_from_checkpoint
+    if value in (None, "", False):
+        return None
+    if str(value).lower() in ("latest", "last", "true"):
+        from transformers.trainer_utils import get_last_checkpoint
+
+        found = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
+        if found is None:
+            from t2s.configs import ConfigError
+
+            raise ConfigError(f"Error: no checkpoint to resume in {training_args.output_dir}.")
+        return found
+    if not os.path.isdir(value):
+        from t2s.configs import ConfigError
+
+        raise ConfigError(f"Error: checkpoint {value!r} not found.")
+    return str(value)
+
+
+def train(script_args, training_args, model_args, *, callbacks=None):
+    """Build, train, save; returns the trainer."""
+    trainer, counts = build_trainer(script_args, training_args, model_args, callbacks=callbacks)
+    return fit(trainer, counts, resume_checkpoint(training_args))
+
+
+def fit(trainer, counts: dict, checkpoint: str | None = None):
+    """Train (from ``checkpoint`` when given), save the model and a summary in output_dir."""
+    output_dir = trainer.args.output_dir
+    if trainer.accelerator.is_main_process:
+        os.makedirs(output_dir, exist_ok=True)
+        Path(output_dir, "data_summary.json").write_text(json.dumps(counts, indent=2, default=str))
+    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_model(output_dir)
+    if trainer.accelerator.is_main_process:
+        summary = {"global_step": trainer.state.global_step, "beta": trainer.beta, "data": counts}
+        Path(output_dir, "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    return trainer
+
+
+def run(args: argparse.Namespace) -> int:
+    from t2s.settings import offline_environment
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        offline_environment()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if not Path(args.config).is_file():
+        print(f"Error: recipe {args.config} not found.", file=sys.stderr)
+        return 2
+    from t2s.configs import ConfigError, parse_recipe
+
+    try:
+        script_args, training_args, model_args = parse_recipe(["--config", args.config, *args.overrides])
+        checkpoint = resume_checkpoint(training_args)
+        trainer, counts = build_trainer(script_args, training_args, model_args)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as exc:  # TRL/transformers config errors, unreadable data: one line, no traceback
+        message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
+        print(message.splitlines()[0], file=sys.stderr)
+        return 2
+    fit(trainer, counts, checkpoint)
+    return 0
