@@ -123,3 +123,19 @@ def test_make_demo_then_check_it(tmp_path, capsys):
     assert rows and rows.missing_databases == {}
     kept, counts = hygiene.filter_rows(rows)
     assert counts["ok"] == len(rows) == len(kept)  # every demo gold SQL runs and returns rows
+
+
+def test_check_sqale_payloads(tmp_path, capsys, cache_in_tmp):
+    from test_data_loaders import write_sqale
+
+    queries, schemas = write_sqale(tmp_path / "sqale")
+    args = ["data", "check", "--kind", "sqale", "--data", str(queries), "--schemas", str(schemas)]
+    assert main(args) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "schema_nasty" in printed and "schema_unknown (1 question)" in printed and "left out" in printed
+    assert main(args) == 0
+    assert "from the cache" in capsys.readouterr().out
+    # another schema table: another cache entry, not the stale one
+    schemas.write_text(schemas.read_text().replace('"number_of_tables": 2', '"number_of_tables": 3'))
+    assert main(args) == 0
+    assert "from the cache" not in capsys.readouterr().out

@@ -133,12 +133,12 @@ def _data_file_for_cache(args) -> Path | None:
 
 
 def check_and_report(rows, *, console, data_file=None, db_root=None, workers=4, timeout=None, use_cache=True,
-                     output=None, title="gold SQL check") -> dict:
+                     output=None, title="gold SQL check", extra_key="") -> dict:
     from t2s.data import hygiene
 
     key = None
     if use_cache:
-        key = hygiene.cache_key(rows, data_file, db_root) if timeout is None else None
+        key = hygiene.cache_key(rows, data_file, db_root, extra_key) if timeout is None else None
     outcomes, from_cache = hygiene.check_rows(rows, workers=workers, timeout=timeout, key=key, use_cache=use_cache)
     summary = hygiene.summarize(outcomes)
     console.print(hygiene.summary_table(summary, title=title))
@@ -155,13 +155,22 @@ def check_and_report(rows, *, console, data_file=None, db_root=None, workers=4, 
 def _check(args) -> int:
     console = _console()
     rows = load_for_command(args)
-    data_file = _data_file_for_cache(args)
+    data_file = _data_file_for_cache(args) if args.limit is None else None
+    extra_key = ""
+    if args.kind == "sqale":  # the outcomes depend on the schema table too
+        schemas = Path(args.schemas) if args.schemas else None
+        extra_key = hygiene_file_key(schemas) if schemas and schemas.is_file() else str(args.schemas)
     check_and_report(
-        rows, console=console, data_file=data_file if args.limit is None else None, db_root=rows.db_root,
-        workers=args.workers, timeout=args.timeout, use_cache=not args.no_cache, output=args.output,
-        title=f"gold SQL check: {args.data}",
+        rows, console=console, data_file=data_file, db_root=rows.db_root, workers=args.workers, timeout=args.timeout,
+        use_cache=not args.no_cache, output=args.output, title=f"gold SQL check: {args.data}", extra_key=extra_key,
     )
     return 0
+
+
+def hygiene_file_key(path: Path) -> str:
+    from t2s.data.hygiene import file_hash
+
+    return file_hash(path)
 
 
 def _prepare(args) -> int:

@@ -51,8 +51,13 @@ def _database_stamp(rows: Sequence[dict]) -> list:
     return stamps
 
 
-def cache_key(rows: Sequence[dict], data_file: str | Path | None = None, db_root: str | Path | None = None) -> str:
-    """Key of a check: the data file's hash (or the rows' contents), the database root and the database files."""
+def cache_key(
+    rows: Sequence[dict], data_file: str | Path | None = None, db_root: str | Path | None = None, extra: str = ""
+) -> str:
+    """Key of a check: the data file's hash (or the rows' contents), the database root and the database files.
+
+    ``extra`` adds anything else the outcomes depend on (e.g. the hash of a SQaLe schema table).
+    """
     from t2s import databases
 
     if data_file is not None:
@@ -64,7 +69,7 @@ def cache_key(rows: Sequence[dict], data_file: str | Path | None = None, db_root
         ).hexdigest()
     limits = [getattr(databases, name, None) for name in ("SCORING_MIN_TIMEOUT", "SCORING_GOLD_FACTOR", "SCORING_MAX_TIMEOUT")]
     payload = json.dumps(
-        [CACHE_VERSION, data, str(Path(db_root).resolve()) if db_root else None, _database_stamp(rows), limits]
+        [CACHE_VERSION, data, str(Path(db_root).resolve()) if db_root else None, _database_stamp(rows), limits, extra]
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 

@@ -70,9 +70,12 @@ class RowList(list):
         if not self.missing_databases:
             return ""
         items = sorted(self.missing_databases.items())
-        names = ", ".join(f"{db} ({n} questions)" for db, n in items[:8])
+        names = ", ".join(f"{db} ({n} question{'s' if n != 1 else ''})" for db, n in items[:8])
         if len(items) > 8:
-            names += f" and {len(items) - 8} more databases"
+            names += f" and {len(items) - 8} more"
+        if self.db_root is None:  # row payloads: those questions were left out
+            return (f"{self.missing_questions} questions left out, their schemas absent from the schema table "
+                    f"or impossible to build: {names}")
         return f"{self.missing_questions} of {len(self)} questions point at databases missing under {self.db_root}: {names}"
 
 
