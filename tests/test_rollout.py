@@ -1,0 +1,224 @@
+"""Rollouts on real episodes (data/demo, real SQLite): the token-stream invariants of DESIGN §3 through transformers
+generate, the fake vLLM server and the fake ``vllm.LLM``; a scripted good agent; failures that end episodes cleanly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from t2s.backends.base import SamplingSettings, stop_token_ids
+from t2s.backends.vllm_colocate import VLLMColocateBackend
+from t2s.backends.vllm_server import VLLMServerBackend
+from t2s.episode import EpisodeConfig
+from t2s.rollout import Rollout, to_trl
+from tests.fake_vllm import FakeLLM, FakeSamplingParams, FakeVLLMServer, RandomAgent, ScriptedAgent, refused_url
+
+SMALL = EpisodeConfig(max_turns=3, max_tokens_per_turn=24)
+
+
+@pytest.fixture(scope="module")
+def rows(demo_dir):
+    from t2s.data.loaders import load_json_rows
+
+    return load_json_rows(demo_dir / "dev.json")
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+
+
+def segments(trace):
+    """(is_model, ids) runs of the completion by env_mask."""
+    runs = []
+    for tid, m in zip(trace.completion_ids, trace.env_mask):
+        if runs and runs[-1][0] == bool(m):
+            runs[-1][1].append(tid)
+        else:
+            runs.append((bool(m), [tid]))
+    return runs
+
+
+def assert_stream_invariants(trace, tok, config: EpisodeConfig = SMALL):
+    """DESIGN §3: model segments decode to the assistant texts, env segments to observation + generation prompt,
+    lengths align, a finished trajectory ends on <|im_end|>, and env positions carry logprob 0."""
+    im_end, eot = stop_token_ids(tok)
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=False)  # noqa: E731
+    n = len(trace.completion_ids)
+    assert len(trace.env_mask) == n and len(trace.logprobs) == n
+    assert trace.completion_ids[-1] == im_end
+    assert all(lp == 0.0 for lp, m in zip(trace.logprobs, trace.env_mask) if not m)
+    assert all(lp <= 0.0 for lp in trace.logprobs)
+    assert decode(trace.prompt_ids).endswith("<|im_start|>assistant\n<think>\n")
+    turns = trace.record["turns"]
+    runs = segments(trace)
+    model_runs = [ids for is_model, ids in runs if is_model]
+    env_runs = [ids for is_model, ids in runs if not is_model]
+    assert len(model_runs) == len(turns) == len(trace.assistant_texts)
+    for ids, turn, text in zip(model_runs, turns, trace.assistant_texts):
+        assert turn["assistant"] == text
+        body = ids[:-1] if ids[-1] in (im_end, eot) else ids
+        assert decode(body) == text
+        assert not set(body) & {im_end, eot}  # stop tokens only ever close a turn
+    for k, ids in enumerate(env_runs):
+        previous = model_runs[k]
+        lead = "" if previous[-1] == im_end else "<|im_end|>"
+        if k < len(turns) and turns[k]["observation"]:
+            expected = f"{lead}\n<|im_start|>user\n{turns[k]['observation'].strip()}<|im_end|>\n<|im_start|>assistant\n<think>\n"
+            if k + 1 == len(model_runs):  # no model turn followed (generation error or budget): closed here
+                expected += "<|im_end|>"
+        else:  # the closing <|im_end|> after a last turn that did not end on it
+            expected = lead
+            assert k == len(env_runs) - 1
+        assert decode(ids) == expected
+    # the whole stream re-tokenises to itself around env boundaries: no merged tokens across segments
+    assert sum(len(ids) for ids in model_runs) == sum(trace.env_mask)
+
+
+def test_hf_generate_rollout_invariants(rows, tiny_model, tiny_tokenizer):
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    finished = []
+    rollout = Rollout(
+        HFGenerateBackend(tiny_model, tiny_tokenizer), tiny_tokenizer, EpisodeConfig(max_turns=2, max_tokens_per_turn=16),
+        sampling=SamplingSettings(seed=0), on_finish=finished.append,
+    )  # fmt: skip
+    traces = rollout.run(rows[:3])
+    assert [t.index for t in traces] == [0, 1, 2] and len(finished) == 3
+    for trace in traces:
+        assert_stream_invariants(trace, tiny_tokenizer)
+        assert trace.record["counters"]["turns"] >= 1 and trace.outcome is not None
+    batch = rollout.to_trl(traces)
+    assert [len(x) for x in batch["completion_ids"]] == [len(x) for x in batch["env_mask"]]
+    assert all(isinstance(lp, float) for seq in batch["logprobs"] for lp in seq)
+    assert batch["outcome"][0]["question_id"] == rows[0]["question_id"]
+    json.dumps(batch["record"])  # records are plain JSON
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("schedule", ["async", "turnsync"])
+def test_fake_server_random_agent_invariants(rows, tiny_tokenizer, schedule):
+    stops = stop_token_ids(tiny_tokenizer)
+    with FakeVLLMServer(RandomAgent(tiny_tokenizer, seed=1, stop_prob=0.5)) as server:
+        backend = VLLMServerBackend(server.base_url, tiny_tokenizer, retries=0)
+        traces = Rollout(backend, tiny_tokenizer, SMALL, schedule=schedule, score=False).run(rows[:6])
+    reasons = [r for t in traces for r in t.finish_reasons]
+    assert "length" in reasons and "stop" in reasons
+    stop_ids = {ids[-1] for t in traces for m, ids in segments(t) if m}
+    assert stops[1] in stop_ids  # <|endoftext|> stops happened and were handled
+    for trace in traces:
+        assert_stream_invariants(trace, tiny_tokenizer)
+        cutoffs = trace.finish_reasons.count("length")
+        assert trace.record["counters"]["turn_cutoffs"] == cutoffs
+
+
+def test_fake_llm_colocate_invariants(rows, tiny_tokenizer):
+    llm = FakeLLM(RandomAgent(tiny_tokenizer, seed=2))
+    backend = VLLMColocateBackend(llm, tiny_tokenizer, sampling_params_cls=FakeSamplingParams)
+    traces = Rollout(backend, tiny_tokenizer, SMALL, score=False).run(rows[:5])
+    for trace in traces:
+        assert_stream_invariants(trace, tiny_tokenizer)
+    # turn-synchronous: the first call batched every episode, with each request's own max_tokens
+    first_prompts, first_params = llm.calls[0]
+    assert len(first_prompts) == 5 and all(p.max_tokens == SMALL.max_tokens_per_turn for p in first_params)
+    assert len(llm.calls) <= SMALL.max_turns + 1
+
+
+def good_agent_turns(row) -> list[str]:
+    gold = row["gold_sql"]
+    call = lambda tool, **args: json.dumps({"tool": tool, "args": args})  # noqa: E731
+    return [
+        f"I should see the tables.\n</think>\n\n{call('list_tables')}",
+        f"Now run the query.\n</think>\n\n{call('run_query', sql=gold)}",
+        f"It works.\n</think>\n\n{call('submit_sql', sql=gold)}",
+    ]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stop", ["<|im_end|>", "<|endoftext|>"])
+def test_fake_server_good_agent_submits(rows, tiny_tokenizer, stop):
+    row = rows[0]
+    agent = ScriptedAgent(tiny_tokenizer, good_agent_turns(row), stop=stop)
+    config = EpisodeConfig(max_tokens_per_turn=512)
+    with FakeVLLMServer(agent) as server:
+        rollout = Rollout(VLLMServerBackend(server.base_url, tiny_tokenizer), tiny_tokenizer, config)
+        traces = rollout.run([row] * 4)
+    for trace in traces:
+        assert_stream_invariants(trace, tiny_tokenizer, config)
+        assert trace.record["final_sql_source"] == "submitted" and trace.record["counters"]["submitted"]
+        assert trace.record["final_sql"] == row["gold_sql"]
+        assert [t["calls"][0]["tool"] for t in trace.record["turns"]] == ["list_tables", "run_query", "submit_sql"]
+        assert "[2 tool turns left" not in trace.record["turns"][0]["observation"]  # 6 turns: 5 left after one
+        assert trace.outcome.equivalent and trace.outcome.executes
+    batch = rollout.to_trl(traces)
+    assert batch["final_sql_source"] == ["submitted"] * 4 and batch["submitted"] == [True] * 4
+    assert batch["outcome"][0]["equivalent"] is True and batch["turns"] == [3] * 4
+    if stop == "<|endoftext|>":  # every turn's <|endoftext|> is followed by an env <|im_end|>
+        im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ids, mask = traces[0].completion_ids, traces[0].env_mask
+        assert ids[-1] == im_end and mask[-1] == 0
+
+
+@pytest.mark.timeout(60)
+def test_server_failures_end_episodes_cleanly(rows, tiny_tokenizer):
+    """A refused server: every episode ends as an error with a well-formed stream and a record; nothing hangs."""
+    backend = VLLMServerBackend(refused_url(), tiny_tokenizer, model="m", retries=1, backoff=0.01)
+    rollout = Rollout(backend, tiny_tokenizer, SMALL)
+    traces = rollout.run(rows[:3])
+    for trace in traces:
+        assert trace.error and trace.error.startswith("Error:")
+        assert trace.completion_ids == [tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")] and trace.env_mask == [0]
+        assert trace.record["final_sql_source"] == "none" and trace.outcome.executes is False
+    assert rollout.to_trl(traces)["rollout_error"][0].startswith("Error:")
+
+
+@pytest.mark.timeout(60)
+def test_server_error_mid_episode_keeps_earlier_turns(rows, tiny_tokenizer):
+    row = rows[1]
+    agent = ScriptedAgent(tiny_tokenizer, good_agent_turns(row))
+    with FakeVLLMServer(agent, faults=[None, "500", "500"]) as server:  # turn 2 fails twice: retries=1 gives up
+        backend = VLLMServerBackend(server.base_url, tiny_tokenizer, retries=1, backoff=0.01)
+        trace = Rollout(backend, tiny_tokenizer, EpisodeConfig(max_tokens_per_turn=512)).run([row])[0]
+    assert trace.error and "500" in trace.error
+    assert trace.finish_reasons == ["stop", "error"] and len(trace.record["turns"]) == 1
+    assert_stream_invariants(trace, tiny_tokenizer)
+
+
+def test_budget_cutoffs_and_forced_turn(rows, tiny_tokenizer):
+    """A tight token budget: turns are cut (finish length) and the episode is truncated or forced, still well-formed."""
+    llm = FakeLLM(RandomAgent(tiny_tokenizer, seed=5, stop_prob=0.0))
+    backend = VLLMColocateBackend(llm, tiny_tokenizer, sampling_params_cls=FakeSamplingParams)
+    from t2s.protocol import generation_prompt_ids
+    from t2s.episode import Episode
+
+    prompt = len(generation_prompt_ids(tiny_tokenizer, Episode(rows[0], EpisodeConfig()).messages))
+    config = EpisodeConfig(episode_token_budget=prompt + 700, min_episode_tokens=100, max_tokens_per_turn=200,
+                           forced_turn_reserve=100)  # fmt: skip
+    trace = Rollout(backend, tiny_tokenizer, config, score=False).run([rows[0]])[0]
+    assert_stream_invariants(trace, tiny_tokenizer, config)
+    counters = trace.record["counters"]
+    assert counters["turn_cutoffs"] >= 1 and (counters["truncated"] or counters["forced"])
+    runs = segments(trace)
+    assert all(len(ids) <= config.max_tokens_per_turn for is_model, ids in runs if is_model)
+    # every model token was generated inside the budget (only the environment's last message can go past it)
+    assert len(trace.prompt_ids) + len(trace.completion_ids) - len(runs[-1][1]) <= config.episode_token_budget
+
+
+def test_to_trl_rejects_misaligned_traces(rows, tiny_tokenizer):
+    llm = FakeLLM(RandomAgent(tiny_tokenizer, seed=3))
+    backend = VLLMColocateBackend(llm, tiny_tokenizer, sampling_params_cls=FakeSamplingParams)
+    traces = Rollout(backend, tiny_tokenizer, SMALL, score=False).run(rows[:1])
+    traces[0].logprobs.append(0.0)
+    with pytest.raises(AssertionError):
+        to_trl(traces)
+
+
+def test_seeded_requests_differ_per_episode(rows, tiny_tokenizer):
+    llm = FakeLLM(RandomAgent(tiny_tokenizer, seed=4))
+    backend = VLLMColocateBackend(llm, tiny_tokenizer, sampling_params_cls=FakeSamplingParams)
+    Rollout(backend, tiny_tokenizer, SMALL, sampling=SamplingSettings(seed=9), score=False).run([rows[0]] * 3)
+    seeds = [p.seed for p in llm.calls[0][1]]
+    assert len(set(seeds)) == 3 and None not in seeds
