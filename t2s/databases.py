@@ -193,15 +193,50 @@ def printf_too_wide(fmt, args) -> bool:
     return False
 
 
-def _plain_printf(fmt, args):
-    """SQLite's own printf, run on this thread's private in-memory connection (no overrides there)."""
-    helper = getattr(_local, "printf_conn", None)
+def _helper() -> sqlite3.Connection:
+    """This thread's private in-memory connection, without our overrides, for SQLite's own formatting."""
+    helper = getattr(_local, "helper_conn", None)
     if helper is None:
-        helper = sqlite3.connect(":memory:", check_same_thread=True)
+        helper = _local.helper_conn = sqlite3.connect(":memory:", check_same_thread=True)
         helper.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_LENGTH)
-        _local.printf_conn = helper
+    return helper
+
+
+def _plain_printf(fmt, args):
+    """SQLite's own printf, run on the helper connection once the widths are known to be safe."""
     placeholders = ", ".join("?" * (len(args) + 1))
-    return helper.execute(f"SELECT printf({placeholders})", (fmt, *args)).fetchone()[0]
+    return _helper().execute(f"SELECT printf({placeholders})", (fmt, *args)).fetchone()[0]
+
+
+def _sql_text(value) -> str:
+    """A value as SQLite would turn it into text (REAL formatting is SQLite's own)."""
+    if type(value) is str:
+        return value
+    if type(value) is int:
+        return str(value)
+    if type(value) is bytes:
+        return value.decode("utf-8", "replace")
+    return _helper().execute("SELECT CAST(? AS TEXT)", (value,)).fetchone()[0]
+
+
+def _linear_trim(value, chars, left: bool, right: bool):
+    """``trim``/``ltrim``/``rtrim`` with a character set, in linear time.
+
+    SQLite's own compares every character with the whole set, which reaches minutes inside one opcode when both are
+    near the length limit.
+    """
+    if value is None or chars is None:
+        return None
+    text, chars = _sql_text(value), _sql_text(chars)
+    if len(chars) <= 64:
+        return text.strip(chars) if left and right else text.lstrip(chars) if left else text.rstrip(chars)
+    members = set(chars)
+    start, end = 0, len(text)
+    while left and start < end and text[start] in members:
+        start += 1
+    while right and end > start and text[end - 1] in members:
+        end -= 1
+    return text[start:end]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -261,7 +296,10 @@ def _sandbox(conn: SandboxConnection, label: str) -> SandboxConnection:
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, MAX_VALUE_LENGTH)
     for name in ("printf", "format"):
-        conn.create_function(name, -1, conn._printf)
+        conn.create_function(name, -1, conn._printf, deterministic=True)
+    conn.create_function("trim", 2, lambda value, chars: _linear_trim(value, chars, True, True), deterministic=True)
+    conn.create_function("ltrim", 2, lambda value, chars: _linear_trim(value, chars, True, False), deterministic=True)
+    conn.create_function("rtrim", 2, lambda value, chars: _linear_trim(value, chars, False, True), deterministic=True)
     conn.execute("PRAGMA query_only = ON")
     conn.set_authorizer(conn._authorize)
     conn.set_progress_handler(conn._progress, PROGRESS_INTERVAL)
@@ -276,6 +314,7 @@ def _open_file(ref: DatabaseRef) -> SandboxConnection:
         conn = sqlite3.connect(
             database_uri(path, ref.immutable),
             uri=True,
+            timeout=1.0,  # seconds to wait on another process's lock (user files only; benchmark files never lock)
             isolation_level=None,
             check_same_thread=True,
             factory=SandboxConnection,
@@ -365,6 +404,7 @@ def _cell_bytes(rows) -> int:
 def _fetch(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bool]:
     """(rows, more, over_cap)."""
     if max_rows is not None:
+        max_rows = max(0, int(max_rows))
         rows = cursor.fetchmany(max_rows + 1)
         more = len(rows) > max_rows
         return (rows[:max_rows] if more else rows), more, False
@@ -457,13 +497,16 @@ def _failed(message: str) -> QueryResult:
     return QueryResult(error=message)
 
 
-def run_tool_query(ref: DatabaseRef, sql: str, *, max_rows: int, timeout: float = TOOL_TIMEOUT) -> QueryResult:
-    """A model's query on this thread's tool connection, fetching at most ``max_rows`` (+1 to see if more exist)."""
+def run_tool_query(ref: DatabaseRef, sql: str, *, max_rows: int, timeout: float | None = None) -> QueryResult:
+    """A model's query on this thread's tool connection, fetching at most ``max_rows`` (+1 to see if more exist).
+
+    ``timeout`` defaults to ``TOOL_TIMEOUT``.
+    """
     try:
         conn = tool_connection(ref)
     except DatabaseOpenError as exc:
         return _failed(str(exc))
-    return execute(conn, sql, timeout=timeout, max_rows=max_rows)
+    return execute(conn, sql, timeout=TOOL_TIMEOUT if timeout is None else timeout, max_rows=max_rows)
 
 
 def run_scoring_query(ref: DatabaseRef, sql: str, *, timeout: float) -> QueryResult:
@@ -729,10 +772,20 @@ class _PayloadStore:
             self.drop_copy(oldest)
 
 
-def _thread_copies() -> OrderedDict:
+class _ThreadCopies(OrderedDict):
+    """One thread's deserialised payload copies (connection key -> bytes); released when the thread ends."""
+
+    def __del__(self):
+        released = sum(self.values())
+        if released:
+            with _payloads._lock:
+                _payloads.total -= released
+
+
+def _thread_copies() -> _ThreadCopies:
     copies = getattr(_local, "payload_copies", None)
     if copies is None:
-        copies = _local.payload_copies = OrderedDict()
+        copies = _local.payload_copies = _ThreadCopies()
     return copies
 
 

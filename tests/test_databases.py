@@ -243,3 +243,18 @@ def test_payload_copies_stay_within_the_byte_bound(monkeypatch):
     copies = [key for key in databases._thread_copies() if key[1] in refs]
     assert 0 < len(copies) <= 2  # the oldest copies were closed to make room
     assert run_tool_query(refs[0], "SELECT count(*) FROM t", max_rows=5).rows == [(20,)]  # reopened on demand
+
+
+def test_payload_copies_are_released_when_their_thread_ends():
+    ref = register_payload("released-1", "CREATE TABLE t (x)", {"t": [{"x": 1}]})
+    before = databases._payloads.total
+    results = []
+    worker = threading.Thread(target=lambda: results.append(run_tool_query(ref, "SELECT x FROM t", max_rows=5).rows))
+    worker.start()
+    worker.join()
+    del worker
+    import gc
+
+    gc.collect()
+    assert results == [[(1,)]]
+    assert databases._payloads.total == before

@@ -229,12 +229,15 @@ def test_runaway_queries_end_at_the_deadline(db, sql):
         "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3000000) "
         "SELECT length(group_concat('xxxxxxxxxx')) FROM r",
         "SELECT length(group_concat(a.y || b.y)) FROM big a, big b",
+        "SELECT trim(hex(zeroblob(499999)), hex(zeroblob(250000)) || 'x')",
+        "SELECT ltrim(replace(hex(zeroblob(499999)), '0', 'a'), replace(hex(zeroblob(250000)), '0', 'b') || 'a')",
     ],
 )
-def test_blowups_fail_fast_with_a_clear_error(db, sql):
+def test_blowups_end_fast(db, sql):
     ref = benchmark_db(db)
     result = run_tool_query(ref, sql, max_rows=5, timeout=5.0)
-    assert result.error and result.error.startswith("Error:")
+    if "trim(" not in sql:  # SQLite's trim with a huge character set is quadratic; ours is linear and succeeds
+        assert result.error and result.error.startswith("Error:")
     assert not result.timed_out, "stopped by a limit, not by the deadline"
     assert result.seconds < 2.0
     assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).rows == [(200,)]
@@ -250,6 +253,17 @@ def test_capped_printf_agrees_with_sqlite_below_the_cap(db):
         "SELECT printf('%.3c', 'x'), printf('no args'), printf(NULL), printf('%d'), printf(7)",
     ):
         assert run_tool_query(ref, sql, max_rows=5).rows == plain.execute(sql).fetchall()
+
+
+def test_trim_with_a_character_set_matches_sqlite(db):
+    plain = sqlite3.connect(":memory:")
+    sql = (
+        "SELECT trim(12.5, '5'), trim(NULL, 'a'), trim('a', NULL), ltrim('xxaxx', 'x'), rtrim('xxaxx', 'x'), "
+        "trim('xxaxx', ''), trim(x'787861', 'x'), typeof(trim(5, '')), trim('  a  '), trim(1e20, '0'), "
+        "trim(0.1 + 0.2, '3'), ltrim(' x '), rtrim(' x '), trim('éaé', 'é'), "
+        "trim('abcxcba', 'abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz')"
+    )
+    assert run_tool_query(benchmark_db(db), sql, max_rows=5).rows == plain.execute(sql).fetchall()
 
 
 def test_million_row_results_are_bounded(db):
