@@ -306,3 +306,9 @@ def test_synsql_label_mapping():
     assert loaders.synsql_difficulty("Highly Complex") == "challenging"
     assert loaders.synsql_difficulty(" highly_complex ") == "challenging"
     assert loaders.synsql_difficulty("Simple") == "simple" and loaders.synsql_difficulty(None) is None
+
+
+def test_sqale_hub_id_offline_is_a_clear_error(tmp_path):
+    _, schemas = write_sqale(tmp_path / "hub")
+    with pytest.raises(DataError, match="cannot load the Hub dataset 'no-such-org/no-such-sqale'"):
+        load_rows("sqale", "no-such-org/no-such-sqale", schemas=schemas)

@@ -411,37 +411,71 @@ SQALE_QUERIES = "trl-lab/SQaLe-2-text-to-SQL-Queries"
 SQALE_SCHEMAS = "trl-lab/SQaLe-2-text-to-SQL-Schemas"
 
 
-def read_table(source: str | Path, *, split: str = "train", what: str = "data") -> list[dict]:
-    """Records from a local parquet / JSONL / JSON file, or a Hub dataset id (through ``datasets.load_dataset``)."""
+def open_table(source: str | Path, *, split: str = "train", what: str = "data"):
+    """A table from a local parquet / JSONL / JSON file (or a folder of them), or a Hub dataset id.
+
+    Parquet and Hub tables come back as a ``datasets.Dataset`` (columns read lazily), JSON as a list of dicts.
+    """
     path = Path(source)
     if path.exists():
         if path.is_dir():
-            files = sorted(path.glob("*.parquet")) or sorted(path.glob("*.jsonl")) or sorted(path.glob("*.json"))
+            parquet = sorted(path.glob("*.parquet"))
+            if parquet:
+                return _parquet(parquet, path, what)
+            files = sorted(path.glob("*.jsonl")) or sorted(path.glob("*.json"))
             if not files:
                 raise DataError(f"Error: no parquet, JSONL or JSON files in {path} ({what})")
-            return [r for f in files for r in read_table(f, what=what)]
+            return [r for f in files for r in read_records(f)]
         if path.suffix == ".parquet":
-            import datasets
-
-            try:
-                return datasets.Dataset.from_parquet(str(path)).to_list()
-            except Exception as exc:  # noqa: BLE001 - any reader failure becomes one clear line
-                raise DataError(f"Error: {path}: cannot read parquet ({what}): {exc}") from None
+            return _parquet([path], path, what)
         return read_records(path)
     if str(source).endswith((".parquet", ".json", ".jsonl")) or str(source).startswith((".", "/")):
         raise DataError(f"Error: {what} file not found: {source}")
     import datasets
 
     try:
-        return datasets.load_dataset(str(source), split=split).to_list()
-    except Exception as exc:  # noqa: BLE001
+        return datasets.load_dataset(str(source), split=split)
+    except Exception as exc:  # noqa: BLE001 - any loading failure becomes one clear line
         raise DataError(f"Error: cannot load the Hub dataset {source!r} ({what}): {exc}") from None
 
 
-def _column(records: list[dict], name: str | None, aliases: tuple[str, ...], where, what: str) -> str:
-    if not records:
+def _parquet(files: list[Path], where: Path, what: str):
+    import datasets
+
+    try:
+        return datasets.Dataset.from_parquet([str(f) for f in files])
+    except Exception as exc:  # noqa: BLE001
+        raise DataError(f"Error: {where}: cannot read parquet ({what}): {exc}") from None
+
+
+def table_columns(table) -> list[str]:
+    if isinstance(table, list):
+        return list(table[0].keys()) if table else []
+    return list(table.column_names)
+
+
+def table_records(table, *, limit: int | None = None, where: tuple[str, set] | None = None) -> list[dict]:
+    """The rows of a table as dicts: the first ``limit``, or those whose ``where[0]`` column is in ``where[1]``.
+
+    On a ``datasets.Dataset`` only the selected rows are materialised (a SQaLe schema table is many gigabytes).
+    """
+    if isinstance(table, list):
+        if where is not None:
+            column, wanted = where
+            table = [r for r in table if str(r.get(column)) in wanted]
+        return table[:limit] if limit is not None else table
+    if where is not None:
+        column, wanted = where
+        indices = [i for i, value in enumerate(table[column]) if str(value) in wanted]
+        table = table.select(indices)
+    if limit is not None:
+        table = table.select(range(min(limit, len(table))))
+    return table.to_list()
+
+
+def _column(keys: list[str], name: str | None, aliases: tuple[str, ...], where, what: str) -> str:
+    if not keys:
         return name or ""
-    keys = records[0].keys()
     for candidate in ([name] if name else []) + list(aliases):
         if candidate in keys:
             return candidate
@@ -492,28 +526,29 @@ def load_sqale(
     """
     cols = columns or SqaleColumns()
     query_source = path or SQALE_QUERIES
-    queries = read_table(query_source, split=split, what="SQaLe queries")
-    if limit is not None:
-        queries = queries[:limit]
-    q_col = _column(queries, cols.question, cols.question_aliases, query_source, "question")
-    s_col = _column(queries, cols.sql, cols.sql_aliases, query_source, "SQL")
-    inline = bool(queries) and _has_column(queries, cols.ddl, cols.ddl_aliases)
+    queries = table_records(open_table(query_source, split=split, what="SQaLe queries"), limit=limit)
+    query_columns = table_columns(queries)
+    q_col = _column(query_columns, cols.question, cols.question_aliases, query_source, "question")
+    s_col = _column(query_columns, cols.sql, cols.sql_aliases, query_source, "SQL")
+    inline = any(c in query_columns for c in ([cols.ddl] if cols.ddl else []) + list(cols.ddl_aliases))
     if schemas is None and not inline:
         schemas = SQALE_SCHEMAS
 
     schema_table: dict[str, tuple[str, Any]] = {}
     if schemas is not None:
-        schema_records = read_table(schemas, split=split, what="SQaLe schemas")
-        id_col = _column(schema_records, cols.schema_id, (), schemas, "schema id")
-        ddl_col = _column(schema_records, cols.ddl, cols.ddl_aliases, schemas, "DDL")
-        content_col = _column(schema_records, cols.content, cols.content_aliases, schemas, "row payload")
-        for record in schema_records:
+        qid_col = _column(query_columns, cols.schema_id, (), query_source, "schema id")
+        table = open_table(schemas, split=split, what="SQaLe schemas")
+        schema_columns = table_columns(table)
+        id_col = _column(schema_columns, cols.schema_id, (), schemas, "schema id")
+        ddl_col = _column(schema_columns, cols.ddl, cols.ddl_aliases, schemas, "DDL")
+        content_col = _column(schema_columns, cols.content, cols.content_aliases, schemas, "row payload")
+        wanted = {str(q.get(qid_col)) for q in queries}
+        for record in table_records(table, where=(id_col, wanted)):
             schema_table[str(record[id_col])] = (record.get(ddl_col) or "", record.get(content_col))
-        qid_col = _column(queries, cols.schema_id, (), query_source, "schema id")
     else:
-        ddl_col = _column(queries, cols.ddl, cols.ddl_aliases, query_source, "DDL")
-        content_col = _column(queries, cols.content, cols.content_aliases, query_source, "row payload")
-        qid_col = cols.schema_id if queries and cols.schema_id in queries[0] else None
+        ddl_col = _column(query_columns, cols.ddl, cols.ddl_aliases, query_source, "DDL")
+        content_col = _column(query_columns, cols.content, cols.content_aliases, query_source, "row payload")
+        qid_col = cols.schema_id if cols.schema_id in query_columns else None
 
     rows: list[dict] = []
     needed: dict[str, tuple[str, Any]] = {}
@@ -560,11 +595,6 @@ def load_sqale(
                 missing[row["schema_id"]] = missing.get(row["schema_id"], 0) + 1
             rows = [r for r in rows if r["schema_id"] not in failed]
     return RowList(rows, missing, None)
-
-
-def _has_column(records: list[dict], name: str | None, aliases: tuple[str, ...]) -> bool:
-    keys = records[0].keys()
-    return any(c in keys for c in ([name] if name else []) + list(aliases))
 
 
 def _ddl_id(ddl: str) -> str:
