@@ -21,6 +21,7 @@ Output folder (one per mode; with several modes each gets ``DIR/<mode>/`` and ``
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -49,6 +50,29 @@ class EvalError(Exception):
 
 
 # --------------------------------------------------------------------------------------------------------- arguments
+def add_sampling_arguments(p) -> None:
+    """Sampling and thinking (shared with ``ask``): evaluation defaults T 0.6, top-p 0.95, top-k 20, thinking on."""
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--top-k", type=int, default=20)
+    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=True,
+                   help="render prompts with thinking on (default: on)")
+
+
+def add_endpoint_arguments(p) -> None:
+    """How to reach an OpenAI-compatible server (shared with ``ask``)."""
+    p.add_argument("--endpoint", default=None, help="base URL of an OpenAI-compatible server, e.g. http://localhost:8000")
+    p.add_argument("--endpoint-mode", default="completions", choices=ENDPOINT_MODES,
+                   help="completions: token ids on a vLLM server (comparable); chat: any server (not comparable)")
+    p.add_argument("--served-model", default=None, help="model name on the server (default: the first of /v1/models)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: --model, else the served name)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)")
+    p.add_argument("--retries", type=int, default=3, help="endpoint retries, with exponential backoff")
+    p.add_argument("--backoff", type=float, default=2.0, help="first endpoint retry delay in seconds")
+    p.add_argument("--request-timeout", type=float, default=600.0)
+    p.add_argument("--concurrency", type=int, default=64, help="endpoint requests in flight")
+
+
 def add_arguments(parser) -> None:
     p = parser
     p.add_argument("--policy", required=True, choices=POLICIES)
@@ -58,27 +82,15 @@ def add_arguments(parser) -> None:
     p.add_argument("--n", type=int, default=0, help="questions to evaluate, picked with --seed (0 = all)")
     p.add_argument("--seed", type=int, default=0, help="picks the questions (the same for any model) and seeds sampling")
     p.add_argument("--k", type=int, default=1, help="samples per question (k > 1 adds vote_at_k)")
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=20)
+    add_sampling_arguments(p)
     p.add_argument("--max-turns", type=int, default=6)
     p.add_argument("--episode-token-budget", type=int, default=12288)
     p.add_argument("--max-tokens-per-turn", type=int, default=2048)
     p.add_argument("--system-prompt-file", default=None, help="replace the exec_plan system prompt with this file's text")
-    p.add_argument("--enable-thinking", action=__import__("argparse").BooleanOptionalAction, default=True,
-                   help="render prompts with thinking on (default: on)")
     p.add_argument("--output", required=True, help="output folder (re-running the same command resumes it)")
     p.add_argument("--skip-missing-dbs", action="store_true", help="skip questions whose database is missing")
     p.add_argument("--model", default=None, help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: --model)")
-    p.add_argument("--endpoint", default=None, help="base URL of an OpenAI-compatible server, e.g. http://localhost:8000")
-    p.add_argument("--endpoint-mode", default="completions", choices=ENDPOINT_MODES)
-    p.add_argument("--served-model", default=None, help="model name on the server (default: the first of /v1/models)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)")
-    p.add_argument("--retries", type=int, default=3, help="endpoint retries, with exponential backoff")
-    p.add_argument("--backoff", type=float, default=2.0, help="first endpoint retry delay in seconds")
-    p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--concurrency", type=int, default=64, help="endpoint requests in flight")
+    add_endpoint_arguments(p)
     p.add_argument("--predictions", default=None, help="predictions file (policy predictions)")
     p.add_argument("--batch-size", type=int, default=0, help="episodes per rollout batch (default: 64, 256 for endpoints)")
     p.add_argument("--device", default=None, help="policy model: cpu, cuda, ... (default: cuda when available)")
@@ -383,6 +395,66 @@ def single_turn_record(row: dict, text: str | None, *, cut_off: bool = False, sq
     }  # fmt: skip
 
 
+def load_tokenizer(name: str | None, required: bool):
+    """A tokenizer by folder or hub id; None when it cannot be loaded and is not required."""
+    if not name:
+        if required:
+            raise EvalError("Error: token-id prompts need a tokenizer: pass --tokenizer (or --model)")
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as exc:  # noqa: BLE001 - one clear line
+        if required:
+            raise EvalError(f"Error: cannot load the tokenizer {name!r} ({type(exc).__name__}); pass --tokenizer, "
+                            "or use --endpoint-mode chat") from None
+        return None
+
+
+def model_backend(model: str, tokenizer_name: str | None = None, device: str | None = None,
+                  max_batch_size: int | None = None):
+    """(HFGenerateBackend, tokenizer, device) for a transformers checkpoint (bf16 on GPU, fp32 on CPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    tokenizer = load_tokenizer(tokenizer_name or model, required=True)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
+    except Exception as exc:  # noqa: BLE001
+        raise EvalError(f"Error: cannot load the model {model!r}: {exc}") from None
+    return HFGenerateBackend(loaded, tokenizer, max_batch_size=max_batch_size), tokenizer, device
+
+
+def endpoint_client(args):
+    """A chat client for ``args.endpoint`` whose served model name is known (fails fast, after retries)."""
+    from t2s.backends.chat_endpoint import ChatEndpointClient, EndpointError
+
+    client = ChatEndpointClient(
+        args.endpoint, model=args.served_model, api_key=args.api_key, request_timeout=args.request_timeout,
+        retries=args.retries, backoff=args.backoff, enable_thinking=args.enable_thinking,
+    )  # fmt: skip
+    try:
+        client.model_name()
+    except EndpointError as exc:
+        raise EvalError(f"{exc} (is the server running?)") from None
+    return client
+
+
+def completions_backend(args, tokenizer, served: str):
+    """The vLLM server backend (token-id prompts, ``return_token_ids``): the same token stream as training."""
+    from t2s.backends.vllm_server import VLLMServerBackend
+
+    return VLLMServerBackend(
+        args.endpoint, tokenizer, model=served, max_concurrency=args.concurrency, request_timeout=args.request_timeout,
+        retries=args.retries, backoff=args.backoff, api_key=args.api_key,
+    )  # fmt: skip
+
+
 class Runner:
     """Plays jobs ``(row, sample)`` for one policy and calls ``emit(row, sample, record)`` as each finishes."""
 
@@ -410,20 +482,6 @@ class Runner:
         elif args.policy == "vllm":
             self._setup_vllm()
 
-    def _load_tokenizer(self, name: str | None, required: bool):
-        if not name:
-            if required:
-                raise EvalError("Error: the completions endpoint mode needs a tokenizer: pass --model or --tokenizer")
-            return None
-        from transformers import AutoTokenizer
-
-        try:
-            return AutoTokenizer.from_pretrained(name)
-        except Exception as exc:  # noqa: BLE001 - one clear line
-            if required:
-                raise EvalError(f"Error: cannot load the tokenizer {name!r}: {exc}") from None
-            return None
-
     def _setup_predictions(self, all_rows: list[dict]) -> None:
         from t2s.score import PredictionsError, read_predictions
 
@@ -437,43 +495,20 @@ class Runner:
                        "predictions_sha256": file_sha256(self.args.predictions)}
 
     def _setup_endpoint(self) -> None:
-        from t2s.backends.chat_endpoint import ChatEndpointClient, EndpointError
-
         args = self.args
-        self.chat_client = ChatEndpointClient(
-            args.endpoint, model=args.served_model, api_key=args.api_key, request_timeout=args.request_timeout,
-            retries=args.retries, backoff=args.backoff, enable_thinking=args.enable_thinking,
-        )  # fmt: skip
-        try:
-            served = self.chat_client.model_name()  # fails fast, after retries, when the server is down
-        except EndpointError as exc:
-            raise EvalError(f"{exc} (is the server running?)") from None
-        self.tokenizer = self._load_tokenizer(args.tokenizer or args.model, required=args.endpoint_mode == "completions")
+        self.chat_client = endpoint_client(args)
+        served = self.chat_client.model
+        names = [args.tokenizer or args.model] if (args.tokenizer or args.model) else [served]
+        self.tokenizer = load_tokenizer(names[0], required=args.endpoint_mode == "completions")
         if args.endpoint_mode == "completions":
-            from t2s.backends.vllm_server import VLLMServerBackend
-
-            self.backend = VLLMServerBackend(
-                args.endpoint, self.tokenizer, model=served, max_concurrency=args.concurrency,
-                request_timeout=args.request_timeout, retries=args.retries, backoff=args.backoff, api_key=args.api_key,
-            )  # fmt: skip
+            self.backend = completions_backend(args, self.tokenizer, served)
         self.target = {"endpoint": self.chat_client.base_url, "endpoint_mode": args.endpoint_mode, "served_model": served,
                        "model": args.model}
 
     def _setup_model(self) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        from t2s.backends.hf_generate import HFGenerateBackend
-
         args = self.args
-        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-        self.tokenizer = self._load_tokenizer(args.tokenizer or args.model, required=True)
-        try:
-            model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device).eval()
-        except Exception as exc:  # noqa: BLE001
-            raise EvalError(f"Error: cannot load the model {args.model!r}: {exc}") from None
-        self.backend = HFGenerateBackend(model, self.tokenizer, max_batch_size=args.batch_size or None)
+        self.backend, self.tokenizer, device = model_backend(args.model, args.tokenizer, args.device,
+                                                             args.batch_size or None)
         self.target = {"model": args.model, "device": device}
 
     def _setup_vllm(self) -> None:
@@ -484,7 +519,7 @@ class Runner:
             raise EvalError("Error: --policy vllm needs vLLM (pip install -r requirements-gpu.txt)") from None
         from t2s.backends.vllm_colocate import VLLMColocateBackend
 
-        self.tokenizer = self._load_tokenizer(args.tokenizer or args.model, required=True)
+        self.tokenizer = load_tokenizer(args.tokenizer or args.model, required=True)
         llm = LLM(
             model=args.model, tokenizer=args.tokenizer or args.model, seed=args.seed,
             gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=True,
