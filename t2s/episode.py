@@ -8,6 +8,7 @@ budget, renders the next observation and finally picks the final SQL:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 
 from t2s import protocol
@@ -20,6 +21,18 @@ COUNTER_KEYS = (
     "submitted", "forced", "fallback_used", "truncated",
 )  # fmt: skip
 ENV_CHARS_PER_TOKEN = 2  # conservative guess of an observation's size in tokens, before the caller counts it
+
+
+@functools.lru_cache(maxsize=4096)
+def _database(db_path, db_id, schema_id):
+    from t2s.databases import ref_from_row
+
+    return ref_from_row({"db_path": db_path, "db_id": db_id, "schema_id": schema_id})
+
+
+def row_database(row: dict):
+    """The row's DatabaseRef, looked up once per database (resolving a path reads the file's header)."""
+    return _database(row.get("db_path"), row.get("db_id"), row.get("schema_id"))
 
 
 @dataclass
@@ -47,11 +60,9 @@ class Episode:
     """One question's episode. ``start`` -> (``next_max_tokens`` -> ``step`` -> ``add_env_tokens``)* -> ``record``."""
 
     def __init__(self, row: dict, config: EpisodeConfig | None = None, db=None, *, schema=None):
-        from t2s.databases import ref_from_row
-
         self.row = row
         self.config = config or EpisodeConfig()
-        self.db = db if db is not None else ref_from_row(row)
+        self.db = db if db is not None else row_database(row)
         self.toolbox = Toolbox(
             self.db,
             dialect=self.config.dialect,

@@ -7,6 +7,7 @@ inside the think block. Tool calls are bare JSON objects ``{"tool": NAME, "args"
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -87,12 +88,25 @@ def user_prompt(row: dict, mode: str, schema=None) -> str:
     if evidence:
         parts.append(f"Evidence: {evidence}")
     if mode == "full":
-        tables = list(schema.tables) if schema is not None else []
-        ddl = "\n".join(schema.ddl(t) for t in tables) if tables else "(no tables)"
-        parts.append(f"Database schema:\n{ddl}")
+        parts.append(f"Database schema:\n{schema_block(schema)}")
     else:
         parts.append("The database schema is not shown: explore it with the tools.")
     return "\n\n".join(parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _schema_block(schema) -> str:
+    return "\n".join(schema.ddl(t) for t in schema.tables) if schema.tables else "(no tables)"
+
+
+def schema_block(schema) -> str:
+    """Every table's CREATE TABLE statement, one per line (built once per schema)."""
+    if schema is None:
+        return "(no tables)"
+    try:
+        return _schema_block(schema)
+    except TypeError:  # an unhashable schema-like object
+        return _schema_block.__wrapped__(schema)
 
 
 def initial_messages(row: dict, config, schema=None) -> list[dict]:

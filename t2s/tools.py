@@ -39,20 +39,39 @@ class ToolResult:
 
 
 def format_cell(value) -> str:
+    kind = type(value)
+    if kind is int or kind is float:
+        return str(value)
     if value is None:
         return "None"
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        return f"<blob {len(bytes(value))} bytes>"
-    text = str(value).replace("\r", "\\r").replace("\n", "\\n")
-    if len(text) > CELL_CHARS:
-        text = text[:CELL_CHARS] + f"...[+{len(text) - CELL_CHARS} chars]"
-    return text
+    if kind is not str:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return f"<blob {len(bytes(value))} bytes>"
+        value = str(value)
+    if "\n" in value or "\r" in value:
+        value = value.replace("\r", "\\r").replace("\n", "\\n")
+    if len(value) > CELL_CHARS:
+        value = value[:CELL_CHARS] + f"...[+{len(value) - CELL_CHARS} chars]"
+    return value
+
+
+_PLAIN_TYPES = frozenset({int, float, str, type(None)})
+
+
+def format_row(row) -> str:
+    """One row, pipe-separated, with every cell formatted by ``format_cell``."""
+    if _PLAIN_TYPES.issuperset(map(type, row)):  # the common case, done in C loops
+        cells = list(map(str, row))
+        line = " | ".join(cells)
+        if "\n" not in line and "\r" not in line and (len(line) <= CELL_CHARS or max(map(len, cells)) <= CELL_CHARS):
+            return line
+    return " | ".join([format_cell(v) for v in row])
 
 
 def format_table(columns, rows) -> str:
     """Header plus rows, pipe-separated."""
-    lines = [" | ".join(format_cell(c) for c in columns)]
-    lines.extend(" | ".join(format_cell(v) for v in row) for row in rows)
+    lines = [format_row(columns)]
+    lines.extend(map(format_row, rows))
     if not rows:
         lines.append("(no rows)")
     return "\n".join(lines)
@@ -73,21 +92,29 @@ class ArgumentError(Exception):
     pass
 
 
+def _usage(spec: dict[str, tuple[str, bool]]) -> str:
+    return ", ".join(f"{k} ({t}{'' if req else ', optional'})" for k, (t, req) in spec.items()) or "no arguments"
+
+
 def _check_args(tool: str, args, spec: dict[str, tuple[str, bool]]) -> dict:
     """Validate ``args`` against ``spec`` {name: (type, required)}; raises ArgumentError with an `Error:` text."""
-    usage = ", ".join(f"{k} ({t}{'' if req else ', optional'})" for k, (t, req) in spec.items()) or "no arguments"
     if args is None:
         args = {}
     if not isinstance(args, dict):
-        raise ArgumentError(f"Error: {tool} args must be a JSON object; {tool} takes {usage}.")
+        raise ArgumentError(f"Error: {tool} args must be a JSON object; {tool} takes {_usage(spec)}.")
     extra = [k for k in args if k not in spec]
     if extra:
-        raise ArgumentError(f"Error: {tool} got unexpected argument(s) {', '.join(map(repr, extra))}; it takes {usage}.")
-    missing = [k for k, (_, req) in spec.items() if req and k not in args]
-    if missing:
-        raise ArgumentError(f"Error: {tool} is missing argument(s) {', '.join(map(repr, missing))}; it takes {usage}.")
-    for key, (kind, _) in spec.items():
-        if key in args and kind == _STR and not isinstance(args[key], str):
+        raise ArgumentError(
+            f"Error: {tool} got unexpected argument(s) {', '.join(map(repr, extra))}; it takes {_usage(spec)}."
+        )
+    for key, (kind, required) in spec.items():
+        if key not in args:
+            if required:
+                missing = [k for k, (_, req) in spec.items() if req and k not in args]
+                raise ArgumentError(
+                    f"Error: {tool} is missing argument(s) {', '.join(map(repr, missing))}; it takes {_usage(spec)}."
+                )
+        elif kind == _STR and not isinstance(args[key], str):
             raise ArgumentError(f"Error: {tool} argument {key!r} must be a string, got {type(args[key]).__name__}.")
     return args
 

@@ -1,0 +1,271 @@
+"""`python -m t2s bench env`: the environment's overhead against plain sqlite3 on a pinned workload (DESIGN §11).
+
+Seed 0 picks 18 questions; each is played 8 times (144 episodes, one training step) through the real Episode and
+tools on a thread pool, then scored. Every statement sent to SQLite is recorded with its fetch size. The same
+statements then run with plain ``sqlite3`` on a pool of the same size, fetching the same number of rows. Both sides
+open fresh connections on every worker thread before the clock starts (so prepared-statement caches start cold, as
+with new questions), the gold cache is emptied before each environment pass, and the two sides alternate over
+``--repeats`` passes; the best pass of each side is reported. The last line printed is
+``env_step_seconds=<float> overhead_ratio=<float>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sqlite3
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+QUESTIONS = 18
+ROLLOUTS = 8
+SEED = 0
+GPU_STEP_SECONDS = 104.0  # the published step time the environment should stay well under
+SCORING_BATCH = 2048  # databases fetches a scoring result in batches of this many rows
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data", required=True, help="a BIRD/Spider-style JSON file, e.g. dev.json")
+    parser.add_argument("--db-root", default=None, help="folder with one sub-folder per db_id (default: beside --data)")
+    parser.add_argument("--workers", type=int, default=None, help="worker threads (default: the core count)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed repetitions, each on fresh connections and a cold gold cache; the best is reported")
+    parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The workload
+
+
+def workload_turns(row: dict, schema) -> list[list[str]]:
+    """The pinned calls of one episode, as three assistant turns (exploration, queries, submit)."""
+    from t2s.backends.scripted import call_text, gold_tables
+
+    gold = row["gold_sql"]
+    tables = gold_tables(gold, schema) or list(schema.tables)
+    first = tables[0]
+    text_column = next(
+        (col for col, kind in schema.column_types(first).items() if "CHAR" in kind.upper() or "TEXT" in kind.upper()
+         or "CLOB" in kind.upper()),
+        schema.columns(first)[0],
+    )
+    explore = [call_text("list_tables")]
+    explore += [call_text("describe_table", table_name=t) for t in (tables[:2] or list(schema.tables)[:2])]
+    explore += [
+        call_text("sample_rows", table_name=first, limit=5),
+        call_text("distinct_values", table_name=first, column_name=text_column, limit=20),
+    ]
+    quoted = _quote(first)
+    queries = [
+        call_text("run_query", sql=f"SELECT COUNT(*) FROM {quoted}"),
+        call_text("run_query", sql=f"SELECT * FROM {quoted} LIMIT 5"),
+        call_text("run_query", sql=gold),
+    ]
+    return [explore, queries, [call_text("submit_sql", sql=gold)]]
+
+
+def _quote(name: str) -> str:
+    from t2s.schema import quote_identifier
+
+    return quote_identifier(name)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Recording what reaches SQLite
+
+
+class _Recorder:
+    """Wraps ``databases.execute`` to note (database file, immutable, SQL, rows fetched) per episode."""
+
+    def __init__(self):
+        self.local = threading.local()
+        self.paths: dict[int, tuple[str, bool]] = {}  # id(connection) -> (file, immutable)
+
+    def install(self):
+        from t2s import databases
+
+        self.original = databases.execute
+        recorder = self
+
+        def recording_execute(conn, sql, *, timeout, max_rows, max_cells=None, max_bytes=None):
+            log = getattr(recorder.local, "log", None)
+            if log is not None:
+                log.append((id(conn), sql, max_rows))
+            return recorder.original(conn, sql, timeout=timeout, max_rows=max_rows, max_cells=max_cells,
+                                     max_bytes=max_bytes)
+
+        databases.execute = recording_execute
+
+    def uninstall(self):
+        from t2s import databases
+
+        databases.execute = self.original
+
+
+def _on_every_thread(pool: ThreadPoolExecutor, workers: int, fn) -> None:
+    """Run ``fn()`` once on each of the pool's threads (a barrier keeps each thread to one call)."""
+    barrier = threading.Barrier(workers)
+
+    def task():
+        fn()
+        barrier.wait(timeout=60)
+
+    for future in [pool.submit(task) for _ in range(workers)]:
+        future.result()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The two sides
+
+
+def _play(row, config, turns, recorder):
+    from t2s import metrics
+    from t2s.backends.scripted import ScriptPolicy
+    from t2s.episode import Episode, play
+
+    recorder.local.log = log = []
+    episode = play(Episode(row, config), ScriptPolicy(turns))
+    record = episode.record()
+    score = metrics.score_sql(episode.db, record["final_sql"], row["gold_sql"])
+    recorder.local.log = None
+    return record, score, log
+
+
+def _raw_replay(statements, local):
+    conns = local.conns
+    for path, immutable, sql, max_rows in statements:
+        cursor = conns[(path, immutable)].execute(sql)
+        if max_rows is not None:
+            cursor.fetchmany(max_rows + 1)
+        else:
+            while cursor.fetchmany(SCORING_BATCH):
+                pass
+        cursor.close()
+
+
+def _clear_gold_cache() -> None:
+    """Each repetition computes gold results afresh, as a training step with new questions does."""
+    from t2s import databases
+
+    clear = getattr(databases, "clear_gold_cache", None)
+    if clear is not None:
+        clear()
+    else:
+        databases._gold_cache.clear()
+
+
+def _env_pass(pool, workers, refs, episodes, config, recorder):
+    """One step through the real environment on fresh, warmed connections: (seconds, results, statements)."""
+    from t2s import databases
+
+    def warm():
+        databases.close_thread_connections()
+        for ref in refs:
+            databases.tool_connection(ref).execute("SELECT 1").fetchall()
+            databases.scoring_connection(ref).execute("SELECT 1").fetchall()
+
+    _clear_gold_cache()
+    _on_every_thread(pool, workers, warm)
+    started = time.perf_counter()
+    results = list(pool.map(lambda plan: _play(plan[0], config, plan[1], recorder), episodes))
+    seconds = time.perf_counter() - started
+    files = {}
+
+    def note_files():
+        for (_purpose, ref), conn in databases._thread_connections().items():
+            files[id(conn)] = (ref.path, ref.immutable)
+
+    _on_every_thread(pool, workers, note_files)
+    statements = [[(*files[c], sql, n) for c, sql, n in log] for _, _, log in results]
+    return seconds, results, statements
+
+
+def _raw_pass(pool, workers, refs, statements) -> float:
+    """The same statements with plain sqlite3, on fresh, warmed connections of the same kind."""
+    from t2s import databases
+
+    local = threading.local()
+
+    def warm():
+        for conn in getattr(local, "conns", {}).values():
+            conn.close()
+        local.conns = {}
+        for ref in refs:
+            uri = databases.database_uri(ref.path, ref.immutable)
+            conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+            conn.execute("SELECT 1").fetchall()
+            local.conns[(ref.path, ref.immutable)] = conn
+
+    _on_every_thread(pool, workers, warm)
+    started = time.perf_counter()
+    list(pool.map(lambda s: _raw_replay(s, local), statements))
+    seconds = time.perf_counter() - started
+    _on_every_thread(pool, workers, lambda: [c.close() for c in local.conns.values()])
+    return seconds
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from t2s import databases
+    from t2s.data.loaders import load_json_rows
+    from t2s.episode import EpisodeConfig
+    from t2s.schema import get_schema
+
+    console = Console(stderr=True)
+    workers = args.workers or os.cpu_count() or 1
+    if workers < 1 or args.repeats < 1:
+        print("Error: --workers and --repeats must be at least 1", file=sys.stderr)
+        return 2
+    try:
+        rows = load_json_rows(args.data, args.db_root)
+    except Exception as exc:  # a missing or malformed data file
+        message = str(exc)
+        print(message if message.startswith("Error:") else f"Error: cannot load {args.data}: {message}", file=sys.stderr)
+        return 2
+    rows = [r for r in rows if r.get("db_path") and Path(r["db_path"]).is_file()]
+    if not rows:
+        print(f"Error: no question in {args.data} has its database file (check --db-root)", file=sys.stderr)
+        return 2
+    chosen = random.Random(args.seed).sample(rows, min(QUESTIONS, len(rows)))
+    refs = {databases.ref_from_row(r) for r in chosen}
+    schemas = {ref: get_schema(ref) for ref in refs}
+    plans = [(row, workload_turns(row, schemas[databases.ref_from_row(row)])) for row in chosen]
+    episodes = [plan for plan in plans for _ in range(ROLLOUTS)]
+    config = EpisodeConfig(mode="full")
+
+    env_times, raw_times = [], []
+    recorder = _Recorder()
+    recorder.install()
+    try:
+        with ThreadPoolExecutor(workers) as env_pool, ThreadPoolExecutor(workers) as raw_pool:
+            for _ in range(args.repeats):  # interleaved, so both sides see the same machine load
+                seconds, results, statements = _env_pass(env_pool, workers, refs, episodes, config, recorder)
+                env_times.append(seconds)
+                raw_times.append(_raw_pass(raw_pool, workers, refs, statements))
+            _on_every_thread(env_pool, workers, databases.close_thread_connections)
+    finally:
+        recorder.uninstall()
+
+    env_seconds, raw_seconds = min(env_times), min(raw_times)
+    ratio = env_seconds / raw_seconds if raw_seconds > 0 else float("inf")
+    correct = sum(score["official"] for _, score, _ in results)
+    table = Table(title=f"bench env: {len(chosen)} questions x {ROLLOUTS} rollouts, {workers} worker(s), "
+                        f"best of {args.repeats}")
+    for column in ("episodes", "statements", "env s", "sqlite3 s", "ratio", "ms/episode", "% of 104 s", "gold EX"):
+        table.add_column(column, justify="right")
+    table.add_row(
+        str(len(results)), str(sum(len(s) for s in statements)), f"{env_seconds:.3f}", f"{raw_seconds:.3f}",
+        f"{ratio:.2f}", f"{1000 * env_seconds / len(results):.2f}", f"{100 * env_seconds / GPU_STEP_SECONDS:.2f}",
+        f"{correct}/{len(results)}",
+    )
+    console.print(table)
+    console.print("env s per repetition: " + ", ".join(f"{t:.3f}" for t in env_times)
+                  + "; sqlite3 s: " + ", ".join(f"{t:.3f}" for t in raw_times), style="dim")
+    print(f"env_step_seconds={env_seconds:.4f} overhead_ratio={ratio:.4f}")
+    return 0

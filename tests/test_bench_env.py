@@ -1,0 +1,58 @@
+"""`python -m t2s bench env`: the pinned workload runs end to end and prints its figures (no speed assertions here)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+from t2s import databases
+from t2s.bench.env import workload_turns
+from t2s.data.loaders import load_json_rows
+from t2s.schema import get_schema
+from t2s.settings import REPO_ROOT
+
+LAST_LINE = re.compile(r"^env_step_seconds=(\d+\.\d+) overhead_ratio=(\d+\.\d+)$")
+
+
+def bench(*args):
+    return subprocess.run([sys.executable, "-m", "t2s", "bench", "env", *map(str, args)], capture_output=True,
+                          text=True, cwd=REPO_ROOT, timeout=300)
+
+
+def test_workload_is_the_pinned_sequence(bird_superhero_dir):
+    row = next(r for r in load_json_rows(bird_superhero_dir / "dev.json") if "JOIN" in r["gold_sql"].upper())
+    schema = get_schema(databases.ref_from_row(row))
+    turns = workload_turns(row, schema)
+    calls = [json.loads(c) for turn in turns for c in turn]
+    assert [c["tool"] for c in calls] == ["list_tables", "describe_table", "describe_table", "sample_rows",
+                                           "distinct_values", "run_query", "run_query", "run_query", "submit_sql"]
+    first = calls[1]["args"]["table_name"]
+    assert calls[3]["args"] == {"table_name": first, "limit": 5}
+    assert calls[4]["args"]["limit"] == 20 and "TEXT" in schema.column_types(first)[calls[4]["args"]["column_name"]].upper()
+    assert calls[5]["args"]["sql"].startswith("SELECT COUNT(*) FROM ")
+    assert calls[6]["args"]["sql"].endswith(" LIMIT 5")
+    assert calls[7]["args"]["sql"] == calls[8]["args"]["sql"] == row["gold_sql"]
+    assert len(turns) <= 6 and all(len(t) <= 8 for t in turns)
+
+
+def test_bench_env_on_superhero(bird_superhero_dir):
+    out = bench("--data", bird_superhero_dir / "dev.json", "--workers", 2, "--repeats", 1)
+    assert out.returncode == 0, out.stderr
+    match = LAST_LINE.match(out.stdout.strip().splitlines()[-1])
+    assert match, out.stdout
+    assert float(match.group(1)) > 0 and float(match.group(2)) > 0
+    assert "144/144" in out.stderr  # every gold episode scores, so the workload ran as pinned
+
+
+def test_bench_env_on_demo(demo_dir):
+    out = bench("--data", demo_dir / "dev.json", "--workers", 1, "--repeats", 1)
+    assert out.returncode == 0, out.stderr
+    assert LAST_LINE.match(out.stdout.strip().splitlines()[-1])
+
+
+def test_bench_env_bad_data(tmp_path):
+    out = bench("--data", tmp_path / "missing.json")
+    assert out.returncode != 0 and out.stderr.strip().startswith("Error:")
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
