@@ -26,6 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-turns", type=int, default=None, help="tool turns before the forced final turn (6)")
     parser.add_argument("--system-prompt-file", default=None, help="replace the system prompt with this file's text")
     parser.add_argument("--json", action="store_true", help="print the episode record as one JSON object")
+    add_model_arguments(parser)
 
 
 def _replay_policy(args, row: dict, config, db) -> dict:
@@ -38,6 +39,8 @@ def _replay_policy(args, row: dict, config, db) -> dict:
 # name -> (is it chosen by these args?, play it). The evaluation commands add model and endpoint policies here.
 POLICIES: dict[str, tuple[Callable, Callable]] = {
     "replay": (lambda args: bool(getattr(args, "replay", None)), _replay_policy),
+    "model": (lambda args: bool(getattr(args, "model", None)), lambda *a: _model_policy(*a)),
+    "endpoint": (lambda args: bool(getattr(args, "endpoint", None)), lambda *a: _endpoint_policy(*a)),
 }
 
 
@@ -93,6 +96,8 @@ def run(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     if args.json:
         print(json.dumps(record, ensure_ascii=False))
+    elif getattr(args, "shown_live", False):  # the turns were shown as they happened: only the final SQL now
+        show_trajectory({**record, "turns": []}, db)
     else:
         show_trajectory(record, db)
     return 0
@@ -143,3 +148,186 @@ def show_trajectory(record: dict, db, console=None) -> None:
     console.print(table)
     if result.more:
         console.print(f"... (showing first {RESULT_ROWS} rows; more rows exist)", style="dim")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model-backed policies: a transformers checkpoint (--model) or a server (--endpoint), through the same rollout code
+# as training and evaluation (token-id prompts, raw token stream). The trajectory is shown as it happens.
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    from t2s.evaluate import add_endpoint_arguments, add_sampling_arguments
+
+    parser.add_argument("--model", default=None, help="a transformers model folder or hub id (runs locally)")
+    parser.add_argument("--device", default=None, help="--model: cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--max-tokens-per-turn", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: unseeded)")
+    add_sampling_arguments(parser)
+    add_endpoint_arguments(parser)
+
+
+def _model_config(args, config):
+    from t2s.backends.base import SamplingSettings
+
+    config.enable_thinking = args.enable_thinking
+    config.max_tokens_per_turn = args.max_tokens_per_turn
+    return SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+
+
+def _model_policy(args, row: dict, config, db) -> dict:
+    from t2s.evaluate import EvalError, model_backend
+
+    sampling = _model_config(args, config)
+    try:
+        backend, tokenizer, _ = model_backend(args.model, args.tokenizer, args.device)
+    except EvalError as exc:
+        raise ValueError(str(exc)) from None
+    return _rollout_episode(args, backend, tokenizer, row, config, sampling, db)
+
+
+def _endpoint_policy(args, row: dict, config, db) -> dict:
+    from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
+    from t2s.episode import Episode, play
+    from t2s.evaluate import EvalError, completions_backend, endpoint_client, load_tokenizer
+
+    sampling = _model_config(args, config)
+    try:
+        client = endpoint_client(args)
+        if args.endpoint_mode == "completions":
+            tokenizer = load_tokenizer(args.tokenizer or client.model, required=True)
+            backend = completions_backend(args, tokenizer, client.model)
+            return _rollout_episode(args, backend, tokenizer, row, config, sampling, db)
+        tokenizer = load_tokenizer(args.tokenizer, required=False)
+        policy = ChatEndpointPolicy(client, sampling, seed=args.seed)
+        if not args.json:
+            policy = LiveTextPolicy(policy)
+            args.shown_live = True
+        return play(Episode(row, config, db), policy, tokenizer).record()
+    except (EvalError, EndpointError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _rollout_episode(args, backend, tokenizer, row: dict, config, sampling, db) -> dict:
+    """One episode through ``rollout.Rollout`` on the user's database (``mode=ro``)."""
+    from t2s import rollout
+
+    if not args.json:
+        backend = LiveBackend(backend, tokenizer)
+        args.shown_live = True
+    with _episodes_use(db):
+        trace = rollout.Rollout(backend, tokenizer, config, sampling=sampling, score=False, tool_workers=1).run([row])[0]
+    if trace.error:
+        raise ValueError(f"{trace.error} (the episode stopped)")
+    return trace.record
+
+
+class _episodes_use:
+    """Make the rollout's episodes open ``db`` (the user's file, ``mode=ro``) instead of ``ref_from_row``'s
+    benchmark opening (``immutable`` unless WAL). The rollout builds ``Episode(row, config)`` itself; this binds the
+    database for the duration of one ``ask`` run."""
+
+    def __init__(self, db):
+        self.db = db
+
+    def __enter__(self):
+        import functools
+
+        from t2s import rollout
+
+        self._original = rollout.Episode
+        rollout.Episode = functools.partial(self._original, db=self.db)
+        return self
+
+    def __exit__(self, *exc):
+        from t2s import rollout
+
+        rollout.Episode = self._original
+
+
+def _show_turn(console, text: str) -> None:
+    from rich.text import Text
+
+    from t2s.protocol import parse_turn
+
+    parsed = parse_turn(text)
+    shown = Text("assistant\n", style="bold")
+    if parsed.thinking:
+        shown.append(parsed.thinking.strip() + "\n", style="dim italic")
+    for call in parsed.calls:
+        shown.append(json.dumps(call.as_dict(), ensure_ascii=False) + "\n", style="bold cyan")
+    if not parsed.calls:
+        shown.append((parsed.body.strip() or "(empty turn)") + "\n", style="" if parsed.body.strip() else "dim")
+    console.print(shown)
+
+
+def _show_observation(console, observation: str) -> None:
+    from rich.panel import Panel
+    from rich.text import Text
+
+    if observation.strip():
+        console.print(Panel(Text(observation.strip(), style="green"), title="observation", title_align="left"))
+
+
+class LiveTextPolicy:
+    """Shows each observation and assistant turn of a text policy as it happens."""
+
+    def __init__(self, policy, console=None):
+        from rich.console import Console
+
+        self.policy = policy
+        self.console = console or Console()
+        self.finish_reasons = getattr(policy, "finish_reasons", [])
+
+    def __call__(self, episode) -> str:
+        if episode.turns:
+            _show_observation(self.console, episode.turns[-1]["observation"])
+        text = self.policy(episode)
+        _show_turn(self.console, text if isinstance(text, str) else "")
+        return text
+
+
+class LiveBackend:
+    """Wraps a generation backend for one episode and shows each turn and observation as the tokens arrive."""
+
+    def __init__(self, backend, tokenizer, console=None):
+        from rich.console import Console
+
+        self.backend = backend
+        self.tokenizer = tokenizer
+        self.console = console or Console()
+        self.schedule = getattr(backend, "schedule", "turnsync")
+        self.stop_token_ids = backend.stop_token_ids
+        self.seen = 0  # prompt tokens already shown
+
+    def _before(self, prompt_ids) -> None:
+        if self.seen:  # the environment's suffix since the last turn holds the observation
+            text = self.tokenizer.decode(list(prompt_ids[self.seen:]), skip_special_tokens=False)
+            observation = text.partition("<|im_start|>user\n")[2].rpartition("<|im_end|>")[0]
+            _show_observation(self.console, observation)
+
+    def _after(self, prompt_ids, out) -> None:
+        self.seen = len(prompt_ids) + len(out.token_ids)
+        if out.finish_reason == "error":
+            self.console.print(str(out.error), style="red", highlight=False, markup=False)
+            return
+        ids = out.token_ids[:-1] if out.stop_token_id is not None else out.token_ids
+        _show_turn(self.console, self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def generate(self, prompts, max_tokens, sampling, seeds=None):
+        for prompt in prompts:
+            self._before(prompt)
+        outputs = self.backend.generate(prompts, max_tokens, sampling, seeds)
+        for prompt, out in zip(prompts, outputs):
+            self._after(prompt, out)
+        return outputs
+
+    async def agenerate(self, prompt_ids, max_tokens, sampling, seed=None):
+        self._before(prompt_ids)
+        out = await self.backend.agenerate(prompt_ids, max_tokens, sampling, seed)
+        self._after(prompt_ids, out)
+        return out
+
+    async def aclose(self) -> None:
+        close = getattr(self.backend, "aclose", None)
+        if close is not None:
+            await close()

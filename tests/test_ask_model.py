@@ -1,0 +1,120 @@
+"""`ask --model / --endpoint`: model-backed episodes through the rollout code, on a user's file opened mode=ro."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pytest
+
+from t2s import databases
+from t2s.cli import main
+from t2s.episode import RECORD_KEYS
+from tests.fake_vllm import FakeVLLMServer, ScriptedAgent, refused_url
+from tests.test_evaluate import ChatFake, chat_answer
+
+DOGS = "SELECT name FROM pets WHERE kind = 'dog' ORDER BY name"
+
+
+@pytest.fixture()
+def wal_db(tmp_path):
+    """A WAL-mode user file whose last write is not checkpointed: only a mode=ro opening (never immutable) sees it."""
+    path = tmp_path / "my #pets.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA wal_autocheckpoint=0")
+    conn.execute("CREATE TABLE pets (name TEXT, kind TEXT)")
+    conn.executemany("INSERT INTO pets VALUES (?, ?)", [("Rex", "dog"), ("Tom", "cat"), ("Fido", "dog")])
+    conn.commit()
+    yield path
+    conn.close()
+
+
+def agent_turns():
+    return [
+        "I should look at the pets first.\n</think>\n\n" + json.dumps({"tool": "run_query", "args": {"sql": DOGS}}),
+        "Two dogs.\n</think>\n\n" + json.dumps({"tool": "submit_sql", "args": {"sql": DOGS}}),
+    ]
+
+
+def test_ask_endpoint_completions_json(wal_db, tiny_model_dir, tiny_tokenizer, capsys):
+    before = databases.file_checksum(wal_db)
+    with FakeVLLMServer(ScriptedAgent(tiny_tokenizer, agent_turns())) as server:
+        code = main(["ask", "--db", str(wal_db), "--endpoint", server.base_url, "--tokenizer", str(tiny_model_dir),
+                     "--json", "Which pets are dogs?"])
+        body = server.requests[0]
+    assert code == 0
+    record = json.loads(capsys.readouterr().out)
+    assert tuple(record) == RECORD_KEYS
+    assert record["final_sql"] == DOGS and record["final_sql_source"] == "submitted"
+    assert "Fido" in record["turns"][0]["observation"] and "Rex" in record["turns"][0]["observation"]
+    assert record["counters"]["turns"] == 2 and record["counters"]["submitted"] is True
+    assert isinstance(body["prompt"][0], int) and body["return_token_ids"] is True
+    assert "Which pets are dogs?" in tiny_tokenizer.decode(body["prompt"])
+    assert databases.file_checksum(wal_db) == before
+
+
+def test_ask_endpoint_shows_the_trajectory_as_it_happens(wal_db, tiny_model_dir, tiny_tokenizer, capsys):
+    with FakeVLLMServer(ScriptedAgent(tiny_tokenizer, agent_turns())) as server:
+        code = main(["ask", "--db", str(wal_db), "--endpoint", server.base_url, "--tokenizer", str(tiny_model_dir),
+                     "Which pets are dogs?"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.count("I should look at the pets first.") == 1  # shown live, not repeated at the end
+    assert out.index("run_query") < out.index("observation") < out.index("submit_sql") < out.index("final SQL")
+    assert "Fido" in out[out.index("final SQL"):]  # the final SQL's result table
+
+
+def test_ask_chat_endpoint(wal_db, capsys):
+    turns = iter(agent_turns())
+
+    def respond(body):
+        thinking, _, content = next(turns).partition("\n</think>\n\n")
+        return chat_answer(content, reasoning=thinking)
+
+    with ChatFake(respond) as fake:
+        code = main(["ask", "--db", str(wal_db), "--endpoint", fake.url, "--endpoint-mode", "chat", "--json",
+                     "--evidence", "dog refers to kind = 'dog'", "Which pets are dogs?"])
+        first = fake.requests[0]
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and record["final_sql"] == DOGS
+    assert "dog refers to kind = 'dog'" in first["messages"][1]["content"]
+    assert first["chat_template_kwargs"] == {"enable_thinking": True}
+
+
+def test_ask_model_tiny(wal_db, tiny_model_dir, capsys):
+    code = main(["ask", "--db", str(wal_db), "--model", str(tiny_model_dir), "--max-turns", "1",
+                 "--max-tokens-per-turn", "16", "--seed", "0", "--json", "How many cats?"])
+    record = json.loads(capsys.readouterr().out)
+    assert code == 0 and tuple(record) == RECORD_KEYS
+    assert 1 <= record["counters"]["turns"] <= 2 and record["mode"] == "full"
+
+
+def test_ask_endpoint_errors(wal_db, tiny_model_dir, capsys):
+    code = main(["ask", "--db", str(wal_db), "--endpoint", refused_url(), "--retries", "1", "--backoff", "0.01",
+                 "--tokenizer", str(tiny_model_dir), "Which pets are dogs?"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("Error:") and "failed after 2 attempt(s)" in err[-1]
+    with FakeVLLMServer(lambda prompt, max_tokens: []) as server:  # served name is not a loadable tokenizer
+        code = main(["ask", "--db", str(wal_db), "--endpoint", server.base_url, "Which pets are dogs?"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and err[-1].startswith("Error: cannot load the tokenizer 'fake-model'")
+    code = main(["ask", "--db", str(wal_db), "--endpoint", "http://127.0.0.1:1", "--model", str(tiny_model_dir), "q?"])
+    assert code == 2 and "choose one policy" in capsys.readouterr().err
+
+
+def test_rollout_episodes_open_the_user_file_mode_ro(tmp_path):
+    from t2s import rollout
+    from t2s.ask import _episodes_use, ask_row
+    from t2s.episode import EpisodeConfig
+
+    path = tmp_path / "plain.sqlite"  # not WAL: a benchmark opening would be immutable
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    db = databases.user_db(path)
+    original = rollout.Episode
+    with _episodes_use(db):
+        episode = rollout.Episode(ask_row("q?", "", db), EpisodeConfig())
+    assert episode.db == db and episode.db.immutable is False
+    assert databases.ref_from_row(ask_row("q?", "", db)).immutable is True  # what the rollout would have used
+    assert rollout.Episode is original
