@@ -138,7 +138,7 @@ class Episode:
         self.tokens_used += int(n_tokens)
         if cut_off:
             self.counters["turn_cutoffs"] += 1
-        parsed = parse_turn(text)
+        parsed = parse_turn(text, self.config.enable_thinking)
         self.counters["format_deviations"] += parsed.deviations
         self.counters["turns"] += 1
         if self.forced_turn:

@@ -142,15 +142,18 @@ _FENCE = re.compile(r"```[A-Za-z0-9_-]*")
 _DECODER = json.JSONDecoder()
 
 
-def split_thinking(text: str) -> tuple[str, str, list[str]]:
-    """(thinking, body, deviation kinds): the body is what follows the last ``</think>``."""
+def split_thinking(text: str, expect_think: bool = True) -> tuple[str, str, list[str]]:
+    """(thinking, body, deviation kinds): the body is what follows the last ``</think>``.
+
+    ``expect_think``: thinking is on, so a turn without ``</think>`` is a deviation.
+    """
     kinds: list[str] = []
     stripped = text.lstrip()
     if stripped.startswith(THINK_OPEN):  # tolerated: some models repeat the opening tag
         stripped = stripped[len(THINK_OPEN):]
     count = stripped.count(THINK_CLOSE)
     if count == 0:
-        if stripped.strip():
+        if stripped.strip() and expect_think:
             kinds.append("no_think_close")
         return "", stripped, kinds
     if count > 1:
@@ -187,10 +190,10 @@ def _as_call(obj) -> tuple[ToolCall | None, bool]:
     return ToolCall(name.strip(), args), alias
 
 
-def parse_turn(text: str) -> ParsedTurn:
+def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
     """Read the tool calls of one assistant turn (linear time, never raises)."""
     text = text if isinstance(text, str) else ""
-    thinking, body, kinds = split_thinking(text)
+    thinking, body, kinds = split_thinking(text, expect_think)
     calls: list[ToolCall] = []
     errors: list[str] = []
     spans: list[tuple[int, int]] = []

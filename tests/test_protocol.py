@@ -81,6 +81,7 @@ def test_no_think_close_reads_anywhere_and_counts():
     turn = parse_turn(f"let me look {call('list_tables')}")
     assert [c.tool for c in turn.calls] == ["list_tables"]
     assert "no_think_close" in turn.deviation_kinds
+    assert parse_turn(f"{call('list_tables')}", expect_think=False).deviations == 0  # thinking off
 
 
 def test_fenced_json_several_objects_and_prose_are_forgiven_and_counted():

@@ -234,3 +234,65 @@ def test_demo_and_spider(demo_dir, spider_dev_dir):
         first = tables[0]
         result = box.call("run_query", {"sql": f'SELECT * FROM "{first}"'})
         assert not result.error, result.text
+
+
+def test_empty_database(tmp_path):
+    path = tmp_path / "empty.sqlite"
+    sqlite3.connect(path).close()
+    box = Toolbox(databases.user_db(path))
+    assert box.call("list_tables", {}).text == "(the database has no tables)"
+    assert box.call("describe_table", {"table_name": "t"}).text == "Error: no table named 't'."
+    assert box.call("inspect_schema", {}).error  # not a tool of this dialect
+
+
+def test_column_descriptions_with_bad_bytes(tmp_path):
+    folder = tmp_path / "db"
+    (folder / "database_description").mkdir(parents=True)
+    path = folder / "db.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE team (id INTEGER, name TEXT)")
+    conn.close()
+    csv_path = folder / "database_description" / "team.csv"
+    header = b"original_column_name,column_name,column_description,data_format,value_description\n"
+    for content, expected in [
+        (header + b"name,team name,the caf\xe9 team\x92s name,text,\n", "-- name: team name; the caf\xe9 team\u2019s name"),
+        (b"\xef\xbb\xbf" + header + "name,team name,caf\u00e9,text,\n".encode(), "-- name: team name; caf\u00e9"),
+    ]:
+        csv_path.write_bytes(content)
+        box = Toolbox(databases.benchmark_db(path), column_descriptions=True)
+        text = box.call("describe_table", {"table_name": "team"}).text
+        assert text == "CREATE TABLE team (id INTEGER, name TEXT)\n" + expected
+
+
+ATTACKS = [
+    "INSERT INTO orders VALUES (99, 1, 1.0)",
+    "UPDATE orders SET amount = 0 RETURNING id",
+    "WITH x AS (SELECT 1) DELETE FROM orders",
+    "REPLACE INTO orders VALUES (1, 1, 1.0)",
+    "DROP TABLE orders",
+    "CREATE TEMP TABLE t2 AS SELECT 1",
+    "CREATE TEMP VIEW orders AS SELECT 1 AS id",
+    "CREATE TRIGGER tr AFTER INSERT ON orders BEGIN SELECT 1; END",
+    "ALTER TABLE orders ADD COLUMN z",
+    "REINDEX",
+    "ANALYZE",
+    "VACUUM INTO 'copy.sqlite'",
+    "ATTACH 'file:other.sqlite?mode=rwc' AS o",
+    "PRAGMA query_only = OFF",
+    "PRAGMA writable_schema = ON",
+    "SELECT load_extension('x')",
+    "SELECT randomblob(2000000000)",
+    "SELECT printf('%.*c', 999999999, 'x')",
+    "BEGIN",
+]
+
+
+def test_attacks_through_run_query_are_errors(box, tmp_db, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = databases.file_checksum(tmp_db.path)
+    for sql in ATTACKS:
+        result = box.call("run_query", {"sql": sql})
+        assert result.error and result.text.startswith("Error:"), (sql, result.text)
+    assert list(tmp_path.iterdir()) == []  # no file was created
+    assert databases.file_checksum(tmp_db.path) == before
+    assert box.call("run_query", {"sql": "SELECT COUNT(*) FROM orders"}).text == "COUNT(*)\n20"

@@ -62,19 +62,11 @@ def turn_text(thinking: str, calls: list[str]) -> str:
     return f"{thinking}\n{THINK_CLOSE}\n\n" + "\n".join(calls)
 
 
-class ScriptPolicy:
+class ScriptPolicy(ReplayPolicy):
     """Plays a fixed list of turns, each a list of call texts (one JSON object per call)."""
 
     def __init__(self, turns: list[list[str]], thinking: str = "Following the script."):
-        self.turns = [turn_text(thinking, calls) for calls in turns]
-        self.position = 0
-
-    def __call__(self, episode=None) -> str:
-        if self.position >= len(self.turns):
-            return ""
-        turn = self.turns[self.position]
-        self.position += 1
-        return turn
+        super().__init__([turn_text(thinking, calls) for calls in turns])
 
 
 def gold_tables(gold_sql: str, schema) -> list[str]:
