@@ -1,0 +1,77 @@
+"""The rollout-scheduling benchmark: its simulated engine's timing rules and the command's figures."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from t2s.backends.base import SamplingSettings
+from t2s.bench.rollout import EngineSpec, EpisodePlan, SimulatedEngine
+
+
+def make_engine(tiny_tokenizer, n_plans: int, turn_len: int, prompt_len: int, **spec):
+    im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    plans = [
+        EpisodePlan({"question_id": str(i)}, [[7] * (turn_len - 1) + [im_end]], tuple([100 + i] * prompt_len))
+        for i in range(n_plans)
+    ]
+    return SimulatedEngine(tiny_tokenizer, plans, EngineSpec(**spec), "turnsync"), plans
+
+
+def test_engine_single_request_timing(tiny_tokenizer):
+    # 5000 prompt tokens: 3 prefill steps (the last one samples token 1), then 99 decode steps
+    engine, plans = make_engine(tiny_tokenizer, 1, 100, 5000)
+    out = engine.generate([list(plans[0].first_prompt)], [2048], SamplingSettings())[0]
+    assert out.finish_reason == "stop" and len(out.token_ids) == 100
+    assert engine.stats.steps == 3 + 99 and engine.now == pytest.approx(1.02)
+
+
+def test_engine_per_request_max_tokens_cuts(tiny_tokenizer):
+    engine, plans = make_engine(tiny_tokenizer, 1, 100, 10)
+    out = engine.generate([list(plans[0].first_prompt)], [40], SamplingSettings())[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 40 and engine.stats.steps == 40
+
+
+def test_engine_capacity_makes_requests_wait(tiny_tokenizer):
+    engine, plans = make_engine(tiny_tokenizer, 3, 50, 10, max_num_seqs=2)
+    engine.generate([list(p.first_prompt) for p in plans], [2048] * 3, SamplingSettings())
+    assert engine.stats.max_running == 2 and engine.stats.steps == 100  # the third ran after a slot freed
+    engine, plans = make_engine(tiny_tokenizer, 3, 50, 10)
+    engine.generate([list(p.first_prompt) for p in plans], [2048] * 3, SamplingSettings())
+    assert engine.stats.steps == 50  # all three decode together
+
+
+def test_engine_prefill_shares_the_step_budget(tiny_tokenizer):
+    # two 3000-token prompts: 6000 prompt tokens at 2048 per step need 3 steps before both decode
+    engine, plans = make_engine(tiny_tokenizer, 2, 10, 3000, prefix_caching=False)
+    engine.generate([list(p.first_prompt) for p in plans], [2048] * 2, SamplingSettings())
+    assert engine.stats.prefill_tokens == 6000 and engine.stats.steps == 3 + 9
+
+
+@pytest.mark.timeout(300)
+def test_bench_rollout_last_line_and_async_bound(capsys, demo_dir):
+    import argparse
+
+    from t2s.bench import rollout
+
+    parser = argparse.ArgumentParser()
+    rollout.add_arguments(parser)
+    assert rollout.run(parser.parse_args(["--episodes", "24", "--seed", "1"])) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    match = re.fullmatch(r"async_over_critical=(\d+\.\d+) turnsync_over_critical=(\d+\.\d+)", lines[-1])
+    assert match, lines[-1]
+    async_ratio, turnsync_ratio = map(float, match.groups())
+    assert 0.99 <= async_ratio <= 1.15
+    assert turnsync_ratio > async_ratio
+
+
+def test_bench_rollout_rejects_bad_episodes(capsys):
+    import argparse
+
+    from t2s.bench import rollout
+
+    parser = argparse.ArgumentParser()
+    rollout.add_arguments(parser)
+    assert rollout.run(parser.parse_args(["--episodes", "0"])) != 0
+    assert capsys.readouterr().out.startswith("Error:")
