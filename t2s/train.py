@@ -52,10 +52,9 @@ def resolve_path(path: str | None) -> Path | None:
     return None
 
 
-def load_training_rows(script_args, training_args, tokenizer=None) -> tuple[list[dict], dict]:
-    """Rows for training and the counts of every filter; raises ConfigError for a missing data path."""
+def check_data_paths(script_args) -> tuple[Path | None, Path | None]:
+    """The resolved data file and db_root; a ConfigError for a missing one (SQaLe may name a Hub dataset)."""
     from t2s.configs import ConfigError
-    from t2s.data.loaders import load_rows
 
     data_path = resolve_path(script_args.dataset_path)
     if data_path is None and script_args.dataset_kind != "sqale":
@@ -64,6 +63,15 @@ def load_training_rows(script_args, training_args, tokenizer=None) -> tuple[list
     db_root = resolve_path(script_args.db_root) if script_args.db_root else None
     if script_args.db_root and db_root is None:
         raise ConfigError(f"Error: db_root {script_args.db_root!r} not found.")
+    return data_path, db_root
+
+
+def load_training_rows(script_args, training_args, tokenizer=None) -> tuple[list[dict], dict]:
+    """Rows for training and the counts of every filter; raises ConfigError for a missing data path."""
+    from t2s.configs import ConfigError
+    from t2s.data.loaders import load_rows
+
+    data_path, db_root = check_data_paths(script_args)
     opts = {"schemas": script_args.sqale_schemas} if script_args.dataset_kind == "sqale" else {}
     rows = list(load_rows(script_args.dataset_kind, str(data_path or script_args.dataset_path),
                           str(db_root) if db_root else None, **opts))
@@ -169,6 +177,7 @@ def build_trainer(script_args, training_args, model_args, *, callbacks=None):
     from t2s.trainer import Text2SQLGRPOTrainer
 
     validate_training_config(training_args)
+    check_data_paths(script_args)
     model_path = prepare_model_path(script_args, model_args)
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left", revision=model_args.model_revision,
                                               trust_remote_code=training_args.trust_remote_code)

@@ -1,0 +1,154 @@
+"""Start-up validation (DESIGN §8): each bad configuration fails with one clear ``Error:`` message."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from _train_script import build_trainer, make_config
+from t2s.configs import ConfigError, validate_training_config
+from t2s.settings import REPO_ROOT
+from t2s.trainer import check_eos_ids, check_think_prompt
+
+CHATML_NO_THINK = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def _error(excinfo) -> str:
+    message = str(excinfo.value)
+    assert message.startswith("Error:"), message
+    return message
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (dict(top_k=20), "top_k=20"),
+        (dict(top_p=0.95), "top_p=0.95"),
+        (dict(generation_kwargs={"top_k": 5}), "top_k=5"),
+        (dict(min_p=0.1), "min_p=0.1"),
+    ],
+)
+def test_top_k_or_top_p_in_training_sampling_is_rejected(tmp_path, overrides, needle):
+    with pytest.raises(ConfigError) as excinfo:
+        validate_training_config(make_config(tmp_path, **overrides))
+    message = _error(excinfo)
+    assert needle in message and "temperature-only" in message
+
+
+def test_group_split_across_ranks_is_rejected(tmp_path):
+    # per rank 2 × 3 = 6 sequences with G = 4: a group would straddle ranks
+    with pytest.raises(ConfigError) as excinfo:
+        make_config(tmp_path, per_device_train_batch_size=2, gradient_accumulation_steps=3, num_generations=4)
+    assert "split across ranks" in _error(excinfo) and "2 × 3 = 6" in str(excinfo.value)
+    # the same check on a config changed after construction (as a launcher with more ranks would see it)
+    args = make_config(tmp_path)
+    args.per_device_train_batch_size = 2
+    with pytest.raises(ConfigError, match="split across ranks"):
+        validate_training_config(args)
+
+
+def test_unknown_reward_name_is_rejected(tmp_path):
+    with pytest.raises(ConfigError) as excinfo:
+        validate_training_config(make_config(tmp_path, reward_names=["dense", "exact_match"]))
+    assert "unknown reward name 'exact_match'" in _error(excinfo) and "dense" in str(excinfo.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (dict(beta=0.0, beta_min=0.0), "beta must be > 0"),
+        (dict(beta_min=0.0), "beta_min"),
+        (dict(beta=2.0), "beta_max"),
+        (dict(old_logprobs="cached"), "old_logprobs 'cached'"),
+        (dict(rollout_backend="sglang"), "rollout_backend 'sglang'"),
+        (dict(mask_truncated_completions=True), "mask_truncated_completions"),
+        (dict(per_device_train_batch_size=4, gradient_accumulation_steps=1, steps_per_generation=2),
+         "multiple of steps_per_generation"),
+    ],
+)
+def test_other_bad_settings_are_rejected(tmp_path, overrides, needle):
+    with pytest.raises(ConfigError) as excinfo:
+        validate_training_config(make_config(tmp_path, **overrides))
+    assert needle in _error(excinfo)
+
+
+def test_think_block_check(tiny_tokenizer):
+    check_think_prompt(tiny_tokenizer, {"enable_thinking": True}, True)  # Qwen3.5-2B's template, thinking on
+    with pytest.raises(ConfigError) as excinfo:  # the same template without enable_thinking closes the block
+        check_think_prompt(tiny_tokenizer, {}, True)
+    assert "does not open a think block" in _error(excinfo)
+    check_think_prompt(tiny_tokenizer, {}, False)  # thinking off: nothing to check
+
+
+def test_trainer_rejects_a_template_that_does_not_open_a_think_block(tiny_model_dir, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from _train_script import make_rows, scripted_reward
+    from t2s.trainer import Text2SQLGRPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
+    tokenizer.chat_template = CHATML_NO_THINK
+    with pytest.raises(ConfigError) as excinfo:
+        Text2SQLGRPOTrainer(str(tiny_model_dir), make_config(tmp_path), train_dataset=Dataset.from_list(make_rows(2)),
+                            processing_class=tokenizer, reward_funcs=[scripted_reward])
+    assert "think block" in _error(excinfo)
+
+
+def test_eos_check_names_the_missing_token(tiny_tokenizer):
+    im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    endoftext = tiny_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    check_eos_ids([im_end, endoftext], tiny_tokenizer)
+    with pytest.raises(ConfigError) as excinfo:
+        check_eos_ids([endoftext], tiny_tokenizer)  # Qwen3.5's own default
+    assert "<|im_end|>" in _error(excinfo)
+    with pytest.raises(ConfigError, match="<\\|endoftext\\|>"):
+        check_eos_ids([im_end], tiny_tokenizer)
+
+
+@pytest.mark.slow
+def test_trainer_stops_on_both_eos_ids(tiny_model_dir, tmp_path):
+    trainer, _ = build_trainer(tiny_model_dir, tmp_path)
+    tokenizer = trainer.processing_class
+    for token in ("<|im_end|>", "<|endoftext|>"):
+        assert tokenizer.convert_tokens_to_ids(token) in trainer.eos_token_ids
+    assert trainer.model.generation_config.eos_token_id == [
+        tokenizer.convert_tokens_to_ids("<|im_end|>"), tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    assert trainer.ref_model is not None and trainer.beta == 0.01
+
+
+def test_model_without_a_path_is_rejected(tiny_model_dir, tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from t2s.trainer import Text2SQLGRPOTrainer
+
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model_dir))
+    model.config._name_or_path = ""
+    with pytest.raises(ConfigError, match="has no path"):
+        Text2SQLGRPOTrainer(model, make_config(tmp_path))
+
+
+def _train_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "t2s", "train", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+
+
+def test_train_cli_missing_data_path_is_one_clear_line(tmp_path):
+    result = _train_cli("--config", "recipes/smoke.yaml", "--dataset_path", str(tmp_path / "nowhere.json"),
+                        "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("Error: dataset_path") and "nowhere.json" in lines[-1] and "not found" in lines[-1]
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "out").exists(), "nothing is written before the data is found"
+
+
+def test_train_cli_bad_recipe_value_is_one_clear_line(tmp_path):
+    result = _train_cli("--config", "recipes/smoke.yaml", "--top_k", "20", "--output_dir", str(tmp_path / "out"))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("Error: training sampling must be temperature-only")
