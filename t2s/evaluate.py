@@ -114,11 +114,9 @@ def run(args) -> int:
 
 # ---------------------------------------------------------------------------------------------------------- helpers
 def file_sha256(path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    from t2s.databases import file_checksum
+
+    return file_checksum(path)
 
 
 def text_sha256(text: str | None) -> str | None:

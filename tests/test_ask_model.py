@@ -11,23 +11,16 @@ from t2s import databases
 from t2s.cli import main
 from t2s.episode import RECORD_KEYS
 from tests.fake_vllm import FakeVLLMServer, ScriptedAgent, refused_url
+from tests.test_ask import wal_db as wal_db_with_connection  # noqa: F401 - a fixture
 from tests.test_evaluate import ChatFake, chat_answer
 
 DOGS = "SELECT name FROM pets WHERE kind = 'dog' ORDER BY name"
 
 
 @pytest.fixture()
-def wal_db(tmp_path):
-    """A WAL-mode user file whose last write is not checkpointed: only a mode=ro opening (never immutable) sees it."""
-    path = tmp_path / "my #pets.sqlite"
-    conn = sqlite3.connect(path)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA wal_autocheckpoint=0")
-    conn.execute("CREATE TABLE pets (name TEXT, kind TEXT)")
-    conn.executemany("INSERT INTO pets VALUES (?, ?)", [("Rex", "dog"), ("Tom", "cat"), ("Fido", "dog")])
-    conn.commit()
-    yield path
-    conn.close()
+def wal_db(wal_db_with_connection):
+    """A WAL-mode user file whose last write is not checkpointed (``immutable`` would miss it)."""
+    return wal_db_with_connection[0]
 
 
 def agent_turns():
