@@ -460,3 +460,27 @@ def test_vllm_policy_wiring(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, 
     assert summary["execution_accuracy_official"] == 1.0 and summary["submit_rate"] == 1.0
     assert built["model"] == str(tiny_model_dir) and built["enable_prefix_caching"] is True
     assert built["max_model_len"] >= 12288
+
+
+def test_single_mode_through_a_backend(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path):
+    """single: one turn from the single-turn prompt (schema in, no tools); the SQL is read from the answer."""
+    from tests.fake_vllm import FakeVLLMServer
+
+    gold = gold_by_question(demo_dir)
+    im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prompts = []
+
+    def answer(prompt_ids, max_tokens):
+        text = tiny_tokenizer.decode(prompt_ids)
+        prompts.append(text)
+        question = text.split("Question: ", 1)[1].split("\n", 1)[0].strip()
+        reply = f"Easy.\n</think>\n\n```sql\n{gold[question]}\n```"
+        return list(tiny_tokenizer(reply, add_special_tokens=False)["input_ids"]) + [im_end]
+
+    with FakeVLLMServer(answer) as server:
+        summary = evaluate(eval_args("--policy", "endpoint", "--endpoint", server.base_url, "--model", tiny_model_dir,
+                                     "--data", demo_dir, "--n", "4", "--mode", "single", "--output", tmp_path))["single"]
+    assert summary["execution_accuracy_official"] == 1.0 and summary["mean_turns"] == 1.0 and summary["mean_calls"] == 0
+    assert summary["config"]["comparable"] is False
+    assert "CREATE TABLE" in prompts[0] and "no tools" in prompts[0] and prompts[0].endswith("<think>\n")
+    assert "run_query" not in prompts[0]

@@ -138,3 +138,14 @@ def test_export_cli_error_line(tmp_path, capsys):
     assert main(["export", "--checkpoint", str(tmp_path / "missing"), "--output", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("Error: checkpoint folder not found")
+
+
+def test_export_model_card_holds_the_eval_summary(tiny_model_dir, demo_dir, tmp_path):
+    from t2s.cli import build_parser
+    from t2s.evaluate import evaluate
+
+    evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4",
+                                              "--output", str(tmp_path / "eval"), "--quiet"]))
+    out = export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval"), verify=False)
+    card = (out / "README.md").read_text()
+    assert "## Evaluation" in card and "| official EX | 1.000 |" in card and "Qwen3_5ForCausalLM" in card
