@@ -143,12 +143,27 @@ def engine_turn(
 
 
 class TurnSyncBackend:
-    """Base for batch backends: ``agenerate`` runs a batch of one in a worker thread so it never blocks a loop."""
+    """Base for batch backends: ``generate`` checks the batch and calls ``_generate``; ``agenerate`` runs a batch of
+    one in a worker thread so it never blocks an event loop."""
 
     schedule = "turnsync"
     stop_token_ids: list[int]
 
-    def generate(self, prompts, max_tokens, sampling, seeds=None) -> list[TurnOutput]:  # pragma: no cover - abstract
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_tokens: list[int],
+        sampling: SamplingSettings,
+        seeds: Sequence[int | None] | None = None,
+    ) -> list[TurnOutput]:
+        if len(prompts) != len(max_tokens):
+            raise ValueError(f"{len(prompts)} prompts but {len(max_tokens)} max_tokens")
+        if not prompts:
+            return []
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+        return self._generate(prompts, max_tokens, sampling, seeds)
+
+    def _generate(self, prompts, max_tokens, sampling, seeds) -> list[TurnOutput]:  # pragma: no cover - abstract
         raise NotImplementedError
 
     async def agenerate(self, prompt_ids, max_tokens, sampling, seed=None) -> TurnOutput:

@@ -49,22 +49,12 @@ class HFGenerateBackend(TurnSyncBackend):
 
         return cls(model_context, trainer.processing_class, **kwargs)
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        max_tokens: list[int],
-        sampling: SamplingSettings,
-        seeds: Sequence[int | None] | None = None,
-    ) -> list[TurnOutput]:
-        if len(prompts) != len(max_tokens):
-            raise ValueError(f"{len(prompts)} prompts but {len(max_tokens)} max_tokens")
-        if not prompts:
-            return []
+    def _generate(self, prompts, max_tokens, sampling: SamplingSettings, seeds) -> list[TurnOutput]:
         size = self.max_batch_size or len(prompts)
         outputs: list[TurnOutput] = []
         with self._model_context() as model:
             for start in range(0, len(prompts), size):
-                chunk_seed = next((s for s in (seeds or [])[start : start + size] if s is not None), None)
+                chunk_seed = next((s for s in seeds[start : start + size] if s is not None), None)
                 outputs += self._generate_batch(
                     model, prompts[start : start + size], max_tokens[start : start + size], sampling, chunk_seed
                 )

@@ -49,18 +49,7 @@ class VLLMColocateBackend(TurnSyncBackend):
             skip_special_tokens=False,
         )
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        max_tokens: list[int],
-        sampling: SamplingSettings,
-        seeds: Sequence[int | None] | None = None,
-    ) -> list[TurnOutput]:
-        if len(prompts) != len(max_tokens):
-            raise ValueError(f"{len(prompts)} prompts but {len(max_tokens)} max_tokens")
-        if not prompts:
-            return []
-        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+    def _generate(self, prompts, max_tokens, sampling: SamplingSettings, seeds) -> list[TurnOutput]:
         params = [self.sampling_params(m, sampling, s) for m, s in zip(max_tokens, seeds)]
         outputs = self.llm.generate(
             prompts=[{"prompt_token_ids": list(p)} for p in prompts], sampling_params=params, use_tqdm=False
