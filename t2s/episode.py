@@ -126,7 +126,7 @@ class Episode:
 
     def add_env_tokens(self, n: int) -> None:
         """The caller's count of the environment suffix tokens that followed the last observation."""
-        self.tokens_used += int(n)
+        self.tokens_used += int(n or 0)
 
     # -- turns ------------------------------------------------------------------------------------------------------
 
@@ -135,7 +135,7 @@ class Episode:
         if self.done:
             return None
         text = text if isinstance(text, str) else ""
-        self.tokens_used += int(n_tokens)
+        self.tokens_used += int(n_tokens or 0)
         if cut_off:
             self.counters["turn_cutoffs"] += 1
         parsed = parse_turn(text, self.config.enable_thinking)

@@ -32,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="a BIRD/Spider-style JSON file, e.g. dev.json")
     parser.add_argument("--db-root", default=None, help="folder with one sub-folder per db_id (default: beside --data)")
     parser.add_argument("--workers", type=int, default=None, help="worker threads (default: the core count)")
-    parser.add_argument("--repeats", type=int, default=3,
+    parser.add_argument("--repeats", type=int, default=5,
                         help="timed repetitions, each on fresh connections and a cold gold cache; the best is reported")
     parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
 
