@@ -299,6 +299,9 @@ class Rollout:
                     run.add_environment(observation)
                     active.append(run)
         report(wait=True)
+        end = getattr(self.backend, "end_rollout", None)
+        if end is not None:  # lets collective backends keep in step with ranks still generating
+            end()
         return [run.trace for run in runs]
 
 

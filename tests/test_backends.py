@@ -255,3 +255,27 @@ def test_hf_model_factory_is_entered_per_call(tiny_model, tiny_tokenizer):
     backend = HFGenerateBackend(unwrap, tiny_tokenizer, max_batch_size=1)
     outs = backend.generate([[1, 2], [3, 4, 5]], [2, 2], SamplingSettings(seed=0))
     assert len(outs) == 2 and entered == [1]
+
+
+def test_hf_end_rollout_keeps_step_with_other_ranks(tiny_model, tiny_tokenizer):
+    """Multi-process: a rank done early keeps entering the (collective) model context until every rank is done."""
+    import contextlib
+
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    entered, other_rank_rounds = [], [3]  # the other rank generates 3 more rounds after this one stops
+
+    @contextlib.contextmanager
+    def unwrap():
+        entered.append(1)
+        yield tiny_model
+
+    def ranks_active(active: bool) -> int:
+        other = other_rank_rounds[0] > 0
+        other_rank_rounds[0] -= 1
+        return int(active) + int(other)
+
+    backend = HFGenerateBackend(unwrap, tiny_tokenizer, ranks_active=ranks_active)
+    backend.generate([[1, 2]], [2], SamplingSettings(seed=0))
+    backend.end_rollout()
+    assert len(entered) == 3 and other_rank_rounds[0] == -1  # 1 real round + 2 empty ones, then all done

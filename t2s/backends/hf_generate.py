@@ -8,6 +8,11 @@ whatever sampling filters were used to draw the token.
 Inside a trainer, pass a callable that yields the model, so ZeRO-3/FSDP gathering happens per call::
 
     backend = HFGenerateBackend.for_trainer(trainer)
+
+With several processes, entering that context is collective (ZeRO-3 gathers, FSDP summons parameters), so every rank
+must enter it the same number of times although their episodes end after different numbers of turns. Each round
+therefore starts with a sum over ranks of "still generating", and ``end_rollout`` (called by the rollout when its
+own episodes are done) keeps entering the context, without generating, until every rank is done.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ class HFGenerateBackend(TurnSyncBackend):
         *,
         max_batch_size: int | None = None,
         stop_ids: Sequence[int] | None = None,
+        ranks_active: Callable[[bool], int] | None = None,
     ) -> None:
         if callable(model) and not hasattr(model, "generate"):
             self._model_context: Callable[[], ContextManager] = model
@@ -37,6 +43,7 @@ class HFGenerateBackend(TurnSyncBackend):
         pad = tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else self.stop_token_ids[-1]
         self.max_batch_size = max_batch_size
+        self._ranks_active = ranks_active  # (this rank generates?) -> how many ranks do; None on one process
         self._calls = 0
 
     @classmethod
@@ -44,12 +51,44 @@ class HFGenerateBackend(TurnSyncBackend):
         """A backend that unwraps the trainer's model for every generate call (DDP, ZeRO-3)."""
         from trl.models import unwrap_model_for_generation
 
-        def model_context():
-            return unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator)
+        args, accelerator = trainer.args, trainer.accelerator
 
+        @contextlib.contextmanager
+        def model_context():
+            with contextlib.ExitStack() as stack:
+                model = stack.enter_context(
+                    unwrap_model_for_generation(
+                        trainer.model_wrapped, accelerator,
+                        gather_deepspeed3_params=getattr(args, "ds3_gather_for_generation", True),
+                        gradient_checkpointing_kwargs=getattr(args, "gradient_checkpointing_kwargs", None),
+                    )
+                )  # fmt: skip
+                dist = getattr(trainer, "_dist", None)
+                if dist is not None:
+                    stack.enter_context(dist.summon_full_params(trainer.model_wrapped, recurse=False))
+                yield model
+
+        def ranks_active(active: bool) -> int:
+            import torch
+
+            flag = torch.tensor([1 if active else 0], device=accelerator.device)
+            return int(accelerator.gather(flag).sum().item())
+
+        if accelerator.num_processes > 1:
+            kwargs.setdefault("ranks_active", ranks_active)
         return cls(model_context, trainer.processing_class, **kwargs)
 
+    def end_rollout(self) -> None:
+        """Enter the model context (without generating) until no rank generates any more (multi-process only)."""
+        if self._ranks_active is None:
+            return
+        while self._ranks_active(False):
+            with self._model_context():
+                pass
+
     def _generate(self, prompts, max_tokens, sampling: SamplingSettings, seeds) -> list[TurnOutput]:
+        if self._ranks_active is not None:
+            self._ranks_active(True)
         size = self.max_batch_size or len(prompts)
         outputs: list[TurnOutput] = []
         with self._model_context() as model:
