@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import marshal
 import math
 import os
 import re
@@ -44,7 +45,8 @@ SCORING_MAX_CELLS = 500_000  # a scoring result larger than this is `over_cap`
 SCORING_MAX_BYTES = 64 * 1024 * 1024  # approximate text/blob bytes of a scoring result before `over_cap`
 MAX_VALUE_LENGTH = 1_000_000  # SQLITE_LIMIT_LENGTH: longest string, blob or row
 PRINTF_MAX_WIDTH = 100_000  # largest width or precision the capped printf/format accepts
-PROGRESS_INTERVAL = 1000  # virtual-machine instructions between deadline checks
+FETCH_BATCH = 2048  # rows per fetchmany when a scoring result is fetched in full
+PROGRESS_INTERVAL = 2000  # virtual-machine instructions between deadline checks
 PAYLOAD_MAX_BYTES = 256 * 1024 * 1024  # largest single row-payload database image
 PAYLOAD_CACHE_BYTES = 2 * 1024 * 1024 * 1024  # row-payload images plus per-thread copies, across all threads
 GOLD_CACHE_BYTES = 512 * 1024 * 1024  # cached gold results (approximate size)
@@ -396,9 +398,8 @@ def _error_text(exc: Exception, conn: SandboxConnection, timeout: float) -> tupl
 
 
 def _cell_bytes(rows) -> int:
-    return sum(len(value) for value in chain.from_iterable(rows) if type(value) in (str, bytes)) + 8 * len(rows) * (
-        len(rows[0]) if rows else 0
-    )
+    """Approximate bytes of fetched rows (their marshalled size: text and blob lengths plus a few bytes a cell)."""
+    return len(marshal.dumps(rows))
 
 
 def _fetch(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bool]:
@@ -413,8 +414,10 @@ def _fetch(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bool]:
     width = max(1, len(cursor.description or ()))
     rows: list = []
     size = 0
-    batch_size = 2048
     while True:
+        batch_size = FETCH_BATCH
+        if max_bytes is not None:  # a batch can never hold much more than the bytes still allowed
+            batch_size = min(FETCH_BATCH, max(16, (max_bytes - size) // (width * MAX_VALUE_LENGTH)))
         batch = cursor.fetchmany(batch_size)
         if not batch:
             return rows, False, False
