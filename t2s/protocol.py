@@ -230,7 +230,8 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
         kinds.append("call_spelling")
     if len(calls) > 1:
         kinds.append("several_calls")
-    if _FENCE.search(body):
+    fenced = "```" in body
+    if fenced:
         kinds.append("fenced")
     if spans:
         outside, last = [], 0
@@ -238,8 +239,10 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
             outside.append(body[last:a])
             last = b
         outside.append(body[last:])
-        rest = _FENCE.sub("", "".join(outside)).replace("```", "")
-        if rest.strip():
+        rest = "".join(outside)
+        if fenced:
+            rest = _FENCE.sub("", rest)
+        if not rest.isspace() and rest:
             kinds.append("prose")
     if failed and not calls:
         errors.append("Error: the tool call is not valid JSON (it may be cut off).")

@@ -55,16 +55,15 @@ def format_cell(value) -> str:
     return value
 
 
-_PLAIN_TYPES = frozenset({int, float, str, type(None)})
-
-
 def format_row(row) -> str:
     """One row, pipe-separated, with every cell formatted by ``format_cell``."""
-    if _PLAIN_TYPES.issuperset(map(type, row)):  # the common case, done in C loops
-        cells = list(map(str, row))
-        line = " | ".join(cells)
-        if "\n" not in line and "\r" not in line and (len(line) <= CELL_CHARS or max(map(len, cells)) <= CELL_CHARS):
-            return line
+    cells = list(map(str, row))  # SQLite gives int, float, str, bytes or None; only str and bytes need care
+    line = " | ".join(cells)
+    if (
+        "\n" not in line and "\r" not in line and "b'" not in line and 'b"' not in line and "<memory" not in line
+        and (len(line) <= CELL_CHARS or max(map(len, cells)) <= CELL_CHARS)
+    ):
+        return line
     return " | ".join([format_cell(v) for v in row])
 
 
@@ -144,41 +143,54 @@ def _limit(tool: str, value, bounds: tuple[int, int]) -> tuple[int, str]:
 # The toolbox
 
 
+_TABLE = {"table_name": (_STR, True)}
+_SQL = {"sql": (_STR, True)}
+_SAMPLE = {"table_name": (_STR, True), "limit": (_INT, False)}
+
+# dialect -> {tool: (method, argument spec {name: (type, required)})}, the query tool, the submit tool
+DIALECTS: dict[str, tuple[dict[str, tuple[str, dict]], str, str]] = {
+    "exec_plan": (
+        {
+            "list_tables": ("_list_tables", {}),
+            "describe_table": ("_describe_table", _TABLE),
+            "foreign_keys": ("_foreign_keys", _TABLE),
+            "join_path": ("_join_path", {"table_a": (_STR, True), "table_b": (_STR, True)}),
+            "sample_rows": ("_sample_rows", _SAMPLE),
+            "distinct_values": (
+                "_distinct_values", {"table_name": (_STR, True), "column_name": (_STR, True), "limit": (_INT, False)}
+            ),
+            "run_query": ("_run_query", _SQL),
+            "submit_sql": ("_submit", _SQL),
+        },
+        "run_query",
+        "submit_sql",
+    ),
+    "sibling": (
+        {
+            "inspect_schema": ("_inspect_schema", {"table_name": (_STR, False)}),
+            "sample_rows": ("_sample_rows", _SAMPLE),
+            "run_sql": ("_run_query", _SQL),
+            "submit": ("_submit", _SQL),
+        },
+        "run_sql",
+        "submit",
+    ),
+}
+
+
 class Toolbox:
     """The tools of one dialect over one database. ``call(name, args, timeout)`` never raises."""
 
     def __init__(self, db, *, dialect: str = "exec_plan", tool_timeout: float = 5.0, column_descriptions: bool = False):
+        if dialect not in DIALECTS:
+            raise ValueError(f"Error: unknown tool dialect {dialect!r}; expected one of {', '.join(DIALECTS)}")
         self.db = db
         self.dialect = dialect
         self.tool_timeout = tool_timeout
         self.column_descriptions = column_descriptions
         self._schema = None
         self._descriptions = None
-        if dialect == "exec_plan":
-            self.tools = {
-                "list_tables": (self._list_tables, {}),
-                "describe_table": (self._describe_table, {"table_name": (_STR, True)}),
-                "foreign_keys": (self._foreign_keys, {"table_name": (_STR, True)}),
-                "join_path": (self._join_path, {"table_a": (_STR, True), "table_b": (_STR, True)}),
-                "sample_rows": (self._sample_rows, {"table_name": (_STR, True), "limit": (_INT, False)}),
-                "distinct_values": (
-                    self._distinct_values,
-                    {"table_name": (_STR, True), "column_name": (_STR, True), "limit": (_INT, False)},
-                ),
-                "run_query": (self._run_query, {"sql": (_STR, True)}),
-                "submit_sql": (self._submit, {"sql": (_STR, True)}),
-            }
-            self.query_tools, self.submit_tool = {"run_query"}, "submit_sql"
-        elif dialect == "sibling":
-            self.tools = {
-                "inspect_schema": (self._inspect_schema, {"table_name": (_STR, False)}),
-                "sample_rows": (self._sample_rows, {"table_name": (_STR, True), "limit": (_INT, False)}),
-                "run_sql": (self._run_query, {"sql": (_STR, True)}),
-                "submit": (self._submit, {"sql": (_STR, True)}),
-            }
-            self.query_tools, self.submit_tool = {"run_sql"}, "submit"
-        else:
-            raise ValueError(f"Error: unknown tool dialect {dialect!r}; expected 'exec_plan' or 'sibling'")
+        self.tools, self.query_tool, self.submit_tool = DIALECTS[dialect]
 
     # -- plumbing ---------------------------------------------------------------------------------------------------
 
@@ -191,7 +203,7 @@ class Toolbox:
     def role(self, tool: str) -> str:
         if tool == self.submit_tool:
             return "submit"
-        return "query" if tool in self.query_tools else "other"
+        return "query" if tool == self.query_tool else "other"
 
     def call(self, tool, args, *, timeout: float | None = None) -> ToolResult:
         """Run one tool call. ``timeout`` (seconds) may shorten the tool timeout, e.g. near the episode's time budget."""
@@ -204,7 +216,8 @@ class Toolbox:
                 known = ", ".join(self.tools)
                 result = ToolResult(name, name, f"Error: unknown tool {name!r}. The tools are: {known}.", error=True)
             else:
-                handler, spec = self.tools[name]
+                method, spec = self.tools[name]
+                handler = getattr(self, method)
                 checked = _check_args(name, args, spec)
                 label = self._label(name, checked)
                 limit = self.tool_timeout if timeout is None else max(MIN_TOOL_TIMEOUT, min(self.tool_timeout, timeout))

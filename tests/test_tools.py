@@ -296,3 +296,11 @@ def test_attacks_through_run_query_are_errors(box, tmp_db, tmp_path, monkeypatch
     assert list(tmp_path.iterdir()) == []  # no file was created
     assert databases.file_checksum(tmp_db.path) == before
     assert box.call("run_query", {"sql": "SELECT COUNT(*) FROM orders"}).text == "COUNT(*)\n20"
+
+
+def test_format_row_cells():
+    from t2s.tools import format_row
+
+    assert format_row([1, 2.5, None, "Bob's"]) == "1 | 2.5 | None | Bob's"
+    assert format_row([b"\x00\x01\x02", bytearray(b"ab"), memoryview(b"xyz")]) == "<blob 3 bytes> | <blob 2 bytes> | <blob 3 bytes>"
+    assert format_row(["a\r\nb", "y" * 201]) == "a\\r\\nb | " + "y" * CELL_CHARS + "...[+1 chars]"
