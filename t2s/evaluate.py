@@ -17,6 +17,10 @@ bare SELECT/WITH after the thinking).
 Output folder (one per mode; with several modes each gets ``DIR/<mode>/`` and ``DIR`` gets a side-by-side report):
 ``episodes.jsonl`` (one scored episode record per question and sample), ``summary.json``, ``summary.md``,
 ``summary.png``, and ``eval_config.json`` (the run's configuration, which a resumed run must match).
+
+``config.comparable`` is true when the run used the training protocol and token stream: a model, vLLM or a
+completions endpoint, in full or withheld mode, with thinking on. The original system prompt of the published
+checkpoints is not public (``--system-prompt-file`` takes it), so its hash is recorded next to the flag.
 """
 
 from __future__ import annotations
@@ -590,8 +594,17 @@ class Runner:
         seed = self.args.seed * 1_000_003 + sample * 7919 + zlib.crc32(str(row["question_id"]).encode()) % 997
         try:
             if mode == "single":
-                budget = self.args.episode_token_budget
-                text, finish, _ = self.chat_client.complete(single_turn_messages(row), budget, sampling, seed)
+                messages = single_turn_messages(row)
+                if self.tokenizer is not None:
+                    from t2s.protocol import generation_prompt_ids
+
+                    prompt = generation_prompt_ids(self.tokenizer, messages, self.args.enable_thinking)
+                    limit = self.args.episode_token_budget - len(prompt)
+                else:  # the prompt's size is unknown: two turns' worth
+                    limit = 2 * self.args.max_tokens_per_turn
+                if limit <= 0:
+                    return {**single_turn_record(row, None), "error": "Error: the prompt does not fit the episode token budget"}
+                text, finish, _ = self.chat_client.complete(messages, limit, sampling, seed)
                 return single_turn_record(row, text, cut_off=finish == "length")
             policy = ChatEndpointPolicy(self.chat_client, sampling, seed=seed)
             episode = play(Episode(row, _episode_config(self.args, mode)), policy, self.tokenizer)
@@ -730,7 +743,7 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
 
 def evaluate(args) -> dict[str, dict]:
     """Run every requested mode; returns {mode: summary}."""
-    from t2s.eval_report import modes_markdown, plot_summaries, summarise, summary_markdown
+    from t2s.eval_report import modes_markdown, plot_summaries
 
     if args.k < 1:
         raise EvalError("Error: --k must be at least 1")
