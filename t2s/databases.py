@@ -254,6 +254,8 @@ class SandboxConnection(sqlite3.Connection):
     deadline: float = math.inf
     timed_out: bool = False
     write_denied: bool = False  # the authorizer refused a write in the current statement
+    denied: str | None = None  # what the authorizer refused, in words (the statement rather than its bookkeeping)
+    denied_internal: bool = False
     udf_error: str | None = None  # a clear reason raised inside our own SQL functions
     label: str = ""
 
@@ -267,19 +269,28 @@ class SandboxConnection(sqlite3.Connection):
         if action in _ALLOWED_ACTIONS:
             return sqlite3.SQLITE_OK
         if action == sqlite3.SQLITE_FUNCTION:
-            if (arg2 or "").lower() in _DENIED_FUNCTIONS:
-                return sqlite3.SQLITE_DENY
-            return sqlite3.SQLITE_OK
+            if (arg2 or "").lower() not in _DENIED_FUNCTIONS:
+                return sqlite3.SQLITE_OK
+            return self._deny(f"function {arg2}()", write=False)
         if action == sqlite3.SQLITE_PRAGMA:
             if (arg1 or "").lower() in _READ_ONLY_PRAGMAS:
                 return sqlite3.SQLITE_OK
-            if arg2 is not None:
-                self.write_denied = True
-            return sqlite3.SQLITE_DENY
+            assignment = arg2 is not None
+            return self._deny(f"PRAGMA {arg1}" + (f" = {arg2}" if assignment else ""), write=assignment)
         if action == sqlite3.SQLITE_UPDATE and trigger_or_view is None and (arg1 or "").lower() in _SCHEMA_TABLES:
             return sqlite3.SQLITE_OK  # how SQLite builds eponymous virtual tables (json_each, pragma_table_info)
-        if action in _WRITE_ACTIONS:
-            self.write_denied = True
+        words = _ACTION_WORDS.get(action, f"action {action}")
+        target = arg2 if action == sqlite3.SQLITE_ALTER_TABLE else arg1
+        if action in (sqlite3.SQLITE_TRANSACTION, sqlite3.SQLITE_SAVEPOINT):
+            target = None
+        if (target or "").lower().startswith("sqlite_"):  # SQLite's own bookkeeping behind a statement
+            return self._deny("schema change", write=action in _WRITE_ACTIONS, internal=True)
+        return self._deny(f"{words} {target}" if target else words, write=action in _WRITE_ACTIONS)
+
+    def _deny(self, what: str, write: bool, internal: bool = False) -> int:
+        if self.denied is None or (self.denied_internal and not internal):
+            self.denied, self.denied_internal = what, internal
+        self.write_denied = self.write_denied or write
         return sqlite3.SQLITE_DENY
 
     def _printf(self, fmt, *args):
@@ -290,6 +301,15 @@ class SandboxConnection(sqlite3.Connection):
 
 
 _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
+_ACTION_WORDS = {
+    getattr(sqlite3, name): name[len("SQLITE_"):].replace("_", " ")
+    for name in dir(sqlite3)
+    if name.startswith("SQLITE_") and name[len("SQLITE_"):].split("_")[0]
+    in {"CREATE", "DROP", "INSERT", "DELETE", "UPDATE", "ALTER", "ATTACH", "DETACH", "REINDEX", "ANALYZE", "COPY",
+        "TRANSACTION", "SAVEPOINT"}
+}
+_ACTION_WORDS[sqlite3.SQLITE_TRANSACTION] = "transactions"
+_ACTION_WORDS[sqlite3.SQLITE_SAVEPOINT] = "savepoints"
 
 
 def _sandbox(conn: SandboxConnection, label: str) -> SandboxConnection:
@@ -389,11 +409,10 @@ def _error_text(exc: Exception, conn: SandboxConnection, timeout: float) -> tupl
         return "Error: only one SQL statement per call is allowed", False, False
     if isinstance(exc, (sqlite3.Warning, sqlite3.ProgrammingError)) and "one statement" in lowered:
         return "Error: only one SQL statement per call is allowed", False, False
-    write = conn.write_denied or any(marker in lowered for marker in _WRITE_ERROR_MARKERS)
-    if write:
-        return f"Error: the database is read-only; writes are not allowed ({message})", False, True
-    if "not authorized" in lowered:
-        return "Error: statement not allowed (read-only sandbox: SELECT queries only)", False, False
+    if conn.write_denied or any(marker in lowered for marker in _WRITE_ERROR_MARKERS):
+        return f"Error: the database is read-only; writes are not allowed ({conn.denied or message})", False, True
+    if conn.denied is not None:
+        return f"Error: not allowed in the read-only sandbox: {conn.denied}", False, False
     return f"Error: {message}", False, False
 
 
@@ -469,6 +488,7 @@ def execute(
         conn.deadline = time.monotonic() + max(0.0, float(timeout))
         conn.timed_out = False
         conn.write_denied = False
+        conn.denied = None
         conn.udf_error = None
         try:
             _run(conn, sql, timeout, max_rows, max_cells, max_bytes, result)

@@ -44,11 +44,15 @@ def _build(path: Path) -> None:
 
 @pytest.fixture()
 def db(tmp_path):
+    """The attack database; after every test its checksum and its folder's listing must be unchanged."""
     folder = tmp_path / "db"
     folder.mkdir()
     path = folder / "attack.sqlite"
     _build(path)
-    return path
+    before, listing = file_checksum(path), sorted(os.listdir(folder))
+    yield path
+    assert file_checksum(path) == before, "the database file changed"
+    assert sorted(os.listdir(folder)) == listing, "a file appeared next to the database"
 
 
 def _listing(*folders: Path) -> dict:
@@ -168,6 +172,22 @@ def test_refused_statements_that_are_not_writes(db, name):
     assert not tool_connection(ref).in_transaction
     assert _baseline(ref) == baseline
     assert file_checksum(db) == before
+
+
+def test_refusals_say_what_was_refused(db):
+    ref = benchmark_db(db)
+    expected = {
+        "INSERT INTO t VALUES (1000, 'x')": "Error: the database is read-only; writes are not allowed (INSERT t)",
+        "UPDATE t SET b = 'x'": "Error: the database is read-only; writes are not allowed (UPDATE t)",
+        "DROP TABLE t": "Error: the database is read-only; writes are not allowed (schema change)",
+        "ALTER TABLE t ADD COLUMN c": "Error: the database is read-only; writes are not allowed (ALTER TABLE t)",
+        "PRAGMA query_only = OFF": "Error: the database is read-only; writes are not allowed (PRAGMA query_only = OFF)",
+        "SELECT load_extension('x')": "Error: not allowed in the read-only sandbox: function load_extension()",
+        "BEGIN": "Error: not allowed in the read-only sandbox: transactions",
+        "PRAGMA database_list": "Error: not allowed in the read-only sandbox: PRAGMA database_list",
+    }
+    for sql, message in expected.items():
+        assert run_tool_query(ref, sql, max_rows=5).error == message
 
 
 def test_pragma_assignment_cannot_change_later_results(db):
