@@ -583,7 +583,10 @@ class Runner:
 
         if mode == "single":
             return single_turn_record(row, f"```sql\n{row['gold_sql']}\n```")
-        schema = get_schema(ref_from_row(row))
+        try:
+            schema = get_schema(ref_from_row(row))
+        except Exception as exc:  # noqa: BLE001 - an unreadable database scores 0 with the reason recorded
+            return {**single_turn_record(row, None), "mode": mode, "error": f"Error: cannot read the database: {exc}"}
         return run_text_episode(row, _episode_config(self.args, mode), GoldPolicy(row, schema), tokenizer=self.tokenizer)
 
     def _chat_record(self, row: dict, sample: int, mode: str) -> dict:
@@ -630,8 +633,12 @@ class Runner:
                 return
             emit(row, sample, eval_line(row, trace.record, trace.outcome, sample), scored=True)
 
-        rollout = Rollout(self.backend, self.tokenizer, _episode_config(self.args, mode), sampling=_sampling(self.args),
-                          scorer=score_final_sql, on_finish=on_finish, tool_workers=self.args.workers)
+        try:
+            rollout = Rollout(self.backend, self.tokenizer, _episode_config(self.args, mode),
+                              sampling=_sampling(self.args), scorer=score_final_sql, on_finish=on_finish,
+                              tool_workers=self.args.workers)
+        except ValueError as exc:
+            raise EvalError(str(exc)) from None
         rollout.run(rows)
         if failures:
             raise EvalError(f"{failures[0]} ({len(failures)} episode(s) failed; finished results are kept)")
