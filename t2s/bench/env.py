@@ -25,7 +25,6 @@ QUESTIONS = 18
 ROLLOUTS = 8
 SEED = 0
 GPU_STEP_SECONDS = 104.0  # the published step time the environment should stay well under
-SCORING_BATCH = 2048  # databases fetches a scoring result in batches of this many rows
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,31 +78,59 @@ def _quote(name: str) -> str:
 
 
 class _Recorder:
-    """Wraps ``databases.execute`` to note (database file, immutable, SQL, rows fetched) per episode."""
+    """Notes, per episode, every statement given to ``databases.execute`` and the exact fetch calls made on it.
+
+    ``databases.execute`` is wrapped for the statements; the sandboxed connections hand out cursors that log each
+    ``fetchmany(n)`` (and ``fetchall()`` as -1), so the replay fetches exactly as the environment did.
+    """
 
     def __init__(self):
         self.local = threading.local()
-        self.paths: dict[int, tuple[str, bool]] = {}  # id(connection) -> (file, immutable)
 
     def install(self):
         from t2s import databases
 
-        self.original = databases.execute
-        recorder = self
+        local = self.local
+        self.original = original = databases.execute
+        self.connection_class = databases.SandboxConnection
+
+        class RecordingCursor(sqlite3.Cursor):
+            def fetchmany(self, size=1):
+                fetches = getattr(local, "fetches", None)
+                if fetches is not None:
+                    fetches.append(size)
+                return super().fetchmany(size)
+
+            def fetchall(self):
+                fetches = getattr(local, "fetches", None)
+                if fetches is not None:
+                    fetches.append(-1)
+                return super().fetchall()
+
+        def cursor(conn, factory=RecordingCursor):
+            return sqlite3.Connection.cursor(conn, factory)
 
         def recording_execute(conn, sql, *, timeout, max_rows, max_cells=None, max_bytes=None):
-            log = getattr(recorder.local, "log", None)
-            if log is not None:
-                log.append((id(conn), sql, max_rows))
-            return recorder.original(conn, sql, timeout=timeout, max_rows=max_rows, max_cells=max_cells,
-                                     max_bytes=max_bytes)
+            log = getattr(local, "log", None)
+            if log is None:
+                return original(conn, sql, timeout=timeout, max_rows=max_rows, max_cells=max_cells,
+                                max_bytes=max_bytes)
+            local.fetches = fetches = []
+            try:
+                return original(conn, sql, timeout=timeout, max_rows=max_rows, max_cells=max_cells,
+                                max_bytes=max_bytes)
+            finally:
+                local.fetches = None
+                log.append((id(conn), sql, fetches))
 
         databases.execute = recording_execute
+        self.connection_class.cursor = cursor
 
     def uninstall(self):
         from t2s import databases
 
         databases.execute = self.original
+        del self.connection_class.cursor
 
 
 def _on_every_thread(pool: ThreadPoolExecutor, workers: int, fn) -> None:
@@ -137,14 +164,17 @@ def _play(row, config, turns, recorder):
 
 def _raw_replay(statements, local):
     conns = local.conns
-    for path, immutable, sql, max_rows in statements:
-        cursor = conns[(path, immutable)].execute(sql)
-        if max_rows is not None:
-            cursor.fetchmany(max_rows + 1)
-        else:
-            while cursor.fetchmany(SCORING_BATCH):
-                pass
-        cursor.close()
+    for path, immutable, sql, fetches in statements:
+        try:
+            cursor = conns[(path, immutable)].execute(sql)
+            for size in fetches:
+                if size < 0:
+                    cursor.fetchall()
+                else:
+                    cursor.fetchmany(size)
+            cursor.close()
+        except sqlite3.Error:  # statements the sandbox refused fail here too (or differently): both sides tried
+            pass
 
 
 def _clear_gold_cache() -> None:
