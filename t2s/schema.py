@@ -249,16 +249,31 @@ def _clean(text) -> str:
     return " ".join(str(text or "").split())
 
 
+_descriptions_cache: dict[tuple, dict[str, dict[str, str]]] = {}
+
+
 def read_descriptions(db_folder) -> dict[str, dict[str, str]]:
     """BIRD's ``database_description/*.csv`` as {table: {column: description}}; never raises.
 
     ``db_folder`` is a database folder (holding ``database_description/``) or that folder itself. Tables are keyed by
     the CSV file name and columns by ``original_column_name``, both as written (look them up case-insensitively).
-    A description joins the column's expanded name, its description and its value description.
+    A description joins the column's expanded name, its description and its value description. Read once per
+    folder (and modification time) in a process.
     """
     folder = Path(db_folder)
     if (folder / "database_description").is_dir():
         folder = folder / "database_description"
+    try:
+        key = (str(folder.resolve()), folder.stat().st_mtime_ns)
+    except OSError:
+        return {}
+    cached = _descriptions_cache.get(key)
+    if cached is None:
+        cached = _descriptions_cache[key] = _read_description_files(folder)
+    return {table: dict(columns) for table, columns in cached.items()}
+
+
+def _read_description_files(folder: Path) -> dict[str, dict[str, str]]:
     descriptions: dict[str, dict[str, str]] = {}
     try:
         files = sorted(folder.glob("*.csv"))
