@@ -32,11 +32,12 @@ from typing import Any, Callable
 import torch
 from trl import GRPOTrainer
 
+from t2s.backends.base import STOP_TOKENS, stop_token_ids
 from t2s.configs import ConfigError, validate_training_config
 
 log = logging.getLogger(__name__)
 
-EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+EOS_TOKENS = STOP_TOKENS  # ("<|im_end|>", "<|endoftext|>")
 KL_STATE_FILE = "t2s_kl_controller.json"
 ERROR_BAND = 0.2  # the controller's proportional error is clipped to ±0.2
 
@@ -103,8 +104,10 @@ def check_think_prompt(tokenizer, chat_template_kwargs: dict | None, enable_thin
 
 def set_generation_eos(model, tokenizer) -> list[int]:
     """Set ``model.generation_config.eos_token_id`` to [<|im_end|>, <|endoftext|>] (Qwen3.5 defaults to the latter)."""
-    ids = [tokenizer.convert_tokens_to_ids(token) for token in EOS_TOKENS]
-    ids = [i for i in ids if isinstance(i, int) and i != tokenizer.unk_token_id]
+    try:
+        ids = stop_token_ids(tokenizer)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     model.generation_config.eos_token_id = ids
     return ids
 

@@ -80,3 +80,18 @@ def test_resume_restores_beta_and_continues_with_the_same_data(tiny_model_dir, t
     assert resumed.beta == pytest.approx(full.beta, rel=1e-9)
     # steps 3 and 4 see exactly the questions the uninterrupted run saw there: none redone, none skipped
     assert resumed_runner.seen == full_runner.seen[2:]
+
+
+def test_resume_from_checkpoint_latest_picks_the_newest_checkpoint(tmp_path):
+    from _train_script import make_config
+    from t2s.configs import ConfigError
+    from t2s.train import resume_checkpoint
+
+    for step in (2, 10, 4):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+    assert resume_checkpoint(make_config(tmp_path, resume_from_checkpoint="latest")).endswith("checkpoint-10")
+    assert resume_checkpoint(make_config(tmp_path)) is None
+    with pytest.raises(ConfigError, match="not found"):
+        resume_checkpoint(make_config(tmp_path, resume_from_checkpoint=str(tmp_path / "checkpoint-99")))
+    with pytest.raises(ConfigError, match="no checkpoint"):
+        resume_checkpoint(make_config(tmp_path / "empty", resume_from_checkpoint="latest"))
