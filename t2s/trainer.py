@@ -152,6 +152,15 @@ def resolve_reward_funcs(names, args) -> list[Callable]:
     return funcs
 
 
+class _DropMessage(logging.Filter):
+    def __init__(self, needle: str) -> None:
+        super().__init__()
+        self.needle = needle
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.needle not in record.getMessage()
+
+
 # ---------------------------------------------------------------------------------------------------- the trainer
 
 
@@ -186,8 +195,16 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         self._batch_rows: list[dict] | None = None
         self._backend = None
         self._kl_window = torch.zeros(3, dtype=torch.float64)  # Σ k3·m, Σ m, sequences since the last step
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
-                         processing_class=processing_class, rollout_func=self._rollout, **kwargs)
+        # The model is loaded here (its eos must be set first); TRL still uses model_init_kwargs for the reference
+        # model, so its "model_init_kwargs will be ignored" warning would mislead.
+        trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
+        quiet = _DropMessage("model_init_kwargs")
+        trl_logger.addFilter(quiet)
+        try:
+            super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                             processing_class=processing_class, rollout_func=self._rollout, **kwargs)
+        finally:
+            trl_logger.removeFilter(quiet)
         check_eos_ids(self.eos_token_ids, self._tokenizer)
         if self.beta == 0.0 or self.ref_model is None and not self._peft_model():
             raise ConfigError("Error: no reference model was built; beta must be > 0 at start.")
