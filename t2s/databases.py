@@ -20,6 +20,7 @@ Every query a model sends runs through :func:`execute` on a sandboxed connection
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import marshal
@@ -31,7 +32,6 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from itertools import chain
 from pathlib import Path
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -104,8 +104,15 @@ def _is_wal(path: str) -> bool:
 
 
 def benchmark_db(path, db_id: str | None = None) -> DatabaseRef:
-    """A benchmark file: opened ``immutable`` unless its header says WAL mode."""
-    resolved = str(Path(path).expanduser().resolve())
+    """A benchmark file: opened ``immutable`` unless its header says WAL mode (an absolute path is looked up once)."""
+    if isinstance(path, str) and os.path.isabs(path):
+        return _absolute_benchmark_db(path, db_id)
+    return _absolute_benchmark_db.__wrapped__(str(Path(path).expanduser().resolve()), db_id)
+
+
+@functools.lru_cache(maxsize=4096)
+def _absolute_benchmark_db(path: str, db_id: str | None) -> DatabaseRef:
+    resolved = str(Path(path).resolve())
     name = db_id if db_id is not None else Path(resolved).stem
     return DatabaseRef(db_id=name, path=resolved, immutable=not _is_wal(resolved))
 
@@ -157,16 +164,19 @@ class DatabaseOpenError(Exception):
 # Capped printf/format
 # ----------------------------------------------------------------------------------------------------------------
 _LEADING_REINDEX = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*reindex\b", re.I | re.S)
-_PRINTF_SPEC = re.compile(r"%([-+ #!0,]*)(\*|\d+)?(?:\.(\*|\d+)?)?(?:ll|l)?(.|$)", re.S)
+_PRINTF_SPEC = re.compile(r"%([-+ #!0,l.*\d]*)(.|$)", re.S)  # flags, widths, precisions, then the conversion
+_PRINTF_SIZES = re.compile(r"\*|\d+")
 _LEADING_NUMBER = re.compile(r"\s*[-+]?\d+")
 
 
 def _as_int(value) -> int:
-    """SQLite's integer reading of a printf argument (text takes its leading digits, anything else 0)."""
+    """SQLite's integer reading of a printf argument (text and blobs take their leading digits, else 0)."""
     if isinstance(value, bool) or isinstance(value, int):
         return int(value)
     if isinstance(value, float):
         return int(value) if math.isfinite(value) else 0
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
     if isinstance(value, str):
         match = _LEADING_NUMBER.match(value)
         return int(match.group()) if match else 0
@@ -174,20 +184,22 @@ def _as_int(value) -> int:
 
 
 def printf_too_wide(fmt, args) -> bool:
-    """True when a printf format asks for a width or precision above ``PRINTF_MAX_WIDTH``."""
+    """True when a printf format asks for a width or precision above ``PRINTF_MAX_WIDTH``.
+
+    Every digit run and every ``*`` argument between a ``%`` and its conversion letter is checked, whatever the
+    order SQLite would read them in.
+    """
     if not isinstance(fmt, str) or "%" not in fmt:
         return False
     next_arg = 0
     for match in _PRINTF_SPEC.finditer(fmt):
-        kind = match.group(4)
-        for size in (match.group(2), match.group(3)):
+        body, kind = match.group(1), match.group(2)
+        for size in _PRINTF_SIZES.findall(body):
             if size == "*":
                 value = _as_int(args[next_arg]) if next_arg < len(args) else 0
                 next_arg += 1
-            elif size:
-                value = int(size)
             else:
-                continue
+                value = int(size)
             if abs(value) > PRINTF_MAX_WIDTH:
                 return True
         if kind not in ("%", "n", ""):

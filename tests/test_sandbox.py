@@ -244,6 +244,10 @@ def test_runaway_queries_end_at_the_deadline(db, sql):
         "SELECT printf('%999999999d', 1)",
         "SELECT printf('%*s', -999999999, 'x')",
         "SELECT printf('%s%.*c', 'a', '999999999', 'x')",
+        "SELECT printf('%.*c', CAST('999999999' AS BLOB), 'x')",
+        "SELECT printf('%.*c', ' +999999999.5e0', 'x')",
+        "SELECT printf('%l999999999c', 'x')",
+        "SELECT printf('%.1l999999999c', 'x')",
         "SELECT length(replace(hex(zeroblob(400000)), '0', 'abcdefgh'))",
         "SELECT length(replace(replace(hex(zeroblob(90000)), '0', '0000000000'), '0', '0000000000'))",
         "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3000000) "
