@@ -152,3 +152,35 @@ def test_train_cli_bad_recipe_value_is_one_clear_line(tmp_path):
     result = _train_cli("--config", "recipes/smoke.yaml", "--top_k", "20", "--output_dir", str(tmp_path / "out"))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("Error: training sampling must be temperature-only")
+
+
+def _rollout_dict(**changes):
+    out = {"prompt_ids": [[1, 2], [1, 2]], "completion_ids": [[5, 6, 7], [5, 6]], "logprobs": [[-1.0, 0.0, -2.0],
+           [-1.0, -0.5]], "env_mask": [[1, 0, 1], [1, 1]], "record": [{}, {}]}
+    out.update(changes)
+    return out
+
+
+@pytest.mark.parametrize(
+    "changes, needle",
+    [
+        (dict(logprobs=[[[-1.0], [0.0], [-2.0]], [[-1.0], [-0.5]]]), "flat list of floats"),  # TRL clients' (T, 1)
+        (dict(env_mask=[[1, 0], [1, 1]]), "2 env_mask entries"),
+        (dict(completion_ids=[[5, 6, 7]]), "'completion_ids' has 1 entries for 2 rows"),
+        (dict(record=[{}]), "extra 'record' has 1 entries"),
+        (dict(completion_ids=[[[5], [6], [7]], [[5], [6]]]), "flat list of ints"),
+    ],
+)
+def test_rollout_output_shapes_are_asserted(changes, needle):
+    from t2s.trainer import check_rollout_output
+
+    check_rollout_output(_rollout_dict(), 2)
+    with pytest.raises(RuntimeError, match=__import__("re").escape(needle)):
+        check_rollout_output(_rollout_dict(**changes), 2)
+
+
+@pytest.mark.slow
+def test_rollout_needs_the_stashed_rows(tiny_model_dir, tmp_path):
+    trainer, _ = build_trainer(tiny_model_dir, tmp_path)
+    with pytest.raises(RuntimeError, match="stashed rows"):  # called outside _generate_and_score_completions
+        trainer._rollout(["Question number 0"] * 4, trainer)
