@@ -377,13 +377,17 @@ def _connection(ref: DatabaseRef, purpose: str) -> SandboxConnection:
         if ref.schema_id is not None:
             _payloads.touch_copy(key)
         return conn
-    if ref.schema_id is not None:
-        conn = _payloads.open_copy(ref.schema_id, key)
-    elif ref.path:
-        conn = _open_file(ref)
-    else:
-        raise DatabaseOpenError(f"Error: database {ref.db_id!r} has neither a file nor a registered payload")
-    conns[key] = _sandbox(conn, f"{purpose}:{ref.db_id}")
+    try:
+        if ref.schema_id is not None:
+            conn = _payloads.open_copy(ref.schema_id, key)
+        elif ref.path:
+            conn = _open_file(ref)
+        else:
+            raise DatabaseOpenError(f"Error: database {ref.db_id!r} has neither a file nor a registered payload")
+        conns[key] = _sandbox(conn, f"{purpose}:{ref.db_id}")
+    except sqlite3.Error as exc:
+        _payloads.drop_copy(key)
+        raise DatabaseOpenError(f"Error: cannot open database {ref.db_id!r}: {exc}") from None
     return conn
 
 
