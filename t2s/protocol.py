@@ -65,7 +65,10 @@ SUBMIT_TOOLS = {"exec_plan": "submit_sql", "sibling": "submit"}
 
 
 def system_prompt(dialect: str = "exec_plan", path: str | Path | None = None) -> str:
-    """The tool instructions; ``path`` replaces them with a file's text (the published checkpoints are wording-sensitive)."""
+    """The tool instructions; ``path`` replaces them with a file's text.
+
+    The published checkpoints are sensitive to the exact wording, which is not public: hence the file.
+    """
     if path:
         try:
             text = Path(path).read_text(encoding="utf-8")
@@ -338,7 +341,8 @@ def env_suffix_ids(tokenizer, observation: str, *, needs_im_end: bool, enable_th
     template trims message content, and tokenized without special-token parsing.
     """
     head = (IM_END if needs_im_end else "") + f"\n{IM_START}user\n"
-    tail = f"{IM_END}\n{IM_START}assistant\n" + (f"{THINK_OPEN}\n" if enable_thinking else f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n")
+    think = f"{THINK_OPEN}\n" if enable_thinking else f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"
+    tail = f"{IM_END}\n{IM_START}assistant\n{think}"
     return _ids(tokenizer, head, literal=False) + _ids(tokenizer, observation.strip(), literal=True) + _ids(
         tokenizer, tail, literal=False
     )

@@ -206,7 +206,7 @@ class Toolbox:
         return "query" if tool == self.query_tool else "other"
 
     def call(self, tool, args, *, timeout: float | None = None) -> ToolResult:
-        """Run one tool call. ``timeout`` (seconds) may shorten the tool timeout, e.g. near the episode's time budget."""
+        """Run one tool call; ``timeout`` (seconds) may shorten the tool timeout (near the episode's time budget)."""
         started = time.perf_counter()
         name = tool if isinstance(tool, str) else str(tool)
         role = self.role(name)
@@ -228,7 +228,8 @@ class Toolbox:
             result = ToolResult(name, label, f"Error: {name} failed: {type(exc).__name__}: {exc}", error=True)
         result.label = label
         result.role = role
-        result.text = cap_text(result.text, OBSERVATION_CHAR_CAP)
+        if len(result.text) > OBSERVATION_CHAR_CAP:
+            result.text = cap_text(result.text, OBSERVATION_CHAR_CAP)
         result.seconds = time.perf_counter() - started
         if role in ("query", "submit") and result.sql is None and isinstance(args, dict):
             sql = args.get("sql")

@@ -246,19 +246,19 @@ def test_empty_database(tmp_path):
 
 
 def test_column_descriptions_with_bad_bytes(tmp_path):
-    folder = tmp_path / "db"
-    (folder / "database_description").mkdir(parents=True)
-    path = folder / "db.sqlite"
-    conn = sqlite3.connect(path)
-    conn.execute("CREATE TABLE team (id INTEGER, name TEXT)")
-    conn.close()
-    csv_path = folder / "database_description" / "team.csv"
     header = b"original_column_name,column_name,column_description,data_format,value_description\n"
-    for content, expected in [
+    cases = [
         (header + b"name,team name,the caf\xe9 team\x92s name,text,\n", "-- name: team name; the caf\xe9 team\u2019s name"),
         (b"\xef\xbb\xbf" + header + "name,team name,caf\u00e9,text,\n".encode(), "-- name: team name; caf\u00e9"),
-    ]:
-        csv_path.write_bytes(content)
+    ]
+    for number, (content, expected) in enumerate(cases):
+        folder = tmp_path / f"db{number}"
+        (folder / "database_description").mkdir(parents=True)
+        path = folder / "db.sqlite"
+        conn = sqlite3.connect(path)
+        conn.execute("CREATE TABLE team (id INTEGER, name TEXT)")
+        conn.close()
+        (folder / "database_description" / "team.csv").write_bytes(content)
         box = Toolbox(databases.benchmark_db(path), column_descriptions=True)
         text = box.call("describe_table", {"table_name": "team"}).text
         assert text == "CREATE TABLE team (id INTEGER, name TEXT)\n" + expected

@@ -29,7 +29,8 @@ def read_turns(path: str | Path) -> list[str]:
         except ValueError as exc:
             raise ValueError(f"Error: {path} line {number} is not a JSON string: {exc}") from exc
         if not isinstance(turn, str):
-            raise ValueError(f"Error: {path} line {number} must be a JSON string (one assistant turn), got {type(turn).__name__}")
+            kind = type(turn).__name__
+            raise ValueError(f"Error: {path} line {number} must be a JSON string (one assistant turn), got {kind}")
         turns.append(turn)
     return turns
 
@@ -94,4 +95,4 @@ class GoldPolicy(ScriptPolicy):
             size = max(1, max_calls_per_turn)
             turns = [explore[i: i + size] for i in range(0, len(explore), size)]
             turns += [[call_text("run_query", sql=gold)], [call_text("submit_sql", sql=gold)]]
-        super().__init__(turns, thinking="I will look at the tables the question needs, check the query, then submit it.")
+        super().__init__(turns, thinking="I look at the tables the question needs, check the query, then submit it.")

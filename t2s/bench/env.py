@@ -1,12 +1,13 @@
 """`python -m t2s bench env`: the environment's overhead against plain sqlite3 on a pinned workload (DESIGN §11).
 
 Seed 0 picks 18 questions; each is played 8 times (144 episodes, one training step) through the real Episode and
-tools on a thread pool, then scored. Every statement sent to SQLite is recorded with its fetch size. The same
-statements then run with plain ``sqlite3`` on a pool of the same size, fetching the same number of rows. Both sides
-open fresh connections on every worker thread before the clock starts (so prepared-statement caches start cold, as
-with new questions), the gold cache is emptied before each environment pass, and the two sides alternate over
-``--repeats`` passes; the best pass of each side is reported. The last line printed is
-``env_step_seconds=<float> overhead_ratio=<float>``.
+tools on a thread pool, then scored. Every statement sent to SQLite is recorded with its fetch calls, and the same
+statements then run with plain ``sqlite3`` on a pool of the same size, fetching the same way. The workload is
+deterministic, so the recording is made in its own untimed pass; the timed passes carry no recording hooks and must
+end exactly as the recorded one. Both sides open fresh connections on every worker thread before the clock starts
+(prepared-statement caches start cold, as with new questions), the gold cache is emptied before each environment
+pass, and the two sides alternate over ``--repeats`` passes; the best pass of each side is reported. The last line
+printed is ``env_step_seconds=<float> overhead_ratio=<float>``.
 """
 
 from __future__ import annotations
@@ -77,11 +78,31 @@ def _quote(name: str) -> str:
 # Recording what reaches SQLite
 
 
-class _Recorder:
-    """Notes, per episode, every statement given to ``databases.execute`` and the exact fetch calls made on it.
+class _LoggingCursor:
+    """Passes fetch calls through to a cursor, noting each size (``fetchall`` as -1)."""
 
-    ``databases.execute`` is wrapped for the statements; the sandboxed connections hand out cursors that log each
-    ``fetchmany(n)`` (and ``fetchall()`` as -1), so the replay fetches exactly as the environment did.
+    __slots__ = ("cursor", "fetches")
+
+    def __init__(self, cursor, fetches: list):
+        self.cursor, self.fetches = cursor, fetches
+
+    def fetchmany(self, size=1):
+        self.fetches.append(size)
+        return self.cursor.fetchmany(size)
+
+    def fetchall(self):
+        self.fetches.append(-1)
+        return self.cursor.fetchall()
+
+    def __getattr__(self, name):
+        return getattr(self.cursor, name)
+
+
+class _Recorder:
+    """Notes, per episode, every statement given to ``databases.execute`` and the fetch calls made on it.
+
+    The fetch calls are seen by handing ``databases._fetch`` a logging cursor. Should that hook ever be missing, a
+    statement is replayed with the fetches its arguments imply (``fetchmany(max_rows + 1)``, or ``fetchall``).
     """
 
     def __init__(self):
@@ -91,24 +112,13 @@ class _Recorder:
         from t2s import databases
 
         local = self.local
-        self.original = original = databases.execute
-        self.connection_class = databases.SandboxConnection
+        self.original, self.original_fetch = original, original_fetch = databases.execute, databases._fetch
 
-        class RecordingCursor(sqlite3.Cursor):
-            def fetchmany(self, size=1):
-                fetches = getattr(local, "fetches", None)
-                if fetches is not None:
-                    fetches.append(size)
-                return super().fetchmany(size)
-
-            def fetchall(self):
-                fetches = getattr(local, "fetches", None)
-                if fetches is not None:
-                    fetches.append(-1)
-                return super().fetchall()
-
-        def cursor(conn, factory=RecordingCursor):
-            return sqlite3.Connection.cursor(conn, factory)
+        def logging_fetch(cursor, *args, **kwargs):
+            fetches = getattr(local, "fetches", None)
+            if fetches is not None:
+                cursor = _LoggingCursor(cursor, fetches)
+            return original_fetch(cursor, *args, **kwargs)
 
         def recording_execute(conn, sql, *, timeout, max_rows, max_cells=None, max_bytes=None):
             log = getattr(local, "log", None)
@@ -117,20 +127,23 @@ class _Recorder:
                                 max_bytes=max_bytes)
             local.fetches = fetches = []
             try:
-                return original(conn, sql, timeout=timeout, max_rows=max_rows, max_cells=max_cells,
-                                max_bytes=max_bytes)
+                result = original(conn, sql, timeout=timeout, max_rows=max_rows, max_cells=max_cells,
+                                  max_bytes=max_bytes)
             finally:
                 local.fetches = None
-                log.append((id(conn), sql, fetches))
+            if not fetches and result.columns:  # the hook saw nothing: use what the arguments imply
+                fetches.append(-1 if max_rows is None else max_rows + 1)
+            log.append((id(conn), sql, fetches))
+            return result
 
         databases.execute = recording_execute
-        self.connection_class.cursor = cursor
+        databases._fetch = logging_fetch
 
     def uninstall(self):
         from t2s import databases
 
         databases.execute = self.original
-        del self.connection_class.cursor
+        databases._fetch = self.original_fetch
 
 
 def _on_every_thread(pool: ThreadPoolExecutor, workers: int, fn) -> None:
@@ -149,16 +162,20 @@ def _on_every_thread(pool: ThreadPoolExecutor, workers: int, fn) -> None:
 # The two sides
 
 
-def _play(row, config, turns, recorder):
+def _play(row, config, turns, recorder=None):
+    """One episode and its scoring; with a recorder, also the statements it sent."""
     from t2s import metrics
     from t2s.backends.scripted import ScriptPolicy
     from t2s.episode import Episode, play
 
-    recorder.local.log = log = []
+    log = None
+    if recorder is not None:
+        recorder.local.log = log = []
     episode = play(Episode(row, config), ScriptPolicy(turns))
     record = episode.record()
     score = metrics.score_sql(episode.db, record["final_sql"], row["gold_sql"])
-    recorder.local.log = None
+    if recorder is not None:
+        recorder.local.log = None
     return record, score, log
 
 
@@ -188,8 +205,11 @@ def _clear_gold_cache() -> None:
         databases._gold_cache.clear()
 
 
-def _env_pass(pool, workers, refs, episodes, config, recorder):
-    """One step through the real environment on fresh, warmed connections: (seconds, results, statements)."""
+def _env_pass(pool, workers, refs, episodes, config, recorder=None):
+    """One step through the real environment on fresh, warmed connections: (seconds, results, statements).
+
+    With a recorder the statements sent (and their fetches) are noted, else ``statements`` is None.
+    """
     from t2s import databases
 
     def warm():
@@ -203,6 +223,8 @@ def _env_pass(pool, workers, refs, episodes, config, recorder):
     started = time.perf_counter()
     results = list(pool.map(lambda plan: _play(plan[0], config, plan[1], recorder), episodes))
     seconds = time.perf_counter() - started
+    if recorder is None:
+        return seconds, results, None
     files = {}
 
     def note_files():
@@ -256,7 +278,8 @@ def run(args: argparse.Namespace) -> int:
         rows = load_json_rows(args.data, args.db_root)
     except Exception as exc:  # a missing or malformed data file
         message = str(exc)
-        print(message if message.startswith("Error:") else f"Error: cannot load {args.data}: {message}", file=sys.stderr)
+        message = message if message.startswith("Error:") else f"Error: cannot load {args.data}: {message}"
+        print(message, file=sys.stderr)
         return 2
     rows = [r for r in rows if r.get("db_path") and Path(r["db_path"]).is_file()]
     if not rows:
@@ -270,17 +293,24 @@ def run(args: argparse.Namespace) -> int:
     config = EpisodeConfig(mode="full")
 
     env_times, raw_times = [], []
-    recorder = _Recorder()
-    recorder.install()
-    try:
-        with ThreadPoolExecutor(workers) as env_pool, ThreadPoolExecutor(workers) as raw_pool:
-            for _ in range(args.repeats):  # interleaved, so both sides see the same machine load
-                seconds, results, statements = _env_pass(env_pool, workers, refs, episodes, config, recorder)
-                env_times.append(seconds)
-                raw_times.append(_raw_pass(raw_pool, workers, refs, statements))
-            _on_every_thread(env_pool, workers, databases.close_thread_connections)
-    finally:
-        recorder.uninstall()
+    with ThreadPoolExecutor(workers) as env_pool, ThreadPoolExecutor(workers) as raw_pool:
+        # The workload is deterministic: one recorded pass notes the statements and fetches, then the timed passes
+        # run without the recording hooks (so they are not charged to the environment) and must end the same way.
+        recorder = _Recorder()
+        recorder.install()
+        try:
+            _, recorded, statements = _env_pass(env_pool, workers, refs, episodes, config, recorder)
+        finally:
+            recorder.uninstall()
+        expected = [(record["final_sql"], score) for record, score, _ in recorded]
+        for _ in range(args.repeats):  # interleaved, so both sides see the same machine load
+            seconds, results, _ = _env_pass(env_pool, workers, refs, episodes, config)
+            if [(record["final_sql"], score) for record, score, _ in results] != expected:
+                print("Error: a timed pass did not repeat the recorded pass", file=sys.stderr)
+                return 1
+            env_times.append(seconds)
+            raw_times.append(_raw_pass(raw_pool, workers, refs, statements))
+        _on_every_thread(env_pool, workers, databases.close_thread_connections)
 
     env_seconds, raw_seconds = min(env_times), min(raw_times)
     ratio = env_seconds / raw_seconds if raw_seconds > 0 else float("inf")
