@@ -163,5 +163,11 @@ def test_tables_in_sql():
     assert tables_in_sql("SELECT 1") == set()
     assert tables_in_sql("SELECT a FROM t UNION SELECT b FROM u") == {"t", "u"}
     assert tables_in_sql("SELECT * FROM (SELECT * FROM inner_t) AS sub") == {"inner_t"}
+    recursive = "WITH RECURSIVE r AS (SELECT id FROM t UNION ALL SELECT id + 1 FROM r WHERE id < 5) SELECT * FROM r"
+    assert tables_in_sql(recursive) == {"t"}
+    assert tables_in_sql("WITH superhero AS (SELECT * FROM colour) SELECT * FROM superhero") == {"colour"}
+    assert tables_in_sql("SELECT (SELECT max(x) FROM s WHERE s.a = t.a) FROM t") == {"s", "t"}
+    assert tables_in_sql('SELECT * FROM "My Table" AS m JOIN other o USING (id)') == {"my table", "other"}
+    assert tables_in_sql("SELECT 1; SELECT * FROM t") == set()
     for broken in ("SELEC * FORM", "", None, "SELECT (", 42):
         assert tables_in_sql(broken) == set()
