@@ -317,7 +317,7 @@ def run(args: argparse.Namespace) -> int:
     correct = sum(score["official"] for _, score, _ in results)
     table = Table(title=f"bench env: {len(chosen)} questions x {ROLLOUTS} rollouts, {workers} worker(s), "
                         f"best of {args.repeats}")
-    for column in ("episodes", "statements", "env s", "sqlite3 s", "ratio", "ms/episode", "% of 104 s", "gold EX"):
+    for column in ("episodes", "stmts", "env s", "sqlite3 s", "ratio", "ms/ep", "% of 104 s", "gold EX"):
         table.add_column(column, justify="right")
     table.add_row(
         str(len(results)), str(sum(len(s) for s in statements)), f"{env_seconds:.3f}", f"{raw_seconds:.3f}",
