@@ -37,6 +37,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=3, help="optimiser steps to train (default 3)")
     parser.add_argument("--output", default="runs/demo", help="output folder (default runs/demo)")
     parser.add_argument("--eval-n", type=int, default=8, help="questions the trained model is evaluated on (default 8)")
+    parser.add_argument("--model", default=None,
+                        help="model folder to start from (default: the smoke recipe's tiny model, built when absent)")
 
 
 def step_printer(console):
@@ -101,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
         script_args, training_args, model_args = parse_recipe([
             "--config", str(RECIPES_DIR / "smoke.yaml"), "--output_dir", str(output / "model"),
             "--max_steps", str(args.steps), "--disable_tqdm", "true",
+            *(["--model_name_or_path", str(args.model)] if args.model else []),
         ])
         with console.status("loading data, building the tiny model, starting the trainer"):
             trainer, counts = build_trainer(script_args, training_args, model_args)

@@ -81,3 +81,23 @@ def test_train_command_runs_the_smoke_recipe(tiny_model_dir, demo_dir, tmp_path)
         "dropped_prompt_too_long"]
     generation = json.loads((output / "generation_config.json").read_text())
     assert len(generation["eos_token_id"]) == 2  # stops on <|im_end|> and <|endoftext|>
+
+
+def test_demo_trains_three_steps_prints_reward_components_and_evaluates(tiny_model_dir, demo_dir, tmp_path, capsys):
+    import argparse
+
+    from t2s import demo
+
+    code = demo.run(argparse.Namespace(steps=3, output=str(tmp_path / "demo"), eval_n=2, model=str(tiny_model_dir)))
+    out = capsys.readouterr().out
+    assert code == 0
+    for step in (1, 2, 3):
+        assert f"step {step}/3" in out
+    for part in ("reward", "f1", "join", "consensus", "equivalent", "invalid", "beta"):
+        assert part in out
+    summary = json.loads((tmp_path / "demo" / "model" / "train_summary.json").read_text())
+    assert summary["global_step"] == 3
+    evaluated = json.loads((tmp_path / "demo" / "eval_model" / "summary.json").read_text())
+    assert evaluated["n"] == 2
+    gold = json.loads((tmp_path / "demo" / "eval_gold" / "summary.json").read_text())
+    assert gold["execution_accuracy_official"] == 1.0 and gold["n"] == 63
