@@ -63,8 +63,8 @@ def step_printer(console):
                 f"join {show('reward/join')}  consensus {show('reward/consensus')}\n"
                 f"  tiers: equivalent {show('tier/equivalent')}  executable {show('tier/executable')}  parsable "
                 f"{show('tier/parsable')}  invalid {show('tier/invalid')}\n"
-                f"  episodes: turns {show('episodes/turns_mean')}  submit {show('episodes/submit_rate')}  forced "
-                f"{show('episodes/forced_rate')}  kl {show('kl')}  beta {show('beta')}  {show('step_time')} s/step",
+                f"  turns {show('episodes/turns_mean')}  submit {show('episodes/submit_rate')}  forced "
+                f"{show('episodes/forced_rate')}  kl {show('kl')}  beta {show('beta')}  {show('step_time')}s",
                 highlight=False,
             )
 
