@@ -676,13 +676,32 @@ def _payload_value(value):
 
 
 def _ddl_statements(ddl) -> list[str]:
+    """A DDL script (or a list of statements) as single statements, comment-only pieces dropped.
+
+    The script is cut after every ``;`` and the pieces are joined again until ``sqlite3.complete_statement`` says
+    they end a statement, so a ``;`` inside a string, a comment or a trigger body does not cut. A broken statement
+    (an unbalanced parenthesis, an unknown keyword) ends at its own ``;`` and fails alone. A piece that never
+    completes (an unterminated quote or comment swallowing the rest) is taken alone, and splitting resumes after it.
+    """
     if isinstance(ddl, (list, tuple)):
         pieces = [str(part) for part in ddl]
     else:
-        import sqlparse  # only for splitting a DDL script into statements
-
-        pieces = sqlparse.split(str(ddl or ""))
-    return [piece for piece in pieces if piece.strip()]
+        parts = str(ddl or "").split(";")
+        chunks = [part + ";" for part in parts[:-1]] + [parts[-1]]
+        pieces, start = [], 0
+        while start < len(chunks):
+            buffer, end = "", start
+            while end < len(chunks):
+                buffer += chunks[end]
+                end += 1
+                if sqlite3.complete_statement(buffer):
+                    break
+            else:
+                if end - start > 1:  # never completed: take the first piece alone and resume after it
+                    buffer, end = chunks[start], start + 1
+            pieces.append(buffer)
+            start = end
+    return [piece for piece in pieces if not _only_comments(piece)]
 
 
 def _quote(name: str) -> str:
@@ -695,6 +714,7 @@ def build_payload_image(ddl, rows: dict | None) -> tuple[bytes, dict]:
     conn = sqlite3.connect(":memory:", isolation_level=None)
     try:
         conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("PRAGMA user_version = 0")  # writes the header page, so a schema with no table still serialises
         for statement in _ddl_statements(ddl):
             try:
                 conn.execute(statement)
@@ -831,18 +851,51 @@ def _thread_copies() -> _ThreadCopies:
 _payloads = _PayloadStore()
 
 
+_payload_sources: dict[str, str] = {}  # schema id -> digest of the DDL and rows it was registered with (never evicted)
+_sources_lock = threading.Lock()
+
+
+def payload_source_digest(ddl, rows: dict | None) -> str:
+    """SHA-256 of what a row-payload database is built from: its DDL and its rows (key order does not matter)."""
+    document = [list(map(str, ddl)) if isinstance(ddl, (list, tuple)) else str(ddl or ""), rows or {}]
+    try:
+        text = json.dumps(document, sort_keys=True, ensure_ascii=False, default=repr)
+    except TypeError:  # keys that cannot be sorted together
+        text = repr(document)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def register_payload(schema_id: str, ddl, rows: dict | None, *, max_bytes: int = PAYLOAD_MAX_BYTES) -> DatabaseRef:
     """Build a row-payload database once (FKs off, failing DDL skipped, INSERT OR IGNORE) and register it.
 
-    Registering an id that is already registered returns at once. Raises ValueError (``Error: ...``) when the built
-    database is larger than ``max_bytes``.
+    A schema with no surviving table builds an empty database: its questions load and their queries fail with
+    ``Error: no such table``. Registering an id again with the same DDL and rows returns at once (an evicted image
+    is rebuilt); with different DDL or rows it raises ValueError (``Error: ...``), since queries, schemas and cached
+    gold results would otherwise mix the two databases under one id. Also raises ValueError when the built database
+    is larger than ``max_bytes``.
     """
     schema_id = str(schema_id)
     ref = DatabaseRef(db_id=schema_id, schema_id=schema_id)
-    if _payloads.has(schema_id):
+    source = payload_source_digest(ddl, rows)
+    with _sources_lock:
+        known = _payload_sources.get(schema_id)
+        if known is None:
+            _payload_sources[schema_id] = source  # claimed now; released again if the build fails
+    if known is not None and known != source:
+        raise ValueError(
+            f"Error: row-payload database {schema_id!r} is already registered with different DDL or rows; "
+            "give each distinct schema its own id"
+        )
+    if known is not None and _payloads.has(schema_id):
         return ref
-    image, _counts = build_payload_image(ddl, rows)
-    if len(image) > max_bytes:
-        raise ValueError(f"Error: row-payload database {schema_id!r} is {len(image)} bytes, above {max_bytes}")
+    try:
+        image, _counts = build_payload_image(ddl, rows)
+        if len(image) > max_bytes:
+            raise ValueError(f"Error: row-payload database {schema_id!r} is {len(image)} bytes, above {max_bytes}")
+    except BaseException:
+        if known is None:
+            with _sources_lock:
+                _payload_sources.pop(schema_id, None)
+        raise
     _payloads.register(schema_id, image)
     return ref

@@ -14,6 +14,7 @@ import pytest
 from t2s import databases
 from t2s.databases import (
     DatabaseRef,
+    build_payload_image,
     QueryResult,
     benchmark_db,
     database_uri,
@@ -204,12 +205,12 @@ def test_row_payload_database(tmp_path):
     }
     ref = register_payload("payload-test-1", ddl, rows)
     assert ref == DatabaseRef(db_id="payload-test-1", schema_id="payload-test-1")
-    assert register_payload("payload-test-1", "CREATE TABLE other (x)", {}) == ref  # built once
+    assert register_payload("payload-test-1", ddl, rows) == ref  # the same content: built once
     assert run_tool_query(ref, "SELECT id, name FROM parent ORDER BY id", max_rows=5).rows == [(1, "a"), (2, "b")]
     children = run_tool_query(ref, "SELECT id, parent_id, data, n FROM child ORDER BY id", max_rows=5).rows
     assert children == [(1, 99, '{"k": [1, 2]}', 2**63 - 1), (2, 1, '[1, "x"]', -(2**63))]  # FK not enforced
     assert json.loads(children[0][2]) == {"k": [1, 2]}
-    assert run_tool_query(ref, "SELECT count(*) FROM other", max_rows=5).error == "Error: no such table: other"
+    assert run_tool_query(ref, "SELECT count(*) FROM broken", max_rows=5).error == "Error: no such table: broken"
     assert run_tool_query(ref, "DELETE FROM parent", max_rows=5).write_attempt
     assert gold_result(ref, "SELECT count(*) FROM parent").rows == [(2,)]
     seen = []
@@ -258,3 +259,73 @@ def test_payload_copies_are_released_when_their_thread_ends():
     gc.collect()
     assert results == [[(1,)]]
     assert databases._payloads.total == before
+
+
+@pytest.mark.parametrize("ddl", ["", "   -- nothing here\n", "CREATE TABLE t (a INTEGR PRIMARY KEY KEY); NOT SQL AT ALL;"])
+def test_a_payload_without_tables_loads_as_an_empty_database(ddl):
+    image, counts = build_payload_image(ddl, {"t": [{"a": 1}]})
+    assert counts["ddl_ok"] == 0 and counts["tables_skipped"] == 1
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(image)
+    assert conn.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
+    ref = register_payload(f"empty-{len(ddl)}", ddl, {"t": [{"a": 1}]})
+    result = run_tool_query(ref, "SELECT a FROM t", max_rows=5)
+    assert result.error == "Error: no such table: t" and not result.write_attempt
+    assert run_tool_query(ref, "SELECT 1 + 1", max_rows=5).rows == [(2,)]
+
+
+def test_a_broken_ddl_statement_does_not_hide_the_next_ones():
+    ddl = """
+        CREATE TABLE first (id INTEGER PRIMARY KEY, note TEXT DEFAULT 'a;b');
+        CREATE TABLE unbalanced (id INTEGER, name TEXT;
+        -- a comment; with a semicolon
+        CREATE TABLE second (id INTEGER, label TEXT /* ; inside a comment */);
+        CREATE TRIGGER second_audit AFTER INSERT ON second BEGIN SELECT 1; SELECT 2; END;
+        CREATE TABLE third (x)
+    """
+    statements = databases._ddl_statements(ddl)
+    assert [s.split()[0:3] for s in statements] == [
+        ["CREATE", "TABLE", "first"], ["CREATE", "TABLE", "unbalanced"], ["--", "a", "comment;"],
+        ["CREATE", "TRIGGER", "second_audit"], ["CREATE", "TABLE", "third"],
+    ]
+    image, counts = build_payload_image(ddl, {"first": [{"id": 1}], "second": [{"id": 2, "label": "b"}],
+                                              "third": [{"x": 3}]})
+    assert counts == {"ddl_ok": 4, "ddl_skipped": 1, "rows": 3, "rows_skipped": 0, "tables_skipped": 0}
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(image)
+    names = [n for (n,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    assert names == ["first", "second", "third"]
+    assert conn.execute("SELECT note FROM first").fetchall() == [("a;b",)]
+
+
+def test_an_unterminated_quote_does_not_swallow_the_rest():
+    ddl = "CREATE TABLE a (x DEFAULT 'open); CREATE TABLE b (y); CREATE TABLE c (z);"
+    statements = databases._ddl_statements(ddl)
+    assert [s.strip() for s in statements] == ["CREATE TABLE a (x DEFAULT 'open);", "CREATE TABLE b (y);",
+                                               "CREATE TABLE c (z);"]
+    _, counts = build_payload_image(ddl, {})
+    assert counts["ddl_ok"] == 2 and counts["ddl_skipped"] == 1
+
+
+def test_reregistering_an_id_with_other_content_is_refused():
+    ref = register_payload("changed-1", "CREATE TABLE t (x, y)", {"t": [{"x": 1, "y": 2}]})
+    # the same content in another key order is the same database
+    assert register_payload("changed-1", "CREATE TABLE t (x, y)", {"t": [{"y": 2, "x": 1}]}) == ref
+    for ddl, rows in (("CREATE TABLE t (x, y)", {"t": [{"x": 2, "y": 2}]}), ("CREATE TABLE u (x)", {"t": []})):
+        with pytest.raises(ValueError, match="^Error: row-payload database 'changed-1' is already registered with"):
+            register_payload("changed-1", ddl, rows)
+    assert run_tool_query(ref, "SELECT x FROM t", max_rows=5).rows == [(1,)]  # the first image is kept
+    # an id whose build failed is not claimed: it can be registered with other content afterwards
+    with pytest.raises(ValueError, match="bytes, above"):
+        register_payload("changed-2", "CREATE TABLE t (x)", {"t": [{"x": "y" * 5000}]}, max_bytes=1000)
+    small = register_payload("changed-2", "CREATE TABLE t (x)", {"t": [{"x": "small"}]}, max_bytes=1000 * 1000)
+    assert run_tool_query(small, "SELECT x FROM t", max_rows=5).rows == [("small",)]
+
+
+def test_an_evicted_payload_is_rebuilt_from_the_same_content():
+    ref = register_payload("evicted-1", "CREATE TABLE t (x)", {"t": [{"x": 7}]})
+    with databases._payloads._lock:
+        image, _ = databases._payloads._images.pop("evicted-1")
+        databases._payloads.total -= len(image)
+    assert register_payload("evicted-1", "CREATE TABLE t (x)", {"t": [{"x": 7}]}) == ref
+    assert run_scoring_query(ref, "SELECT x FROM t", timeout=5).rows == [(7,)]

@@ -605,7 +605,7 @@ def register_payloads(schemas: dict[str, tuple[str, Any]]) -> dict[str, str]:
     """Register each (DDL, payload) with ``databases.register_payload`` under its schema id.
 
     A payload that is not a table -> rows map raises (naming the schema); a schema the database layer cannot build
-    (too large, nothing left of its DDL) is returned in ``{schema_id: reason}`` instead.
+    (too large, or its id already registered with other DDL or rows) is returned in ``{schema_id: reason}`` instead.
     """
     import sqlite3
 
