@@ -214,34 +214,12 @@ def _rollout_episode(args, backend, tokenizer, row: dict, config, sampling, db) 
     if not args.json:
         backend = LiveBackend(backend, tokenizer)
         args.shown_live = True
-    with _episodes_use(db):
-        trace = rollout.Rollout(backend, tokenizer, config, sampling=sampling, score=False, tool_workers=1).run([row])[0]
+    trace = rollout.Rollout(
+        backend, tokenizer, config, sampling=sampling, score=False, tool_workers=1, db=db
+    ).run([row])[0]
     if trace.error:
         raise ValueError(f"{trace.error} (the episode stopped)")
     return trace.record
-
-
-class _episodes_use:
-    """Make the rollout's episodes open ``db`` (the user's file, ``mode=ro``) instead of ``ref_from_row``'s
-    benchmark opening (``immutable`` unless WAL). The rollout builds ``Episode(row, config)`` itself; this binds the
-    database for the duration of one ``ask`` run."""
-
-    def __init__(self, db):
-        self.db = db
-
-    def __enter__(self):
-        import functools
-
-        from t2s import rollout
-
-        self._original = rollout.Episode
-        rollout.Episode = functools.partial(self._original, db=self.db)
-        return self
-
-    def __exit__(self, *exc):
-        from t2s import rollout
-
-        rollout.Episode = self._original
 
 
 def _show_turn(console, text: str) -> None:

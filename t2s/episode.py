@@ -20,7 +20,7 @@ COUNTER_KEYS = (
     "turns", "calls", "tool_errors", "format_deviations", "write_attempts", "turn_cutoffs",
     "submitted", "forced", "fallback_used", "truncated",
 )  # fmt: skip
-ENV_CHARS_PER_TOKEN = 2  # conservative guess of an observation's size in tokens, before the caller counts it
+ENV_CHARS_PER_TOKEN = 2  # conservative guess of an observation's size in tokens, when no counter is given
 
 
 @functools.lru_cache(maxsize=4096)
@@ -59,8 +59,11 @@ class EpisodeConfig:
 class Episode:
     """One question's episode. ``start`` -> (``next_max_tokens`` -> ``step`` -> ``add_env_tokens``)* -> ``record``."""
 
-    def __init__(self, row: dict, config: EpisodeConfig | None = None, db=None, *, schema=None):
+    def __init__(self, row: dict, config: EpisodeConfig | None = None, db=None, *, schema=None, env_tokens=None):
+        """``env_tokens(observation) -> int`` counts the environment suffix that will carry an observation (the
+        rollout passes the exact count from the tokenizer); without it, a conservative estimate from its length."""
         self.row = row
+        self.env_tokens = env_tokens
         self.config = config or EpisodeConfig()
         self.db = db if db is not None else row_database(row)
         self.toolbox = Toolbox(
@@ -110,14 +113,17 @@ class Episode:
             self._finish("prompt_too_long")
 
     def next_max_tokens(self) -> int:
-        """Tokens the next generation call may use; 0 means the budget is spent and the episode is over."""
+        """Tokens the next generation call may use; 0 means the budget is spent and the episode is over.
+
+        One token of the budget is always left for the ``<|im_end|>`` that closes a turn cut off by its limit.
+        """
         if self.done:
             return 0
         cfg = self.config
         if self.forced_turn:
-            allowed = min(cfg.max_tokens_per_turn, self.tokens_left)
+            allowed = min(cfg.max_tokens_per_turn, self.tokens_left - 1)
         else:
-            allowed = min(cfg.max_tokens_per_turn, self.tokens_left - cfg.forced_turn_reserve)
+            allowed = min(cfg.max_tokens_per_turn, self.tokens_left - 1 - cfg.forced_turn_reserve)
         if allowed <= 0:
             self.counters["truncated"] = 1
             self._finish("token_budget")
@@ -200,22 +206,31 @@ class Episode:
             )
         if stop_reason is None and self.tool_turns >= cfg.max_turns:
             stop_reason = "max_turns"
-        if stop_reason is None and self._budget_nearly_spent(results):
-            stop_reason = "token_budget"
-        if stop_reason:
-            observation = render_observation(results, self._forced_message(stop_reason))
-            self._start_forced_turn(stop_reason)
-        else:
+        if stop_reason is None:
             observation = render_observation(results, budget_line(cfg.max_turns - self.tool_turns))
+            if self._room_after(observation) - cfg.forced_turn_reserve > 0:
+                self._record_turn(text, ran, observation)
+                return observation
+            stop_reason = "token_budget"  # a normal turn would eat into the forced-turn reserve
+        observation = render_observation(results, self._forced_message(stop_reason))
+        self._start_forced_turn(stop_reason)
+        if self._room_after(observation) <= 0:  # not even the forced turn fits: the episode ends here
+            self.counters["truncated"] = 1
+            self._record_turn(text, ran, "")
+            self._finish("token_budget")
+            return None
         self._record_turn(text, ran, observation)
         return observation
 
-    def _budget_nearly_spent(self, results) -> bool:
-        """Whether the next observation plus a normal turn would eat into the forced-turn reserve."""
-        if not self.started or self.tokens_used == 0:
-            return False
-        size = sum(len(r.text) if isinstance(r, ToolResult) else len(r[1]) for r in results) + 200
-        return self.tokens_left - size // ENV_CHARS_PER_TOKEN - self.config.forced_turn_reserve <= 0
+    def _room_after(self, observation: str) -> float:
+        """Tokens a model turn could still use once ``observation`` is shown (one kept for a closing ``<|im_end|>``)."""
+        if not self.started or self.tokens_used == 0:  # no token accounting (scripted play without a tokenizer)
+            return float("inf")
+        if self.env_tokens is not None:
+            cost = self.env_tokens(observation)
+        else:
+            cost = len(observation) // ENV_CHARS_PER_TOKEN + 32
+        return self.tokens_left - cost - 1
 
     def _forced_message(self, reason: str) -> str:
         why = {
@@ -325,10 +340,22 @@ def run_text_episode(row: dict, config: EpisodeConfig | None, policy, db=None, t
     return play(episode, policy, tokenizer).record()
 
 
+def env_token_counter(tokenizer, enable_thinking: bool = True):
+    """``observation -> number of environment tokens carrying it`` (an upper bound: the closing ``<|im_end|>`` of the
+    model's turn is counted as if the environment had to add it)."""
+
+    def count(observation: str) -> int:
+        return len(protocol.env_suffix_ids(tokenizer, observation, needs_im_end=True, enable_thinking=enable_thinking))
+
+    return count
+
+
 def play(episode: Episode, policy, tokenizer=None) -> Episode:
     """Drive ``episode`` to its end with ``policy``; returns the episode."""
     cfg = episode.config
     if tokenizer is not None:
+        if episode.env_tokens is None:
+            episode.env_tokens = env_token_counter(tokenizer, cfg.enable_thinking)
         prompt = protocol.generation_prompt_ids(tokenizer, episode.messages, cfg.enable_thinking)
         episode.start(len(prompt))
     else:
@@ -359,4 +386,7 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
     return episode
 
 
-__all__ = ["Episode", "EpisodeConfig", "RECORD_KEYS", "COUNTER_KEYS", "ToolCall", "play", "run_text_episode"]
+__all__ = [
+    "Episode", "EpisodeConfig", "RECORD_KEYS", "COUNTER_KEYS", "ToolCall", "env_token_counter", "play",
+    "run_text_episode",
+]  # fmt: skip

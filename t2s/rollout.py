@@ -24,13 +24,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from t2s import protocol
 from t2s.backends.base import SamplingSettings, TurnOutput
-from t2s.episode import COUNTER_KEYS, Episode, EpisodeConfig
+from t2s.episode import COUNTER_KEYS, Episode, EpisodeConfig, env_token_counter
 
 IM_END = "<|im_end|>"
 
@@ -89,11 +90,14 @@ class _Run:
         self.trace: EpisodeTrace | None = None
 
     def open(self) -> None:  # worker thread: reads the schema
-        self.episode = Episode(self.row, self.rollout.config)
+        rollout = self.rollout
+        db = rollout.db(self.row) if callable(rollout.db) else rollout.db
+        self.episode = Episode(self.row, rollout.config, db, env_tokens=rollout.count_env_tokens)
 
     def begin(self) -> None:  # driving thread
         tok = self.rollout.tokenizer
-        prompt = protocol.generation_prompt_ids(tok, self.episode.messages, self.rollout.config.enable_thinking)
+        with self.rollout.tokenizer_lock:
+            prompt = protocol.generation_prompt_ids(tok, self.episode.messages, self.rollout.config.enable_thinking)
         self.trace = EpisodeTrace(self.index, prompt)
         self.episode.start(len(prompt))
 
@@ -120,7 +124,8 @@ class _Run:
         trace.logprobs += [float(x) for x in out.logprobs]
         trace.env_mask += [1] * len(out.token_ids)
         text_ids = out.token_ids[:-1] if out.stop_token_id is not None and out.token_ids else out.token_ids
-        text = self.rollout.tokenizer.decode(text_ids, skip_special_tokens=False)
+        with self.rollout.tokenizer_lock:
+            text = self.rollout.tokenizer.decode(text_ids, skip_special_tokens=False)
         trace.assistant_texts.append(text)
         return text, len(out.token_ids), out.finish_reason == "length"
 
@@ -129,10 +134,11 @@ class _Run:
 
     def add_environment(self, observation: str) -> None:
         needs_im_end = self.last.stop_token_id != self.rollout.im_end_id
-        suffix = protocol.env_suffix_ids(
-            self.rollout.tokenizer, observation, needs_im_end=needs_im_end,
-            enable_thinking=self.rollout.config.enable_thinking,
-        )  # fmt: skip
+        with self.rollout.tokenizer_lock:
+            suffix = protocol.env_suffix_ids(
+                self.rollout.tokenizer, observation, needs_im_end=needs_im_end,
+                enable_thinking=self.rollout.config.enable_thinking,
+            )  # fmt: skip
         self._append_env(suffix)
         self.episode.add_env_tokens(len(suffix))
 
@@ -141,7 +147,8 @@ class _Run:
         trace.completion_ids += ids
         trace.logprobs += [0.0] * len(ids)
         trace.env_mask += [0] * len(ids)
-        trace.env_texts.append(self.rollout.tokenizer.decode(ids, skip_special_tokens=False))
+        with self.rollout.tokenizer_lock:
+            trace.env_texts.append(self.rollout.tokenizer.decode(ids, skip_special_tokens=False))
 
     def close(self) -> None:
         """End the episode (generation error or budget) and end the stream on ``<|im_end|>``."""
@@ -164,6 +171,8 @@ class Rollout:
     ``scorer(row, record)`` runs as each episode finishes (default: ``rewards.execute_final`` of the final SQL); pass
     ``score=False`` to skip scoring. ``schedule`` defaults to the backend's ("async" or "turnsync").
     ``on_finish(trace)`` is called on the driving thread as each scored episode completes.
+    ``db`` opens every episode's database: a ``DatabaseRef``, a callable ``row -> DatabaseRef``, or None for the row's
+    own (``databases.ref_from_row``: benchmark files open ``immutable``; ``ask`` passes a ``user_db`` instead).
     """
 
     def __init__(
@@ -178,8 +187,13 @@ class Rollout:
         tool_workers: int | None = None,
         schedule: str | None = None,
         on_finish: Callable[[EpisodeTrace], None] | None = None,
+        db=None,
     ) -> None:
         self.backend = backend
+        self.db = db
+        # Tool threads count observation tokens while the driving thread tokenizes: one tokenizer user at a time.
+        self.tokenizer_lock = threading.Lock()
+        self._count_env_tokens = env_token_counter(tokenizer, (episode_config or EpisodeConfig()).enable_thinking)
         self.tokenizer = tokenizer
         self.config = episode_config or EpisodeConfig()
         self.sampling = sampling or SamplingSettings.training()
@@ -192,6 +206,10 @@ class Rollout:
         self.im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
         if self.im_end_id not in getattr(backend, "stop_token_ids", [self.im_end_id]):
             raise ValueError("Error: the backend does not stop on <|im_end|>")
+
+    def count_env_tokens(self, observation: str) -> int:
+        with self.tokenizer_lock:
+            return self._count_env_tokens(observation)
 
     # ---- public ----------------------------------------------------------------------------------------------------
     def run(self, rows: Sequence[dict]) -> list[EpisodeTrace]:

@@ -96,18 +96,19 @@ def test_ask_endpoint_errors(wal_db, tiny_model_dir, capsys):
     assert code == 2 and "choose one policy" in capsys.readouterr().err
 
 
-def test_rollout_episodes_open_the_user_file_mode_ro(tmp_path):
+def test_rollout_episodes_open_the_user_file_mode_ro(tmp_path, tiny_tokenizer):
     from t2s import rollout
-    from t2s.ask import _episodes_use, ask_row
+    from t2s.ask import ask_row
     from t2s.episode import EpisodeConfig
 
     path = tmp_path / "plain.sqlite"  # not WAL: a benchmark opening would be immutable
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE t (x)")
     db = databases.user_db(path)
-    original = rollout.Episode
-    with _episodes_use(db):
-        episode = rollout.Episode(ask_row("q?", "", db), EpisodeConfig())
-    assert episode.db == db and episode.db.immutable is False
-    assert databases.ref_from_row(ask_row("q?", "", db)).immutable is True  # what the rollout would have used
-    assert rollout.Episode is original
+    row = ask_row("q?", "", db)
+    assert databases.ref_from_row(row).immutable is True  # what the rollout would use without ``db``
+    for given in (db, lambda r: db):
+        backend = type("Backend", (), {"stop_token_ids": [tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")]})()
+        run = rollout._Run(0, row, rollout.Rollout(backend, tiny_tokenizer, EpisodeConfig(), db=given))
+        run.open()
+        assert run.episode.db == db and run.episode.db.immutable is False

@@ -197,12 +197,12 @@ def test_token_budget_cutoffs_and_truncation(db_row):
     config = EpisodeConfig(episode_token_budget=3000, min_episode_tokens=100, max_tokens_per_turn=2048)
     episode = Episode(db_row, config)
     episode.start(1000)
-    assert episode.next_max_tokens() == 3000 - 1000 - 512
-    observation = episode.step("long thinking cut off here", n_tokens=1488, cut_off=True)
+    assert episode.next_max_tokens() == 3000 - 1000 - 512 - 1  # one kept for a closing <|im_end|>
+    observation = episode.step("long thinking cut off here", n_tokens=1487, cut_off=True)
     assert episode.counters["turn_cutoffs"] == 1 and "Error: no tool call found" in observation
     assert episode.forced_turn and "token budget is nearly used up" in observation
     episode.add_env_tokens(100)
-    assert episode.next_max_tokens() == 3000 - 1000 - 1488 - 100
+    assert episode.next_max_tokens() == 3000 - 1000 - 1487 - 100 - 1
     assert episode.step("</think>" + GOOD, n_tokens=20) is None
     record = episode.record()
     assert record["counters"]["truncated"] is True and record["final_sql_source"] == "forced"
@@ -218,13 +218,36 @@ def test_next_max_tokens_zero_ends_the_episode(db_row):
 def test_budget_spent_before_the_forced_turn(db_row):
     episode = Episode(db_row, EpisodeConfig(episode_token_budget=4000, min_episode_tokens=100))
     episode.start(3400)
-    assert episode.next_max_tokens() == 88
+    assert episode.next_max_tokens() == 87
     observation = episode.step(turn(call("run_query", sql=WORKS)), n_tokens=10)
     assert episode.forced_turn and "token budget is nearly used up" in observation and WORKS in observation
     episode.add_env_tokens(600)  # the environment's suffix took the rest
     assert episode.next_max_tokens() == 0 and episode.done
     record = episode.record()
     assert record["counters"]["truncated"] is True and record["counters"]["forced"] is True
+    assert record["final_sql"] == WORKS and record["final_sql_source"] == "fallback"
+
+
+def test_exact_env_counts_keep_the_episode_inside_its_budget(db_row):
+    """With the caller's exact count, an observation that leaves no room for a normal turn forces the final turn,
+    and one that leaves no room even for that ends the episode without being shown."""
+    sizes = {"normal": 30, "huge": 10_000}
+    config = EpisodeConfig(episode_token_budget=3000, min_episode_tokens=100)
+    episode = Episode(db_row, config, env_tokens=lambda obs: sizes["normal"])
+    episode.start(1000)
+    observation = episode.step(turn(call("run_query", sql=WORKS)), n_tokens=1000)
+    assert not episode.forced_turn and "tool turns left" in observation  # 1000 left - 30 - 1 > 512
+    episode.add_env_tokens(30)
+    observation = episode.step(turn(call("run_query", sql=WORKS)), n_tokens=500)  # 470 left: into the reserve
+    assert episode.forced_turn and "token budget is nearly used up" in observation
+    episode.add_env_tokens(30)
+    assert episode.next_max_tokens() == 3000 - 1000 - 1000 - 30 - 500 - 30 - 1
+
+    episode = Episode(db_row, config, env_tokens=lambda obs: sizes["huge"])
+    episode.start(1000)
+    assert episode.step(turn(call("run_query", sql=WORKS)), n_tokens=100) is None
+    record = episode.record()
+    assert episode.done and record["counters"]["truncated"] is True and record["turns"][-1]["observation"] == ""
     assert record["final_sql"] == WORKS and record["final_sql_source"] == "fallback"
 
 
