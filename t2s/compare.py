@@ -34,27 +34,26 @@ def run_file(path) -> Path:
 
 def read_run(path, metric: str = "official") -> dict[str, float | None]:
     """question_id -> the metric of the lowest-numbered sample (normally sample 0); None when not scored."""
+    from t2s.data.loaders import DataError, jsonl_values, read_text_file
+
     file = run_file(path)
     chosen: dict[str, tuple[int, float | None]] = {}
-    with open(file, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise CompareError(f"Error: {file}: line {number} is not valid JSON: {exc.msg}") from None
-            if not isinstance(record, dict) or "question_id" not in record:
-                raise CompareError(f"Error: {file}: line {number} has no question_id")
-            if metric not in record:
-                raise CompareError(f"Error: {file}: line {number} has no {metric!r} score")
-            question_id = str(record["question_id"])
-            sample = int(record.get("sample") or 0)
-            if question_id in chosen and chosen[question_id][0] == sample:
-                raise CompareError(f"Error: {file}: question {question_id} appears twice as sample {sample}")
-            if question_id not in chosen or sample < chosen[question_id][0]:
-                value = record[metric]
-                chosen[question_id] = (sample, None if value is None else float(value))
+    try:
+        lines = list(jsonl_values(read_text_file(file, what="run"), file))
+    except DataError as exc:
+        raise CompareError(str(exc)) from None
+    for number, record in lines:
+        if not isinstance(record, dict) or "question_id" not in record:
+            raise CompareError(f"Error: {file}: line {number} has no question_id")
+        if metric not in record:
+            raise CompareError(f"Error: {file}: line {number} has no {metric!r} score")
+        question_id = str(record["question_id"])
+        sample = int(record.get("sample") or 0)
+        if question_id in chosen and chosen[question_id][0] == sample:
+            raise CompareError(f"Error: {file}: question {question_id} appears twice as sample {sample}")
+        if question_id not in chosen or sample < chosen[question_id][0]:
+            value = record[metric]
+            chosen[question_id] = (sample, None if value is None else float(value))
     if not chosen:
         raise CompareError(f"Error: {file} holds no questions")
     return {question_id: value for question_id, (_, value) in chosen.items()}

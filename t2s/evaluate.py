@@ -36,6 +36,8 @@ import time
 import zlib
 from pathlib import Path
 
+from t2s.databases import file_checksum
+
 POLICIES = ("model", "vllm", "endpoint", "gold", "predictions")
 MODES = ("full", "withheld", "single")
 ENDPOINT_MODES = ("completions", "chat")
@@ -117,12 +119,6 @@ def run(args) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------- helpers
-def file_sha256(path) -> str:
-    from t2s.databases import file_checksum
-
-    return file_checksum(path)
-
-
 def text_sha256(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -494,7 +490,7 @@ class Runner:
         except (PredictionsError, ValueError) as exc:
             raise EvalError(str(exc)) from None
         self.target = {"predictions": str(Path(self.args.predictions).resolve()),
-                       "predictions_sha256": file_sha256(self.args.predictions)}
+                       "predictions_sha256": file_checksum(self.args.predictions)}
 
     def _setup_endpoint(self) -> None:
         args = self.args
@@ -740,7 +736,7 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
         "packages": package_versions(),
         "sqlite_version": sqlite3.sqlite_version,
         "data_file": str(data_file.resolve()),
-        "data_sha256": file_sha256(data_file),
+        "data_sha256": file_checksum(data_file),
         "questions": n_selected,
         "skip_missing_dbs": bool(args.skip_missing_dbs),
         "comparable": bool(generative and not chat and mode != "single" and args.enable_thinking),

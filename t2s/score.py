@@ -52,15 +52,13 @@ def _split_bird(value) -> tuple[object, str | None]:
 
 def read_predictions(path, rows: list[dict]) -> Predictions:
     """Read either predictions format, mapping BIRD positions to the rows' question ids."""
-    from t2s.data.loaders import DataError, read_records
+    from t2s.data.loaders import DataError, parse_records, read_text_file
 
     file = Path(path)
-    if not file.is_file():
-        raise PredictionsError(f"Error: predictions file not found: {file}")
     try:
-        text = file.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise PredictionsError(f"Error: {file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+        text = read_text_file(file, what="predictions file")
+    except DataError as exc:
+        raise PredictionsError(str(exc)) from None
     if not text.strip():
         raise PredictionsError(f"Error: the predictions file {file} is empty")
     try:
@@ -83,9 +81,9 @@ def read_predictions(path, rows: list[dict]) -> Predictions:
                 out.db_ids[question_id] = db_id
         return out
     try:
-        records = read_records(file)
+        records = parse_records(text, file)
     except DataError as exc:
-        raise PredictionsError(str(exc).replace("data file", "predictions file")) from None
+        raise PredictionsError(str(exc)) from None
     for number, record in enumerate(records, start=1):
         if "question_id" not in record:
             raise PredictionsError(f"Error: {file}: entry {number} has no question_id")

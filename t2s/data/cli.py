@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 
+from t2s.databases import file_checksum
 from t2s.settings import REPO_ROOT
 
 KIND_CHOICES = ("auto", "bird", "spider", "sqale", "synsql")
@@ -159,18 +160,12 @@ def _check(args) -> int:
     extra_key = ""
     if args.kind == "sqale":  # the outcomes depend on the schema table too
         schemas = Path(args.schemas) if args.schemas else None
-        extra_key = hygiene_file_key(schemas) if schemas and schemas.is_file() else str(args.schemas)
+        extra_key = file_checksum(schemas) if schemas and schemas.is_file() else str(args.schemas)
     check_and_report(
         rows, console=console, data_file=data_file, db_root=rows.db_root, workers=args.workers, timeout=args.timeout,
         use_cache=not args.no_cache, output=args.output, title=f"gold SQL check: {args.data}", extra_key=extra_key,
     )
     return 0
-
-
-def hygiene_file_key(path: Path) -> str:
-    from t2s.data.hygiene import file_hash
-
-    return file_hash(path)
 
 
 def _prepare(args) -> int:

@@ -32,14 +32,6 @@ def cache_dir() -> Path:
     return Path(env) if env else REPO_ROOT / ".cache"
 
 
-def file_hash(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _database_stamp(rows: Sequence[dict]) -> list:
     stamps = []
     for path in sorted({r["db_path"] for r in rows if r.get("db_path")}):
@@ -61,7 +53,7 @@ def cache_key(
     from t2s import databases
 
     if data_file is not None:
-        data = file_hash(data_file)
+        data = databases.file_checksum(data_file)
     else:
         data = hashlib.sha256(
             json.dumps([[r["question_id"], r.get("db_path"), r.get("schema_id"), r["gold_sql"]] for r in rows])

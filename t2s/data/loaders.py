@@ -19,7 +19,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -109,25 +109,29 @@ def make_row(
 # Reading files
 
 
-def read_records(path: str | Path) -> list[dict]:
-    """A JSON list of objects, or JSONL (one object a line). Errors name the file and the line or row."""
+def read_text_file(path: str | Path, what: str = "data file") -> str:
+    """A file's UTF-8 text (a byte-order mark dropped); DataError naming ``what`` when it is absent or not UTF-8."""
     path = Path(path)
     if not path.is_file():
-        raise DataError(f"Error: data file not found: {path}")
+        raise DataError(f"Error: {what} not found: {path}")
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DataError(f"Error: {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """A JSON list of objects, or JSONL (one object a line). Errors name the file and the line or row."""
+    return parse_records(read_text_file(path), path)
+
+
+def parse_records(text: str, path: str | Path) -> list[dict]:
+    """:func:`read_records` on text already read from ``path`` (``path`` names the file in errors, and a ``.jsonl``
+    suffix means JSONL)."""
+    path = Path(path)
     stripped = text.lstrip()
     if path.suffix == ".jsonl" or (stripped.startswith("{") and not _is_single_json_object(stripped)):
-        records = []
-        for number, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"Error: {path}: line {number} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+        records = [value for _, value in jsonl_values(text, path)]
     else:
         try:
             records = json.loads(text)
@@ -148,6 +152,17 @@ def read_records(path: str | Path) -> list[dict]:
                 f"Error: {path}: row {position} (0-based) is {type(record).__name__}, expected a JSON object"
             )
     return records
+
+
+def jsonl_values(text: str, path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of JSONL text; DataError naming the file and the line."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"Error: {path}: line {number} is not valid JSON: {exc.msg} (column {exc.colno})") from None
 
 
 def _is_single_json_object(text: str) -> bool:
