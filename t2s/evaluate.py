@@ -18,6 +18,9 @@ Output folder (one per mode; with several modes each gets ``DIR/<mode>/`` and ``
 ``episodes.jsonl`` (one scored episode record per question and sample), ``summary.json``, ``summary.md``,
 ``summary.png``, and ``eval_config.json`` (the run's configuration, which a resumed run must match).
 
+``solve_counts`` runs the same episodes and scoring for ``data passrate`` (per-question solved counts out of k); the
+options a policy needs are added by ``add_policy_arguments``, shared by both commands.
+
 ``config.comparable`` is true when the run used the training protocol and token stream: a model, vLLM or a
 completions endpoint, in full or withheld mode, with thinking on. The original system prompt of the published
 checkpoints is not public (``--system-prompt-file`` takes it), so its hash is recorded next to the flag.
@@ -79,6 +82,35 @@ def add_endpoint_arguments(p) -> None:
     p.add_argument("--concurrency", type=int, default=64, help="endpoint requests in flight")
 
 
+def add_policy_arguments(p) -> None:
+    """How a policy plays episodes: the model, endpoint or vLLM to use, sampling, episode limits and threads.
+
+    Shared by ``eval`` and ``data passrate`` (whose episodes run through :func:`solve_counts`).
+    """
+    p.add_argument("--seed", type=int, default=0, help="seeds sampling (eval: also picks the --n questions)")
+    add_sampling_arguments(p)
+    p.add_argument("--max-turns", type=int, default=6)
+    p.add_argument("--episode-token-budget", type=int, default=12288)
+    p.add_argument("--max-tokens-per-turn", type=int, default=2048)
+    p.add_argument("--system-prompt-file", default=None, help="replace the exec_plan system prompt with this file's text")
+    p.add_argument("--model", default=None, help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
+    add_endpoint_arguments(p)
+    p.add_argument("--batch-size", type=int, default=0, help="episodes per rollout batch (default: 64, 256 for endpoints)")
+    p.add_argument("--device", default=None, help="policy model: cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="policy vllm")
+    p.add_argument("--workers", type=int, default=4, help="threads for scripted episodes and scoring")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def policy_args(**values) -> argparse.Namespace:
+    """The defaults of :func:`add_policy_arguments` as a namespace, with ``values`` set on top."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_policy_arguments(parser)
+    args = parser.parse_args([])
+    vars(args).update(values)
+    return args
+
+
 def add_arguments(parser) -> None:
     p = parser
     p.add_argument("--policy", required=True, choices=POLICIES)
@@ -86,23 +118,11 @@ def add_arguments(parser) -> None:
     p.add_argument("--db-root", default=None, help="folder of per-db_id folders (default: beside the data file)")
     p.add_argument("--mode", nargs="+", default=["full"], choices=MODES, help="one or more of full, withheld, single")
     p.add_argument("--n", type=int, default=0, help="questions to evaluate, picked with --seed (0 = all)")
-    p.add_argument("--seed", type=int, default=0, help="picks the questions (the same for any model) and seeds sampling")
     p.add_argument("--k", type=int, default=1, help="samples per question (k > 1 adds vote_at_k)")
-    add_sampling_arguments(p)
-    p.add_argument("--max-turns", type=int, default=6)
-    p.add_argument("--episode-token-budget", type=int, default=12288)
-    p.add_argument("--max-tokens-per-turn", type=int, default=2048)
-    p.add_argument("--system-prompt-file", default=None, help="replace the exec_plan system prompt with this file's text")
     p.add_argument("--output", required=True, help="output folder (re-running the same command resumes it)")
     p.add_argument("--skip-missing-dbs", action="store_true", help="skip questions whose database is missing")
-    p.add_argument("--model", default=None, help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
-    add_endpoint_arguments(p)
     p.add_argument("--predictions", default=None, help="predictions file (policy predictions)")
-    p.add_argument("--batch-size", type=int, default=0, help="episodes per rollout batch (default: 64, 256 for endpoints)")
-    p.add_argument("--device", default=None, help="policy model: cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="policy vllm")
-    p.add_argument("--workers", type=int, default=4, help="threads for scripted episodes and scoring")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_policy_arguments(p)
 
 
 def run(args) -> int:
@@ -462,6 +482,7 @@ class Runner:
         self.backend = None
         self.chat_client = None
         self.predictions = None
+        self.scripted = None  # policy_factory(row, sample) -> a scripted policy, played instead of args.policy
         self.target: dict = {}
 
     # -- set-up -------------------------------------------------------------------------------------------------
@@ -534,7 +555,9 @@ class Runner:
 
     def play(self, jobs: list[tuple[dict, int]], mode: str, emit) -> None:
         policy = self.args.policy
-        if policy == "predictions":
+        if self.scripted is not None:
+            self._play_threads(jobs, mode, emit, self._scripted_record)
+        elif policy == "predictions":
             for row, sample in jobs:
                 emit(row, sample, single_turn_record(row, None, sql=self.predictions.sql.get(row["question_id"])) | {"mode": mode})
         elif policy == "gold":
@@ -584,6 +607,12 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - an unreadable database scores 0 with the reason recorded
             return {**single_turn_record(row, None), "mode": mode, "error": f"Error: cannot read the database: {exc}"}
         return run_text_episode(row, _episode_config(self.args, mode), GoldPolicy(row, schema), tokenizer=self.tokenizer)
+
+    def _scripted_record(self, row: dict, sample: int, mode: str) -> dict:
+        from t2s.episode import run_text_episode
+
+        return run_text_episode(row, _episode_config(self.args, mode), self.scripted(row, sample),
+                                tokenizer=self.tokenizer)
 
     def _chat_record(self, row: dict, sample: int, mode: str) -> dict:
         from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
@@ -744,14 +773,19 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
     return config
 
 
-def evaluate(args) -> dict[str, dict]:
-    """Run every requested mode; returns {mode: summary}."""
-    from t2s.eval_report import modes_markdown, plot_summaries
-
+def check_policy_args(args) -> None:
+    """Refuse options no episode can run with (EvalError)."""
     if args.k < 1:
         raise EvalError("Error: --k must be at least 1")
     if args.system_prompt_file and not Path(args.system_prompt_file).is_file():
         raise EvalError(f"Error: system prompt file not found: {args.system_prompt_file}")
+
+
+def evaluate(args) -> dict[str, dict]:
+    """Run every requested mode; returns {mode: summary}."""
+    from t2s.eval_report import modes_markdown, plot_summaries
+
+    check_policy_args(args)
     modes = list(dict.fromkeys(args.mode))
     all_rows, selected, skipped, data_file = load_data(args)
     runner = Runner(args)
@@ -781,18 +815,9 @@ def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path
     jobs = [(row, s) for row in selected for s in range(args.k) if (str(row["question_id"]), s) not in done]
     progress = Progress(len(wanted), log.lines, f"{args.policy}/{mode}", quiet=args.quiet)
     started = time.time()
-
-    def emit(row, sample, record, scored=False):
-        line = record if scored else score_record(row, record, sample)
-        log.append(line)
-        progress.advance(line)
-
     try:
-        size = runner.batch_size()
-        for start in range(0, len(jobs), size):
-            runner.play(jobs[start : start + size], mode, emit)
+        play_jobs(runner, jobs, mode, lambda row, line: log.append(line), progress)
     finally:
-        progress.close()
         log.close()
     lines = sorted(log.lines, key=lambda line: (str(line["question_id"]), line["sample"]))
     rows_by_id = {str(r["question_id"]): r for r in selected}
@@ -803,6 +828,49 @@ def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path
     (folder / "summary.md").write_text(summary_markdown(summary))
     plot_summaries({mode: summary}, folder / "summary.png")
     return summary
+
+
+def play_jobs(runner: Runner, jobs: list[tuple[dict, int]], mode: str, on_line, progress: Progress) -> None:
+    """Play and score every ``(row, sample)`` job in batches, calling ``on_line(row, eval_line)`` as each finishes."""
+
+    def emit(row, sample, record, scored=False):
+        line = record if scored else score_record(row, record, sample)
+        on_line(row, line)
+        progress.advance(line)
+
+    try:
+        size = runner.batch_size()
+        for start in range(0, len(jobs), size):
+            runner.play(jobs[start : start + size], mode, emit)
+    finally:
+        progress.close()
+
+
+def solve_counts(rows: list[dict], args, *, policy_factory=None, mode: str = "full") -> list[int]:
+    """For each row, how many of ``args.k`` samples end in an official match, played and scored as ``eval`` does.
+
+    ``args`` holds ``policy`` and ``k`` plus the options of :func:`add_policy_arguments` (see :func:`policy_args`).
+    ``policy_factory(row, sample)`` plays a scripted policy instead of ``args.policy``. Raises EvalError.
+    """
+    check_policy_args(args)
+    runner = Runner(args)
+    if policy_factory is not None:
+        runner.scripted = policy_factory
+    else:
+        if args.policy not in ("model", "vllm", "endpoint", "gold"):
+            raise EvalError(f"Error: solve counts need a playing policy, not {args.policy!r}")
+        runner.setup(rows)
+    rows = [dict(row) for row in rows]  # one object per position, even where the caller repeats a row
+    position = {id(row): index for index, row in enumerate(rows)}
+    counts = [0] * len(rows)
+
+    def count(row, line) -> None:
+        counts[position[id(row)]] += int(line["official"])
+
+    jobs = [(row, sample) for row in rows for sample in range(args.k)]
+    label = "scripted" if policy_factory is not None else args.policy
+    play_jobs(runner, jobs, mode, count, Progress(len(jobs), [], f"{label}: solving x{args.k}", quiet=args.quiet))
+    return counts
 
 
 def _print_table(summaries: dict[str, dict]) -> None:

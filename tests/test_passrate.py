@@ -1,4 +1,4 @@
-"""Pass-rate filter: scripted policies through the real episode engine, end to end on a CPU."""
+"""Pass-rate filter: scripted and model policies through the evaluator's episodes and scoring, on a CPU."""
 
 from __future__ import annotations
 
@@ -51,15 +51,68 @@ def test_passrate_command_end_to_end(bird_superhero_dir, tmp_path, capsys):
     assert [r["question_id"] for r in load_json_rows(output)] == expected
 
 
-def test_model_policy_without_the_evaluator_is_a_clear_error(bird_superhero_dir, capsys, monkeypatch):
-    import sys
+def test_gold_policy_command_plays_the_evaluators_gold_episodes(demo_dir, tmp_path, capsys):
+    output = tmp_path / "kept.json"
+    code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "gold", "--k", "2", "--limit", "3",
+                 "--output", str(output), "--quiet"])
+    assert code == 0
+    histogram = {line.split("│")[1].strip(): line.split("│")[2].strip()
+                 for line in capsys.readouterr().out.splitlines() if line.count("│") >= 3}
+    assert histogram["0/2"] == "0" and histogram["1/2"] == "0" and histogram["2/2"] == "3"
+    assert json.loads(output.read_text()) == []  # gold solves every sample: nothing is partially solved
 
-    monkeypatch.setitem(sys.modules, "t2s.evaluate", None)  # as if the evaluator were absent
-    code = main(["data", "passrate", "--data", str(bird_superhero_dir), "--policy", "model", "--limit", "2"])
+
+def test_model_policy_with_the_tiny_model(tiny_model_dir, demo_dir, tmp_path, capsys):
+    output = tmp_path / "kept.json"
+    code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "model", "--model", str(tiny_model_dir),
+                 "--k", "2", "--limit", "3", "--max-turns", "1", "--max-tokens-per-turn", "16",
+                 "--episode-token-budget", "4096", "--device", "cpu", "--temperature", "1.0", "--quiet",
+                 "--output", str(output)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "pass rate over 2 samples" in captured.out and "total" in captured.out
+    written = json.loads(output.read_text())
+    assert isinstance(written, list)  # a random tiny model solves 0..2 samples: whatever is kept is a valid row
+    assert all(r["passrate_k"] == 2 and r["passrate_solved"] == 1 for r in written)
+    assert {r["question_id"] for r in written} <= {r["question_id"] for r in load_json_rows(demo_dir / "dev.json")}
+
+
+def test_model_counts_come_from_the_evaluators_scored_episodes(tiny_model_dir, demo_dir, tmp_path):
+    from t2s import evaluate
+
+    rows = load_json_rows(demo_dir / "dev.json")[:2]
+    args = evaluate.policy_args(policy="model", model=str(tiny_model_dir), k=2, max_turns=1, max_tokens_per_turn=8,
+                                episode_token_budget=4096, device="cpu", quiet=True)
+    counts = evaluate.solve_counts(rows, args)
+    assert len(counts) == 2 and all(0 <= c <= 2 for c in counts)
+    # the same questions through `eval` (same jobs, seeds and scorer) give the same per-question solve counts
+    data = tmp_path / "two.json"
+    data.write_text(json.dumps(json.loads((demo_dir / "dev.json").read_text())[:2]))
+    code = main(["eval", "--policy", "model", "--model", str(tiny_model_dir), "--data", str(data), "--db-root",
+                 str(demo_dir / "dev_databases"), "--k", "2", "--max-turns", "1", "--max-tokens-per-turn", "8",
+                 "--episode-token-budget", "4096", "--device", "cpu", "--quiet", "--output", str(tmp_path / "eval")])
+    assert code == 0
+    lines = [json.loads(line) for line in (tmp_path / "eval" / "episodes.jsonl").read_text().splitlines()]
+    assert len(lines) == 4
+    assert counts == [sum(line["official"] for line in lines if line["question_id"] == r["question_id"]) for r in rows]
+    # a policy that always submits the gold SQL is counted solved on every sample by the same scorer
+    gold = evaluate.solve_counts(rows, args, policy_factory=lambda row, sample: passrate.submit_only(row["gold_sql"]))
+    assert gold == [2, 2]
+
+
+def test_model_policy_without_a_model_is_a_clear_error(demo_dir, capsys):
+    code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "model", "--limit", "2"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1 and len(err) == 1 and err[0].startswith("Error:") and "evaluator" in err[0]
+    assert code == 1 and err == ["Error: --policy model needs --model PATH"]
 
 
 def test_k_below_two_is_refused(bird_superhero_dir, capsys):
     assert main(["data", "passrate", "--data", str(bird_superhero_dir), "--k", "1"]) == 1
     assert "--k must be at least 2" in capsys.readouterr().err
+
+
+def test_a_missing_system_prompt_file_is_a_clear_error(demo_dir, tmp_path, capsys):
+    code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "gold", "--limit", "2",
+                 "--system-prompt-file", str(tmp_path / "absent.txt")])
+    assert code == 1
+    assert capsys.readouterr().err.strip() == f"Error: system prompt file not found: {tmp_path / 'absent.txt'}"

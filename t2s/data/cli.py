@@ -34,6 +34,9 @@ DATA_FILE_NAMES = ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spid
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from t2s.data.passrate import POLICIES as PASSRATE_POLICIES
+    from t2s.evaluate import add_policy_arguments
+
     sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
 
     def data_args(p, output_help: str) -> None:
@@ -65,12 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("passrate", help="keep the questions a policy solves 1..k-1 times out of k")
     data_args(p, "write the kept rows as a JSON list here")
-    p.add_argument("--policy", default="scripted-mix",
-                   help="gold | scripted-mix (scripted, CPU) | model | endpoint | vllm (through t2s.evaluate)")
+    p.add_argument("--policy", default="scripted-mix", choices=PASSRATE_POLICIES,
+                   help="gold, scripted-mix (scripted, CPU), model, endpoint or vllm: played as `eval` plays them")
     p.add_argument("--k", type=int, default=8, help="samples per question (default 8)")
     p.add_argument("--min-solved", type=int, default=1)
     p.add_argument("--max-solved", type=int, default=None, help="default k-1")
-    p.add_argument("--workers", type=int, default=4)
+    add_policy_arguments(p)
 
     p = sub.add_parser("make-demo", help="(re)write the embedded demo databases and questions (data/demo)")
     p.add_argument("--output", default=None, help="folder to write (default: data/demo)")
@@ -292,6 +295,9 @@ def print_figures(console, figures: dict, title: str) -> None:
 
 def _passrate(args) -> int:
     from t2s.data import passrate
+    from t2s.settings import offline_environment
+
+    offline_environment()
 
     console = _console()
     if args.k < 2:
@@ -301,11 +307,7 @@ def _passrate(args) -> int:
         console.print(f"[yellow]{rows.missing_summary()} (skipped)[/yellow]")
         rows = [r for r in rows if r["db_id"] not in rows.missing_databases]
     high = args.k - 1 if args.max_solved is None else args.max_solved
-    if args.policy in passrate.SCRIPTED_POLICIES:
-        factory = passrate.scripted_policy_factory(args.policy, args.k)
-        counts = passrate.solve_counts(rows, factory, args.k, workers=args.workers)
-    else:
-        counts = _evaluator_counts(rows, args)
+    counts = passrate.policy_counts(rows, args)
     kept = passrate.keep_partially_solved(rows, counts, args.k, args.min_solved, high)
     console.print(passrate.histogram_table(counts, args.k, args.min_solved, high))
     if args.output:
@@ -313,21 +315,6 @@ def _passrate(args) -> int:
         Path(args.output).write_text(json.dumps(kept, indent=1, ensure_ascii=False), encoding="utf-8")
         console.print(f"{len(kept)} of {len(rows)} rows kept: {args.output}")
     return 0
-
-
-def _evaluator_counts(rows, args) -> list[int]:
-    """Model, endpoint and vLLM policies: the evaluator's own solve counts."""
-    try:
-        from t2s import evaluate
-    except ImportError:
-        evaluate = None
-    solve = getattr(evaluate, "solve_counts", None)
-    if solve is None:
-        raise ValueError(
-            f"Error: --policy {args.policy} needs the evaluator's solve_counts (t2s/evaluate.py); "
-            f"use a scripted policy: {', '.join(('gold', 'scripted-mix'))}"
-        )
-    return list(solve(rows, policy=args.policy, k=args.k, args=args))
 
 
 def _make_demo(args) -> int:

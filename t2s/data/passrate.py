@@ -1,20 +1,19 @@
 """Pass-rate filter (the sibling recipe): keep the questions a policy solves 1 to k-1 times out of k.
 
-``solve_counts(rows, policy_factory, k)`` plays k episodes per row with the shared episode engine and counts the
-official execution matches of each episode's final SQL. Scripted policies run on a CPU; model and endpoint policies
-come from the evaluator (``t2s.evaluate``), which may supply its own ``solve_counts`` over its backends.
+The episodes are the evaluator's: ``t2s.evaluate.solve_counts`` plays k samples per row with any ``eval`` policy
+(``model``, ``endpoint``, ``vllm``, ``gold``) or with a scripted policy factory, and scores each final SQL with the
+official metric, exactly as ``eval`` does. ``scripted-mix`` is a scripted policy with a known spread of solve counts,
+a CPU check of the whole filter.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections import Counter
 from typing import Callable, Sequence
 
-log = logging.getLogger(__name__)
-
 SCRIPTED_POLICIES = ("gold", "scripted-mix")
+POLICIES = (*SCRIPTED_POLICIES, "model", "endpoint", "vllm")
 WRONG_SQL = "SELECT 'scripted wrong answer' AS answer"
 
 
@@ -48,29 +47,31 @@ def scripted_policy_factory(name: str, k: int) -> Callable:
     raise ValueError(f"Error: unknown scripted policy {name!r} (expected one of {', '.join(SCRIPTED_POLICIES)})")
 
 
-def _solve_row(row: dict, policy_factory: Callable, k: int, config) -> int:
-    from t2s import metrics
-    from t2s.databases import ref_from_row
-    from t2s.episode import run_text_episode
-
-    ref = ref_from_row(row)
-    solved = 0
-    for sample in range(k):
-        record = run_text_episode(row, config, policy_factory(row, sample), db=ref)
-        final_sql = record.get("final_sql")
-        if final_sql and metrics.score_sql(ref, final_sql, row["gold_sql"])["official"]:
-            solved += 1
-    return solved
-
-
 def solve_counts(
-    rows: Sequence[dict], policy_factory: Callable, k: int, *, config=None, workers: int = 4, progress: bool = True
+    rows: Sequence[dict], policy_factory: Callable, k: int, *, workers: int = 4, progress: bool = True, **options
 ) -> list[int]:
-    """For each row, how many of k episodes (``policy_factory(row, sample)``) end in an official match."""
-    from t2s.data.hygiene import thread_map
+    """For each row, how many of k episodes of ``policy_factory(row, sample)`` end in an official match.
 
-    return thread_map(lambda row: _solve_row(row, policy_factory, k, config), rows, workers=workers,
-                      label=f"solving x{k}", progress=progress)
+    ``options`` set the evaluator's policy options (``max_turns``, ``episode_token_budget``, ...).
+    """
+    from t2s import evaluate
+
+    args = evaluate.policy_args(policy="scripted", k=k, workers=workers, quiet=not progress, **options)
+    return evaluate.solve_counts(list(rows), args, policy_factory=policy_factory)
+
+
+def policy_counts(rows: Sequence[dict], args) -> list[int]:
+    """Solve counts for the ``data passrate`` options: ``scripted-mix`` here, every other policy the evaluator's own.
+
+    Raises ValueError (``Error: ...``) for what the evaluator refuses (a missing --model, an unreachable endpoint).
+    """
+    from t2s import evaluate
+
+    factory = scripted_policy_factory(args.policy, args.k) if args.policy == "scripted-mix" else None
+    try:
+        return evaluate.solve_counts(list(rows), args, policy_factory=factory)
+    except evaluate.EvalError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def keep_partially_solved(rows: Sequence[dict], counts: Sequence[int], k: int, low: int = 1, high: int | None = None):
