@@ -17,6 +17,7 @@ MODEL ?= Qwen/Qwen3.5-2B
 PORT ?= 8000
 MAX_MODEL_LEN ?= 16384
 PYTEST_ARGS ?=
+TRAIN_ARGS ?=
 
 .PHONY: install install-gpu test demo train serve data bench-env bench-rollout clean help
 
@@ -52,7 +53,7 @@ demo: install
 
 train: install
 	$(VENV)/bin/accelerate launch --config_file accelerate_configs/$(ACCELERATE).yaml --num_processes $(NUM_GPUS) \
-		-m t2s train --config recipes/$(RECIPE).yaml
+		-m t2s train --config recipes/$(RECIPE).yaml $(TRAIN_ARGS)
 
 serve: install
 	VLLM_SERVER_DEV_MODE=1 $(VENV)/bin/vllm serve $(MODEL) --port $(PORT) \
