@@ -578,10 +578,27 @@ _hash_lock = threading.Lock()
 _file_hashes: dict[tuple, str] = {}
 
 
+_immutable_hashes: dict[DatabaseRef, str] = {}  # benchmark files opened immutable: SQLite assumes they never change
+
+
 def database_hash(ref: DatabaseRef) -> str:
-    """A content hash of the database, computed once per (path, size, mtime) and then cached."""
+    """A content hash of the database, computed once per (path, size, mtime) and then cached.
+
+    A file opened ``immutable`` is never looked at again: its first hash stays its hash, as SQLite assumes too.
+    """
     if ref.schema_id is not None:
         return "payload:" + _payloads.digest(ref.schema_id)
+    if ref.immutable:
+        found = _immutable_hashes.get(ref)
+        if found is None:
+            found = _file_hash(ref)
+            if not found.startswith("missing:"):  # a file that appears later is hashed then
+                _immutable_hashes[ref] = found
+        return found
+    return _file_hash(ref)
+
+
+def _file_hash(ref: DatabaseRef) -> str:
     try:
         stat = os.stat(ref.path)
     except OSError:

@@ -168,6 +168,10 @@ def split_thinking(text: str, expect_think: bool = True) -> tuple[str, str, list
 
 def _as_call(obj) -> tuple[ToolCall | None, bool]:
     """A decoded JSON value as a tool call, and whether an alias spelling was forgiven."""
+    if type(obj) is dict and len(obj) == 2:  # the usual {"tool": NAME, "args": {...}}
+        name, args = obj.get("tool"), obj.get("args")
+        if type(name) is str and type(args) is dict:
+            return ToolCall(name.strip(), args), False
     if not isinstance(obj, dict):
         return None, False
     alias = False
@@ -199,17 +203,18 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
     thinking, body, kinds = split_thinking(text, expect_think)
     calls: list[ToolCall] = []
     errors: list[str] = []
-    spans: list[tuple[int, int]] = []
-    pos, failed, bad_objects = 0, 0, 0
-    aliased = False
-    n = len(body)
-    while pos < n:
+    fenced = "```" in body
+    spans: list[tuple[int, int]] = []  # where each JSON value was read (kept for fenced turns only)
+    values, pos, last, failed, bad_objects = 0, 0, 0, 0, 0  # last: where the last JSON value read ended
+    aliased = prose = False
+    scan = _DECODER.scan_once  # what JSONDecoder.raw_decode runs, without its wrapper
+    while True:
         start = body.find("{", pos)
         if start < 0:
             break
         try:
-            obj, end = _DECODER.raw_decode(body, start)
-        except ValueError:  # not JSON here: try the next brace
+            obj, end = scan(body, start)
+        except (StopIteration, ValueError):  # not JSON here: try the next brace
             failed += 1
             if failed >= MAX_FAILED_DECODES:
                 kinds.append("unreadable_json")
@@ -222,8 +227,12 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
         else:
             calls.append(call)
             aliased = aliased or alias
-        spans.append((start, end))
-        pos = end
+        if fenced:
+            spans.append((start, end))
+        elif not prose and start > last and not body[last:start].isspace():
+            prose = True
+        values += 1
+        pos = last = end
     if failed:
         kinds.append("bad_json")
     if bad_objects:
@@ -233,19 +242,20 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
         kinds.append("call_spelling")
     if len(calls) > 1:
         kinds.append("several_calls")
-    fenced = "```" in body
     if fenced:
         kinds.append("fenced")
-    if spans:
-        outside, last = [], 0
-        for a, b in spans:
-            outside.append(body[last:a])
-            last = b
-        outside.append(body[last:])
-        rest = "".join(outside)
-        if fenced:
-            rest = _FENCE.sub("", rest)
-        if not rest.isspace() and rest:
+    if values:
+        if fenced:  # the text outside the JSON values, fences removed
+            outside, last = [], 0
+            for a, b in spans:
+                outside.append(body[last:a])
+                last = b
+            outside.append(body[last:])
+            rest = _FENCE.sub("", "".join(outside))
+            prose = bool(rest) and not rest.isspace()
+        elif not prose and last < len(body) and not body[last:].isspace():
+            prose = True
+        if prose:
             kinds.append("prose")
     if failed and not calls:
         errors.append("Error: the tool call is not valid JSON (it may be cut off).")
@@ -296,7 +306,11 @@ def forced_message(last_working_sql: str | None, reason: str, submit_tool: str =
 
 
 def shorten(text: str, limit: int) -> str:
-    text = " ".join(str(text).split())
+    """Whitespace runs collapsed to one space, cut to ``limit`` characters with ``...``."""
+    text = str(text)
+    # the only printable whitespace is " ": printable text with single inner spaces is already collapsed
+    if not (text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " "):
+        text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -30,6 +30,7 @@ _RESERVED = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=4096)
 def quote_identifier(name: str) -> str:
     """``name`` as written when it is a plain, non-reserved identifier, else double-quoted safely."""
     if _PLAIN_IDENTIFIER.fullmatch(name) and name.lower() not in _RESERVED:
@@ -83,6 +84,11 @@ class Schema:
         self._ddl = ddl
         self._columns = columns
         self._by_lower = {name.lower(): name for name in self.tables}
+        self._column_by_lower: dict[str, dict[str, str]] = {}  # table -> {lowercased column: first column so named}
+        for table, table_columns in columns.items():
+            by_lower = self._column_by_lower[table] = {}
+            for column, _ in table_columns:
+                by_lower.setdefault(column.lower(), column)
         self._fks = list(dict.fromkeys(fks))  # (src_table, src_col, dst_table, dst_col), declaration order
         self._edges: dict[str, list[tuple[str, str]]] = {name: [] for name in self.tables}
         for src, src_col, dst, dst_col in self._fks:
@@ -136,7 +142,7 @@ class Schema:
         real = self.resolve_table(table)
         if real is None or not isinstance(name, str):
             return None
-        return next((col for col, _ in self._columns[real] if col.lower() == name.lower()), None)
+        return self._column_by_lower[real].get(name.lower())
 
     def closest_tables(self, name, n: int = 3) -> list[str]:
         return _closest(str(name), self.tables, n)

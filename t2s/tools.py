@@ -7,6 +7,7 @@ fetches more rows than it shows plus one.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,23 +58,37 @@ def format_cell(value) -> str:
 
 def format_row(row) -> str:
     """One row, pipe-separated, with every cell formatted by ``format_cell``."""
-    cells = list(map(str, row))  # SQLite gives int, float, str, bytes or None; only str and bytes need care
-    line = " | ".join(cells)
-    if (
-        "\n" not in line and "\r" not in line and "b'" not in line and 'b"' not in line and "<memory" not in line
-        and (len(line) <= CELL_CHARS or max(map(len, cells)) <= CELL_CHARS)
-    ):
+    line = " | ".join(map(str, row))  # SQLite gives int, float, str, bytes or None; only str and bytes need care
+    if _plain(line, 0) and (len(line) <= CELL_CHARS or _short_cells(row)):
         return line
     return " | ".join([format_cell(v) for v in row])
 
 
+def _plain(text: str, newlines: int) -> bool:
+    """No cell in ``text`` (``newlines`` line breaks expected) has a line break or shows a blob: ``str`` is exact."""
+    return (
+        text.count("\n") == newlines and "\r" not in text and "b'" not in text and 'b"' not in text
+        and "<memory" not in text
+    )
+
+
+def _short_cells(row) -> bool:
+    return max(map(len, map(str, row)), default=0) <= CELL_CHARS
+
+
 def format_table(columns, rows) -> str:
-    """Header plus rows, pipe-separated."""
-    lines = [format_row(columns)]
-    lines.extend(map(format_row, rows))
-    if not rows:
-        lines.append("(no rows)")
-    return "\n".join(lines)
+    """Header plus rows, pipe-separated (each line as ``format_row`` writes it)."""
+    lines = [" | ".join(map(str, columns))]
+    lines += [" | ".join(map(str, row)) for row in rows]
+    text = "\n".join(lines)
+    if not _plain(text, len(lines) - 1):
+        text = "\n".join([format_row(columns), *map(format_row, rows)])
+    elif max(map(len, lines)) > CELL_CHARS:  # long lines: only these need their cells measured
+        for index, line in enumerate(lines):
+            if len(line) > CELL_CHARS:
+                lines[index] = format_row(rows[index - 1] if index else columns)
+        text = "\n".join(lines)
+    return text if rows else text + "\n(no rows)"
 
 
 def _suggest(kind: str, name, options: list[str]) -> str:
@@ -97,6 +112,8 @@ def _usage(spec: dict[str, tuple[str, bool]]) -> str:
 
 def _check_args(tool: str, args, spec: dict[str, tuple[str, bool]]) -> dict:
     """Validate ``args`` against ``spec`` {name: (type, required)}; raises ArgumentError with an `Error:` text."""
+    if type(args) is dict and _well_formed(args, spec):
+        return args
     if args is None:
         args = {}
     if not isinstance(args, dict):
@@ -116,6 +133,17 @@ def _check_args(tool: str, args, spec: dict[str, tuple[str, bool]]) -> dict:
         elif kind == _STR and not isinstance(args[key], str):
             raise ArgumentError(f"Error: {tool} argument {key!r} must be a string, got {type(args[key]).__name__}.")
     return args
+
+
+def _well_formed(args: dict, spec: dict[str, tuple[str, bool]]) -> bool:
+    """The common case, checked quickly: every argument known, every required one given, text where text is due."""
+    if len(args) == len(spec):  # then each known name is also each required one
+        for key, value in args.items():
+            kind = spec.get(key)
+            if kind is None or (kind[0] == _STR and type(value) is not str):
+                return False
+        return True
+    return False
 
 
 def _limit(tool: str, value, bounds: tuple[int, int]) -> tuple[int, str]:
@@ -191,6 +219,7 @@ class Toolbox:
         self._schema = None
         self._descriptions = None
         self.tools, self.query_tool, self.submit_tool = DIALECTS[dialect]
+        self._entries = _dispatch(type(self), dialect)
 
     # -- plumbing ---------------------------------------------------------------------------------------------------
 
@@ -209,31 +238,31 @@ class Toolbox:
         """Run one tool call; ``timeout`` (seconds) may shorten the tool timeout (near the episode's time budget)."""
         started = time.perf_counter()
         name = tool if isinstance(tool, str) else str(tool)
-        role = self.role(name)
+        entry = self._entries.get(name)
         label = name
-        try:
-            if name not in self.tools:
-                known = ", ".join(self.tools)
-                result = ToolResult(name, name, f"Error: unknown tool {name!r}. The tools are: {known}.", error=True)
-            else:
-                method, spec = self.tools[name]
-                handler = getattr(self, method)
+        if entry is None:
+            known = ", ".join(self.tools)
+            result = ToolResult(name, name, f"Error: unknown tool {name!r}. The tools are: {known}.", error=True)
+            role = "other"
+        else:
+            method, spec, role = entry
+            try:
                 checked = _check_args(name, args, spec)
                 label = self._label(name, checked)
                 limit = self.tool_timeout if timeout is None else max(MIN_TOOL_TIMEOUT, min(self.tool_timeout, timeout))
-                result = handler(name, checked, limit)
-        except ArgumentError as exc:
-            result = ToolResult(name, label, str(exc), error=True)
-        except Exception as exc:  # a tool never raises into the rollout
-            result = ToolResult(name, label, f"Error: {name} failed: {type(exc).__name__}: {exc}", error=True)
+                result = method(self, name, checked, limit)
+            except ArgumentError as exc:
+                result = ToolResult(name, label, str(exc), error=True)
+            except Exception as exc:  # a tool never raises into the rollout
+                result = ToolResult(name, label, f"Error: {name} failed: {type(exc).__name__}: {exc}", error=True)
+            if role != "other" and result.sql is None and isinstance(args, dict):
+                sql = args.get("sql")
+                result.sql = sql if isinstance(sql, str) else None
         result.label = label
         result.role = role
         if len(result.text) > OBSERVATION_CHAR_CAP:
             result.text = cap_text(result.text, OBSERVATION_CHAR_CAP)
         result.seconds = time.perf_counter() - started
-        if role in ("query", "submit") and result.sql is None and isinstance(args, dict):
-            sql = args.get("sql")
-            result.sql = sql if isinstance(sql, str) else None
         return result
 
     def _label(self, tool: str, args: dict) -> str:
@@ -373,3 +402,14 @@ class Toolbox:
         except Exception:
             return False, False
         return result.ok, bool(result.write_attempt)
+
+
+@functools.lru_cache(maxsize=None)
+def _dispatch(toolbox_class: type, dialect: str) -> dict[str, tuple]:
+    """{tool: (method, argument spec, role)} of one dialect, looked up once per Toolbox class."""
+    tools, query_tool, submit_tool = DIALECTS[dialect]
+    roles = {query_tool: "query", submit_tool: "submit"}
+    return {
+        name: (getattr(toolbox_class, method), spec, roles.get(name, "other")) for name, (method, spec) in tools.items()
+    }
+
