@@ -370,7 +370,9 @@ def _thread_connections() -> dict:
 
 
 def _connection(ref: DatabaseRef, purpose: str) -> SandboxConnection:
-    conns = _thread_connections()
+    conns = getattr(_local, "conns", None)
+    if conns is None:
+        conns = _thread_connections()
     key = (purpose, ref)
     conn = conns.get(key)
     if conn is not None:
@@ -465,14 +467,16 @@ def _fetch(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bool]:
                 return rows, True, True
 
 
-def _run(conn, sql, timeout, max_rows, max_cells, max_bytes, result: QueryResult) -> None:
+def _run(conn, sql, max_rows, max_cells, max_bytes) -> tuple[list, list, bool, bool]:
+    """(columns, rows, more, over_cap) of one statement; a statement without a result has no columns."""
     cursor = conn.execute(sql)
-    if cursor.description is None:
+    description = cursor.description
+    if description is None:
         cursor.close()
-        return
-    result.columns = [column[0] for column in cursor.description]
-    result.rows, result.more, result.over_cap = _fetch(cursor, max_rows, max_cells, max_bytes)
+        return [], [], False, False
+    rows, more, over_cap = _fetch(cursor, max_rows, max_cells, max_bytes)
     cursor.close()
+    return [column[0] for column in description], rows, more, over_cap
 
 
 def execute(
@@ -490,37 +494,31 @@ def execute(
     ``None`` fetches everything, stopping with ``over_cap`` past ``max_cells`` cells or about ``max_bytes`` bytes.
     """
     started = time.perf_counter()
-    result = QueryResult()
     if not isinstance(sql, str) or not sql.strip():
-        result.error = "Error: empty SQL"
-        return result
+        return QueryResult(error="Error: empty SQL")
     if not isinstance(conn, SandboxConnection):
-        result.error = "Error: queries run only on sandboxed connections (tool_connection / scoring_connection)"
-        return result
+        return QueryResult(error="Error: queries run only on sandboxed connections (tool_connection / scoring_connection)")
     if _LEADING_REINDEX.match(sql):  # a REINDEX of a database without indexes never reaches the authorizer
-        result.error, result.write_attempt = "Error: the database is read-only; writes are not allowed (REINDEX)", True
-        return result
+        return QueryResult(error="Error: the database is read-only; writes are not allowed (REINDEX)", write_attempt=True)
     try:
         conn.deadline = time.monotonic() + max(0.0, float(timeout))
-        conn.timed_out = False
-        conn.write_denied = False
-        conn.denied = None
-        conn.udf_error = None
+        conn.timed_out = conn.write_denied = False
+        conn.denied = conn.udf_error = None
         try:
-            _run(conn, sql, timeout, max_rows, max_cells, max_bytes, result)
+            columns, rows, more, over_cap = _run(conn, sql, max_rows, max_cells, max_bytes)
         except sqlite3.OperationalError as exc:
             if not str(exc).startswith("Could not decode to UTF-8"):
                 raise
             conn.text_factory = _tolerant_text  # rare: run it again, decoding invalid UTF-8 with replacement
             try:
-                _run(conn, sql, timeout, max_rows, max_cells, max_bytes, result)
+                columns, rows, more, over_cap = _run(conn, sql, max_rows, max_cells, max_bytes)
             finally:
                 conn.text_factory = str
-        if not result.columns and result.error is None and _only_comments(sql):
-            result.error = "Error: empty SQL"
+        error = "Error: empty SQL" if not columns and _only_comments(sql) else None
+        result = QueryResult(columns, rows, more, error, False, False, over_cap)
     except Exception as exc:  # noqa: BLE001 - a query must never raise into the rollout
-        result.columns, result.rows, result.more = [], [], False
-        result.error, result.timed_out, result.write_attempt = _error_text(exc, conn, timeout)
+        error, timed_out, write_attempt = _error_text(exc, conn, timeout)
+        result = QueryResult(error=error, timed_out=timed_out, write_attempt=write_attempt)
     finally:
         conn.deadline = math.inf
     result.seconds = time.perf_counter() - started
@@ -542,7 +540,7 @@ def run_tool_query(ref: DatabaseRef, sql: str, *, max_rows: int, timeout: float 
     ``timeout`` defaults to ``TOOL_TIMEOUT``.
     """
     try:
-        conn = tool_connection(ref)
+        conn = _connection(ref, "tool")
     except DatabaseOpenError as exc:
         return _failed(str(exc))
     return execute(conn, sql, timeout=TOOL_TIMEOUT if timeout is None else timeout, max_rows=max_rows)
@@ -551,7 +549,7 @@ def run_tool_query(ref: DatabaseRef, sql: str, *, max_rows: int, timeout: float 
 def run_scoring_query(ref: DatabaseRef, sql: str, *, timeout: float) -> QueryResult:
     """A query to score, on this thread's scoring connection: the full result, under the scoring caps."""
     try:
-        conn = scoring_connection(ref)
+        conn = _connection(ref, "scoring")
     except DatabaseOpenError as exc:
         return _failed(str(exc))
     return execute(conn, sql, timeout=timeout, max_rows=None, max_cells=SCORING_MAX_CELLS, max_bytes=SCORING_MAX_BYTES)

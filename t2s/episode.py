@@ -80,7 +80,7 @@ class Episode:
                 self.setup_error = f"Error: cannot read the database schema: {exc}"
         self.messages = protocol.initial_messages(row, self.config, schema)
         self.turns: list[dict] = []
-        self.counters = {key: 0 for key in COUNTER_KEYS}
+        self.counters = dict.fromkeys(COUNTER_KEYS, 0)
         self.done = False
         self.forced_turn = False  # the next turn is the forced final turn
         self.end_reason: str | None = None  # submitted, max_turns, failed_queries, tool_time, token_budget, ...
@@ -153,27 +153,31 @@ class Episode:
 
     def _tool_step(self, text: str, parsed) -> str | None:
         cfg = self.config
+        counters = self.counters
+        call_tool = self.toolbox.call
         self.tool_turns += 1
         results: list[ToolResult] = []
         ran: list[dict] = []
         calls = parsed.calls
         stop_reason = None
         for index, call in enumerate(calls[: cfg.max_calls_per_turn]):
-            ran.append(call.as_dict())
-            self.counters["calls"] += 1
-            left = cfg.episode_tool_seconds - self.tool_seconds
-            result = self.toolbox.call(call.tool, call.args, timeout=left)
+            ran.append({"tool": call.tool, "args": call.args})
+            counters["calls"] += 1
+            result = call_tool(call.tool, call.args, timeout=cfg.episode_tool_seconds - self.tool_seconds)
             self.tool_seconds += result.seconds
-            self.counters["tool_errors"] += int(result.error)
-            self.counters["write_attempts"] += int(result.write_attempt)
-            if result.role == "submit" and not result.error:
+            if result.error:
+                counters["tool_errors"] += 1
+            if result.write_attempt:
+                counters["write_attempts"] += 1
+            role = result.role
+            if role == "submit" and not result.error:
                 self.submitted_sql = result.sql
-                self.counters["submitted"] = 1
+                counters["submitted"] = 1
                 self._record_turn(text, ran, "")
                 self._finish("submitted")
                 return None
             results.append(result)
-            if result.role == "query":
+            if role == "query":
                 if result.error:
                     self.failed_streak += 1
                 else:

@@ -76,14 +76,31 @@ def _short_cells(row) -> bool:
     return max(map(len, map(str, row)), default=0) <= CELL_CHARS
 
 
+_ROW_TEMPLATES = [" | ".join(["%s"] * width) for width in range(40)]  # %s formats a cell exactly as str() does
+
+
+def _joined(rows: list) -> list[str]:
+    """Each row's cells as ``str``, joined by `` | `` (tuples of one width, as SQLite gives them: one %-template)."""
+    width = len(rows[0])
+    template = _ROW_TEMPLATES[width] if width < len(_ROW_TEMPLATES) else " | ".join(["%s"] * width)
+    # a row that is no tuple, or of another width, fails the template (up to one cell wide, it is checked first)
+    if type(rows[0]) is tuple and (width > 1 or set(map(type, rows)) == {tuple}):
+        try:
+            return [template % row for row in rows]
+        except TypeError:
+            pass
+    return [" | ".join(map(str, row)) for row in rows]
+
+
 def format_table(columns, rows) -> str:
     """Header plus rows, pipe-separated (each line as ``format_row`` writes it)."""
     lines = [" | ".join(map(str, columns))]
-    lines += [" | ".join(map(str, row)) for row in rows]
+    if rows:
+        lines += _joined(rows)
     text = "\n".join(lines)
     if not _plain(text, len(lines) - 1):
         text = "\n".join([format_row(columns), *map(format_row, rows)])
-    elif max(map(len, lines)) > CELL_CHARS:  # long lines: only these need their cells measured
+    elif len(text) > CELL_CHARS and max(map(len, lines)) > CELL_CHARS:  # only long lines need their cells measured
         for index, line in enumerate(lines):
             if len(line) > CELL_CHARS:
                 lines[index] = format_row(rows[index - 1] if index else columns)
@@ -112,8 +129,6 @@ def _usage(spec: dict[str, tuple[str, bool]]) -> str:
 
 def _check_args(tool: str, args, spec: dict[str, tuple[str, bool]]) -> dict:
     """Validate ``args`` against ``spec`` {name: (type, required)}; raises ArgumentError with an `Error:` text."""
-    if type(args) is dict and _well_formed(args, spec):
-        return args
     if args is None:
         args = {}
     if not isinstance(args, dict):
@@ -247,7 +262,7 @@ class Toolbox:
         else:
             method, spec, role = entry
             try:
-                checked = _check_args(name, args, spec)
+                checked = args if type(args) is dict and _well_formed(args, spec) else _check_args(name, args, spec)
                 label = self._label(name, checked)
                 limit = self.tool_timeout if timeout is None else max(MIN_TOOL_TIMEOUT, min(self.tool_timeout, timeout))
                 result = method(self, name, checked, limit)
@@ -286,9 +301,6 @@ class Toolbox:
         if column is None:
             raise ArgumentError(_suggest(f"column in table {table!r}", name, self.schema.closest_columns(table, name)))
         return column
-
-    def _fetch(self, sql: str, rows: int, timeout: float):
-        return databases.run_tool_query(self.db, sql, max_rows=rows, timeout=timeout)
 
     @staticmethod
     def _failed(tool: str, raw, sql: str | None = None) -> ToolResult:
@@ -343,7 +355,8 @@ class Toolbox:
     def _sample_rows(self, tool, args, timeout):
         table = self._table(args["table_name"])
         limit, note = _limit(tool, args.get("limit"), SAMPLE_LIMIT)
-        raw = self._fetch(f"SELECT * FROM {quote_identifier(table)} LIMIT {limit}", limit, timeout)
+        sql = f"SELECT * FROM {quote_identifier(table)} LIMIT {limit}"
+        raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=timeout)
         if not raw.ok:
             return self._failed(tool, raw)
         return ToolResult(tool, tool, note + format_table(raw.columns, raw.rows))
@@ -357,7 +370,7 @@ class Toolbox:
             f"SELECT {col}, COUNT(*) AS count FROM {quote_identifier(table)} GROUP BY {col} "
             f"ORDER BY count DESC, {col} LIMIT {limit + 1}"
         )
-        raw = self._fetch(sql, limit, timeout)
+        raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=timeout)
         if not raw.ok:
             return self._failed(tool, raw)
         text = note + format_table(raw.columns, raw.rows)
@@ -369,7 +382,7 @@ class Toolbox:
         sql = args["sql"]
         if not sql.strip():
             return ToolResult(tool, tool, f"Error: {tool} needs a non-empty 'sql' string.", error=True, sql=sql)
-        raw = self._fetch(sql, QUERY_ROWS, timeout)
+        raw = databases.run_tool_query(self.db, sql, max_rows=QUERY_ROWS, timeout=timeout)
         if not raw.ok:
             return self._failed(tool, raw, sql)
         text = format_table(raw.columns, raw.rows)
