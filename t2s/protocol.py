@@ -168,10 +168,6 @@ def split_thinking(text: str, expect_think: bool = True) -> tuple[str, str, list
 
 def _as_call(obj) -> tuple[ToolCall | None, bool]:
     """A decoded JSON value as a tool call, and whether an alias spelling was forgiven."""
-    if type(obj) is dict and len(obj) == 2:  # the usual {"tool": NAME, "args": {...}}
-        name, args = obj.get("tool"), obj.get("args")
-        if type(name) is str and type(args) is dict:
-            return ToolCall(name.strip(), args), False
     if not isinstance(obj, dict):
         return None, False
     alias = False
@@ -221,12 +217,15 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
                 break
             pos = start + 1
             continue
-        call, alias = _as_call(obj)
-        if call is None:
-            bad_objects += 1
+        if type(obj) is dict and len(obj) == 2 and type(obj.get("tool")) is str and type(obj.get("args")) is dict:
+            calls.append(ToolCall(obj["tool"].strip(), obj["args"]))  # the usual {"tool": NAME, "args": {...}}
         else:
-            calls.append(call)
-            aliased = aliased or alias
+            call, alias = _as_call(obj)
+            if call is None:
+                bad_objects += 1
+            else:
+                calls.append(call)
+                aliased = aliased or alias
         if fenced:
             spans.append((start, end))
         elif not prose and start > last and not body[last:start].isspace():
@@ -259,7 +258,8 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
             kinds.append("prose")
     if failed and not calls:
         errors.append("Error: the tool call is not valid JSON (it may be cut off).")
-    kinds = list(dict.fromkeys(kinds))
+    if len(kinds) > 1:
+        kinds = list(dict.fromkeys(kinds))
     return ParsedTurn(calls, len(kinds), errors, thinking, body, kinds)
 
 
@@ -329,7 +329,10 @@ def render_observation(results, tail: str) -> str:
     """
     blocks = []
     for item in results:
-        label, text = (item.label, item.text) if hasattr(item, "label") else item
+        try:
+            label, text = item.label, item.text
+        except AttributeError:  # a (label, text) pair
+            label, text = item
         blocks.append(f"[{label}]\n{text}" if label else str(text))
     body = cap_text("\n\n".join(blocks)) if blocks else ""
     return f"{body}\n\n{tail}".strip() if body else tail.strip()

@@ -79,10 +79,14 @@ def _short_cells(row) -> bool:
 _ROW_TEMPLATES = [" | ".join(["%s"] * width) for width in range(40)]  # %s formats a cell exactly as str() does
 
 
+def _template(width: int) -> str:
+    return _ROW_TEMPLATES[width] if width < len(_ROW_TEMPLATES) else " | ".join(["%s"] * width)
+
+
 def _joined(rows: list) -> list[str]:
     """Each row's cells as ``str``, joined by `` | `` (tuples of one width, as SQLite gives them: one %-template)."""
     width = len(rows[0])
-    template = _ROW_TEMPLATES[width] if width < len(_ROW_TEMPLATES) else " | ".join(["%s"] * width)
+    template = _template(width)
     # a row that is no tuple, or of another width, fails the template (up to one cell wide, it is checked first)
     if type(rows[0]) is tuple and (width > 1 or set(map(type, rows)) == {tuple}):
         try:
@@ -94,7 +98,7 @@ def _joined(rows: list) -> list[str]:
 
 def format_table(columns, rows) -> str:
     """Header plus rows, pipe-separated (each line as ``format_row`` writes it)."""
-    lines = [" | ".join(map(str, columns))]
+    lines = [_template(len(columns)) % tuple(columns)]
     if rows:
         lines += _joined(rows)
     text = "\n".join(lines)
@@ -264,7 +268,10 @@ class Toolbox:
             try:
                 checked = args if type(args) is dict and _well_formed(args, spec) else _check_args(name, args, spec)
                 label = self._label(name, checked)
-                limit = self.tool_timeout if timeout is None else max(MIN_TOOL_TIMEOUT, min(self.tool_timeout, timeout))
+                limit = self.tool_timeout
+                if timeout is not None:  # max(MIN_TOOL_TIMEOUT, min(tool_timeout, timeout))
+                    limit = timeout if timeout < limit else limit
+                    limit = limit if limit > MIN_TOOL_TIMEOUT else MIN_TOOL_TIMEOUT
                 result = method(self, name, checked, limit)
             except ArgumentError as exc:
                 result = ToolResult(name, label, str(exc), error=True)
