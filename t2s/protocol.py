@@ -308,9 +308,12 @@ def forced_message(last_working_sql: str | None, reason: str, submit_tool: str =
 def shorten(text: str, limit: int) -> str:
     """Whitespace runs collapsed to one space, cut to ``limit`` characters with ``...``."""
     text = str(text)
-    # the only printable whitespace is " ": printable text with single inner spaces is already collapsed
-    if not (text.isprintable() and "  " not in text and text[:1] != " " and text[-1:] != " "):
-        text = " ".join(text.split())
+    head = text[: limit + 1]
+    # the only printable whitespace is " ": a printable head with single inner spaces, none at its ends, is already
+    # collapsed, and it is where the collapsed text begins
+    if limit >= 3 and head.isprintable() and "  " not in head and head[:1] != " " and head[-1:] != " ":
+        return head if len(head) <= limit else head[: limit - 3] + "..."
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
