@@ -193,6 +193,25 @@ def _as_call(obj) -> tuple[ToolCall | None, bool]:
     return ToolCall(name.strip(), args), alias
 
 
+def _object_lines(body: str) -> list | None:
+    """The JSON objects of a body that holds one per line and nothing else, decoded in one pass; else None.
+
+    The lines are read as one JSON array. That array has as many values as lines only when every line is exactly
+    one value: a value running over a line break (or a raw line break inside a string) would leave fewer.
+    """
+    lines = body.strip()
+    if not lines.startswith("{") or "\n" not in lines:  # a single value is as quickly read on its own
+        return None
+    array = "[" + lines.replace("\n", ",") + "]"
+    try:
+        values, end = _DECODER.scan_once(array, 0)
+    except (StopIteration, ValueError, RecursionError):
+        return None
+    if end != len(array) or len(values) != lines.count("\n") + 1 or not all(type(v) is dict for v in values):
+        return None
+    return values
+
+
 def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
     """Read the tool calls of one assistant turn (linear time, never raises)."""
     text = text if isinstance(text, str) else ""
@@ -200,23 +219,36 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
     calls: list[ToolCall] = []
     errors: list[str] = []
     fenced = "```" in body
-    spans: list[tuple[int, int]] = []  # where each JSON value was read (kept for fenced turns only)
-    values, pos, last, failed, bad_objects = 0, 0, 0, 0, 0  # last: where the last JSON value read ended
+    failed, bad_objects = 0, 0
     aliased = prose = False
-    scan = _DECODER.scan_once  # what JSONDecoder.raw_decode runs, without its wrapper
-    while True:
-        start = body.find("{", pos)
-        if start < 0:
-            break
-        try:
-            obj, end = scan(body, start)
-        except (StopIteration, ValueError):  # not JSON here: try the next brace
-            failed += 1
-            if failed >= MAX_FAILED_DECODES:
-                kinds.append("unreadable_json")
+    objects = None if fenced else _object_lines(body)  # the usual turn: calls one per line
+    spans: list[tuple[int, int]] = []  # where each JSON value was read (kept for fenced turns only)
+    if objects is None:
+        objects = []
+        pos, last = 0, 0  # last: where the last JSON value read ended
+        scan = _DECODER.scan_once  # what JSONDecoder.raw_decode runs, without its wrapper
+        while True:
+            start = body.find("{", pos)
+            if start < 0:
                 break
-            pos = start + 1
-            continue
+            try:
+                obj, end = scan(body, start)
+            except (StopIteration, ValueError):  # not JSON here: try the next brace
+                failed += 1
+                if failed >= MAX_FAILED_DECODES:
+                    kinds.append("unreadable_json")
+                    break
+                pos = start + 1
+                continue
+            objects.append(obj)
+            if fenced:
+                spans.append((start, end))
+            elif not prose and start > last and not body[last:start].isspace():
+                prose = True
+            pos = last = end
+        if objects and not fenced and not prose and last < len(body) and not body[last:].isspace():
+            prose = True
+    for obj in objects:
         if type(obj) is dict and len(obj) == 2 and type(obj.get("tool")) is str and type(obj.get("args")) is dict:
             calls.append(ToolCall(obj["tool"].strip(), obj["args"]))  # the usual {"tool": NAME, "args": {...}}
         else:
@@ -226,12 +258,6 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
             else:
                 calls.append(call)
                 aliased = aliased or alias
-        if fenced:
-            spans.append((start, end))
-        elif not prose and start > last and not body[last:start].isspace():
-            prose = True
-        values += 1
-        pos = last = end
     if failed:
         kinds.append("bad_json")
     if bad_objects:
@@ -243,8 +269,7 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
         kinds.append("several_calls")
     if fenced:
         kinds.append("fenced")
-    if values:
-        if fenced:  # the text outside the JSON values, fences removed
+        if spans:  # the text outside the JSON values, fences removed
             outside, last = [], 0
             for a, b in spans:
                 outside.append(body[last:a])
@@ -252,10 +277,8 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
             outside.append(body[last:])
             rest = _FENCE.sub("", "".join(outside))
             prose = bool(rest) and not rest.isspace()
-        elif not prose and last < len(body) and not body[last:].isspace():
-            prose = True
-        if prose:
-            kinds.append("prose")
+    if prose:
+        kinds.append("prose")
     if failed and not calls:
         errors.append("Error: the tool call is not valid JSON (it may be cut off).")
     if len(kinds) > 1:

@@ -170,6 +170,8 @@ def _limit(tool: str, value, bounds: tuple[int, int]) -> tuple[int, str]:
     default, most = bounds
     if value is None:
         return default, ""
+    if type(value) is int and 1 <= value <= most:  # the usual: a limit in range
+        return value, ""
     number = None
     if isinstance(value, bool):
         number = None
