@@ -11,7 +11,10 @@ Every query a model sends runs through :func:`execute` on a sandboxed connection
 * **Authorizer allowlist.** SELECT, READ, RECURSIVE, functions other than ``load_extension``/``fts3_tokenizer``,
   read-only introspection PRAGMAs, and the ``UPDATE sqlite_master`` that SQLite issues (with no trigger context) to
   build eponymous virtual tables such as ``json_each``. Everything else is denied, transactions included.
-* **Deadlines.** A progress handler aborts a statement once its wall-clock deadline has passed, during fetching too.
+* **Deadlines.** A statement, fetching included, is aborted once its wall-clock deadline has passed: a watchdog thread
+  interrupts it (``Connection.interrupt``, which costs the running statement nothing), and a progress handler checks
+  the deadline too, every ``PROGRESS_INTERVAL`` VM instructions. The handler needs the GIL each time it runs, a hand-off
+  between threads that a short interval would pay thousands of times a step; the watchdog keeps the deadline tight.
 * **Connections.** One per (thread, database, purpose): tool connections for the model's calls and separate scoring
   connections that tool calls never touch. Invalid UTF-8 in text cells is decoded with replacement characters.
 
@@ -46,7 +49,8 @@ SCORING_MAX_BYTES = 64 * 1024 * 1024  # approximate text/blob bytes of a scoring
 MAX_VALUE_LENGTH = 1_000_000  # SQLITE_LIMIT_LENGTH: longest string, blob or row
 PRINTF_MAX_WIDTH = 100_000  # largest width or precision the capped printf/format accepts
 FETCH_BATCH = 2048  # rows per fetchmany when a scoring result is fetched in full
-PROGRESS_INTERVAL = 10000  # virtual-machine instructions between deadline checks
+PROGRESS_INTERVAL = 1_000_000  # virtual-machine instructions between the progress handler's deadline checks
+WATCHDOG_POLL = 0.01  # seconds between the watchdog's deadline checks
 PAYLOAD_MAX_BYTES = 256 * 1024 * 1024  # largest single row-payload database image
 PAYLOAD_CACHE_BYTES = 2 * 1024 * 1024 * 1024  # row-payload images plus per-thread copies, across all threads
 GOLD_CACHE_BYTES = 512 * 1024 * 1024  # cached gold results (approximate size)
@@ -413,6 +417,53 @@ def close_thread_connections() -> None:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# The deadline watchdog
+# ----------------------------------------------------------------------------------------------------------------
+_watch_lock = threading.Lock()
+_watching: dict[SandboxConnection, float] = {}  # connection -> deadline of the statement it is running
+_watchdog_started = False
+
+
+def _watch(conn: SandboxConnection, deadline: float) -> None:
+    global _watchdog_started
+    with _watch_lock:
+        if not _watchdog_started:
+            threading.Thread(target=_watchdog, name="t2s-sql-deadlines", daemon=True).start()
+            _watchdog_started = True
+        _watching[conn] = deadline
+
+
+def _unwatch(conn: SandboxConnection) -> None:
+    with _watch_lock:
+        _watching.pop(conn, None)
+
+
+def _watchdog() -> None:
+    """Interrupt every statement past its deadline. Under the lock a watched statement has not returned yet, so an
+    interrupt never reaches a later one (one that comes after the statement ended is cleared when the next starts)."""
+    while True:
+        time.sleep(WATCHDOG_POLL)
+        now = time.monotonic()
+        with _watch_lock:
+            for conn, deadline in _watching.items():
+                if now > deadline:
+                    conn.timed_out = True
+                    try:
+                        conn.interrupt()
+                    except sqlite3.Error:
+                        pass
+
+
+def _reset_watchdog_in_child() -> None:
+    """A forked child has no watchdog thread, and may hold a copy of a lock that was taken at the fork."""
+    global _watch_lock, _watching, _watchdog_started
+    _watch_lock, _watching, _watchdog_started = threading.Lock(), {}, False
+
+
+os.register_at_fork(after_in_child=_reset_watchdog_in_child)
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # Executing
 # ----------------------------------------------------------------------------------------------------------------
 def _error_text(exc: Exception, conn: SandboxConnection, timeout: float) -> tuple[str, bool, bool]:
@@ -504,6 +555,7 @@ def execute(
         conn.deadline = time.monotonic() + max(0.0, float(timeout))
         conn.timed_out = conn.write_denied = False
         conn.denied = conn.udf_error = None
+        _watch(conn, conn.deadline)
         try:
             columns, rows, more, over_cap = _run(conn, sql, max_rows, max_cells, max_bytes)
         except sqlite3.OperationalError as exc:
@@ -520,6 +572,7 @@ def execute(
         error, timed_out, write_attempt = _error_text(exc, conn, timeout)
         result = QueryResult(error=error, timed_out=timed_out, write_attempt=write_attempt)
     finally:
+        _unwatch(conn)
         conn.deadline = math.inf
     result.seconds = time.perf_counter() - started
     return result
