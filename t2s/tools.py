@@ -79,14 +79,10 @@ def _short_cells(row) -> bool:
 _ROW_TEMPLATES = [" | ".join(["%s"] * width) for width in range(40)]  # %s formats a cell exactly as str() does
 
 
-def _template(width: int) -> str:
-    return _ROW_TEMPLATES[width] if width < len(_ROW_TEMPLATES) else " | ".join(["%s"] * width)
-
-
 def _joined(rows: list) -> list[str]:
     """Each row's cells as ``str``, joined by `` | `` (tuples of one width, as SQLite gives them: one %-template)."""
     width = len(rows[0])
-    template = _template(width)
+    template = _ROW_TEMPLATES[width] if width < len(_ROW_TEMPLATES) else " | ".join(["%s"] * width)
     # a row that is no tuple, or of another width, fails the template (up to one cell wide, it is checked first)
     if type(rows[0]) is tuple and (width > 1 or set(map(type, rows)) == {tuple}):
         try:
@@ -98,9 +94,7 @@ def _joined(rows: list) -> list[str]:
 
 def format_table(columns, rows) -> str:
     """Header plus rows, pipe-separated (each line as ``format_row`` writes it)."""
-    lines = [_template(len(columns)) % tuple(columns)]
-    if rows:
-        lines += _joined(rows)
+    lines = _joined([tuple(columns), *rows])
     text = "\n".join(lines)
     if not _plain(text, len(lines) - 1):
         text = "\n".join([format_row(columns), *map(format_row, rows)])
