@@ -148,15 +148,14 @@ def _check_args(tool: str, args, spec: dict[str, tuple[str, bool]]) -> dict:
     return args
 
 
-def _well_formed(args: dict, spec: dict[str, tuple[str, bool]]) -> bool:
-    """The common case, checked quickly: every argument known, every required one given, text where text is due."""
-    if len(args) == len(spec):  # then each known name is also each required one
-        for key, value in args.items():
-            kind = spec.get(key)
-            if kind is None or (kind[0] == _STR and type(value) is not str):
-                return False
-        return True
-    return False
+def _well_formed(args: dict, spec: dict[str, tuple[str, bool]], text_keys: tuple[str, ...]) -> bool:
+    """The common case, checked quickly: exactly the spec's arguments, text where text is due."""
+    if args.keys() != spec.keys():
+        return False
+    for key in text_keys:
+        if type(args[key]) is not str:
+            return False
+    return True
 
 
 def _limit(tool: str, value, bounds: tuple[int, int]) -> tuple[int, str]:
@@ -260,9 +259,12 @@ class Toolbox:
             result = ToolResult(name, name, f"Error: unknown tool {name!r}. The tools are: {known}.", error=True)
             role = "other"
         else:
-            method, spec, role = entry
+            method, spec, role, text_keys = entry
             try:
-                checked = args if type(args) is dict and _well_formed(args, spec) else _check_args(name, args, spec)
+                if type(args) is dict and _well_formed(args, spec, text_keys):
+                    checked = args
+                else:
+                    checked = _check_args(name, args, spec)
                 label = self._label(name, checked)
                 limit = self.tool_timeout
                 if timeout is not None:  # max(MIN_TOOL_TIMEOUT, min(tool_timeout, timeout))
@@ -422,10 +424,14 @@ class Toolbox:
 
 @functools.lru_cache(maxsize=None)
 def _dispatch(toolbox_class: type, dialect: str) -> dict[str, tuple]:
-    """{tool: (method, argument spec, role)} of one dialect, looked up once per Toolbox class."""
+    """{tool: (method, argument spec, role, text arguments)} of one dialect, looked up once per Toolbox class."""
     tools, query_tool, submit_tool = DIALECTS[dialect]
     roles = {query_tool: "query", submit_tool: "submit"}
     return {
-        name: (getattr(toolbox_class, method), spec, roles.get(name, "other")) for name, (method, spec) in tools.items()
+        name: (
+            getattr(toolbox_class, method), spec, roles.get(name, "other"),
+            tuple(key for key, (kind, _) in spec.items() if kind == _STR),
+        )
+        for name, (method, spec) in tools.items()
     }
 
