@@ -424,18 +424,12 @@ _watching: dict[SandboxConnection, float] = {}  # connection -> deadline of the 
 _watchdog_started = False
 
 
-def _watch(conn: SandboxConnection, deadline: float) -> None:
+def _start_watchdog() -> None:
     global _watchdog_started
     with _watch_lock:
         if not _watchdog_started:
             threading.Thread(target=_watchdog, name="t2s-sql-deadlines", daemon=True).start()
             _watchdog_started = True
-        _watching[conn] = deadline
-
-
-def _unwatch(conn: SandboxConnection) -> None:
-    with _watch_lock:
-        _watching.pop(conn, None)
 
 
 def _watchdog() -> None:
@@ -555,7 +549,10 @@ def execute(
         conn.deadline = time.monotonic() + max(0.0, float(timeout))
         conn.timed_out = conn.write_denied = False
         conn.denied = conn.udf_error = None
-        _watch(conn, conn.deadline)
+        if not _watchdog_started:
+            _start_watchdog()
+        with _watch_lock:
+            _watching[conn] = conn.deadline
         try:
             columns, rows, more, over_cap = _run(conn, sql, max_rows, max_cells, max_bytes)
         except sqlite3.OperationalError as exc:
@@ -572,7 +569,8 @@ def execute(
         error, timed_out, write_attempt = _error_text(exc, conn, timeout)
         result = QueryResult(error=error, timed_out=timed_out, write_attempt=write_attempt)
     finally:
-        _unwatch(conn)
+        with _watch_lock:
+            _watching.pop(conn, None)
         conn.deadline = math.inf
     result.seconds = time.perf_counter() - started
     return result
