@@ -542,9 +542,13 @@ def execute(
     if not isinstance(sql, str) or not sql.strip():
         return QueryResult(error="Error: empty SQL")
     if not isinstance(conn, SandboxConnection):
-        return QueryResult(error="Error: queries run only on sandboxed connections (tool_connection / scoring_connection)")
+        return QueryResult(
+            error="Error: queries run only on sandboxed connections (tool_connection / scoring_connection)"
+        )
     if _LEADING_REINDEX.match(sql):  # a REINDEX of a database without indexes never reaches the authorizer
-        return QueryResult(error="Error: the database is read-only; writes are not allowed (REINDEX)", write_attempt=True)
+        return QueryResult(
+            error="Error: the database is read-only; writes are not allowed (REINDEX)", write_attempt=True
+        )
     try:
         conn.deadline = time.monotonic() + max(0.0, float(timeout))
         conn.timed_out = conn.write_denied = False
