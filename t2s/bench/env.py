@@ -181,9 +181,9 @@ def _play(row, config, turns, recorder=None):
 
 def _raw_replay(statements, local):
     conns = local.conns
-    for path, immutable, sql, fetches in statements:
+    for purpose, path, immutable, sql, fetches in statements:
         try:
-            cursor = conns[(path, immutable)].execute(sql)
+            cursor = conns[(purpose, path, immutable)].execute(sql)
             for size in fetches:
                 if size < 0:
                     cursor.fetchall()
@@ -228,8 +228,8 @@ def _env_pass(pool, workers, refs, episodes, config, recorder=None):
     files = {}
 
     def note_files():
-        for (_purpose, ref), conn in databases._thread_connections().items():
-            files[id(conn)] = (ref.path, ref.immutable)
+        for (purpose, ref), conn in databases._thread_connections().items():
+            files[id(conn)] = (purpose, ref.path, ref.immutable)
 
     _on_every_thread(pool, workers, note_files)
     statements = [[(*files[c], sql, n) for c, sql, n in log] for _, _, log in results]
@@ -237,10 +237,13 @@ def _env_pass(pool, workers, refs, episodes, config, recorder=None):
 
 
 def _raw_pass(pool, workers, refs, statements) -> float:
-    """The same statements with plain sqlite3, on fresh, warmed connections of the same kind."""
+    """The same statements with plain sqlite3, on fresh, warmed connections of the same kind: one per database and
+    purpose, as the environment has (its tool and scoring connections are separate), so both sides prepare the
+    same statements on the same number of connections."""
     from t2s import databases
 
     local = threading.local()
+    purposes = sorted({purpose for episode in statements for purpose, *_ in episode})
 
     def warm():
         for conn in getattr(local, "conns", {}).values():
@@ -248,9 +251,10 @@ def _raw_pass(pool, workers, refs, statements) -> float:
         local.conns = {}
         for ref in refs:
             uri = databases.database_uri(ref.path, ref.immutable)
-            conn = sqlite3.connect(uri, uri=True, isolation_level=None)
-            conn.execute("SELECT 1").fetchall()
-            local.conns[(ref.path, ref.immutable)] = conn
+            for purpose in purposes:
+                conn = sqlite3.connect(uri, uri=True, isolation_level=None)
+                conn.execute("SELECT 1").fetchall()
+                local.conns[(purpose, ref.path, ref.immutable)] = conn
 
     _on_every_thread(pool, workers, warm)
     started = time.perf_counter()
