@@ -80,10 +80,13 @@ def read_predictions(path, rows: list[dict]) -> Predictions:
             if db_id is not None:
                 out.db_ids[question_id] = db_id
         return out
-    try:
-        records = parse_records(text, file)
-    except DataError as exc:
-        raise PredictionsError(str(exc)) from None
+    if isinstance(document, dict):  # a file holding one {"question_id": ..., "sql": ...} record
+        records = [document]
+    else:
+        try:
+            records = parse_records(text, file)
+        except DataError as exc:
+            raise PredictionsError(str(exc)) from None
     for number, record in enumerate(records, start=1):
         if "question_id" not in record:
             raise PredictionsError(f"Error: {file}: entry {number} has no question_id")

@@ -160,6 +160,14 @@ def test_missing_files_fail_clearly(bird_dir, tmp_path, capsys):
     assert capsys.readouterr().err.startswith("Error:")
 
 
+@pytest.mark.parametrize("name", ["one.json", "one.jsonl"])
+def test_a_single_prediction_record_is_read_whatever_the_file_name(bird_dir, tmp_path, name):
+    predictions = _write(tmp_path / name, json.dumps({"question_id": 100, "sql": "SELECT name FROM hero WHERE id = 1"}))
+    result = score_files(bird_dir / "dev.json", predictions, tmp_path / "out", progress=False)
+    assert [line["official"] for line in result["lines"]] == [1, 0, 0, 0]
+    assert result["summary"]["missing"] == 3
+
+
 def test_empty_object_counts_everything_missing(bird_dir, tmp_path):
     result = score_files(bird_dir / "dev.json", _write(tmp_path / "p.json", {}), tmp_path / "out", progress=False)
     assert result["summary"]["missing"] == 4 and result["summary"]["execution_accuracy_official"] == 0.0
