@@ -98,6 +98,16 @@ def test_rows_fit_a_datasets_dataset(bird_superhero_dir):
     assert dataset.column_names == list(ROW_KEYS) and dataset[0]["question_id"] == rows[0]["question_id"]
 
 
+def test_common_shape_rows_keep_their_own_ids_even_zero(tmp_path):
+    db = tmp_path / "databases" / "tiny" / "tiny.sqlite"
+    db.parent.mkdir(parents=True)
+    sqlite3.connect(db).close()
+    rows = [{"question_id": qid, "question": "q", "gold_sql": "SELECT 1", "db_id": "tiny", "db_path": str(db)}
+            for qid in (0, 1, None)]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    assert [r["question_id"] for r in load_json_rows(tmp_path / "rows.json")] == ["0", "1", "rows:2"]
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Bad input
 

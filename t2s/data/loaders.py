@@ -381,8 +381,9 @@ def _load_common_rows(records, data_file, db_root, source, require_databases) ->
     rows = []
     for position, record in enumerate(records):
         _require(record, ("question", "gold_sql", "db_id"), data_file, position)
+        own_id = record.get("question_id")
         row = make_row(
-            question_id=record.get("question_id") or f"{source or data_file.stem}:{position}",
+            question_id=own_id if own_id is not None else f"{source or data_file.stem}:{position}",
             question=record["question"],
             gold_sql=record["gold_sql"],
             db_id=record["db_id"],
