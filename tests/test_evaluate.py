@@ -323,6 +323,31 @@ def test_dead_endpoint_fails_with_a_clear_message(demo_dir, tmp_path, capsys):
         assert err[-1].startswith("Error:") and "failed after 2 attempt(s)" in err[-1] and "Traceback" not in "".join(err)
 
 
+def test_an_answer_cut_off_mid_body_is_retried_then_reported(capsys):
+    from t2s.backends.chat_endpoint import ChatEndpointClient, EndpointError
+
+    class CutOff(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # promises 100 bytes, sends 10, hangs up
+            self.send_response(200)
+            self.send_header("Content-Length", "100")
+            self.end_headers()
+            self.wfile.write(b'{"data": [')
+            self.close_connection = True
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), CutOff)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        client = ChatEndpointClient(f"http://127.0.0.1:{server.server_address[1]}", retries=1, backoff=0.01)
+        with pytest.raises(EndpointError, match=r"^Error: .*failed after 2 attempt\(s\): request failed"):
+            client.model_name()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_endpoint_dying_midway_keeps_finished_results(demo_dir, tmp_path, capsys):
     from t2s.cli import main
 

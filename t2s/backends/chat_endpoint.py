@@ -7,7 +7,7 @@ This is not the token stream the model was trained on (training keeps earlier th
 results from this mode are labelled *not comparable* with the published figures. Use the ``completions`` mode on a
 vLLM server for comparable numbers.
 
-A request that fails to connect, times out, or meets 429/5xx is retried with exponential backoff; after the last
+A request that fails to connect, times out, breaks off mid-answer, or meets 408/429/5xx is retried with exponential backoff; after the last
 retry ``EndpointError`` is raised with one clear ``Error:`` line (the evaluator keeps the finished results).
 """
 
@@ -61,6 +61,9 @@ class ChatEndpointClient:
                 continue
             except requests.ConnectionError as exc:
                 last = f"connection failed ({type(exc).__name__})"
+                continue
+            except requests.RequestException as exc:  # e.g. a body cut off mid-answer
+                last = f"request failed ({type(exc).__name__})"
                 continue
             if response.status_code == 200:
                 try:
