@@ -48,6 +48,14 @@ def test_committed_model_report_meets_the_filter_targets():
     assert report["kept_simple_moderate"] >= KEEP_MIN and report["excluded_challenging"] >= EXCLUDE_MIN
 
 
+def test_default_keep_target_is_the_built_in_models():
+    import inspect
+
+    assert difficulty.default_model().report["keep_target"] == difficulty.KEEP_TARGET
+    for fn in (difficulty.calibrate, difficulty.cross_validate):
+        assert inspect.signature(fn).parameters["keep_target"].default == difficulty.KEEP_TARGET
+
+
 def test_cross_validated_figures_on_minidev(bird_minidev_file):
     rows = load_json_rows(bird_minidev_file, require_databases=False)
     model = difficulty.calibrate(rows, folds=5, keep_target=0.93)

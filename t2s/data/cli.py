@@ -34,6 +34,7 @@ DATA_FILE_NAMES = ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spid
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from t2s.data.difficulty import KEEP_TARGET
     from t2s.data.passrate import POLICIES as PASSRATE_POLICIES
     from t2s.evaluate import add_policy_arguments
 
@@ -63,8 +64,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--folds", type=int, default=5, help="k for the cross-validated refit on this file's labels (0: off)")
     p.add_argument("--model", default=None, help="a model JSON written by --save-model (default: the built-in one)")
     p.add_argument("--save-model", default=None, help="fit on this file's labels and save the model JSON here")
-    p.add_argument("--keep-target", type=float, default=0.93,
-                   help="share of simple+moderate the threshold keeps when fitting (default 0.93)")
+    p.add_argument("--keep-target", type=float, default=KEEP_TARGET,
+                   help=f"share of simple+moderate the threshold keeps when fitting (default {KEEP_TARGET})")
 
     p = sub.add_parser("passrate", help="keep the questions a policy solves 1..k-1 times out of k")
     data_args(p, "write the kept rows as a JSON list here")
