@@ -280,13 +280,29 @@ def model_card(*, checkpoint: Path, base_dir: Path | None, architecture: str, st
             raise ExportError(f"recipe file not found: {recipe}")
         lines += ["", f"## Recipe (`{recipe_path.name}`)", "", "```yaml", recipe_path.read_text().rstrip(), "```"]
     if eval_dir:
-        from t2s.eval_report import summary_markdown
-
-        summary_file = Path(eval_dir) / "summary.json"
-        if not summary_file.is_file():
-            raise ExportError(f"no summary.json in eval folder {eval_dir}")
-        lines += ["", "## Evaluation", "", summary_markdown(json.loads(summary_file.read_text())).rstrip()]
+        lines += ["", "## Evaluation", "", eval_markdown(eval_dir).rstrip()]
     return "\n".join(lines) + "\n"
+
+
+def eval_summaries(eval_dir) -> dict[str, dict]:
+    """{mode: summary} of an `eval` output folder: its summary.json, or one per mode folder when several modes ran."""
+    folder = Path(eval_dir)
+    if (folder / "summary.json").is_file():
+        return {"": json.loads((folder / "summary.json").read_text())}
+    per_mode = {sub.name: json.loads((sub / "summary.json").read_text())
+                for sub in sorted(folder.iterdir()) if (sub / "summary.json").is_file()} if folder.is_dir() else {}
+    if not per_mode:
+        raise ExportError(f"no summary.json in eval folder {eval_dir} (nor in its mode folders)")
+    return per_mode
+
+
+def eval_markdown(eval_dir) -> str:
+    from t2s.eval_report import modes_markdown, summary_markdown
+
+    summaries = eval_summaries(eval_dir)
+    if list(summaries) == [""]:
+        return summary_markdown(summaries[""])
+    return modes_markdown(summaries)
 
 
 # ---------------------------------------------------------------------------------------------------------- export
@@ -300,8 +316,8 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
         raise ExportError(f"output folder {out} is not empty (pass --force to write into it)")
     if recipe and not Path(recipe).is_file():
         raise ExportError(f"recipe file not found: {recipe}")
-    if eval_dir and not (Path(eval_dir) / "summary.json").is_file():
-        raise ExportError(f"no summary.json in eval folder {eval_dir}")
+    if eval_dir:
+        eval_summaries(eval_dir)  # fails early when the folder holds no summary
     out.mkdir(parents=True, exist_ok=True)
 
     model, base_dir = load_merged_model(checkpoint, base)

@@ -149,3 +149,17 @@ def test_export_model_card_holds_the_eval_summary(tiny_model_dir, demo_dir, tmp_
     out = export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval"), verify=False)
     card = (out / "README.md").read_text()
     assert "## Evaluation" in card and "| official EX | 1.000 |" in card and "Qwen3_5ForCausalLM" in card
+
+
+def test_export_model_card_takes_a_several_mode_eval_folder(tiny_model_dir, demo_dir, tmp_path):
+    from t2s.cli import build_parser
+    from t2s.evaluate import evaluate
+
+    evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3",
+                                              "--mode", "full", "withheld", "--output", str(tmp_path / "eval"),
+                                              "--quiet"]))
+    out = export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval"), verify=False)
+    card = (out / "README.md").read_text()
+    assert "| metric | full | withheld |" in card and "| official EX | 1.000 | 1.000 |" in card
+    with pytest.raises(ExportError, match="no summary.json"):
+        export_model(tiny_model_dir, tmp_path / "export2", eval_dir=str(tmp_path), verify=False)
