@@ -126,9 +126,12 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    import logging
+
     from t2s.settings import offline_environment
 
     offline_environment()
+    logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # eval reports missing databases itself
     try:
         evaluate(args)
     except EvalError as exc:

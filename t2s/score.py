@@ -263,6 +263,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    import logging
     import sys
 
     from rich.console import Console
@@ -270,6 +271,7 @@ def run(args) -> int:
     from t2s.data.loaders import DataError
 
     console = Console()
+    logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # unscorable questions are reported below
     try:
         result = score_files(args.data, args.predictions, args.output, db_root=args.db_root, workers=args.workers,
                              progress=not args.no_progress)

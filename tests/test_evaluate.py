@@ -170,6 +170,12 @@ def test_missing_databases_fail_at_once_or_are_skipped(demo_dir, tmp_path, capsy
     err = capsys.readouterr().err
     assert "Error:" in err and "another_lost_db" in err and "lost_db" in err and "--skip-missing-dbs" in err
     assert not (tmp_path / "o1" / "episodes.jsonl").exists()
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "t2s", "eval", "--policy", "gold", "--data", str(data), "--output",
+                           str(tmp_path / "o3"), "--quiet"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr  # one Error: line only
     summary = evaluate(eval_args("--policy", "gold", "--data", data, "--skip-missing-dbs", "--output", tmp_path / "o2"))["full"]
     assert summary["n"] == 4 and summary["skipped_missing_dbs"] == 2
     assert summary["missing_db_ids"] == ["another_lost_db", "lost_db"]
