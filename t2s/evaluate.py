@@ -125,12 +125,21 @@ def add_arguments(parser) -> None:
     add_policy_arguments(p)
 
 
+def command_environment() -> None:
+    """The quiet settings of ``settings.offline_environment`` without forcing the hub offline: ``--model`` and
+    ``--base`` may name hub ids, downloaded unless ``HF_HUB_OFFLINE=1`` is set (as ``train`` does)."""
+    from t2s.settings import offline_environment
+
+    hub_offline = os.environ.get("HF_HUB_OFFLINE")
+    offline_environment()
+    if hub_offline is None:
+        del os.environ["HF_HUB_OFFLINE"]
+
+
 def run(args) -> int:
     import logging
 
-    from t2s.settings import offline_environment
-
-    offline_environment()
+    command_environment()
     logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # eval reports missing databases itself
     try:
         evaluate(args)

@@ -49,9 +49,9 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from t2s.settings import offline_environment
+    from t2s.evaluate import command_environment
 
-    offline_environment()
+    command_environment()
     try:
         out = export_model(
             args.checkpoint,

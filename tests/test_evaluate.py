@@ -67,6 +67,20 @@ def test_summary_keys(demo_dir, tmp_path):
     assert summary["n"] == 5 and sum(block["n"] for block in summary["per_db"].values()) == 5
 
 
+def test_commands_leave_the_hub_online_unless_told(monkeypatch):
+    import os
+
+    from t2s.evaluate import command_environment
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+    command_environment()  # eval, export and data passrate: --model may be a hub id still to download
+    assert "HF_HUB_OFFLINE" not in os.environ and os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    command_environment()
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+
+
 def test_seeded_selection_is_model_independent():
     rows = [{"question_id": str(i)} for i in range(100)]
     first = select_rows(rows, 10, seed=3)

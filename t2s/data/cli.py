@@ -296,9 +296,9 @@ def print_figures(console, figures: dict, title: str) -> None:
 
 def _passrate(args) -> int:
     from t2s.data import passrate
-    from t2s.settings import offline_environment
+    from t2s.evaluate import command_environment
 
-    offline_environment()
+    command_environment()
 
     console = _console()
     if args.k < 2:
