@@ -279,3 +279,28 @@ def test_hf_end_rollout_keeps_step_with_other_ranks(tiny_model, tiny_tokenizer):
     backend.generate([[1, 2]], [2], SamplingSettings(seed=0))
     backend.end_rollout()
     assert len(entered) == 3 and other_rank_rounds[0] == -1  # 1 real round + 2 empty ones, then all done
+
+
+def test_hf_sampling_ignores_the_checkpoints_generation_defaults(tiny_model_dir, tiny_tokenizer):
+    """A checkpoint's generation_config (Qwen3.5 ships top_p/top_k defaults) must not reshape training sampling.
+
+    transformers fills every None field of the call's GenerationConfig from the model's; a top_p there would keep only
+    the most likely token here, so every sampled token would be the argmax.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.generation_config.top_p = 1e-6
+    model.generation_config.min_p = 0.999
+    prompts = [tiny_tokenizer(f"SELECT {i} FROM t")["input_ids"] for i in range(4)]
+    outs = HFGenerateBackend(model, tiny_tokenizer).generate(prompts, [12] * 4, SamplingSettings(seed=5))
+    not_argmax = 0
+    for prompt, out in zip(prompts, outs):
+        ids = torch.tensor([prompt + out.token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(prompt) - 1 : -1]
+        not_argmax += int((logits.argmax(-1) != ids[0, len(prompt) :]).sum())
+    assert not_argmax > 0, "temperature-only sampling must draw tokens other than the argmax"

@@ -111,14 +111,17 @@ class HFGenerateBackend(TurnSyncBackend):
             input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention[i, width - len(ids) :] = 1
         greedy = sampling.temperature <= 0
+        # When sampling, every filter is set explicitly: transformers fills the None fields from the checkpoint's
+        # generation_config (Qwen3.5 ships top_p/top_k defaults), which would silently reshape training sampling.
         config = GenerationConfig(
             max_new_tokens=max(1, max(max_tokens)),
             do_sample=not greedy,
             temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy or sampling.top_p >= 1.0 else sampling.top_p,
+            top_p=None if greedy else min(1.0, sampling.top_p),
             top_k=0 if greedy or sampling.top_k <= 0 else sampling.top_k,
-            min_p=None if greedy or sampling.min_p <= 0 else sampling.min_p,
-            repetition_penalty=None if sampling.repetition_penalty == 1.0 else sampling.repetition_penalty,
+            min_p=None if greedy else max(0.0, sampling.min_p),
+            typical_p=None if greedy else 1.0,
+            repetition_penalty=sampling.repetition_penalty,
             eos_token_id=list(self.stop_token_ids),
             pad_token_id=self.pad_token_id,
             output_logits=True,
