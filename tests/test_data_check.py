@@ -72,6 +72,15 @@ def _tiny_bird(folder: Path, slow_query: bool = True) -> Path:
     return folder / "dev.json"
 
 
+def test_limit_counts_missing_databases_over_the_rows_kept(tmp_path, capsys):
+    data = _tiny_bird(tmp_path / "bird", slow_query=False)  # the last row's database is absent
+    assert main(["data", "check", "--data", str(data), "--limit", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "missing" in printed and "gone" not in printed and "point at databases" not in printed
+    assert main(["data", "check", "--data", str(data), "--limit", "5", "--no-cache"]) == 0
+    assert "1 of 5 questions point at databases missing" in " ".join(capsys.readouterr().out.split())
+
+
 def test_outcome_classes_and_filter_rows(tmp_path):
     rows = load_json_rows(_tiny_bird(tmp_path / "bird"))
     outcomes, _ = hygiene.check_rows(rows, timeout=0.5, progress=False)

@@ -120,9 +120,13 @@ def load_for_command(args, *, require_databases=None):
         rows = loaders.load_json_rows(args.data, args.db_root, require_databases=require_databases)
     else:
         rows = loaders.load_rows(args.kind, args.data, args.db_root, require_databases=require_databases)
-    if args.limit is not None:
-        missing, root = rows.missing_databases, rows.db_root
-        rows = loaders.RowList(rows[: args.limit], missing, root)
+    if args.limit is not None:  # the missing databases counted again, over the rows kept
+        kept = rows[: args.limit]
+        missing: dict[str, int] = {}
+        for row in kept:
+            if row["db_id"] in rows.missing_databases:
+                missing[row["db_id"]] = missing.get(row["db_id"], 0) + 1
+        rows = loaders.RowList(kept, missing, rows.db_root)
     return rows
 
 
