@@ -26,7 +26,9 @@ def run_file(path) -> Path:
         for name in RUN_FILES:
             if (path / name).is_file():
                 return path / name
-        raise CompareError(f"Error: {path} holds neither scores.jsonl nor episodes.jsonl")
+        modes = sorted(sub.name for sub in path.iterdir() if (sub / "episodes.jsonl").is_file())
+        hint = f" (an eval of several modes: compare one of its mode folders, {', '.join(modes)})" if modes else ""
+        raise CompareError(f"Error: {path} holds neither scores.jsonl nor episodes.jsonl{hint}")
     if not path.is_file():
         raise CompareError(f"Error: run not found: {path}")
     return path

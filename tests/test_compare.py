@@ -88,6 +88,11 @@ def test_unreadable_runs(tmp_path, capsys):
     empty.mkdir()
     assert main(["compare", str(empty), str(empty)]) == 1
     assert "neither scores.jsonl nor episodes.jsonl" in capsys.readouterr().err
+    for mode in ("full", "withheld"):  # the root of a several-mode eval: the message names its mode folders
+        (empty / mode).mkdir()
+        (empty / mode / "episodes.jsonl").write_text('{"question_id": "q0", "official": 1}\n')
+    assert main(["compare", str(empty), str(empty)]) == 1
+    assert "mode folders, full, withheld" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question_id": "q0", "official": 1}\n{oops\n')
     assert main(["compare", str(bad), str(bad)]) == 1
