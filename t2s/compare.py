@@ -120,7 +120,8 @@ def run(args) -> int:
     table.add_column("value", justify="right")
     for key in ("n", "acc_a", "acc_b", "delta", "ci_low", "ci_high", "mcnemar_p", "only_a", "only_b"):
         value = report[key]
-        table.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+        shown = f"{value:.3g}" if key == "mcnemar_p" else f"{value:.4f}"  # a tiny p-value is not printed as 0
+        table.add_row(key, shown if isinstance(value, float) else str(value))
     console = Console()
     console.print(table)
     if report["not_scored"]:

@@ -42,6 +42,13 @@ def test_hand_computed_comparison(tmp_path, capsys):
     assert compare_runs(run_a, run_b) == compare_runs(run_a, run_b)
 
 
+def test_a_tiny_p_value_is_not_shown_as_zero(tmp_path, capsys):
+    run_a, run_b = _scores(tmp_path / "a", [1] * 40), _scores(tmp_path / "b", [0] * 40)
+    assert main(["compare", str(run_a), str(run_b)]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if "mcnemar_p" in line and "│" in line)
+    assert "1.82e-12" in row
+
+
 def test_episodes_file_uses_sample_zero(tmp_path):
     run_a = _scores(tmp_path / "a", [1, 0, 1])
     episodes = tmp_path / "b" / "episodes.jsonl"
