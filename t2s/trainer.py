@@ -136,6 +136,19 @@ def check_rollout_output(output: dict, n: int) -> None:
                 raise RuntimeError(f"rollout extra {key!r} has {len(output[key])} entries for {n} rows")
 
 
+def policy_init_kwargs(args) -> dict:
+    """``from_pretrained`` kwargs for the policy, as TRL builds them for a model given by path.
+
+    Under DDP or DeepSpeed every rank holds a whole copy on its own device, so ``device_map`` is None: the default
+    ``"auto"`` would spread each rank's copy over every visible GPU.
+    """
+    kwargs = dict(args.model_init_kwargs or {})
+    if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED"):
+        kwargs["device_map"] = None
+    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+    return kwargs
+
+
 def resolve_reward_funcs(names, args) -> list[Callable]:
     """TRL reward functions for ``names`` (validated); ``dense`` gets the recipe's fallback scale and group size."""
     from t2s import rewards
@@ -179,7 +192,7 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         if isinstance(model, str):
             from trl.trainer.utils import create_model_from_path
 
-            model = create_model_from_path(model, **dict(args.model_init_kwargs or {}))
+            model = create_model_from_path(model, **policy_init_kwargs(args))
         if not getattr(model.config, "_name_or_path", ""):
             raise ConfigError("Error: the model has no path (built from a config?): save it with save_pretrained and "
                               "pass the folder; the reference model and vLLM load it by path.")

@@ -10,7 +10,7 @@ import pytest
 from _train_script import build_trainer, make_config
 from t2s.configs import ConfigError, validate_training_config
 from t2s.settings import REPO_ROOT
-from t2s.trainer import check_eos_ids, check_think_prompt
+from t2s.trainer import check_eos_ids, check_think_prompt, policy_init_kwargs
 
 CHATML_NO_THINK = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -184,3 +184,18 @@ def test_rollout_needs_the_stashed_rows(tiny_model_dir, tmp_path):
     trainer, _ = build_trainer(tiny_model_dir, tmp_path)
     with pytest.raises(RuntimeError, match="stashed rows"):  # called outside _generate_and_score_completions
         trainer._rollout(["Question number 0"] * 4, trainer)
+
+
+@pytest.mark.parametrize("distributed_type, device_map", [("MULTI_GPU", None), ("DEEPSPEED", None), ("NO", "absent")])
+def test_policy_loads_whole_on_each_rank_under_ddp_and_deepspeed(distributed_type, device_map):
+    """As TRL loads a policy given by path: device_map None under DDP/DeepSpeed ("auto" spreads a rank's copy)."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    args = SimpleNamespace(model_init_kwargs={"dtype": "bfloat16"}, trust_remote_code=False,
+                           distributed_state=SimpleNamespace(distributed_type=DistributedType[distributed_type]))
+    kwargs = policy_init_kwargs(args)
+    assert kwargs.get("device_map", "absent") == device_map
+    assert kwargs["dtype"] == "bfloat16" and kwargs["trust_remote_code"] is False
+    assert args.model_init_kwargs == {"dtype": "bfloat16"}, "the recipe's kwargs are not mutated"
