@@ -252,7 +252,11 @@ def check_resume_config(folder: Path, config: dict) -> None:
     path = folder / "eval_config.json"
     wanted = comparable_config(config)
     if path.is_file():
-        old = comparable_config(json.loads(path.read_text()))
+        try:
+            old = comparable_config(json.loads(path.read_text(encoding="utf-8")))
+        except (ValueError, AttributeError):  # cut off or edited: its results cannot be matched to a config
+            raise EvalError(f"Error: {path} is unreadable; move {folder} away to start over, or choose another "
+                            "--output") from None
         if old != wanted:
             changed = sorted(k for k in set(old) | set(wanted) if old.get(k) != wanted.get(k))
             raise EvalError(

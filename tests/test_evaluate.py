@@ -157,6 +157,11 @@ def test_resume_refuses_changed_config(demo_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("Error:") and "different configuration" in err and "max_turns" in err
     assert (out / "episodes.jsonl").read_text() == before
+    (out / "eval_config.json").write_text('{"policy": "go')  # a config file cut off
+    code = main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3", "--output", str(out), "--quiet"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and err[0].startswith("Error:") and "unreadable" in err[0]
+    assert (out / "episodes.jsonl").read_text() == before
 
 
 def test_episode_log_rejects_corruption_in_the_middle(tmp_path):
