@@ -1,8 +1,8 @@
 """`python -m t2s ask --db FILE.sqlite QUESTION`: one agentic episode against any SQLite file, read-only.
 
-The policy comes from the command line. ``--replay TURNS.jsonl`` plays recorded assistant turns (DESIGN §10); other
-policies (a model, an endpoint) plug in through ``POLICIES``: each entry takes the parsed arguments, the row and
-the episode config, and returns the episode record. The user's file opens ``mode=ro`` (never ``immutable``).
+The policy comes from the command line: ``--replay TURNS.jsonl`` plays recorded assistant turns (DESIGN §10),
+``--model`` a transformers checkpoint, ``--endpoint`` a server (completions or chat mode, as in ``eval``). Each entry
+of ``POLICIES`` takes the parsed arguments, the row, the episode config and the database, and returns the record. The user's file opens ``mode=ro`` (never ``immutable``).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def _replay_policy(args, row: dict, config, db) -> dict:
     return run_text_episode(row, config, ReplayPolicy.from_file(args.replay), db=db)
 
 
-# name -> (is it chosen by these args?, play it). The evaluation commands add model and endpoint policies here.
+# name -> (is it chosen by these args?, play it); exactly one must be chosen.
 POLICIES: dict[str, tuple[Callable, Callable]] = {
     "replay": (lambda args: bool(getattr(args, "replay", None)), _replay_policy),
     "model": (lambda args: bool(getattr(args, "model", None)), lambda *a: _model_policy(*a)),
