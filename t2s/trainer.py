@@ -258,6 +258,10 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
 
         if self._backend is None:
             self._backend = build_backend(self)
+        if self.args.rollout_backend == "vllm_server" and self.accelerator.num_processes > 1:
+            # Rank 0 alone pushes the weights to the server (then resets its prefix cache) before rollout_func; the
+            # other ranks must not send requests before that is done, or their turns sample from the old weights.
+            self.accelerator.wait_for_everyone()
         sampling = SamplingSettings.training(temperature=self.args.temperature)
         rollout = Rollout(self._backend, self.processing_class, self.args.episode_config(), sampling=sampling)
         traces = rollout.run(rows)

@@ -223,3 +223,30 @@ def test_seeded_requests_differ_per_episode(rows, tiny_tokenizer):
     Rollout(backend, tiny_tokenizer, SMALL, sampling=SamplingSettings(seed=9), score=False).run([rows[0]] * 3)
     seeds = [p.seed for p in llm.calls[0][1]]
     assert len(set(seeds)) == 3 and None not in seeds
+
+
+def test_server_rollouts_wait_for_rank_zeros_weight_sync(tiny_tokenizer, rows):
+    """Server mode: TRL pushes the weights from rank 0 only, so every rank waits at a barrier before its requests."""
+    from types import SimpleNamespace
+
+    from t2s.backends.base import TurnOutput
+    from t2s.trainer import Text2SQLGRPOTrainer
+
+    events = []
+
+    class Backend:
+        schedule = "async"
+        stop_token_ids = stop_token_ids(tiny_tokenizer)
+
+        async def agenerate(self, prompt_ids, max_tokens, sampling, seed=None):
+            events.append("request")
+            return TurnOutput.failed("scripted failure")
+
+    accelerator = SimpleNamespace(num_processes=2, wait_for_everyone=lambda: events.append("barrier"))
+    trainer = SimpleNamespace(
+        args=SimpleNamespace(rollout_backend="vllm_server", temperature=1.0, episode_config=lambda: SMALL),
+        accelerator=accelerator, processing_class=tiny_tokenizer, _backend=Backend(),
+    )
+    out = Text2SQLGRPOTrainer._run_episodes(trainer, rows[:2], trainer)
+    assert len(out["completion_ids"]) == 2
+    assert events[0] == "barrier" and events.count("barrier") == 1 and "request" in events
