@@ -279,6 +279,13 @@ def validate_training_config(args, reward_names=None) -> None:
             f"be a multiple of steps_per_generation × num_iterations ({generate_every}); otherwise samples come from "
             "an older policy and old logprobs must be recomputed (use old_logprobs: recompute)."
         )
+    if args.rollout_backend == "vllm_colocate" and args.vllm_tensor_parallel_size != 1:
+        raise ConfigError(
+            f"Error: rollout_backend vllm_colocate needs vllm_tensor_parallel_size 1 (got "
+            f"{args.vllm_tensor_parallel_size}): each rank drives its own engine with its own episodes, while a "
+            "tensor-parallel group needs identical generate calls on all of its ranks. Use vllm_server for a sharded "
+            "engine."
+        )
     if args.mask_truncated_completions:
         raise ConfigError("Error: mask_truncated_completions must be off: truncated episodes train with their "
                           "reward (DESIGN §8).")

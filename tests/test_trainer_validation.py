@@ -69,6 +69,7 @@ def test_unknown_reward_name_is_rejected(tmp_path):
         (dict(mask_truncated_completions=True), "mask_truncated_completions"),
         (dict(per_device_train_batch_size=4, gradient_accumulation_steps=1, steps_per_generation=2),
          "multiple of steps_per_generation"),
+        (dict(rollout_backend="vllm_colocate", vllm_tensor_parallel_size=2), "vllm_tensor_parallel_size"),
     ],
 )
 def test_other_bad_settings_are_rejected(tmp_path, overrides, needle):
