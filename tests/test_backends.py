@@ -168,6 +168,48 @@ def test_colocate_per_request_sampling_params(stops):
     assert outs[1].token_ids == [101, 101] and outs[1].finish_reason == "length"
 
 
+def test_colocate_sleep_mode_wakes_for_a_rollout_and_sleeps_after(stops):
+    """vllm_enable_sleep_mode: TRL leaves the KV cache asleep after its weight sync; a rollout wakes it once, re-pushes
+    weights that level-2 sleep discarded, and end_rollout puts the engine back to sleep."""
+    from types import SimpleNamespace
+
+    events = []
+
+    class SleepyLLM(FakeLLM):
+        def generate(self, prompts, sampling_params=None, use_tqdm=True, **kw):
+            events.append("generate")
+            return super().generate(prompts, sampling_params, use_tqdm)
+
+        def wake_up(self, tags=None):
+            events.append(("wake_up", tuple(tags)))
+
+        def sleep(self, level=1):
+            events.append(("sleep", level))
+
+    generation = SimpleNamespace(enable_sleep_mode=True, _llm_weights_sleeping=True,
+                                 sync_weights=lambda: events.append("sync_weights"))
+    backend = VLLMColocateBackend(SleepyLLM(fixed([5, stops[0]])), stop_ids=stops,
+                                  sampling_params_cls=FakeSamplingParams, generation=generation)
+    one_turn(backend, [1])
+    one_turn(backend, [2])
+    backend.end_rollout()
+    assert events == ["sync_weights", ("wake_up", ("kv_cache",)), "generate", "generate", ("sleep", 2)]
+    assert generation._llm_weights_sleeping is True
+    generation._llm_weights_sleeping = False  # TRL synced the weights before the next rollout
+    events.clear()
+    one_turn(backend, [3])
+    backend.end_rollout()
+    assert events == [("wake_up", ("kv_cache",)), "generate", ("sleep", 2)]
+
+
+def test_colocate_without_sleep_mode_never_sleeps(stops):
+    generation = type("Generation", (), {"enable_sleep_mode": False})()
+    backend = VLLMColocateBackend(FakeLLM(fixed([5])), stop_ids=stops, sampling_params_cls=FakeSamplingParams,
+                                  generation=generation)
+    one_turn(backend, [1])
+    backend.end_rollout()  # FakeLLM has no sleep/wake_up: calling either would raise
+
+
 def test_colocate_aborted_request_is_an_error(stops):
     class Aborting(FakeLLM):
         def generate(self, prompts, sampling_params=None, use_tqdm=True, **kw):
