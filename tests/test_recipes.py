@@ -95,3 +95,26 @@ def test_accelerate_configs_parse(name):
         assert config["deepspeed_config"]["zero_stage"] == int(name[-1])
     if name == "fsdp2":
         assert config["fsdp_config"]["fsdp_version"] == 2
+
+
+def test_bird_recipe_gives_each_of_three_ranks_whole_groups(tmp_path):
+    """144 episodes per step on 3 ranks: TRL's sampler stream, cut into per-rank generation batches as accelerate
+    shards them (batch k to rank k mod 3), holds 6 whole groups of 8 copies per rank, 18 questions per step."""
+    from trl.trainer.utils import RepeatSampler
+
+    _, args, _ = _parse("bird", tmp_path)
+    ranks, group = 3, args.num_generations
+    per_rank = args.per_device_train_batch_size * args.steps_per_generation
+    assert per_rank * ranks == 144 and per_rank % group == 0
+    sampler = RepeatSampler(list(range(90)), mini_repeat_count=group, batch_size=per_rank * ranks // group,
+                            repeat_count=args.num_iterations * args.steps_per_generation, seed=0)
+    stream = list(sampler)
+    batches = [stream[i : i + per_rank] for i in range(0, len(stream), per_rank)]
+    first_step = batches[:ranks]  # one generation batch per rank
+    questions = set()
+    for batch in first_step:
+        groups = [batch[i : i + group] for i in range(0, per_rank, group)]
+        assert all(len(set(g)) == 1 for g in groups), "a group straddles a micro-batch boundary or a rank"
+        assert len({g[0] for g in groups}) == per_rank // group == 6
+        questions |= {g[0] for g in groups}
+    assert len(questions) == 18
