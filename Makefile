@@ -55,7 +55,7 @@ train: install
 	$(VENV)/bin/accelerate launch --config_file accelerate_configs/$(ACCELERATE).yaml --num_processes $(NUM_GPUS) \
 		-m t2s train --config recipes/$(RECIPE).yaml $(TRAIN_ARGS)
 
-serve: install
+serve: install-gpu
 	VLLM_SERVER_DEV_MODE=1 $(VENV)/bin/vllm serve $(MODEL) --port $(PORT) \
 		--weight-transfer-config '{"backend":"nccl"}' \
 		--logprobs-mode processed_logprobs --max-logprobs -1 \
