@@ -51,6 +51,11 @@ test: install
 demo: install
 	$(PY) -m t2s demo
 
+# Training and serving load hub models (Qwen/Qwen3.5-2B): online unless the caller sets HF_HUB_OFFLINE itself.
+ifeq ($(origin HF_HUB_OFFLINE),file)
+train serve: export HF_HUB_OFFLINE := 0
+endif
+
 train: install
 	$(VENV)/bin/accelerate launch --config_file accelerate_configs/$(ACCELERATE).yaml --num_processes $(NUM_GPUS) \
 		-m t2s train --config recipes/$(RECIPE).yaml $(TRAIN_ARGS)
