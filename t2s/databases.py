@@ -96,6 +96,19 @@ class DatabaseRef:
     immutable: bool = True  # benchmark files; user files (ask --db) open with mode=ro only
     schema_id: str | None = None  # row-payload database registered in this process
 
+    def __hash__(self) -> int:
+        """The fields' hash, computed once per object: a ref keys every connection and gold-cache lookup."""
+        try:
+            return self._hash
+        except AttributeError:
+            value = hash((self.db_id, self.path, self.immutable, self.schema_id))
+            object.__setattr__(self, "_hash", value)  # not a field: equality, repr and replace() ignore it
+            return value
+
+    def __getstate__(self) -> dict:
+        """Pickles carry the fields only (string hashes differ from one process to the next)."""
+        return {key: value for key, value in self.__dict__.items() if key != "_hash"}
+
 
 def _is_wal(path: str) -> bool:
     """True when the file header says WAL mode (read/write versions 2); False for anything unreadable."""
@@ -374,15 +387,18 @@ def _thread_connections() -> dict:
 
 
 def _connection(ref: DatabaseRef, purpose: str) -> SandboxConnection:
-    conns = getattr(_local, "conns", None)
-    if conns is None:
-        conns = _thread_connections()
     key = (purpose, ref)
-    conn = conns.get(key)
-    if conn is not None:
-        if ref.schema_id is not None:
-            _payloads.touch_copy(key)
-        return conn
+    try:
+        conn = _local.conns[key]
+    except (AttributeError, KeyError):  # this thread's first connection, or the first to this database
+        return _open_connection(ref, purpose, key)
+    if ref.schema_id is not None:
+        _payloads.touch_copy(key)
+    return conn
+
+
+def _open_connection(ref: DatabaseRef, purpose: str, key: tuple) -> SandboxConnection:
+    conns = _thread_connections()
     try:
         if ref.schema_id is not None:
             conn = _payloads.open_copy(ref.schema_id, key)
@@ -419,8 +435,23 @@ def close_thread_connections() -> None:
 # ----------------------------------------------------------------------------------------------------------------
 # The deadline watchdog
 # ----------------------------------------------------------------------------------------------------------------
-_watch_lock = threading.Lock()
-_watching: dict[SandboxConnection, float] = {}  # connection -> deadline of the statement it is running
+# A statement being run is watched through its *ticket*, a one-element list ``[deadline]`` made for that statement
+# alone and listed in ``_watching`` under its connection. A ticket is emptied exactly once (``list.pop`` is atomic under
+# the GIL): by the statement when it ends, or by the watchdog when it claims an overdue statement to interrupt it.
+#
+# Why an interrupt can never reach a later statement:
+# 1. the watchdog calls ``interrupt()`` only for a ticket it emptied itself, and only while holding ``_interrupt_lock``,
+#    taken before it emptied the ticket;
+# 2. ``execute`` returns only after emptying its ticket itself (the watchdog's claim then fails, so nothing is
+#    interrupted for that statement), or, when the watchdog emptied it first, after taking ``_interrupt_lock``, that
+#    is once the watchdog's ``interrupt()`` has returned;
+# 3. a connection belongs to one thread, so its next statement starts only after ``execute`` returned.
+# So every ``interrupt()`` call ends while its own statement is still inside ``execute``. One that lands after the
+# statement finished, with nothing running on the connection, is cleared by SQLite when the next statement starts.
+# Statements take no lock on the usual path: a dict write to start, a list pop and a dict pop to end.
+_watch_lock = threading.Lock()  # starting the watchdog thread
+_interrupt_lock = threading.Lock()  # held by the watchdog from claiming a ticket until its interrupt() has returned
+_watching: dict[SandboxConnection, list] = {}  # connection -> ticket [deadline] of the statement it is running
 _watchdog_started = False
 
 
@@ -433,25 +464,32 @@ def _start_watchdog() -> None:
 
 
 def _watchdog() -> None:
-    """Interrupt every statement past its deadline. Under the lock a watched statement has not returned yet, so an
-    interrupt never reaches a later one (one that comes after the statement ended is cleared when the next starts)."""
+    """Interrupt every statement past its deadline (see the ticket rules above)."""
     while True:
         time.sleep(WATCHDOG_POLL)
         now = time.monotonic()
-        with _watch_lock:
-            for conn, deadline in _watching.items():
-                if now > deadline:
-                    conn.timed_out = True
-                    try:
-                        conn.interrupt()
-                    except sqlite3.Error:
-                        pass
+        for conn, ticket in list(_watching.items()):  # a snapshot: statements start and end meanwhile
+            try:
+                if now <= ticket[0]:
+                    continue
+            except IndexError:  # the statement has ended
+                continue
+            with _interrupt_lock:
+                try:
+                    ticket.pop()  # the claim; it fails once the statement has ended
+                except IndexError:
+                    continue
+                conn.timed_out = True
+                try:
+                    conn.interrupt()
+                except sqlite3.Error:
+                    pass
 
 
 def _reset_watchdog_in_child() -> None:
     """A forked child has no watchdog thread, and may hold a copy of a lock that was taken at the fork."""
-    global _watch_lock, _watching, _watchdog_started
-    _watch_lock, _watching, _watchdog_started = threading.Lock(), {}, False
+    global _watch_lock, _interrupt_lock, _watching, _watchdog_started
+    _watch_lock, _interrupt_lock, _watching, _watchdog_started = threading.Lock(), threading.Lock(), {}, False
 
 
 os.register_at_fork(after_in_child=_reset_watchdog_in_child)
@@ -545,18 +583,21 @@ def execute(
         return QueryResult(
             error="Error: queries run only on sandboxed connections (tool_connection / scoring_connection)"
         )
-    if _LEADING_REINDEX.match(sql):  # a REINDEX of a database without indexes never reaches the authorizer
+    # A REINDEX of a database without indexes never reaches the authorizer. A statement that starts with a letter
+    # other than r cannot be one (the pattern allows only whitespace and comments before the keyword).
+    first = sql[0]
+    if (first in "rR" or not first.isalpha()) and _LEADING_REINDEX.match(sql):
         return QueryResult(
             error="Error: the database is read-only; writes are not allowed (REINDEX)", write_attempt=True
         )
+    ticket = [math.inf]  # this statement's alone (see the ticket rules above the watchdog)
     try:
-        conn.deadline = time.monotonic() + max(0.0, float(timeout))
+        conn.deadline = ticket[0] = time.monotonic() + max(0.0, float(timeout))
         conn.timed_out = conn.write_denied = False
         conn.denied = conn.udf_error = None
         if not _watchdog_started:
             _start_watchdog()
-        with _watch_lock:
-            _watching[conn] = conn.deadline
+        _watching[conn] = ticket
         try:
             columns, rows, more, over_cap = _run(conn, sql, max_rows, max_cells, max_bytes)
         except sqlite3.OperationalError as exc:
@@ -573,8 +614,12 @@ def execute(
         error, timed_out, write_attempt = _error_text(exc, conn, timeout)
         result = QueryResult(error=error, timed_out=timed_out, write_attempt=write_attempt)
     finally:
-        with _watch_lock:
-            _watching.pop(conn, None)
+        try:
+            ticket.pop()  # ended before any claim: the watchdog will not interrupt for this statement
+        except IndexError:  # the watchdog claimed it: wait until its interrupt() has returned
+            with _interrupt_lock:
+                pass
+        _watching.pop(conn, None)
         conn.deadline = math.inf
     result.seconds = time.perf_counter() - started
     return result

@@ -329,3 +329,32 @@ def test_an_evicted_payload_is_rebuilt_from_the_same_content():
         databases._payloads.total -= len(image)
     assert register_payload("evicted-1", "CREATE TABLE t (x)", {"t": [{"x": 7}]}) == ref
     assert run_scoring_query(ref, "SELECT x FROM t", timeout=5).rows == [(7,)]
+
+
+def test_a_watchdog_interrupt_never_reaches_a_later_statement(tmp_path, monkeypatch):
+    """Statements overdue from their start are claimed and interrupted by the watchdog, racing their own end, while
+    the statement run next on the same connection, far from its deadline, always completes (databases' ticket rules).
+    The watchdog is made slow to interrupt, so an interrupt that could land late would land on the next statement.
+    """
+    import time
+
+    ref = benchmark_db(_make_db(tmp_path / "race.sqlite", rows=300))
+    conn = tool_connection(ref)
+
+    def slow_interrupt(self):
+        time.sleep(0.002)  # between the watchdog's claim and the interrupt, the worker thread runs on
+        sqlite3.Connection.interrupt(self)
+
+    monkeypatch.setattr(databases, "WATCHDOG_POLL", 0.0)  # the watchdog scans without pause
+    monkeypatch.setattr(databases.SandboxConnection, "interrupt", slow_interrupt)
+    queries = [f"SELECT count(*) FROM t a, t b WHERE a.a < {n}" for n in (1, 3, 10, 30)]  # from µs to ms
+    interrupted = 0
+    execute(conn, "SELECT 1", timeout=5.0, max_rows=1)  # the watchdog is running from here on
+    end = time.monotonic() + 1.5
+    while time.monotonic() < end:
+        for sql in queries:
+            overdue = execute(conn, sql, timeout=0.0, max_rows=1)
+            interrupted += overdue.timed_out
+            later = execute(conn, sql, timeout=30.0, max_rows=1)
+            assert later.ok and not later.timed_out, later.error
+    assert interrupted > 0  # the race was run: the watchdog did interrupt overdue statements
