@@ -65,10 +65,15 @@ def format_row(row) -> str:
 
 
 def _plain(text: str, newlines: int) -> bool:
-    """No cell in ``text`` (``newlines`` line breaks expected) has a line break or shows a blob: ``str`` is exact."""
+    """No cell in ``text`` (``newlines`` line breaks expected) has a line break or shows a blob: ``str`` is exact.
+
+    Each two- or seven-character search runs only when its last or first character occurs at all (a one-character
+    search is a plain memory scan, several times quicker).
+    """
     return (
-        text.count("\n") == newlines and "\r" not in text and "b'" not in text and 'b"' not in text
-        and "<memory" not in text
+        text.count("\n") == newlines and "\r" not in text
+        and ("'" not in text or "b'" not in text) and ('"' not in text or 'b"' not in text)
+        and ("<" not in text or "<memory" not in text)
     )
 
 
@@ -253,11 +258,10 @@ class Toolbox:
         started = time.perf_counter()
         name = tool if isinstance(tool, str) else str(tool)
         entry = self._entries.get(name)
-        label = name
+        label, role, sql = name, "other", None
         if entry is None:
-            known = ", ".join(self.tools)
-            result = ToolResult(name, name, f"Error: unknown tool {name!r}. The tools are: {known}.", error=True)
-            role = "other"
+            text = f"Error: unknown tool {name!r}. The tools are: {', '.join(self.tools)}."
+            error, write_attempt = True, False
         else:
             method, spec, role, text_keys = entry
             try:
@@ -270,20 +274,17 @@ class Toolbox:
                 if timeout is not None:  # max(MIN_TOOL_TIMEOUT, min(tool_timeout, timeout))
                     limit = timeout if timeout < limit else limit
                     limit = limit if limit > MIN_TOOL_TIMEOUT else MIN_TOOL_TIMEOUT
-                result = method(self, name, checked, limit)
+                text, error, write_attempt, sql = method(self, name, checked, limit)
             except ArgumentError as exc:
-                result = ToolResult(name, label, str(exc), error=True)
+                text, error, write_attempt = str(exc), True, False
             except Exception as exc:  # a tool never raises into the rollout
-                result = ToolResult(name, label, f"Error: {name} failed: {type(exc).__name__}: {exc}", error=True)
-            if role != "other" and result.sql is None and isinstance(args, dict):
+                text, error, write_attempt = f"Error: {name} failed: {type(exc).__name__}: {exc}", True, False
+            if sql is None and role != "other" and isinstance(args, dict):  # the SQL as sent, when it is text
                 sql = args.get("sql")
-                result.sql = sql if isinstance(sql, str) else None
-        result.label = label
-        result.role = role
-        if len(result.text) > OBSERVATION_CHAR_CAP:
-            result.text = cap_text(result.text, OBSERVATION_CHAR_CAP)
-        result.seconds = time.perf_counter() - started
-        return result
+                sql = sql if isinstance(sql, str) else None
+        if len(text) > OBSERVATION_CHAR_CAP:
+            text = cap_text(text, OBSERVATION_CHAR_CAP)
+        return ToolResult(name, label, text, error, write_attempt, time.perf_counter() - started, sql, role)
 
     def _label(self, tool: str, args: dict) -> str:
         if "sql" in args:
@@ -308,17 +309,18 @@ class Toolbox:
         return column
 
     @staticmethod
-    def _failed(tool: str, raw, sql: str | None = None) -> ToolResult:
+    def _failed(raw, sql: str | None = None) -> tuple:
         text = str(raw.error or "Error: the query failed.")
         if not text.startswith("Error:"):
             text = "Error: " + text
-        return ToolResult(tool, tool, text, error=True, write_attempt=bool(raw.write_attempt), sql=sql)
+        return text, True, bool(raw.write_attempt), sql
 
     # -- exec_plan tools --------------------------------------------------------------------------------------------
+    # Each returns its outcome (text, error, write_attempt, sql) or raises ArgumentError; ``call`` builds the result.
 
     def _list_tables(self, tool, args, timeout):
         tables = self.schema.tables
-        return ToolResult(tool, tool, "\n".join(tables) if tables else "(the database has no tables)")
+        return ("\n".join(tables) if tables else "(the database has no tables)"), False, False, None
 
     def _describe_table(self, tool, args, timeout):
         table = self._table(args["table_name"])
@@ -327,7 +329,7 @@ class Toolbox:
             notes = self._column_notes(table)
             if notes:
                 text += "\n" + notes
-        return ToolResult(tool, tool, text)
+        return text, False, False, None
 
     def _column_notes(self, table: str) -> str:
         if self._descriptions is None:
@@ -345,26 +347,26 @@ class Toolbox:
         table = self._table(args["table_name"])
         keys = self.schema.foreign_keys(table)
         if not keys:
-            return ToolResult(tool, tool, f"(no foreign keys from or to {table})")
-        return ToolResult(tool, tool, "\n".join(f"{a}.{b} -> {c}.{d}" for a, b, c, d in keys))
+            return f"(no foreign keys from or to {table})", False, False, None
+        return "\n".join(f"{a}.{b} -> {c}.{d}" for a, b, c, d in keys), False, False, None
 
     def _join_path(self, tool, args, timeout):
         table_a, table_b = self._table(args["table_a"]), self._table(args["table_b"])
         path = self.schema.join_path(table_a, table_b)
         if path is None:
-            return ToolResult(tool, tool, f"no foreign-key path between {table_a} and {table_b}")
+            return f"no foreign-key path between {table_a} and {table_b}", False, False, None
         if not path:
-            return ToolResult(tool, tool, f"{table_a} and {table_b} are the same table: no join needed")
-        return ToolResult(tool, tool, "\n".join(path))
+            return f"{table_a} and {table_b} are the same table: no join needed", False, False, None
+        return "\n".join(path), False, False, None
 
     def _sample_rows(self, tool, args, timeout):
         table = self._table(args["table_name"])
         limit, note = _limit(tool, args.get("limit"), SAMPLE_LIMIT)
         sql = f"SELECT * FROM {quote_identifier(table)} LIMIT {limit}"
         raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=timeout)
-        if not raw.ok:
-            return self._failed(tool, raw)
-        return ToolResult(tool, tool, note + format_table(raw.columns, raw.rows))
+        if raw.error is not None:
+            return self._failed(raw)
+        return note + format_table(raw.columns, raw.rows), False, False, None
 
     def _distinct_values(self, tool, args, timeout):
         table = self._table(args["table_name"])
@@ -376,38 +378,39 @@ class Toolbox:
             f"ORDER BY count DESC, {col} LIMIT {limit + 1}"
         )
         raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=timeout)
-        if not raw.ok:
-            return self._failed(tool, raw)
+        if raw.error is not None:
+            return self._failed(raw)
         text = note + format_table(raw.columns, raw.rows)
         if raw.more:
             text += f"\n... (showing the {limit} most frequent values; more exist)"
-        return ToolResult(tool, tool, text)
+        return text, False, False, None
 
     def _run_query(self, tool, args, timeout):
         sql = args["sql"]
         if not sql.strip():
-            return ToolResult(tool, tool, f"Error: {tool} needs a non-empty 'sql' string.", error=True, sql=sql)
+            return f"Error: {tool} needs a non-empty 'sql' string.", True, False, sql
         raw = databases.run_tool_query(self.db, sql, max_rows=QUERY_ROWS, timeout=timeout)
-        if not raw.ok:
-            return self._failed(tool, raw, sql)
+        if raw.error is not None:
+            return self._failed(raw, sql)
         text = format_table(raw.columns, raw.rows)
         if raw.more:
             text += f"\n... (showing first {QUERY_ROWS} rows; more rows exist)"
-        return ToolResult(tool, tool, text, sql=sql)
+        return text, False, False, sql
 
     def _submit(self, tool, args, timeout):
         sql = args["sql"]
         if not sql.strip():
-            return ToolResult(tool, tool, f"Error: {tool} needs a non-empty 'sql' string.", error=True, sql=sql)
-        return ToolResult(tool, tool, "Submitted.", sql=sql)
+            return f"Error: {tool} needs a non-empty 'sql' string.", True, False, sql
+        return "Submitted.", False, False, sql
 
     # -- sibling dialect --------------------------------------------------------------------------------------------
 
     def _inspect_schema(self, tool, args, timeout):
         if args.get("table_name") is not None:
-            return ToolResult(tool, tool, self.schema.ddl(self._table(args["table_name"])))
+            return self.schema.ddl(self._table(args["table_name"])), False, False, None
         tables = self.schema.tables
-        return ToolResult(tool, tool, "\n".join(self.schema.ddl(t) for t in tables) or "(the database has no tables)")
+        text = "\n".join(self.schema.ddl(t) for t in tables) or "(the database has no tables)"
+        return text, False, False, None
 
     # -- the final-SQL check ------------------------------------------------------------------------------------------
 
