@@ -120,10 +120,11 @@ class Episode:
         if self.done:
             return 0
         cfg = self.config
+        left = cfg.episode_token_budget - self.tokens_used  # tokens_left, read without the property call
         if self.forced_turn:
-            allowed = min(cfg.max_tokens_per_turn, self.tokens_left - 1)
+            allowed = min(cfg.max_tokens_per_turn, left - 1)
         else:
-            allowed = min(cfg.max_tokens_per_turn, self.tokens_left - 1 - cfg.forced_turn_reserve)
+            allowed = min(cfg.max_tokens_per_turn, left - 1 - cfg.forced_turn_reserve)
         if allowed <= 0:
             self.counters["truncated"] = 1
             self._finish("token_budget")
@@ -141,12 +142,14 @@ class Episode:
         if self.done:
             return None
         text = text if isinstance(text, str) else ""
-        self.tokens_used += int(n_tokens or 0)
+        if n_tokens:
+            self.tokens_used += int(n_tokens)
+        counters = self.counters
         if cut_off:
-            self.counters["turn_cutoffs"] += 1
+            counters["turn_cutoffs"] += 1
         parsed = parse_turn(text, self.config.enable_thinking)
-        self.counters["format_deviations"] += parsed.deviations
-        self.counters["turns"] += 1
+        counters["format_deviations"] += parsed.deviations
+        counters["turns"] += 1
         if self.forced_turn:
             return self._forced_step(text, parsed)
         return self._tool_step(text, parsed)
@@ -160,17 +163,19 @@ class Episode:
         ran: list[dict] = []
         calls = parsed.calls
         stop_reason = None
+        tool_budget = cfg.episode_tool_seconds
         for index, call in enumerate(calls[: cfg.max_calls_per_turn]):
-            ran.append({"tool": call.tool, "args": call.args})
+            tool, args = call.tool, call.args
+            ran.append({"tool": tool, "args": args})
             counters["calls"] += 1
-            result = call_tool(call.tool, call.args, timeout=cfg.episode_tool_seconds - self.tool_seconds)
+            result = call_tool(tool, args, timeout=tool_budget - self.tool_seconds)
             self.tool_seconds += result.seconds
-            if result.error:
+            error, role = result.error, result.role
+            if error:
                 counters["tool_errors"] += 1
             if result.write_attempt:
                 counters["write_attempts"] += 1
-            role = result.role
-            if role == "submit" and not result.error:
+            if role == "submit" and not error:
                 self.submitted_sql = result.sql
                 counters["submitted"] = 1
                 self._record_turn(text, ran, "")
@@ -178,7 +183,7 @@ class Episode:
                 return None
             results.append(result)
             if role == "query":
-                if result.error:
+                if error:
                     self.failed_streak += 1
                 else:
                     self.failed_streak = 0
@@ -186,7 +191,7 @@ class Episode:
                     self._runs[result.sql] = True
             if self.failed_streak >= cfg.max_failed_queries:
                 stop_reason = "failed_queries"
-            elif self.tool_seconds >= cfg.episode_tool_seconds:
+            elif self.tool_seconds >= tool_budget:
                 stop_reason = "tool_time"
             if stop_reason:
                 skipped = min(len(calls), cfg.max_calls_per_turn) - index - 1
@@ -319,7 +324,7 @@ class Episode:
         """The DESIGN §10 episode record (ends the episode first if it is still running)."""
         if not self.done:
             self._finish("stopped")
-        counters = {key: self.counters[key] for key in COUNTER_KEYS}
+        counters = dict(self.counters)  # COUNTER_KEYS in order: the dict is made from them and its values only change
         for flag in ("submitted", "forced", "fallback_used", "truncated"):
             counters[flag] = bool(counters[flag])
         return {

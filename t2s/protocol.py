@@ -207,8 +207,11 @@ def _object_lines(body: str) -> list | None:
         values, end = _DECODER.scan_once(array, 0)
     except (StopIteration, ValueError, RecursionError):
         return None
-    if end != len(array) or len(values) != lines.count("\n") + 1 or not all(type(v) is dict for v in values):
+    if end != len(array) or len(values) != lines.count("\n") + 1:
         return None
+    for value in values:
+        if type(value) is not dict:
+            return None
     return values
 
 

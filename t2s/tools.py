@@ -153,16 +153,6 @@ def _check_args(tool: str, args, spec: dict[str, tuple[str, bool]]) -> dict:
     return args
 
 
-def _well_formed(args: dict, spec: dict[str, tuple[str, bool]], text_keys: tuple[str, ...]) -> bool:
-    """The common case, checked quickly: exactly the spec's arguments, text where text is due."""
-    if args.keys() != spec.keys():
-        return False
-    for key in text_keys:
-        if type(args[key]) is not str:
-            return False
-    return True
-
-
 def _limit(tool: str, value, bounds: tuple[int, int]) -> tuple[int, str]:
     """A row limit clamped to [1, max] (with a note when clamped); a non-number is an ArgumentError."""
     default, most = bounds
@@ -265,10 +255,14 @@ class Toolbox:
         else:
             method, spec, role, text_keys = entry
             try:
-                if type(args) is dict and _well_formed(args, spec, text_keys):
-                    checked = args
-                else:
+                checked = args
+                if type(args) is not dict or args.keys() != spec.keys():  # the usual call has exactly the spec's keys
                     checked = _check_args(name, args, spec)
+                else:
+                    for key in text_keys:
+                        if type(args[key]) is not str:  # a text argument that is no str: the full check says so
+                            checked = _check_args(name, args, spec)
+                            break
                 label = self._label(name, checked)
                 limit = self.tool_timeout
                 if timeout is not None:  # max(MIN_TOOL_TIMEOUT, min(tool_timeout, timeout))
