@@ -18,6 +18,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from t2s import databases
+
 Row = Sequence[Any]
 
 BOOTSTRAP_RESAMPLES = 10_000
@@ -93,8 +95,6 @@ def score_sql(ref, pred_sql, gold_sql: str) -> dict:
     A blank or non-string prediction, an error, a timeout, or a result over the scoring cap scores 0 with the reason
     in ``error``. A gold SQL that fails or times out is reported in ``error`` and never scores as correct.
     """
-    from t2s import databases
-
     if not isinstance(pred_sql, str):
         return _zero(f"Error: the prediction is not a string ({type(pred_sql).__name__})")
     if not pred_sql.strip():

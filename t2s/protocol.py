@@ -154,15 +154,15 @@ def split_thinking(text: str, expect_think: bool = True) -> tuple[str, str, list
     stripped = text.lstrip()
     if stripped.startswith(THINK_OPEN):  # tolerated: some models repeat the opening tag
         stripped = stripped[len(THINK_OPEN):]
-    count = stripped.count(THINK_CLOSE)
-    if count == 0:
+    head, close, body = stripped.rpartition(THINK_CLOSE)
+    if not close:
         if stripped.strip() and expect_think:
             kinds.append("no_think_close")
         return "", stripped, kinds
-    if count > 1:
+    if THINK_CLOSE in head:
         kinds.append("several_think_close")
-    head, _, body = stripped.rpartition(THINK_CLOSE)
-    thinking = head.replace(THINK_CLOSE, "").replace(THINK_OPEN, "").strip()
+        head = head.replace(THINK_CLOSE, "")
+    thinking = head.replace(THINK_OPEN, "").strip()
     return thinking, body, kinds
 
 
@@ -333,7 +333,8 @@ def forced_message(last_working_sql: str | None, reason: str, submit_tool: str =
 
 def shorten(text: str, limit: int) -> str:
     """Whitespace runs collapsed to one space, cut to ``limit`` characters with ``...``."""
-    text = str(text)
+    if type(text) is not str:
+        text = str(text)
     head = text[: limit + 1]
     # the only printable whitespace is " ": a printable head with single inner spaces, none at its ends, is already
     # collapsed, and it is where the collapsed text begins

@@ -291,9 +291,10 @@ class Toolbox:
         return tool
 
     def _table(self, name: str) -> str:
-        table = self.schema.resolve_table(name)
+        schema = self._schema if self._schema is not None else self.schema
+        table = schema.resolve_table(name)
         if table is None:
-            raise ArgumentError(_suggest("table", name, self.schema.closest_tables(name)))
+            raise ArgumentError(_suggest("table", name, schema.closest_tables(name)))
         return table
 
     def _column(self, table: str, name: str) -> str:
