@@ -28,6 +28,7 @@ import hashlib
 import json
 import marshal
 import math
+import operator
 import os
 import re
 import sqlite3
@@ -550,6 +551,9 @@ def _fetch(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bool]:
                 return rows, True, True
 
 
+_first = operator.itemgetter(0)  # a column's name in cursor.description
+
+
 def _run(conn, sql, max_rows, max_cells, max_bytes) -> tuple[list, list, bool, bool]:
     """(columns, rows, more, over_cap) of one statement; a statement without a result has no columns."""
     cursor = conn.execute(sql)
@@ -559,7 +563,7 @@ def _run(conn, sql, max_rows, max_cells, max_bytes) -> tuple[list, list, bool, b
         return [], [], False, False
     rows, more, over_cap = _fetch(cursor, max_rows, max_cells, max_bytes)
     cursor.close()
-    return [column[0] for column in description], rows, more, over_cap
+    return list(map(_first, description)), rows, more, over_cap
 
 
 def execute(
