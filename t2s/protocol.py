@@ -252,15 +252,17 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
         if objects and not fenced and not prose and last < len(body) and not body[last:].isspace():
             prose = True
     for obj in objects:
-        if type(obj) is dict and len(obj) == 2 and type(obj.get("tool")) is str and type(obj.get("args")) is dict:
-            calls.append(ToolCall(obj["tool"].strip(), obj["args"]))  # the usual {"tool": NAME, "args": {...}}
+        if type(obj) is dict and len(obj) == 2:
+            name, args = obj.get("tool"), obj.get("args")
+            if type(name) is str and type(args) is dict:  # the usual {"tool": NAME, "args": {...}}
+                calls.append(ToolCall(name.strip(), args))
+                continue
+        call, alias = _as_call(obj)
+        if call is None:
+            bad_objects += 1
         else:
-            call, alias = _as_call(obj)
-            if call is None:
-                bad_objects += 1
-            else:
-                calls.append(call)
-                aliased = aliased or alias
+            calls.append(call)
+            aliased = aliased or alias
     if failed:
         kinds.append("bad_json")
     if bad_objects:
