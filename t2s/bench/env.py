@@ -22,6 +22,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from t2s import metrics
+from t2s.backends.scripted import ScriptPolicy
+from t2s.episode import Episode, play
+
 QUESTIONS = 18
 ROLLOUTS = 8
 SEED = 0
@@ -164,10 +168,6 @@ def _on_every_thread(pool: ThreadPoolExecutor, workers: int, fn) -> None:
 
 def _play(row, config, turns, recorder=None):
     """One episode and its scoring; with a recorder, also the statements it sent."""
-    from t2s import metrics
-    from t2s.backends.scripted import ScriptPolicy
-    from t2s.episode import Episode, play
-
     log = None
     if recorder is not None:
         recorder.local.log = log = []
