@@ -382,19 +382,25 @@ def _ids(tokenizer, text: str, *, literal: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def env_suffix_ids(tokenizer, observation: str, *, needs_im_end: bool, enable_thinking: bool = True) -> list[int]:
+def observation_ids(tokenizer, observation: str) -> list[int]:
+    """An observation's own tokens: trimmed as the template trims message content, no special-token parsing."""
+    return _ids(tokenizer, observation.strip(), literal=True)
+
+
+def env_suffix_ids(
+    tokenizer, observation: str, *, needs_im_end: bool, enable_thinking: bool = True, body_ids: list[int] | None = None
+) -> list[int]:
     """The environment's tokens between two model turns, exactly as the chat template renders them.
 
     ``[<|im_end|>]`` (when the model's turn did not end on it) + ``\\n<|im_start|>user\\n`` + observation +
-    ``<|im_end|>\\n<|im_start|>assistant\\n`` + ``<think>\\n`` (thinking on). The observation is trimmed as the
-    template trims message content, and tokenized without special-token parsing.
+    ``<|im_end|>\\n<|im_start|>assistant\\n`` + ``<think>\\n`` (thinking on). ``body_ids`` are the observation's
+    tokens when the caller already has them (``observation_ids``).
     """
     head = (IM_END if needs_im_end else "") + f"\n{IM_START}user\n"
     think = f"{THINK_OPEN}\n" if enable_thinking else f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"
     tail = f"{IM_END}\n{IM_START}assistant\n{think}"
-    return _ids(tokenizer, head, literal=False) + _ids(tokenizer, observation.strip(), literal=True) + _ids(
-        tokenizer, tail, literal=False
-    )
+    body = observation_ids(tokenizer, observation) if body_ids is None else body_ids
+    return _ids(tokenizer, head, literal=False) + body + _ids(tokenizer, tail, literal=False)
 
 
 def generation_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = True) -> list[int]:

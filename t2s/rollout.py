@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from t2s import protocol
 from t2s.backends.base import SamplingSettings, TurnOutput
-from t2s.episode import COUNTER_KEYS, Episode, EpisodeConfig, env_token_counter
+from t2s.episode import COUNTER_KEYS, Episode, EpisodeConfig
 
 IM_END = "<|im_end|>"
 
@@ -88,11 +88,12 @@ class _Run:
         self.last: TurnOutput | None = None
         self.episode: Episode | None = None
         self.trace: EpisodeTrace | None = None
+        self._counted: tuple[str | None, list[int] | None] = (None, None)  # the last observation counted, its ids
 
     def open(self) -> None:  # worker thread: reads the schema
         rollout = self.rollout
         db = rollout.db(self.row) if callable(rollout.db) else rollout.db
-        self.episode = Episode(self.row, rollout.config, db, env_tokens=rollout.count_env_tokens)
+        self.episode = Episode(self.row, rollout.config, db, env_tokens=self.count_env_tokens)
 
     def begin(self) -> None:  # driving thread
         tok = self.rollout.tokenizer
@@ -132,12 +133,26 @@ class _Run:
     def step(self, text: str, n_tokens: int, cut_off: bool) -> str | None:  # worker thread: runs the tools
         return self.episode.step(text, n_tokens=n_tokens, cut_off=cut_off)
 
+    def count_env_tokens(self, observation: str) -> int:  # worker thread, from Episode.step
+        """The environment tokens that would carry ``observation`` (counting a closing ``<|im_end|>``); the
+        observation's own tokens are kept for ``add_environment``, so it is tokenized once."""
+        rollout = self.rollout
+        with rollout.tokenizer_lock:
+            body = protocol.observation_ids(rollout.tokenizer, observation)
+            suffix = protocol.env_suffix_ids(
+                rollout.tokenizer, observation, needs_im_end=True, enable_thinking=rollout.config.enable_thinking,
+                body_ids=body,
+            )  # fmt: skip
+        self._counted = (observation, body)
+        return len(suffix)
+
     def add_environment(self, observation: str) -> None:
         needs_im_end = self.last.stop_token_id != self.rollout.im_end_id
+        counted, body = self._counted
         with self.rollout.tokenizer_lock:
             suffix = protocol.env_suffix_ids(
                 self.rollout.tokenizer, observation, needs_im_end=needs_im_end,
-                enable_thinking=self.rollout.config.enable_thinking,
+                enable_thinking=self.rollout.config.enable_thinking, body_ids=body if counted == observation else None,
             )  # fmt: skip
         self._append_env(suffix)
         self.episode.add_env_tokens(len(suffix))
@@ -193,7 +208,6 @@ class Rollout:
         self.db = db
         # Tool threads count observation tokens while the driving thread tokenizes: one tokenizer user at a time.
         self.tokenizer_lock = threading.Lock()
-        self._count_env_tokens = env_token_counter(tokenizer, (episode_config or EpisodeConfig()).enable_thinking)
         self.tokenizer = tokenizer
         self.config = episode_config or EpisodeConfig()
         self.sampling = sampling or SamplingSettings.training()
@@ -206,10 +220,6 @@ class Rollout:
         self.im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
         if self.im_end_id not in getattr(backend, "stop_token_ids", [self.im_end_id]):
             raise ValueError("Error: the backend does not stop on <|im_end|>")
-
-    def count_env_tokens(self, observation: str) -> int:
-        with self.tokenizer_lock:
-            return self._count_env_tokens(observation)
 
     # ---- public ----------------------------------------------------------------------------------------------------
     def run(self, rows: Sequence[dict]) -> list[EpisodeTrace]:
