@@ -158,7 +158,7 @@ def database_uri(path: str, immutable: bool) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # Results
 # ----------------------------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class QueryResult:
     columns: list[str] = field(default_factory=list)
     rows: list[tuple] = field(default_factory=list)
@@ -281,7 +281,6 @@ def _tolerant_text(data: bytes) -> str:
 class SandboxConnection(sqlite3.Connection):
     """A read-only connection carrying the sandbox state of the statement being run."""
 
-    deadline: float = math.inf
     timed_out: bool = False
     write_denied: bool = False  # the authorizer refused a write in the current statement
     denied: str | None = None  # what the authorizer refused, in words (the statement rather than its bookkeeping)
@@ -290,10 +289,17 @@ class SandboxConnection(sqlite3.Connection):
     label: str = ""
 
     def _progress(self) -> int:
-        if time.monotonic() > self.deadline:
-            self.timed_out = True
+        """The backstop to the watchdog: stop a statement found past its deadline (read from its ticket)."""
+        ticket = _watching.get(self)
+        if ticket is None:  # no statement of ``execute`` is running: nothing is under a deadline
+            return 0
+        try:
+            if _monotonic() <= ticket[0]:
+                return 0
+        except IndexError:  # the watchdog has claimed the statement and is interrupting it
             return 1
-        return 0
+        self.timed_out = True
+        return 1
 
     def _authorize(self, action, arg1, arg2, db_name, trigger_or_view) -> int:
         if action in _ALLOWED_ACTIONS:
@@ -552,6 +558,7 @@ def _fetch(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bool]:
 
 
 _first = operator.itemgetter(0)  # a column's name in cursor.description
+_clock, _monotonic = time.perf_counter, time.monotonic
 
 
 def _run(conn, sql, max_rows, max_cells, max_bytes) -> tuple[list, list, bool, bool]:
@@ -580,8 +587,8 @@ def execute(
     ``max_rows`` bounds the fetch (``fetchmany(max_rows + 1)``, then ``more`` tells whether rows were left);
     ``None`` fetches everything, stopping with ``over_cap`` past ``max_cells`` cells or about ``max_bytes`` bytes.
     """
-    started = time.perf_counter()
-    if not isinstance(sql, str) or not sql.strip():
+    started = _clock()
+    if not isinstance(sql, str) or not sql or sql.isspace():
         return QueryResult(error="Error: empty SQL")
     if not isinstance(conn, SandboxConnection):
         return QueryResult(
@@ -594,9 +601,11 @@ def execute(
         return QueryResult(
             error="Error: the database is read-only; writes are not allowed (REINDEX)", write_attempt=True
         )
-    ticket = [math.inf]  # this statement's alone (see the ticket rules above the watchdog)
     try:
-        conn.deadline = ticket[0] = time.monotonic() + max(0.0, float(timeout))
+        ticket = [_monotonic() + max(0.0, float(timeout))]  # this statement's alone (see the ticket rules above)
+    except (TypeError, ValueError):
+        return QueryResult(error=f"Error: the timeout must be a number of seconds, got {timeout!r}")
+    try:
         conn.timed_out = conn.write_denied = False
         conn.denied = conn.udf_error = None
         if not _watchdog_started:
@@ -624,8 +633,7 @@ def execute(
             with _interrupt_lock:
                 pass
         _watching.pop(conn, None)
-        conn.deadline = math.inf
-    result.seconds = time.perf_counter() - started
+    result.seconds = _clock() - started
     return result
 
 

@@ -78,7 +78,8 @@ class Episode:
                 schema = self.toolbox.schema
             except Exception as exc:  # a missing or unreadable database: the tools will say so too
                 self.setup_error = f"Error: cannot read the database schema: {exc}"
-        self.messages = protocol.initial_messages(row, self.config, schema)
+        self._schema = schema
+        self._messages: list[dict] | None = None
         self.turns: list[dict] = []
         self.counters = dict.fromkeys(COUNTER_KEYS, 0)
         self.done = False
@@ -97,6 +98,13 @@ class Episode:
         self.final_sql_source = "none"
         self._runs: dict[str, bool] = {}  # SQL -> ran without error (tool connection), to avoid re-running it
         self._finalized = False
+
+    @property
+    def messages(self) -> list[dict]:
+        """The chat messages the episode starts from, ``[system, user]`` (built on first use)."""
+        if self._messages is None:
+            self._messages = protocol.initial_messages(self.row, self.config, self._schema)
+        return self._messages
 
     # -- tokens -----------------------------------------------------------------------------------------------------
 
@@ -167,37 +175,39 @@ class Episode:
         for index, call in enumerate(calls[: cfg.max_calls_per_turn]):
             tool, args = call.tool, call.args
             ran.append({"tool": tool, "args": args})
-            counters["calls"] += 1
             result = call_tool(tool, args, timeout=tool_budget - self.tool_seconds)
             self.tool_seconds += result.seconds
-            error, role = result.error, result.role
-            if error:
+            if result.error:
                 counters["tool_errors"] += 1
             if result.write_attempt:
                 counters["write_attempts"] += 1
-            if role == "submit" and not error:
-                self.submitted_sql = result.sql
-                counters["submitted"] = 1
-                self._record_turn(text, ran, "")
-                self._finish("submitted")
-                return None
-            results.append(result)
-            if role == "query":
-                if error:
+            role = result.role
+            if role != "other":
+                if role == "submit":
+                    if not result.error:
+                        counters["calls"] += len(ran)
+                        self.submitted_sql = result.sql
+                        counters["submitted"] = 1
+                        self._record_turn(text, ran, "")
+                        self._finish("submitted")
+                        return None
+                elif result.error:
                     self.failed_streak += 1
+                    if self.failed_streak >= cfg.max_failed_queries:
+                        stop_reason = "failed_queries"
                 else:
                     self.failed_streak = 0
                     self.last_working_sql = result.sql
                     self._runs[result.sql] = True
-            if self.failed_streak >= cfg.max_failed_queries:
-                stop_reason = "failed_queries"
-            elif self.tool_seconds >= tool_budget:
+            results.append(result)
+            if stop_reason is None and self.tool_seconds >= tool_budget:
                 stop_reason = "tool_time"
             if stop_reason:
                 skipped = min(len(calls), cfg.max_calls_per_turn) - index - 1
                 if skipped > 0:
                     results.append(("", f"Error: {skipped} later call(s) in this turn were not run."))
                 break
+        counters["calls"] += len(ran)
         if len(calls) > cfg.max_calls_per_turn and stop_reason is None:
             extra = len(calls) - cfg.max_calls_per_turn
             results.append(

@@ -122,7 +122,7 @@ def initial_messages(row: dict, config, schema=None) -> list[dict]:
 # Reading an assistant turn
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolCall:
     tool: str
     args: object  # a dict when the model wrote one; anything else is reported by the tool as an argument error
@@ -131,14 +131,19 @@ class ToolCall:
         return {"tool": self.tool, "args": self.args}
 
 
-@dataclass
+@dataclass(slots=True)
 class ParsedTurn:
     calls: list[ToolCall]
     deviations: int  # format deviations forgiven while reading (each kind counted once per turn)
     errors: list[str]  # `Error:` lines about what could not be read
-    thinking: str
+    head: str  # the text before the last </think>: the thinking, tags included ("" when there is no </think>)
     body: str = ""  # the text after the last </think> (the whole turn when there is none)
     deviation_kinds: list[str] = field(default_factory=list)
+
+    @property
+    def thinking(self) -> str:
+        """The thinking, without its tags."""
+        return _thinking(self.head)
 
 
 _FENCE = re.compile(r"```[A-Za-z0-9_-]*")
@@ -150,20 +155,23 @@ def split_thinking(text: str, expect_think: bool = True) -> tuple[str, str, list
 
     ``expect_think``: thinking is on, so a turn without ``</think>`` is a deviation.
     """
-    kinds: list[str] = []
-    stripped = text.lstrip()
-    if stripped.startswith(THINK_OPEN):  # tolerated: some models repeat the opening tag
-        stripped = stripped[len(THINK_OPEN):]
-    head, close, body = stripped.rpartition(THINK_CLOSE)
+    head, body, kinds = _split(text, expect_think)
+    return _thinking(head), body, kinds
+
+
+def _split(text: str, expect_think: bool) -> tuple[str, str, list[str]]:
+    """(head, body, deviation kinds): the text before and after the last ``</think>``."""
+    head, close, body = text.rpartition(THINK_CLOSE)
     if not close:
-        if stripped.strip() and expect_think:
-            kinds.append("no_think_close")
-        return "", stripped, kinds
-    if THINK_CLOSE in head:
-        kinds.append("several_think_close")
-        head = head.replace(THINK_CLOSE, "")
-    thinking = head.replace(THINK_OPEN, "").strip()
-    return thinking, body, kinds
+        stripped = text.lstrip()
+        if stripped.startswith(THINK_OPEN):  # tolerated: some models repeat the opening tag
+            stripped = stripped[len(THINK_OPEN):]
+        return "", stripped, ["no_think_close"] if expect_think and stripped.strip() else []
+    return head, body, ["several_think_close"] if THINK_CLOSE in head else []
+
+
+def _thinking(head: str) -> str:
+    return head.replace(THINK_OPEN, "").replace(THINK_CLOSE, "").strip()
 
 
 def _as_call(obj) -> tuple[ToolCall | None, bool]:
@@ -196,18 +204,23 @@ def _as_call(obj) -> tuple[ToolCall | None, bool]:
 def _object_lines(body: str) -> list | None:
     """The JSON objects of a body that holds one per line and nothing else, decoded in one pass; else None.
 
-    The lines are read as one JSON array. That array has as many values as lines only when every line is exactly
+    Several lines are read as one JSON array. That array has as many values as lines only when every line is exactly
     one value: a value running over a line break (or a raw line break inside a string) would leave fewer.
     """
     lines = body.strip()
-    if not lines.startswith("{") or "\n" not in lines:  # a single value is as quickly read on its own
+    if lines[:1] != "{":
         return None
-    array = "[" + lines.replace("\n", ",") + "]"
+    several = "\n" in lines
+    text = "[" + lines.replace("\n", ",") + "]" if several else lines
     try:
-        values, end = _DECODER.scan_once(array, 0)
+        values, end = _DECODER.scan_once(text, 0)
     except (StopIteration, ValueError, RecursionError):
         return None
-    if end != len(array) or len(values) != lines.count("\n") + 1:
+    if end != len(text):
+        return None
+    if not several:
+        return [values] if type(values) is dict else None
+    if len(values) != lines.count("\n") + 1:
         return None
     for value in values:
         if type(value) is not dict:
@@ -217,8 +230,26 @@ def _object_lines(body: str) -> list | None:
 
 def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
     """Read the tool calls of one assistant turn (linear time, never raises)."""
-    text = text if isinstance(text, str) else ""
-    thinking, body, kinds = split_thinking(text, expect_think)
+    if type(text) is not str:
+        text = text if isinstance(text, str) else ""
+    head, body, kinds = _split(text, expect_think)
+    if not kinds and "```" not in body:  # the usual turn: thinking, then calls one per line and nothing else
+        objects = _object_lines(body)
+        if objects is not None:
+            calls = []
+            for obj in objects:
+                name, args = obj.get("tool"), obj.get("args")
+                if len(obj) != 2 or type(name) is not str or type(args) is not dict:
+                    break
+                calls.append(ToolCall(name.strip(), args))
+            else:
+                several = ["several_calls"] if len(calls) > 1 else []
+                return ParsedTurn(calls, len(several), [], head, body, several)
+    return _parse_body(head, body, kinds)
+
+
+def _parse_body(head: str, body: str, kinds: list[str]) -> ParsedTurn:
+    """Read the calls of a turn's body wherever they are (``kinds``: the deviations found so far)."""
     calls: list[ToolCall] = []
     errors: list[str] = []
     fenced = "```" in body
@@ -288,7 +319,7 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
         errors.append("Error: the tool call is not valid JSON (it may be cut off).")
     if len(kinds) > 1:
         kinds = list(dict.fromkeys(kinds))
-    return ParsedTurn(calls, len(kinds), errors, thinking, body, kinds)
+    return ParsedTurn(calls, len(kinds), errors, head, body, kinds)
 
 
 _SQL_START = re.compile(r"^\s*(select|with)\b", re.IGNORECASE)

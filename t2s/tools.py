@@ -21,9 +21,10 @@ QUERY_ROWS = 5
 SAMPLE_LIMIT = (5, 20)  # (default, max)
 DISTINCT_LIMIT = (20, 50)
 MIN_TOOL_TIMEOUT = 0.05  # seconds: a call near the end of the tool-time budget still gets this much
+_clock = time.perf_counter
 
 
-@dataclass
+@dataclass(slots=True)
 class ToolResult:
     tool: str
     label: str  # "[label]" heading in the observation: the tool with its table or shortened SQL
@@ -91,7 +92,7 @@ def _joined(rows: list) -> list[str]:
     # a row that is no tuple, or of another width, fails the template (up to one cell wide, it is checked first)
     if type(rows[0]) is tuple and (width > 1 or set(map(type, rows)) == {tuple}):
         try:
-            return [template % row for row in rows]
+            return list(map(template.__mod__, rows))
         except TypeError:
             pass
     return [" | ".join(map(str, row)) for row in rows]
@@ -245,50 +246,47 @@ class Toolbox:
 
     def call(self, tool, args, *, timeout: float | None = None) -> ToolResult:
         """Run one tool call; ``timeout`` (seconds) may shorten the tool timeout (near the episode's time budget)."""
-        started = time.perf_counter()
-        name = tool if isinstance(tool, str) else str(tool)
-        entry = self._entries.get(name)
-        label, role, sql = name, "other", None
+        started = _clock()
+        entry = self._entries.get(tool) if type(tool) is str else None
         if entry is None:
-            text = f"Error: unknown tool {name!r}. The tools are: {', '.join(self.tools)}."
-            error, write_attempt = True, False
-        else:
-            method, spec, role, text_keys = entry
-            try:
-                checked = args
-                if type(args) is not dict or args.keys() != spec.keys():  # the usual call has exactly the spec's keys
-                    checked = _check_args(name, args, spec)
-                else:
-                    for key in text_keys:
-                        if type(args[key]) is not str:  # a text argument that is no str: the full check says so
-                            checked = _check_args(name, args, spec)
-                            break
-                label = self._label(name, checked)
-                limit = self.tool_timeout
-                if timeout is not None:  # max(MIN_TOOL_TIMEOUT, min(tool_timeout, timeout))
-                    limit = timeout if timeout < limit else limit
-                    limit = limit if limit > MIN_TOOL_TIMEOUT else MIN_TOOL_TIMEOUT
-                text, error, write_attempt, sql = method(self, name, checked, limit)
-            except ArgumentError as exc:
-                text, error, write_attempt = str(exc), True, False
-            except Exception as exc:  # a tool never raises into the rollout
-                text, error, write_attempt = f"Error: {name} failed: {type(exc).__name__}: {exc}", True, False
-            if sql is None and role != "other" and isinstance(args, dict):  # the SQL as sent, when it is text
-                sql = args.get("sql")
-                sql = sql if isinstance(sql, str) else None
+            name = tool if isinstance(tool, str) else str(tool)
+            entry = self._entries.get(name)
+            if entry is None:
+                text = cap_text(f"Error: unknown tool {name!r}. The tools are: {', '.join(self.tools)}.")
+                return ToolResult(name, name, text, True, False, _clock() - started, None, "other")
+            tool = name
+        method, spec, role, text_keys = entry
+        label, sql = tool, None
+        try:
+            checked = args
+            if type(args) is not dict or args.keys() != spec.keys():  # the usual call has exactly the spec's keys
+                checked = _check_args(tool, args, spec)
+            else:
+                for key in text_keys:
+                    if type(args[key]) is not str:  # a text argument that is no str: the full check says so
+                        checked = _check_args(tool, args, spec)
+            if checked:
+                label = _label(tool, checked)
+            text, error, write_attempt, sql = method(self, tool, checked, timeout)
+        except ArgumentError as exc:
+            text, error, write_attempt = str(exc), True, False
+        except Exception as exc:  # a tool never raises into the rollout
+            text, error, write_attempt = f"Error: {tool} failed: {type(exc).__name__}: {exc}", True, False
+        if sql is None and role != "other" and isinstance(args, dict):  # the SQL as sent, when it is text
+            sql = args.get("sql")
+            sql = sql if isinstance(sql, str) else None
         if len(text) > OBSERVATION_CHAR_CAP:
             text = cap_text(text, OBSERVATION_CHAR_CAP)
-        return ToolResult(name, label, text, error, write_attempt, time.perf_counter() - started, sql, role)
+        return ToolResult(tool, label, text, error, write_attempt, _clock() - started, sql, role)
 
-    def _label(self, tool: str, args: dict) -> str:
-        if "sql" in args:
-            return f"{tool}: {shorten(args['sql'], LABEL_SQL_CHARS)}"
-        if "table_a" in args:
-            return f"{tool}: {shorten(args['table_a'], 40)} -> {shorten(args['table_b'], 40)}"
-        if "table_name" in args:
-            column = f".{shorten(args['column_name'], 40)}" if "column_name" in args else ""
-            return f"{tool}: {shorten(args['table_name'], 40)}{column}"
-        return tool
+    def _timeout(self, timeout: float | None) -> float:
+        """The tool timeout, shortened to ``timeout`` (near the episode's time budget) but never under the minimum."""
+        limit = self.tool_timeout
+        if timeout is None:
+            return limit
+        if timeout < limit:
+            limit = timeout
+        return limit if limit > MIN_TOOL_TIMEOUT else MIN_TOOL_TIMEOUT
 
     def _table(self, name: str) -> str:
         schema = self._schema if self._schema is not None else self.schema
@@ -358,7 +356,7 @@ class Toolbox:
         table = self._table(args["table_name"])
         limit, note = _limit(tool, args.get("limit"), SAMPLE_LIMIT)
         sql = f"SELECT * FROM {quote_identifier(table)} LIMIT {limit}"
-        raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=timeout)
+        raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=self._timeout(timeout))
         if raw.error is not None:
             return self._failed(raw)
         return note + format_table(raw.columns, raw.rows), False, False, None
@@ -372,7 +370,7 @@ class Toolbox:
             f"SELECT {col}, COUNT(*) AS count FROM {quote_identifier(table)} GROUP BY {col} "
             f"ORDER BY count DESC, {col} LIMIT {limit + 1}"
         )
-        raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=timeout)
+        raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=self._timeout(timeout))
         if raw.error is not None:
             return self._failed(raw)
         text = note + format_table(raw.columns, raw.rows)
@@ -384,7 +382,7 @@ class Toolbox:
         sql = args["sql"]
         if not sql.strip():
             return f"Error: {tool} needs a non-empty 'sql' string.", True, False, sql
-        raw = databases.run_tool_query(self.db, sql, max_rows=QUERY_ROWS, timeout=timeout)
+        raw = databases.run_tool_query(self.db, sql, max_rows=QUERY_ROWS, timeout=self._timeout(timeout))
         if raw.error is not None:
             return self._failed(raw, sql)
         text = format_table(raw.columns, raw.rows)
@@ -418,6 +416,22 @@ class Toolbox:
         except Exception:
             return False, False
         return result.ok, bool(result.write_attempt)
+
+
+def _label(tool: str, args: dict) -> str:
+    """The ``[label]`` heading of a call: the tool with its table(s) or its shortened SQL."""
+    sql = args.get("sql")
+    if sql is not None:
+        return f"{tool}: {shorten(sql, LABEL_SQL_CHARS)}"
+    table = args.get("table_name")
+    if table is not None:
+        column = args.get("column_name")
+        if column is not None:
+            return f"{tool}: {shorten(table, 40)}.{shorten(column, 40)}"
+        return f"{tool}: {shorten(table, 40)}"
+    if "table_a" in args:
+        return f"{tool}: {shorten(args['table_a'], 40)} -> {shorten(args['table_b'], 40)}"
+    return tool
 
 
 @functools.lru_cache(maxsize=None)

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from t2s import metrics
-from t2s.backends.scripted import ScriptPolicy
+from t2s.backends.scripted import ReplayPolicy, ScriptPolicy
 from t2s.episode import Episode, play
 
 QUESTIONS = 18
@@ -166,12 +166,13 @@ def _on_every_thread(pool: ThreadPoolExecutor, workers: int, fn) -> None:
 # The two sides
 
 
-def _play(row, config, turns, recorder=None):
-    """One episode and its scoring; with a recorder, also the statements it sent."""
+def _play(row, config, texts, recorder=None):
+    """One episode, replaying the assistant turns ``texts``, and its scoring; with a recorder, also the statements it
+    sent."""
     log = None
     if recorder is not None:
         recorder.local.log = log = []
-    episode = play(Episode(row, config), ScriptPolicy(turns))
+    episode = play(Episode(row, config), ReplayPolicy(texts))
     record = episode.record()
     score = metrics.score_sql(episode.db, record["final_sql"], row["gold_sql"])
     if recorder is not None:
@@ -292,7 +293,8 @@ def run(args: argparse.Namespace) -> int:
     chosen = random.Random(args.seed).sample(rows, min(QUESTIONS, len(rows)))
     refs = {databases.ref_from_row(r) for r in chosen}
     schemas = {ref: get_schema(ref) for ref in refs}
-    plans = [(row, workload_turns(row, schemas[databases.ref_from_row(row)])) for row in chosen]
+    # the policy stands in for the model: its turn texts are written before the clock starts
+    plans = [(row, ScriptPolicy(workload_turns(row, schemas[databases.ref_from_row(row)])).turns) for row in chosen]
     episodes = [plan for plan in plans for _ in range(ROLLOUTS)]
     config = EpisodeConfig(mode="full")
 
