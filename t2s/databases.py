@@ -37,6 +37,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 # ----------------------------------------------------------------------------------------------------------------
 # Configuration (module constants; change them before opening connections)
@@ -88,27 +89,16 @@ _WRITE_ERROR_MARKERS = (
 # ----------------------------------------------------------------------------------------------------------------
 # References
 # ----------------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class DatabaseRef:
-    """Which database a row or request means: plain, picklable, hashable; never a live handle."""
+class DatabaseRef(NamedTuple):
+    """Which database a row or request means: plain, picklable, hashable; never a live handle.
+
+    A tuple, so hashing and comparing it (it keys every connection and gold-cache lookup) runs in C.
+    """
 
     db_id: str
     path: str | None = None  # SQLite file
     immutable: bool = True  # benchmark files; user files (ask --db) open with mode=ro only
     schema_id: str | None = None  # row-payload database registered in this process
-
-    def __hash__(self) -> int:
-        """The fields' hash, computed once per object: a ref keys every connection and gold-cache lookup."""
-        try:
-            return self._hash
-        except AttributeError:
-            value = hash((self.db_id, self.path, self.immutable, self.schema_id))
-            object.__setattr__(self, "_hash", value)  # not a field: equality, repr and replace() ignore it
-            return value
-
-    def __getstate__(self) -> dict:
-        """Pickles carry the fields only (string hashes differ from one process to the next)."""
-        return {key: value for key, value in self.__dict__.items() if key != "_hash"}
 
 
 def _is_wal(path: str) -> bool:
@@ -555,6 +545,8 @@ def _fetch(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bool]:
             size += _cell_bytes(batch)
             if size > max_bytes:
                 return rows, True, True
+        if len(batch) < batch_size:  # a short batch: the statement has no rows left
+            return rows, False, False
 
 
 _first = operator.itemgetter(0)  # a column's name in cursor.description
@@ -562,12 +554,21 @@ _clock, _monotonic = time.perf_counter, time.monotonic
 
 
 def _run(conn, sql, max_rows, max_cells, max_bytes) -> tuple[list, list, bool, bool]:
-    """(columns, rows, more, over_cap) of one statement; a statement without a result has no columns."""
+    """(columns, rows, more, over_cap) of one statement; a statement without a result has no columns.
+
+    With ``max_rows`` (a tool query) one ``fetchmany(max_rows + 1)`` reads the rows; else ``_fetch`` reads them all.
+    """
     cursor = conn.execute(sql)
     description = cursor.description
     if description is None:
         cursor.close()
         return [], [], False, False
+    if max_rows is not None and type(max_rows) is int and max_rows >= 0:
+        rows = cursor.fetchmany(max_rows + 1)
+        cursor.close()
+        if len(rows) > max_rows:
+            return list(map(_first, description)), rows[:max_rows], True, False
+        return list(map(_first, description)), rows, False, False
     rows, more, over_cap = _fetch(cursor, max_rows, max_cells, max_bytes)
     cursor.close()
     return list(map(_first, description)), rows, more, over_cap
@@ -733,12 +734,14 @@ class ByteLRU:
         self._lock = threading.Lock()
 
     def get(self, key):
-        with self._lock:
-            item = self._items.get(key)
-            if item is None:
-                return None
+        item = self._items.get(key)  # one C call, atomic under the GIL: a hit takes no lock
+        if item is None:
+            return None
+        try:
             self._items.move_to_end(key)
-            return item[0]
+        except KeyError:  # evicted meanwhile by another thread: the value read is still good
+            pass
+        return item[0]
 
     def put(self, key, value, size: int) -> None:
         with self._lock:

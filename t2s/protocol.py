@@ -371,7 +371,7 @@ def shorten(text: str, limit: int) -> str:
     head = text[: limit + 1]
     # the only printable whitespace is " ": a printable head with single inner spaces, none at its ends, is already
     # collapsed, and it is where the collapsed text begins
-    if limit >= 3 and head.isprintable() and "  " not in head and head[:1] != " " and head[-1:] != " ":
+    if head.isprintable() and "  " not in head and head.strip() == head and limit >= 3:
         return head if len(head) <= limit else head[: limit - 3] + "..."
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -380,7 +380,7 @@ class Toolbox:
 
     def _run_query(self, tool, args, timeout):
         sql = args["sql"]
-        if not sql.strip():
+        if not sql or sql.isspace():
             return f"Error: {tool} needs a non-empty 'sql' string.", True, False, sql
         raw = databases.run_tool_query(self.db, sql, max_rows=QUERY_ROWS, timeout=self._timeout(timeout))
         if raw.error is not None:
@@ -392,7 +392,7 @@ class Toolbox:
 
     def _submit(self, tool, args, timeout):
         sql = args["sql"]
-        if not sql.strip():
+        if not sql or sql.isspace():
             return f"Error: {tool} needs a non-empty 'sql' string.", True, False, sql
         return "Submitted.", False, False, sql
 

@@ -105,8 +105,8 @@ class _LoggingCursor:
 class _Recorder:
     """Notes, per episode, every statement given to ``databases.execute`` and the fetch calls made on it.
 
-    The fetch calls are seen by handing ``databases._fetch`` a logging cursor. Should that hook ever be missing, a
-    statement is replayed with the fetches its arguments imply (``fetchmany(max_rows + 1)``, or ``fetchall``).
+    A full read (scoring) goes through ``databases._fetch``, which is handed a logging cursor to note its batches. A
+    tool query reads its rows with the one ``fetchmany(max_rows + 1)`` its arguments imply, and is replayed so.
     """
 
     def __init__(self):
