@@ -172,26 +172,28 @@ class Episode:
         calls = parsed.calls
         stop_reason = None
         tool_budget = cfg.episode_tool_seconds
+        used = self.tool_seconds
         for index, call in enumerate(calls[: cfg.max_calls_per_turn]):
             tool, args = call.tool, call.args
             ran.append({"tool": tool, "args": args})
-            result = call_tool(tool, args, timeout=tool_budget - self.tool_seconds)
-            self.tool_seconds += result.seconds
-            if result.error:
+            result = call_tool(tool, args, timeout=tool_budget - used)
+            self.tool_seconds = used = used + result.seconds
+            error = result.error
+            if error:
                 counters["tool_errors"] += 1
-            if result.write_attempt:
-                counters["write_attempts"] += 1
+                if result.write_attempt:  # only a refused statement is a write attempt
+                    counters["write_attempts"] += 1
             role = result.role
             if role != "other":
                 if role == "submit":
-                    if not result.error:
+                    if not error:
                         counters["calls"] += len(ran)
                         self.submitted_sql = result.sql
                         counters["submitted"] = 1
                         self._record_turn(text, ran, "")
                         self._finish("submitted")
                         return None
-                elif result.error:
+                elif error:
                     self.failed_streak += 1
                     if self.failed_streak >= cfg.max_failed_queries:
                         stop_reason = "failed_queries"
@@ -200,7 +202,7 @@ class Episode:
                     self.last_working_sql = result.sql
                     self._runs[result.sql] = True
             results.append(result)
-            if stop_reason is None and self.tool_seconds >= tool_budget:
+            if used >= tool_budget and stop_reason is None:
                 stop_reason = "tool_time"
             if stop_reason:
                 skipped = min(len(calls), cfg.max_calls_per_turn) - index - 1

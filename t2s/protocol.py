@@ -397,8 +397,12 @@ def render_observation(results, tail: str) -> str:
         except AttributeError:  # a (label, text) pair
             label, text = item
         blocks.append(f"[{label}]\n{text}" if label else str(text))
-    body = cap_text("\n\n".join(blocks)) if blocks else ""
-    return f"{body}\n\n{tail}".strip() if body else tail.strip()
+    if not blocks:
+        return tail.strip()
+    body = "\n\n".join(blocks)
+    if len(body) > OBSERVATION_CHAR_CAP:
+        body = cap_text(body)
+    return f"{body}\n\n{tail}".strip()
 
 
 # ----------------------------------------------------------------------------------------------------------------

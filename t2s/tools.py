@@ -256,7 +256,7 @@ class Toolbox:
                 return ToolResult(name, name, text, True, False, _clock() - started, None, "other")
             tool = name
         method, spec, role, text_keys = entry
-        label, sql = tool, None
+        label = tool
         try:
             checked = args
             if type(args) is not dict or args.keys() != spec.keys():  # the usual call has exactly the spec's keys
@@ -268,13 +268,15 @@ class Toolbox:
             if checked:
                 label = _label(tool, checked)
             text, error, write_attempt, sql = method(self, tool, checked, timeout)
-        except ArgumentError as exc:
-            text, error, write_attempt = str(exc), True, False
-        except Exception as exc:  # a tool never raises into the rollout
-            text, error, write_attempt = f"Error: {tool} failed: {type(exc).__name__}: {exc}", True, False
-        if sql is None and role != "other" and isinstance(args, dict):  # the SQL as sent, when it is text
-            sql = args.get("sql")
-            sql = sql if isinstance(sql, str) else None
+        except Exception as exc:  # an argument error, or any failure: a tool never raises into the rollout
+            if isinstance(exc, ArgumentError):
+                text = str(exc)
+            else:
+                text = f"Error: {tool} failed: {type(exc).__name__}: {exc}"
+            error, write_attempt, sql = True, False, None
+            if role != "other" and isinstance(args, dict):  # the SQL as sent, when it is text
+                sql = args.get("sql")
+                sql = sql if isinstance(sql, str) else None
         if len(text) > OBSERVATION_CHAR_CAP:
             text = cap_text(text, OBSERVATION_CHAR_CAP)
         return ToolResult(tool, label, text, error, write_attempt, _clock() - started, sql, role)
