@@ -136,14 +136,15 @@ class ParsedTurn:
     calls: list[ToolCall]
     deviations: int  # format deviations forgiven while reading (each kind counted once per turn)
     errors: list[str]  # `Error:` lines about what could not be read
-    head: str  # the text before the last </think>: the thinking, tags included ("" when there is no </think>)
+    text: str  # the whole turn
+    think_end: int  # where the last </think> starts (-1 when there is none)
     body: str = ""  # the text after the last </think> (the whole turn when there is none)
     deviation_kinds: list[str] = field(default_factory=list)
 
     @property
     def thinking(self) -> str:
-        """The thinking, without its tags."""
-        return _thinking(self.head)
+        """The thinking, without its tags ("" when there is no </think>)."""
+        return _thinking(self.text[: self.think_end]) if self.think_end >= 0 else ""
 
 
 _FENCE = re.compile(r"```[A-Za-z0-9_-]*")
@@ -155,19 +156,20 @@ def split_thinking(text: str, expect_think: bool = True) -> tuple[str, str, list
 
     ``expect_think``: thinking is on, so a turn without ``</think>`` is a deviation.
     """
-    head, body, kinds = _split(text, expect_think)
-    return _thinking(head), body, kinds
+    end, body, kinds = _split(text, expect_think)
+    return (_thinking(text[:end]) if end >= 0 else ""), body, kinds
 
 
-def _split(text: str, expect_think: bool) -> tuple[str, str, list[str]]:
-    """(head, body, deviation kinds): the text before and after the last ``</think>``."""
-    head, close, body = text.rpartition(THINK_CLOSE)
-    if not close:
+def _split(text: str, expect_think: bool) -> tuple[int, str, list[str]]:
+    """(where the last ``</think>`` starts or -1, the body after it, deviation kinds); the thinking is not copied."""
+    end = text.rfind(THINK_CLOSE)
+    if end < 0:
         stripped = text.lstrip()
         if stripped.startswith(THINK_OPEN):  # tolerated: some models repeat the opening tag
             stripped = stripped[len(THINK_OPEN):]
-        return "", stripped, ["no_think_close"] if expect_think and stripped.strip() else []
-    return head, body, ["several_think_close"] if THINK_CLOSE in head else []
+        return -1, stripped, ["no_think_close"] if expect_think and stripped.strip() else []
+    several = text.find(THINK_CLOSE) != end
+    return end, text[end + len(THINK_CLOSE):], ["several_think_close"] if several else []
 
 
 def _thinking(head: str) -> str:
@@ -232,7 +234,7 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
     """Read the tool calls of one assistant turn (linear time, never raises)."""
     if type(text) is not str:
         text = text if isinstance(text, str) else ""
-    head, body, kinds = _split(text, expect_think)
+    end, body, kinds = _split(text, expect_think)
     if not kinds and "```" not in body:  # the usual turn: thinking, then calls one per line and nothing else
         objects = _object_lines(body)
         if objects is not None:
@@ -244,11 +246,11 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
                 calls.append(ToolCall(name.strip(), args))
             else:
                 several = ["several_calls"] if len(calls) > 1 else []
-                return ParsedTurn(calls, len(several), [], head, body, several)
-    return _parse_body(head, body, kinds)
+                return ParsedTurn(calls, len(several), [], text, end, body, several)
+    return _parse_body(text, end, body, kinds)
 
 
-def _parse_body(head: str, body: str, kinds: list[str]) -> ParsedTurn:
+def _parse_body(text: str, end: int, body: str, kinds: list[str]) -> ParsedTurn:
     """Read the calls of a turn's body wherever they are (``kinds``: the deviations found so far)."""
     calls: list[ToolCall] = []
     errors: list[str] = []
@@ -319,7 +321,7 @@ def _parse_body(head: str, body: str, kinds: list[str]) -> ParsedTurn:
         errors.append("Error: the tool call is not valid JSON (it may be cut off).")
     if len(kinds) > 1:
         kinds = list(dict.fromkeys(kinds))
-    return ParsedTurn(calls, len(kinds), errors, head, body, kinds)
+    return ParsedTurn(calls, len(kinds), errors, text, end, body, kinds)
 
 
 _SQL_START = re.compile(r"^\s*(select|with)\b", re.IGNORECASE)
