@@ -56,3 +56,19 @@ def test_bench_env_bad_data(tmp_path):
     out = bench("--data", tmp_path / "missing.json")
     assert out.returncode != 0 and out.stderr.strip().startswith("Error:")
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_default_repeats_stop_after_the_minimum_once_the_time_budget_is_spent(demo_dir, monkeypatch, capsys):
+    import argparse
+
+    from t2s.bench import env
+
+    monkeypatch.setattr(env, "REPEAT_SECONDS", 0.0)  # every pass counts as a slow one
+    parser = argparse.ArgumentParser()
+    env.add_arguments(parser)
+    assert env.run(parser.parse_args(["--data", str(demo_dir / "dev.json"), "--workers", "1"])) == 0
+    out = capsys.readouterr()
+    assert f"best of {env.MIN_REPEATS}" in out.err
+    assert LAST_LINE.match(out.out.strip().splitlines()[-1])
+    assert env.run(parser.parse_args(["--data", str(demo_dir / "dev.json"), "--workers", "1", "--repeats", "4"])) == 0
+    assert "best of 4" in capsys.readouterr().err  # an explicit count is kept

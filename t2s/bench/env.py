@@ -31,15 +31,18 @@ QUESTIONS = 18
 ROLLOUTS = 8
 SEED = 0
 GPU_STEP_SECONDS = 104.0  # the published step time the environment should stay well under
-REPEATS = 15  # passes per side (a pass is about 0.1 s): on a shared machine the best of many is the stable figure
+REPEATS = 15  # passes per side by default: on a shared machine the best of many is the stable figure ...
+MIN_REPEATS, REPEAT_SECONDS = 3, 20.0  # ... but past 20 s of timed passes (large databases) it stops, after at least 3
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", required=True, help="a BIRD/Spider-style JSON file, e.g. dev.json")
     parser.add_argument("--db-root", default=None, help="folder with one sub-folder per db_id (default: beside --data)")
     parser.add_argument("--workers", type=int, default=None, help="worker threads (default: the core count)")
-    parser.add_argument("--repeats", type=int, default=REPEATS,
-                        help="timed repetitions, each on fresh connections and a cold gold cache; the best is reported")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help=f"timed repetitions, each on fresh connections and a cold gold cache; the best is "
+                             f"reported (default: {REPEATS}, or fewer but at least {MIN_REPEATS} once the timed passes "
+                             f"have taken {REPEAT_SECONDS:g} s)")
     parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
 
 
@@ -269,6 +272,7 @@ def _raw_pass(pool, workers, refs, statements) -> float:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from t2s import databases
@@ -278,7 +282,7 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     workers = args.workers or os.cpu_count() or 1
-    if workers < 1 or args.repeats < 1:
+    if workers < 1 or (args.repeats is not None and args.repeats < 1):
         print("Error: --workers and --repeats must be at least 1", file=sys.stderr)
         return 2
     try:
@@ -311,20 +315,28 @@ def run(args: argparse.Namespace) -> int:
         finally:
             recorder.uninstall()
         expected = [(record["final_sql"], score) for record, score, _ in recorded]
-        for _ in range(args.repeats):  # interleaved, so both sides see the same machine load
-            seconds, results, _ = _env_pass(env_pool, workers, refs, episodes, config)
-            if [(record["final_sql"], score) for record, score, _ in results] != expected:
-                print("Error: a timed pass did not repeat the recorded pass", file=sys.stderr)
-                return 1
-            env_times.append(seconds)
-            raw_times.append(_raw_pass(raw_pool, workers, refs, statements))
+        repeats = args.repeats or REPEATS
+        with Progress(TextColumn("bench env"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            task = progress.add_task("passes", total=repeats)
+            for _ in range(repeats):  # interleaved, so both sides see the same machine load
+                seconds, results, _ = _env_pass(env_pool, workers, refs, episodes, config)
+                if [(record["final_sql"], score) for record, score, _ in results] != expected:
+                    print("Error: a timed pass did not repeat the recorded pass", file=sys.stderr)
+                    return 1
+                env_times.append(seconds)
+                raw_times.append(_raw_pass(raw_pool, workers, refs, statements))
+                progress.advance(task)
+                if (args.repeats is None and len(env_times) >= MIN_REPEATS
+                        and sum(env_times) + sum(raw_times) >= REPEAT_SECONDS):
+                    break
         _on_every_thread(env_pool, workers, databases.close_thread_connections)
 
     env_seconds, raw_seconds = min(env_times), min(raw_times)
     ratio = env_seconds / raw_seconds if raw_seconds > 0 else float("inf")
     correct = sum(score["official"] for _, score, _ in results)
     table = Table(title=f"bench env: {len(chosen)} questions x {ROLLOUTS} rollouts, {workers} worker(s), "
-                        f"best of {args.repeats}")
+                        f"best of {len(env_times)}")
     for column in ("episodes", "stmts", "env s", "sqlite3 s", "ratio", "ms/ep", "% of 104 s", "gold EX"):
         table.add_column(column, justify="right")
     table.add_row(
