@@ -2,13 +2,13 @@
 
 Seed 0 picks 18 questions; each is played 8 times (144 episodes, one training step) through the real Episode and
 tools on a thread pool, then scored. The scripted turns stand in for the model, so their text is written before the
-clock starts. Every statement sent to SQLite is recorded with its fetch calls, and the same
-statements then run with plain ``sqlite3`` on a pool of the same size, fetching the same way. The workload is
-deterministic, so the recording is made in its own untimed pass; the timed passes carry no recording hooks and must
-end exactly as the recorded one. Both sides open fresh connections on every worker thread before the clock starts
-(prepared-statement caches start cold, as with new questions), the gold cache is emptied before each environment
-pass, and the two sides alternate over ``--repeats`` passes; the best pass of each side is reported. The last line
-printed is ``env_step_seconds=<float> overhead_ratio=<float>``.
+clock starts. Every statement sent to SQLite is recorded with its fetch calls, and the same statements then run with
+plain ``sqlite3`` on a pool of the same size, fetching the same way. The workload is deterministic, so the recording
+is made in its own untimed pass; the timed passes carry no recording hooks and should end exactly as the recorded one
+(a warning says when some did not, e.g. a query near its time limit). Both sides open fresh connections on every
+worker thread before the clock starts (prepared-statement caches start cold, as with new questions), the gold cache
+is emptied before each environment pass, and the two sides alternate over ``--repeats`` passes; the best pass of
+each side is reported. The last line printed is ``env_step_seconds=<float> overhead_ratio=<float>``.
 """
 
 from __future__ import annotations
@@ -305,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
     config = EpisodeConfig(mode="full")
 
     env_times, raw_times = [], []
+    drift = 0  # the most episodes of a timed pass that ended otherwise than in the recorded pass
     with ThreadPoolExecutor(workers) as env_pool, ThreadPoolExecutor(workers) as raw_pool:
         # The workload is deterministic: one recorded pass notes the statements and fetches, then the timed passes
         # run without the recording hooks (so they are not charged to the environment) and must end the same way.
@@ -321,9 +322,8 @@ def run(args: argparse.Namespace) -> int:
             task = progress.add_task("passes", total=repeats)
             for _ in range(repeats):  # interleaved, so both sides see the same machine load
                 seconds, results, _ = _env_pass(env_pool, workers, refs, episodes, config)
-                if [(record["final_sql"], score) for record, score, _ in results] != expected:
-                    print("Error: a timed pass did not repeat the recorded pass", file=sys.stderr)
-                    return 1
+                outcomes = [(record["final_sql"], score) for record, score, _ in results]
+                drift = max(drift, sum(a != b for a, b in zip(outcomes, expected)))
                 env_times.append(seconds)
                 raw_times.append(_raw_pass(raw_pool, workers, refs, statements))
                 progress.advance(task)
@@ -347,5 +347,9 @@ def run(args: argparse.Namespace) -> int:
     console.print(table)
     console.print("env s per repetition: " + ", ".join(f"{t:.3f}" for t in env_times)
                   + "; sqlite3 s: " + ", ".join(f"{t:.3f}" for t in raw_times), style="dim")
+    if drift:  # e.g. a query close to its time limit finished in one pass and not in another
+        print(f"Warning: up to {drift} of {len(expected)} episodes ended otherwise than in the recorded pass (a "
+              "query near its time limit?); plain sqlite3 replays the recorded statements, so the ratio is "
+              "approximate", file=sys.stderr)
     print(f"env_step_seconds={env_seconds:.4f} overhead_ratio={ratio:.4f}")
     return 0
