@@ -311,7 +311,8 @@ class Toolbox:
         return text, True, bool(raw.write_attempt), sql
 
     # -- exec_plan tools --------------------------------------------------------------------------------------------
-    # Each returns its outcome (text, error, write_attempt, sql) or raises ArgumentError; ``call`` builds the result.
+    # Each takes (tool, checked args, time left in the episode's tool budget or None) and returns its outcome
+    # (text, error, write_attempt, sql) or raises ArgumentError; ``call`` builds the result.
 
     def _list_tables(self, tool, args, timeout):
         tables = self.schema.tables
