@@ -519,13 +519,8 @@ def _cell_bytes(rows) -> int:
     return len(marshal.dumps(rows))
 
 
-def _fetch(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bool]:
-    """(rows, more, over_cap)."""
-    if max_rows is not None:
-        max_rows = max(0, int(max_rows))
-        rows = cursor.fetchmany(max_rows + 1)
-        more = len(rows) > max_rows
-        return (rows[:max_rows] if more else rows), more, False
+def _fetch(cursor, max_cells, max_bytes) -> tuple[list, bool, bool]:
+    """(rows, more, over_cap) of a full read, in batches, stopping past ``max_cells`` cells or about ``max_bytes``."""
     if max_cells is None and max_bytes is None:
         return cursor.fetchall(), False, False
     width = max(1, len(cursor.description or ()))
@@ -563,13 +558,15 @@ def _run(conn, sql, max_rows, max_cells, max_bytes) -> tuple[list, list, bool, b
     if description is None:
         cursor.close()
         return [], [], False, False
-    if max_rows is not None and type(max_rows) is int and max_rows >= 0:
+    if max_rows is not None:
+        if type(max_rows) is not int or max_rows < 0:
+            max_rows = max(0, int(max_rows))
         rows = cursor.fetchmany(max_rows + 1)
         cursor.close()
         if len(rows) > max_rows:
             return list(map(_first, description)), rows[:max_rows], True, False
         return list(map(_first, description)), rows, False, False
-    rows, more, over_cap = _fetch(cursor, max_rows, max_cells, max_bytes)
+    rows, more, over_cap = _fetch(cursor, max_cells, max_bytes)
     cursor.close()
     return list(map(_first, description)), rows, more, over_cap
 

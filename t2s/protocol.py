@@ -235,29 +235,28 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
     if type(text) is not str:
         text = text if isinstance(text, str) else ""
     end, body, kinds = _split(text, expect_think)
-    if not kinds and "```" not in body:  # the usual turn: thinking, then calls one per line and nothing else
-        objects = _object_lines(body)
-        if objects is not None:
-            calls = []
-            for obj in objects:
-                name, args = obj.get("tool"), obj.get("args")
-                if len(obj) != 2 or type(name) is not str or type(args) is not dict:
-                    break
-                calls.append(ToolCall(name.strip(), args))
-            else:
-                several = ["several_calls"] if len(calls) > 1 else []
-                return ParsedTurn(calls, len(several), [], text, end, body, several)
-    return _parse_body(text, end, body, kinds)
+    objects = None if "```" in body else _object_lines(body)
+    if objects is not None and not kinds:  # the usual turn: thinking, then calls one per line and nothing else
+        calls = []
+        for obj in objects:
+            name, args = obj.get("tool"), obj.get("args")
+            if len(obj) != 2 or type(name) is not str or type(args) is not dict:
+                break
+            calls.append(ToolCall(name.strip(), args))
+        else:
+            several = ["several_calls"] if len(calls) > 1 else []
+            return ParsedTurn(calls, len(several), [], text, end, body, several)
+    return _parse_body(text, end, body, kinds, objects)
 
 
-def _parse_body(text: str, end: int, body: str, kinds: list[str]) -> ParsedTurn:
-    """Read the calls of a turn's body wherever they are (``kinds``: the deviations found so far)."""
+def _parse_body(text: str, end: int, body: str, kinds: list[str], objects: list | None) -> ParsedTurn:
+    """Read the calls of a turn's body wherever they are (``kinds``: the deviations found so far; ``objects``: the
+    body's JSON objects when it holds one per line and nothing else, as ``_object_lines`` read them, else None)."""
     calls: list[ToolCall] = []
     errors: list[str] = []
     fenced = "```" in body
     failed, bad_objects = 0, 0
     aliased = prose = False
-    objects = None if fenced else _object_lines(body)  # the usual turn: calls one per line
     spans: list[tuple[int, int]] = []  # where each JSON value was read (kept for fenced turns only)
     if objects is None:
         objects = []

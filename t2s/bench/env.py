@@ -141,7 +141,7 @@ class _Recorder:
             finally:
                 local.fetches = None
             if not fetches and result.columns:  # the hook saw nothing: use what the arguments imply
-                fetches.append(-1 if max_rows is None else max_rows + 1)
+                fetches.append(-1 if max_rows is None else max(0, int(max_rows)) + 1)
             log.append((id(conn), sql, fetches))
             return result
 
