@@ -15,6 +15,7 @@ to ``<output_dir>/data_summary.json``.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -225,7 +226,13 @@ def train(script_args, training_args, model_args, *, callbacks=None):
 
 
 def fit(trainer, counts: dict, checkpoint: str | None = None):
-    """Train (from ``checkpoint`` when given), save the model and a summary in output_dir."""
+    """Train (from ``checkpoint`` when given), save the model and a summary in output_dir, then end the run.
+
+    Ending the run unregisters the process group, but the trainer's model still holds it, and the trainer lives in
+    reference cycles. Left to the collector at interpreter shutdown, a gloo worker thread still dropping its last
+    collective needs the GIL, is made to exit, and the process aborts ("terminate called without an active
+    exception") after a finished run. So a caller done with the trainer drops it and runs ``gc.collect()``.
+    """
     output_dir = trainer.args.output_dir
     if trainer.accelerator.is_main_process:
         os.makedirs(output_dir, exist_ok=True)
@@ -235,6 +242,7 @@ def fit(trainer, counts: dict, checkpoint: str | None = None):
     if trainer.accelerator.is_main_process:
         summary = {"global_step": trainer.state.global_step, "beta": trainer.beta, "data": counts}
         Path(output_dir, "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    trainer.accelerator.end_training()
     return trainer
 
 
@@ -263,4 +271,6 @@ def run(args: argparse.Namespace) -> int:
         print(message.splitlines()[0], file=sys.stderr)
         return 2
     fit(trainer, counts, checkpoint)
+    del trainer
+    gc.collect()  # see ``fit``: the model and its process group are freed while Python is fully alive
     return 0

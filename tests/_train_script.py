@@ -9,6 +9,7 @@ sampler logprobs computed from the current policy (so the ratio starts at 1), pl
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import sys
@@ -145,12 +146,13 @@ def main(argv: list[str]) -> int:
     import os
 
     from t2s.settings import offline_environment
+    from t2s.train import fit
 
     offline_environment()
     model_dir, output_dir = argv[0], Path(argv[1])
     trainer, runner = build_trainer(model_dir, output_dir, n_rows=4, per_device_train_batch_size=4,
                                     max_steps=2)
-    trainer.train()
+    fit(trainer, {"rows": 4})  # the entry point's own train, save and end of run
     rank = int(os.environ.get("RANK", "0"))
     result = {
         "rank": rank,
@@ -162,6 +164,8 @@ def main(argv: list[str]) -> int:
         "log_history": trainer.state.log_history,
     }
     (output_dir / f"result_rank{rank}.json").write_text(json.dumps(result, default=str))
+    del trainer
+    gc.collect()  # as the entry point does after ``fit``
     return 0
 
 
