@@ -315,7 +315,7 @@ def _read_description_files(folder: Path) -> dict[str, dict[str, str]]:
 # Tables a query reads
 # ----------------------------------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=8192)
-def _tables_in_sql(sql: str) -> frozenset[str]:
+def _tables_in_sql(sql: str) -> tuple[str, ...]:
     import sqlglot
     from sqlglot import exp
     from sqlglot.optimizer.scope import traverse_scope
@@ -327,9 +327,11 @@ def _tables_in_sql(sql: str) -> frozenset[str]:
             for source in scope.sources.values():
                 if isinstance(source, exp.Table) and source.name:
                     names.add(source.name.lower())
-        return frozenset(names)
+        # a breadth-first walk meets the outer query's FROM and JOINs before any subquery's
+        found = (table.name.lower() for table in tree.find_all(exp.Table, bfs=True))
+        return tuple(dict.fromkeys(name for name in found if name in names))
     except Exception:  # noqa: BLE001 - anything sqlglot cannot read reads no tables
-        return frozenset()
+        return ()
 
 
 def tables_in_sql(sql) -> set[str]:
@@ -337,6 +339,11 @@ def tables_in_sql(sql) -> set[str]:
 
     Empty when the SQL does not parse as SQLite.
     """
+    return set(tables_in_reading_order(sql))
+
+
+def tables_in_reading_order(sql) -> list[str]:
+    """The tables of ``tables_in_sql`` in the order the query names them, its outer FROM and JOINs first."""
     if not isinstance(sql, str) or not sql.strip():
-        return set()
-    return set(_tables_in_sql(sql))
+        return []
+    return list(_tables_in_sql(sql))

@@ -29,6 +29,8 @@ def test_workload_is_the_pinned_sequence(bird_superhero_dir):
     assert [c["tool"] for c in calls] == ["list_tables", "describe_table", "describe_table", "sample_rows",
                                            "distinct_values", "run_query", "run_query", "run_query", "submit_sql"]
     first = calls[1]["args"]["table_name"]
+    from_table = re.search(r"\bFROM\s+(\w+)", row["gold_sql"], re.I).group(1)
+    assert first.lower() == from_table.lower()  # the first table the gold SQL reads: its FROM, not the schema's first
     assert calls[3]["args"] == {"table_name": first, "limit": 5}
     assert calls[4]["args"]["limit"] == 20 and "TEXT" in schema.column_types(first)[calls[4]["args"]["column_name"]].upper()
     assert calls[5]["args"]["sql"].startswith("SELECT COUNT(*) FROM ")

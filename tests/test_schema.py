@@ -6,7 +6,9 @@ import sqlite3
 from pathlib import Path
 
 from t2s.databases import benchmark_db, file_checksum, run_tool_query
-from t2s.schema import Schema, get_schema, one_line_ddl, read_descriptions, tables_in_sql
+from t2s.schema import (
+    Schema, get_schema, one_line_ddl, read_descriptions, tables_in_reading_order, tables_in_sql,
+)
 
 
 def _schema_db(path: Path, script: str) -> Path:
@@ -171,3 +173,16 @@ def test_tables_in_sql():
     assert tables_in_sql("SELECT 1; SELECT * FROM t") == set()
     for broken in ("SELEC * FORM", "", None, "SELECT (", 42):
         assert tables_in_sql(broken) == set()
+
+
+def test_tables_in_reading_order_put_the_outer_from_and_joins_first():
+    join = "SELECT T2.colour FROM superhero AS T1 INNER JOIN colour AS T2 ON T1.eye_colour_id = T2.id"
+    assert tables_in_reading_order(join) == ["superhero", "colour"]  # not the schema's order
+    nested = "SELECT (SELECT max(x) FROM s) FROM Main_T m JOIN b ON 1 WHERE m.a IN (SELECT a FROM c JOIN Main_T)"
+    assert tables_in_reading_order(nested) == ["main_t", "b", "s", "c"]  # each once, the outer query's first
+    cte = "WITH superhero AS (SELECT * FROM colour) SELECT * FROM superhero JOIN race ON 1"
+    assert tables_in_reading_order(cte) == ["race", "colour"]  # a CTE's name is no table read
+    for sql in (join, nested, cte):
+        assert set(tables_in_reading_order(sql)) == tables_in_sql(sql)
+    for broken in ("SELEC * FORM", "", None, 42):
+        assert tables_in_reading_order(broken) == []

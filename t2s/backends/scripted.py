@@ -71,14 +71,15 @@ class ScriptPolicy(ReplayPolicy):
 
 
 def gold_tables(gold_sql: str, schema) -> list[str]:
-    """The tables the gold SQL reads, as the schema spells them, in schema order."""
-    from t2s.schema import tables_in_sql
+    """The tables the gold SQL reads, as the schema spells them, in the order the SQL names them (outer query first)."""
+    from t2s.schema import tables_in_reading_order
 
+    spelled = {name.lower(): name for name in schema.tables}
     try:
-        wanted = {name.lower() for name in tables_in_sql(gold_sql)}
+        names = tables_in_reading_order(gold_sql)
     except Exception:
-        wanted = set()
-    return [t for t in schema.tables if t.lower() in wanted]
+        names = []
+    return [spelled[name] for name in names if name in spelled]
 
 
 class GoldPolicy(ScriptPolicy):

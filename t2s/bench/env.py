@@ -51,7 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def workload_turns(row: dict, schema) -> list[list[str]]:
-    """The pinned calls of one episode, as three assistant turns (exploration, queries, submit)."""
+    """The pinned calls of one episode, as three assistant turns (exploration, queries, submit).
+
+    The first table is the first one the gold SQL reads (its outer FROM), as a model exploring for the question would
+    pick; a gold SQL that reads no table of the schema falls back on the schema's first tables.
+    """
     from t2s.backends.scripted import call_text, gold_tables
 
     gold = row["gold_sql"]
