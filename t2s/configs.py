@@ -95,7 +95,8 @@ class T2SGRPOConfig(GRPOConfig):
 
     Defaults that differ from TRL's are the recipe's: ``scale_rewards="none"``, ``epsilon_high=0.28``,
     ``importance_sampling_level="sequence"``, ``use_bias_correction_kl=False``, ``beta=0.01``.
-    ``loss_type`` is not used: :class:`t2s.trainer.Text2SQLGRPOTrainer` replaces TRL's aggregation with DESIGN §8's.
+    ``loss_type`` stays ``"grpo"``: :class:`t2s.trainer.Text2SQLGRPOTrainer` replaces TRL's loss with DESIGN §8's, and
+    start-up rejects TRL loss settings it would ignore.
     """
 
     # ---- loss
@@ -183,7 +184,7 @@ class T2SGRPOConfig(GRPOConfig):
     epsilon_high: float = field(default=0.28, metadata={"help": "Upper clip (DAPO clip-higher). Published: 0.28."})
     importance_sampling_level: str = field(default="sequence", metadata={"help": "Sequence-level ratio. Published."})
     use_bias_correction_kl: bool = field(default=False, metadata={"help": "Plain k3 (off). Published."})
-    loss_type: str = field(default="grpo", metadata={"help": "Not used: the t2s trainer replaces TRL's loss "
+    loss_type: str = field(default="grpo", metadata={"help": "Must stay grpo: the t2s trainer replaces TRL's loss "
                                                             "aggregation with sum over tokens / loss_norm_constant."})
 
     def __post_init__(self) -> None:
@@ -244,6 +245,23 @@ def _sampling_filters(args) -> list[str]:
     return found
 
 
+def _unused_loss_settings(args) -> list[str]:
+    """TRL loss settings changed from their neutral value that the t2s loss (DESIGN §8) never reads."""
+    found = []
+    if getattr(args, "loss_type", "grpo") != "grpo":
+        found.append(f"loss_type={args.loss_type!r}")
+    for name in ("delta", "off_policy_mask_threshold"):
+        if getattr(args, name, None) is not None:
+            found.append(f"{name}={getattr(args, name)}")
+    if getattr(args, "top_entropy_quantile", 1.0) < 1.0:
+        found.append(f"top_entropy_quantile={args.top_entropy_quantile}")
+    if getattr(args, "entropy_coef", 0.0) or getattr(args, "use_adaptive_entropy", False):
+        found.append("an entropy bonus (entropy_coef / use_adaptive_entropy)")
+    if getattr(args, "use_bias_correction_kl", False):
+        found.append("use_bias_correction_kl=True")
+    return found
+
+
 def validate_training_config(args, reward_names=None) -> None:
     """Start-up checks that need only the config (DESIGN §8); raises :class:`ConfigError` on the first problem.
 
@@ -289,6 +307,12 @@ def validate_training_config(args, reward_names=None) -> None:
     if args.mask_truncated_completions:
         raise ConfigError("Error: mask_truncated_completions must be off: truncated episodes train with their "
                           "reward (DESIGN §8).")
+    unused = _unused_loss_settings(args)
+    if unused:
+        raise ConfigError(
+            f"Error: {', '.join(unused)} would be ignored: the t2s trainer's loss (DESIGN §8: clipped ratio, k3 KL, "
+            "sum over tokens / loss_norm_constant) does not use it. Remove it from the recipe."
+        )
     names = args.reward_names if reward_names is None else reward_names
     if not names:
         raise ConfigError("Error: reward_names is empty; name at least one of t2s.rewards.REWARD_FUNCS.")

@@ -70,6 +70,14 @@ def test_unknown_reward_name_is_rejected(tmp_path):
         (dict(per_device_train_batch_size=4, gradient_accumulation_steps=1, steps_per_generation=2),
          "multiple of steps_per_generation"),
         (dict(rollout_backend="vllm_colocate", vllm_tensor_parallel_size=2), "vllm_tensor_parallel_size"),
+        # TRL loss settings the t2s loss never reads
+        (dict(loss_type="dr_grpo"), "loss_type='dr_grpo' would be ignored"),
+        (dict(delta=1.5), "delta=1.5 would be ignored"),
+        (dict(top_entropy_quantile=0.2), "top_entropy_quantile=0.2"),
+        (dict(entropy_coef=0.01), "entropy bonus"),
+        (dict(use_adaptive_entropy=True), "entropy bonus"),
+        (dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold=0.5"),
+        (dict(use_bias_correction_kl=True), "use_bias_correction_kl=True"),
     ],
 )
 def test_other_bad_settings_are_rejected(tmp_path, overrides, needle):
