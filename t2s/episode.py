@@ -361,14 +361,30 @@ def run_text_episode(row: dict, config: EpisodeConfig | None, policy, db=None, t
     return play(episode, policy, tokenizer).record()
 
 
-def env_token_counter(tokenizer, enable_thinking: bool = True):
+class EnvTokenCounter:
     """``observation -> number of environment tokens carrying it`` (an upper bound: the closing ``<|im_end|>`` of the
-    model's turn is counted as if the environment had to add it)."""
+    model's turn is counted as if the environment had to add it). It keeps the last observation's own tokens, so the
+    suffix that follows is not tokenized again (``body_ids``)."""
 
-    def count(observation: str) -> int:
-        return len(protocol.env_suffix_ids(tokenizer, observation, needs_im_end=True, enable_thinking=enable_thinking))
+    def __init__(self, tokenizer, enable_thinking: bool = True):
+        self.tokenizer, self.enable_thinking = tokenizer, enable_thinking
+        self._last: tuple[str | None, list[int] | None] = (None, None)
 
-    return count
+    def __call__(self, observation: str) -> int:
+        body = protocol.observation_ids(self.tokenizer, observation)
+        self._last = (observation, body)
+        return len(protocol.env_suffix_ids(self.tokenizer, observation, needs_im_end=True,
+                                           enable_thinking=self.enable_thinking, body_ids=body))
+
+    def body_ids(self, observation: str) -> list[int] | None:
+        """The tokens of ``observation`` if it is the one last counted, else None."""
+        last, body = self._last
+        return body if last is observation else None
+
+
+def env_token_counter(tokenizer, enable_thinking: bool = True) -> EnvTokenCounter:
+    """The counter ``Episode(env_tokens=...)`` takes when turns are counted with ``tokenizer``."""
+    return EnvTokenCounter(tokenizer, enable_thinking)
 
 
 def play(episode: Episode, policy, tokenizer=None) -> Episode:
@@ -400,14 +416,16 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
         if observation is None:
             break
         if tokenizer is not None:
+            counter = episode.env_tokens
+            body = counter.body_ids(observation) if isinstance(counter, EnvTokenCounter) else None
             suffix = protocol.env_suffix_ids(
-                tokenizer, observation, needs_im_end=cut_off, enable_thinking=cfg.enable_thinking
+                tokenizer, observation, needs_im_end=cut_off, enable_thinking=cfg.enable_thinking, body_ids=body
             )
             episode.add_env_tokens(len(suffix))
     return episode
 
 
 __all__ = [
-    "Episode", "EpisodeConfig", "RECORD_KEYS", "COUNTER_KEYS", "ToolCall", "env_token_counter", "play",
-    "run_text_episode",
+    "Episode", "EpisodeConfig", "EnvTokenCounter", "RECORD_KEYS", "COUNTER_KEYS", "ToolCall", "env_token_counter",
+    "play", "run_text_episode",
 ]  # fmt: skip

@@ -295,6 +295,25 @@ def test_run_text_episode_counts_tokens_and_cuts_long_turns(db_row, tiny_tokeniz
     assert record["final_sql_source"] == "submitted"
 
 
+def test_play_counts_every_token_once_and_tokenizes_each_observation_once(db_row, tiny_tokenizer, monkeypatch):
+    from t2s import protocol
+    from t2s.episode import play as play_episode
+
+    tokenized = []
+    observation_ids = protocol.observation_ids
+    monkeypatch.setattr(protocol, "observation_ids", lambda tok, text: tokenized.append(text) or observation_ids(tok, text))
+    turns = [turn(call("list_tables")), turn(call("run_query", sql=GOOD)), turn(call("submit_sql", sql=GOOD))]
+    episode = play_episode(Episode(db_row, EpisodeConfig()), ReplayPolicy(turns), tiny_tokenizer)
+    observations = [t["observation"] for t in episode.turns if t["observation"]]
+    assert len(observations) == 2 and tokenized == observations  # counted once, and the same ids were added
+    expected = len(protocol.generation_prompt_ids(tiny_tokenizer, episode.messages))
+    for t in episode.turns:
+        expected += len(tiny_tokenizer(t["assistant"], add_special_tokens=False)["input_ids"]) + 1  # + <|im_end|>
+        if t["observation"]:
+            expected += len(env_suffix_ids(tiny_tokenizer, t["observation"], needs_im_end=False))
+    assert episode.tokens_used == expected
+
+
 def test_sibling_dialect_episode(db_row):
     turns = [turn(call("inspect_schema")), turn(call("run_sql", sql="SELECT nope")), turn(call("submit", sql=GOOD))]
     record = play(db_row, turns, dialect="sibling")
