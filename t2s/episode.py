@@ -8,6 +8,7 @@ budget, renders the next observation and finally picks the final SQL:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import asdict, dataclass
 
@@ -363,23 +364,27 @@ def run_text_episode(row: dict, config: EpisodeConfig | None, policy, db=None, t
 
 class EnvTokenCounter:
     """``observation -> number of environment tokens carrying it`` (an upper bound: the closing ``<|im_end|>`` of the
-    model's turn is counted as if the environment had to add it). It keeps the last observation's own tokens, so the
-    suffix that follows is not tokenized again (``body_ids``)."""
+    model's turn is counted as if the environment had to add it). ``suffix_ids`` then gives the suffix actually added,
+    reusing the observation's tokens, so each observation is tokenized once. ``lock`` guards a shared tokenizer."""
 
-    def __init__(self, tokenizer, enable_thinking: bool = True):
+    def __init__(self, tokenizer, enable_thinking: bool = True, lock=None):
         self.tokenizer, self.enable_thinking = tokenizer, enable_thinking
-        self._last: tuple[str | None, list[int] | None] = (None, None)
+        self.lock = lock if lock is not None else contextlib.nullcontext()
+        self._last: tuple[str | None, list[int] | None] = (None, None)  # the observation last seen, its own tokens
 
     def __call__(self, observation: str) -> int:
-        body = protocol.observation_ids(self.tokenizer, observation)
-        self._last = (observation, body)
-        return len(protocol.env_suffix_ids(self.tokenizer, observation, needs_im_end=True,
-                                           enable_thinking=self.enable_thinking, body_ids=body))
+        return len(self.suffix_ids(observation, needs_im_end=True))
 
-    def body_ids(self, observation: str) -> list[int] | None:
-        """The tokens of ``observation`` if it is the one last counted, else None."""
+    def suffix_ids(self, observation: str, *, needs_im_end: bool) -> list[int]:
+        """The environment's tokens between two model turns carrying ``observation`` (``protocol.env_suffix_ids``)."""
         last, body = self._last
-        return body if last is observation else None
+        with self.lock:
+            if last != observation:
+                body = protocol.observation_ids(self.tokenizer, observation)
+            suffix = protocol.env_suffix_ids(self.tokenizer, observation, needs_im_end=needs_im_end,
+                                             enable_thinking=self.enable_thinking, body_ids=body)
+        self._last = (observation, body)
+        return suffix
 
 
 def env_token_counter(tokenizer, enable_thinking: bool = True) -> EnvTokenCounter:
@@ -393,6 +398,9 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
     if tokenizer is not None:
         if episode.env_tokens is None:
             episode.env_tokens = env_token_counter(tokenizer, cfg.enable_thinking)
+        counter = episode.env_tokens  # the suffixes added are the ones counted, when the counter is ours
+        if not isinstance(counter, EnvTokenCounter):
+            counter = env_token_counter(tokenizer, cfg.enable_thinking)
         prompt = protocol.generation_prompt_ids(tokenizer, episode.messages, cfg.enable_thinking)
         episode.start(len(prompt))
     else:
@@ -416,12 +424,7 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
         if observation is None:
             break
         if tokenizer is not None:
-            counter = episode.env_tokens
-            body = counter.body_ids(observation) if isinstance(counter, EnvTokenCounter) else None
-            suffix = protocol.env_suffix_ids(
-                tokenizer, observation, needs_im_end=cut_off, enable_thinking=cfg.enable_thinking, body_ids=body
-            )
-            episode.add_env_tokens(len(suffix))
+            episode.add_env_tokens(len(counter.suffix_ids(observation, needs_im_end=cut_off)))
     return episode
 
 

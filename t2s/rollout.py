@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 
 from t2s import protocol
 from t2s.backends.base import SamplingSettings, TurnOutput
-from t2s.episode import COUNTER_KEYS, Episode, EpisodeConfig
+from t2s.episode import COUNTER_KEYS, Episode, EpisodeConfig, EnvTokenCounter
 
 IM_END = "<|im_end|>"
 
@@ -88,12 +88,15 @@ class _Run:
         self.last: TurnOutput | None = None
         self.episode: Episode | None = None
         self.trace: EpisodeTrace | None = None
-        self._counted: tuple[str | None, list[int] | None] = (None, None)  # the last observation counted, its ids
+        self.env_tokens: EnvTokenCounter | None = None  # counts each observation's suffix, then gives it
 
     def open(self) -> None:  # worker thread: reads the schema
         rollout = self.rollout
         db = rollout.db(self.row) if callable(rollout.db) else rollout.db
-        self.episode = Episode(self.row, rollout.config, db, env_tokens=self.count_env_tokens)
+        self.env_tokens = EnvTokenCounter(
+            rollout.tokenizer, rollout.config.enable_thinking, lock=rollout.tokenizer_lock
+        )
+        self.episode = Episode(self.row, rollout.config, db, env_tokens=self.env_tokens)
 
     def begin(self) -> None:  # driving thread
         tok = self.rollout.tokenizer
@@ -133,27 +136,9 @@ class _Run:
     def step(self, text: str, n_tokens: int, cut_off: bool) -> str | None:  # worker thread: runs the tools
         return self.episode.step(text, n_tokens=n_tokens, cut_off=cut_off)
 
-    def count_env_tokens(self, observation: str) -> int:  # worker thread, from Episode.step
-        """The environment tokens that would carry ``observation`` (counting a closing ``<|im_end|>``); the
-        observation's own tokens are kept for ``add_environment``, so it is tokenized once."""
-        rollout = self.rollout
-        with rollout.tokenizer_lock:
-            body = protocol.observation_ids(rollout.tokenizer, observation)
-            suffix = protocol.env_suffix_ids(
-                rollout.tokenizer, observation, needs_im_end=True, enable_thinking=rollout.config.enable_thinking,
-                body_ids=body,
-            )  # fmt: skip
-        self._counted = (observation, body)
-        return len(suffix)
-
     def add_environment(self, observation: str) -> None:
         needs_im_end = self.last.stop_token_id != self.rollout.im_end_id
-        counted, body = self._counted
-        with self.rollout.tokenizer_lock:
-            suffix = protocol.env_suffix_ids(
-                self.rollout.tokenizer, observation, needs_im_end=needs_im_end,
-                enable_thinking=self.rollout.config.enable_thinking, body_ids=body if counted == observation else None,
-            )  # fmt: skip
+        suffix = self.env_tokens.suffix_ids(observation, needs_im_end=needs_im_end)  # tokenized when it was counted
         self._append_env(suffix)
         self.episode.add_env_tokens(len(suffix))
 

@@ -162,6 +162,24 @@ def test_fake_server_good_agent_submits(rows, tiny_tokenizer, stop):
         assert ids[-1] == im_end and mask[-1] == 0
 
 
+@pytest.mark.timeout(120)
+def test_each_observation_is_tokenized_once(rows, tiny_tokenizer, monkeypatch):
+    from t2s import protocol
+
+    tokenized = []
+    observation_ids = protocol.observation_ids
+    monkeypatch.setattr(protocol, "observation_ids", lambda tok, text: tokenized.append(text) or observation_ids(tok, text))
+    row = rows[0]
+    with FakeVLLMServer(ScriptedAgent(tiny_tokenizer, good_agent_turns(row))) as server:
+        rollout = Rollout(VLLMServerBackend(server.base_url, tiny_tokenizer), tiny_tokenizer,
+                          EpisodeConfig(max_tokens_per_turn=512))
+        traces = rollout.run([row] * 2)
+    observations = [t["observation"] for trace in traces for t in trace.record["turns"] if t["observation"]]
+    assert len(observations) == 4 and sorted(tokenized) == sorted(observations)  # counted, then added, once each
+    for trace in traces:
+        assert_stream_invariants(trace, tiny_tokenizer)
+
+
 @pytest.mark.timeout(60)
 def test_server_failures_end_episodes_cleanly(rows, tiny_tokenizer):
     """A refused server: every episode ends as an error with a well-formed stream and a record; nothing hangs."""
