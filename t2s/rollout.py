@@ -17,6 +17,9 @@ return the same traces:
 
 In both, tool calls and scoring run in a thread pool, never on the loop or between batches' generation, and each
 episode is scored as soon as it finishes. Tokenisation stays on the driving thread.
+
+``Rollout.timings`` gives the wall seconds of the last run during which generation, and during which the environment
+(opening databases, tools, final SQL and scoring), had at least one call in flight. The two overlap.
 """
 
 from __future__ import annotations
@@ -25,15 +28,43 @@ import asyncio
 import dataclasses
 import os
 import threading
+import time
+from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from t2s import protocol
 from t2s.backends.base import SamplingSettings, TurnOutput
 from t2s.episode import COUNTER_KEYS, Episode, EpisodeConfig, EnvTokenCounter
 
 IM_END = "<|im_end|>"
+GENERATION, ENVIRONMENT = "generation", "environment"
+
+
+class BusyClock:
+    """Wall seconds during which at least one span of a kind was open; spans may overlap and come from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = defaultdict(int)
+        self._since: dict[str, float] = {}
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def span(self, kind: str) -> Iterator[None]:
+        with self._lock:
+            if self._open[kind] == 0:
+                self._since[kind] = time.perf_counter()
+            self._open[kind] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open[kind] -= 1
+                if self._open[kind] == 0:
+                    self.seconds[kind] += time.perf_counter() - self._since.pop(kind)
 
 
 @dataclass
@@ -91,6 +122,10 @@ class _Run:
         self.env_tokens: EnvTokenCounter | None = None  # counts each observation's suffix, then gives it
 
     def open(self) -> None:  # worker thread: reads the schema
+        with self.rollout.clock.span(ENVIRONMENT):
+            self._open()
+
+    def _open(self) -> None:
         rollout = self.rollout
         db = rollout.db(self.row) if callable(rollout.db) else rollout.db
         self.env_tokens = EnvTokenCounter(
@@ -134,7 +169,8 @@ class _Run:
         return text, len(out.token_ids), out.finish_reason == "length"
 
     def step(self, text: str, n_tokens: int, cut_off: bool) -> str | None:  # worker thread: runs the tools
-        return self.episode.step(text, n_tokens=n_tokens, cut_off=cut_off)
+        with self.rollout.clock.span(ENVIRONMENT):
+            return self.episode.step(text, n_tokens=n_tokens, cut_off=cut_off)
 
     def add_environment(self, observation: str) -> None:
         needs_im_end = self.last.stop_token_id != self.rollout.im_end_id
@@ -159,9 +195,10 @@ class _Run:
             self._append_env([self.rollout.im_end_id])
 
     def finish(self) -> EpisodeTrace:  # worker thread: final SQL choice may execute SQL, then scoring
-        self.trace.record = self.episode.record()
-        if self.rollout.scorer is not None:
-            self.trace.outcome = self.rollout.scorer(self.row, self.trace.record)
+        with self.rollout.clock.span(ENVIRONMENT):
+            self.trace.record = self.episode.record()
+            if self.rollout.scorer is not None:
+                self.trace.outcome = self.rollout.scorer(self.row, self.trace.record)
         return self.trace
 
 
@@ -202,12 +239,19 @@ class Rollout:
         if self.schedule not in ("async", "turnsync"):
             raise ValueError(f"Error: unknown rollout schedule {self.schedule!r}; expected 'async' or 'turnsync'")
         self.on_finish = on_finish
+        self.clock = BusyClock()
         self.im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
         if self.im_end_id not in getattr(backend, "stop_token_ids", [self.im_end_id]):
             raise ValueError("Error: the backend does not stop on <|im_end|>")
 
     # ---- public ----------------------------------------------------------------------------------------------------
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds of the last run with generation, and with environment work, in flight (they overlap)."""
+        return {GENERATION: self.clock.seconds[GENERATION], ENVIRONMENT: self.clock.seconds[ENVIRONMENT]}
+
     def run(self, rows: Sequence[dict]) -> list[EpisodeTrace]:
+        self.clock = BusyClock()
         rows = list(rows)
         if not rows:
             return []
@@ -222,6 +266,7 @@ class Rollout:
 
     async def arun(self, rows: Sequence[dict]) -> list[EpisodeTrace]:
         """``run`` from inside a running event loop (async schedule)."""
+        self.clock = BusyClock()
         with ThreadPoolExecutor(self.tool_workers, thread_name_prefix="t2s-tools") as pool:
             traces = await self._run_async(list(rows), pool)
         for trace in traces:
@@ -241,7 +286,8 @@ class Rollout:
             run.begin()
             while (request := run.next_request()) is not None:
                 context, max_tokens, seed = request
-                out = await self.backend.agenerate(context, max_tokens, self.sampling, seed)
+                with self.clock.span(GENERATION):
+                    out = await self.backend.agenerate(context, max_tokens, self.sampling, seed)
                 turn = run.take_turn(out)
                 if turn is None:
                     break
@@ -293,9 +339,10 @@ class Rollout:
             report(wait=False)
             if not waiting:
                 break
-            outputs = self.backend.generate(
-                [r[0] for r in requests], [r[1] for r in requests], self.sampling, [r[2] for r in requests]
-            )
+            with self.clock.span(GENERATION):
+                outputs = self.backend.generate(
+                    [r[0] for r in requests], [r[1] for r in requests], self.sampling, [r[2] for r in requests]
+                )
             if len(outputs) != len(waiting):
                 raise RuntimeError(f"the backend answered {len(outputs)} turns for {len(waiting)} prompts")
             turns = [run.take_turn(out) for run, out in zip(waiting, outputs)]

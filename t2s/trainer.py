@@ -19,6 +19,9 @@ What the subclass changes, and where:
   proportionally toward ``target_kl`` (Ziegler et al. 2019), within [β_min, β_max]. β is saved in every checkpoint
   (``t2s_kl_controller.json``) and restored on resume.
 - **EOS**: generation stops on ``<|im_end|>`` and ``<|endoftext|>``; both are in ``trainer.eos_token_ids``.
+- **Step metrics** besides TRL's: episode counters (``EPISODE_METRICS``); ``sampling/logp_gap/{mean,max}``, the
+  |log π_θ − log π_sampler| over model tokens in the loss's forward pass (≈ 0 when the sampler is the policy); and
+  rank 0's time split in seconds (``TIME_METRICS``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import json
 import logging
 import math
 import os
+import time
 from typing import Any, Callable
 
 import torch
@@ -54,6 +58,15 @@ EPISODE_METRICS = {
     "episodes/tool_error_rate": ("tool_errors", "calls"),
     "episodes/format_deviations_mean": ("format_deviations", "episodes"),
     "episodes/write_attempts_mean": ("write_attempts", "episodes"),
+}
+
+# Where a step's wall time went, in seconds on rank 0 (generation and environment overlap inside the rollout).
+TIME_METRICS = {
+    "time/rollout": "the whole rollout: episodes played and scored",
+    "time/generation": "the rollout's generation calls in flight",
+    "time/environment": "the rollout's tools, final SQL and scoring in flight",
+    "time/reward": "the reward functions",
+    "time/forward_backward": "the rest of the step: reference and old-logprob passes, the loss's forward and backward",
 }
 
 
@@ -208,6 +221,9 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         self._batch_rows: list[dict] | None = None
         self._backend = None
         self._kl_window = torch.zeros(3, dtype=torch.float64)  # Σ k3·m, Σ m, sequences since the last step
+        self._rollout_timings: dict[str, float] = {}  # set by the real rollout: generation and environment seconds
+        self._outside_passes = 0.0  # seconds of rollout and rewards inside the current training_step call
+        self._passes_seconds = 0.0  # forward/backward seconds of the optimiser step so far
         # The model is loaded here (its eos must be set first); TRL still uses model_init_kwargs for the reference
         # model, so its "model_init_kwargs will be ignored" warning would mislead.
         trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
@@ -247,8 +263,16 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
             raise RuntimeError(f"rollout got {len(prompts)} prompts but {0 if rows is None else len(rows)} stashed "
                                "rows; rows must reach the rollout through _generate_and_score_completions")
         runner = self._episode_runner or self._run_episodes
+        self._rollout_timings = {}
+        started = time.perf_counter()
         output = runner([dict(row) for row in rows], self)
+        elapsed = time.perf_counter() - started
+        self._outside_passes += elapsed
         check_rollout_output(output, len(rows))
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["time/rollout"].append(elapsed)
+        for kind, seconds in self._rollout_timings.items():
+            self._metrics[mode][f"time/{kind}"].append(seconds)
         self._log_episodes(output.get("record"))
         return output
 
@@ -265,6 +289,7 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         sampling = SamplingSettings.training(temperature=self.args.temperature)
         rollout = Rollout(self._backend, self.processing_class, self.args.episode_config(), sampling=sampling)
         traces = rollout.run(rows)
+        self._rollout_timings = rollout.timings
         return rollout.to_trl(traces)
 
     def _log_episodes(self, records) -> None:
@@ -283,6 +308,14 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
                 self._metrics[mode][metric].append(by_name[numerator] / by_name[denominator])
         if self.log_completions:
             self._log_completion_extra("episode", [json.dumps(r, default=str) for r in records])
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        started = time.perf_counter()
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        elapsed = time.perf_counter() - started
+        self._outside_passes += elapsed
+        self._metrics["train" if self.model.training else "eval"]["time/reward"].append(elapsed)
+        return rewards
 
     # ------------------------------------------------------------------------------------------------ old logprobs
 
@@ -348,16 +381,26 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
             loss = seq_loss.sum() / (seq_loss.size(0) * self.current_gradient_accumulation_steps)
         else:
             loss = seq_loss.mean()
-        self._log_loss_metrics(mode, mask, entropies, coef_1, advantages, per_token_kl)
+        sampler = inputs.get("sampling_per_token_logps")
+        self._log_loss_metrics(mode, mask, entropies, coef_1, advantages, per_token_kl,
+                               None if sampler is None else (logps.detach() - sampler).abs())
         return loss
 
-    def _log_loss_metrics(self, mode, mask, entropies, coef_1, advantages, per_token_kl) -> None:
+    def _log_loss_metrics(self, mode, mask, entropies, coef_1, advantages, per_token_kl, logp_gap) -> None:
         def global_mean(values: torch.Tensor, weights: torch.Tensor) -> float:
             totals = self.accelerator.reduce(torch.stack([(values * weights).sum(), weights.sum()]).detach(),
                                              reduction="sum")
             return (totals[0] / totals[1].clamp(min=1.0)).item()
 
         self._metrics[mode]["entropy"].append(global_mean(entropies, mask))
+        if logp_gap is not None:  # the sampler's logprobs against the policy's, on model tokens (NaN: unscored)
+            gap_mask = mask * ~torch.isnan(logp_gap)
+            gap = torch.nan_to_num(logp_gap, nan=0.0)
+            self._metrics[mode]["sampling/logp_gap/mean"].append(global_mean(gap, gap_mask))
+            local_max = (gap * gap_mask).max() if gap.numel() else gap.new_zeros(())
+            self._metrics[mode]["sampling/logp_gap/max"].append(
+                self.accelerator.reduce(local_max.detach(), reduction="max").item()
+            )
         if per_token_kl is not None:
             kl_sum, tokens = (per_token_kl * mask).sum().detach(), mask.sum().detach()
             self._metrics[mode]["kl"].append(global_mean(per_token_kl, mask))
@@ -383,8 +426,13 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------ KL controller
 
     def training_step(self, model, inputs, num_items_in_batch):
+        self._outside_passes = 0.0
+        started = time.perf_counter()
         output = super().training_step(model, inputs, num_items_in_batch)
+        self._passes_seconds += time.perf_counter() - started - self._outside_passes
         if self._step % self.current_gradient_accumulation_steps == 0:  # the optimiser step's last micro-batch
+            self._metrics["train"]["time/forward_backward"].append(self._passes_seconds)
+            self._passes_seconds = 0.0
             self._update_beta()
         return output
 

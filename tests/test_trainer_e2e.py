@@ -7,6 +7,7 @@ import json
 import pytest
 
 from t2s.settings import RECIPES_DIR
+from t2s.trainer import TIME_METRICS
 
 pytestmark = pytest.mark.slow
 
@@ -57,8 +58,14 @@ def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_di
     logged = {key for entry in trainer.state.log_history for key in entry}
     for key in ("reward", "rewards/dense/mean", "reward/f1", "reward/join", "reward/consensus", "tier/invalid",
                 "reward/groups_all_same", "episodes/turns_mean", "episodes/submit_rate", "episodes/forced_rate",
-                "episodes/truncated_rate", "episodes/turn_cutoff_rate", "kl", "beta"):
+                "episodes/truncated_rate", "episodes/turn_cutoff_rate", "kl", "beta", "sampling/logp_gap/mean",
+                *TIME_METRICS):
         assert key in logged, key
+    # the transformers backend in fp32 samples from the policy the loss scores: the logprob gap is ~0
+    gaps = [entry["sampling/logp_gap/mean"] for entry in trainer.state.log_history if "sampling/logp_gap/mean" in entry]
+    assert len(gaps) == 2 and all(0.0 <= gap < 1e-4 for gap in gaps), gaps
+    for key in TIME_METRICS:  # every part of the step took some time
+        assert all(entry[key] > 0 for entry in trainer.state.log_history if key in entry), key
     completions = sorted((tmp_path / "run" / "completions").glob("*.parquet"))
     assert completions, "log_completions writes the completions with their episode records"
     import pandas as pd
