@@ -1,0 +1,103 @@
+"""The SQL functions the sandbox replaces: ``printf``/``format`` that refuse huge widths, and linear ``trim``.
+
+SQLite's own versions can spend seconds or minutes inside a single opcode, out of reach of the progress handler.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sqlite3
+import threading
+
+from t2s.databases import limits
+
+_PRINTF_SPEC = re.compile(r"%([-+ #!0,l.*\d]*)(.|$)", re.S)  # flags, widths, precisions, then the conversion
+_PRINTF_SIZES = re.compile(r"\*|\d+")
+_LEADING_NUMBER = re.compile(r"\s*[-+]?\d+")
+
+_local = threading.local()
+
+
+def _as_int(value) -> int:
+    """SQLite's integer reading of a printf argument (text and blobs take their leading digits, else 0)."""
+    if isinstance(value, bool) or isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return int(value) if math.isfinite(value) else 0
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    if isinstance(value, str):
+        match = _LEADING_NUMBER.match(value)
+        return int(match.group()) if match else 0
+    return 0
+
+
+def printf_too_wide(fmt, args) -> bool:
+    """True when a printf format asks for a width or precision above ``PRINTF_MAX_WIDTH``.
+
+    Every digit run and every ``*`` argument between a ``%`` and its conversion letter is checked, whatever the
+    order SQLite would read them in.
+    """
+    if not isinstance(fmt, str) or "%" not in fmt:
+        return False
+    next_arg = 0
+    for match in _PRINTF_SPEC.finditer(fmt):
+        body, kind = match.group(1), match.group(2)
+        for size in _PRINTF_SIZES.findall(body):
+            if size == "*":
+                value = _as_int(args[next_arg]) if next_arg < len(args) else 0
+                next_arg += 1
+            else:
+                value = int(size)
+            if abs(value) > limits.PRINTF_MAX_WIDTH:
+                return True
+        if kind not in ("%", "n", ""):
+            next_arg += 1
+    return False
+
+
+def _helper() -> sqlite3.Connection:
+    """This thread's private in-memory connection, without our overrides, for SQLite's own formatting."""
+    helper = getattr(_local, "helper_conn", None)
+    if helper is None:
+        helper = _local.helper_conn = sqlite3.connect(":memory:", check_same_thread=True)
+        helper.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.MAX_VALUE_LENGTH)
+    return helper
+
+
+def plain_printf(fmt, args):
+    """SQLite's own printf, run on the helper connection once the widths are known to be safe."""
+    placeholders = ", ".join("?" * (len(args) + 1))
+    return _helper().execute(f"SELECT printf({placeholders})", (fmt, *args)).fetchone()[0]
+
+
+def _sql_text(value) -> str:
+    """A value as SQLite would turn it into text (REAL formatting is SQLite's own)."""
+    if type(value) is str:
+        return value
+    if type(value) is int:
+        return str(value)
+    if type(value) is bytes:
+        return value.decode("utf-8", "replace")
+    return _helper().execute("SELECT CAST(? AS TEXT)", (value,)).fetchone()[0]
+
+
+def linear_trim(value, chars, left: bool, right: bool):
+    """``trim``/``ltrim``/``rtrim`` with a character set, in linear time.
+
+    SQLite's own compares every character with the whole set, which reaches minutes inside one opcode when both are
+    near the length limit.
+    """
+    if value is None or chars is None:
+        return None
+    text, chars = _sql_text(value), _sql_text(chars)
+    if len(chars) <= 64:
+        return text.strip(chars) if left and right else text.lstrip(chars) if left else text.rstrip(chars)
+    members = set(chars)
+    start, end = 0, len(text)
+    while left and start < end and text[start] in members:
+        start += 1
+    while right and end > start and text[end - 1] in members:
+        end -= 1
+    return text[start:end]
