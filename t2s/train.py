@@ -199,23 +199,34 @@ def build_trainer(script_args, training_args, model_args, *, callbacks=None):
 
 
 def resume_checkpoint(training_args) -> str | None:
-    """``resume_from_checkpoint``: a folder, or ``latest``/``true`` for the newest checkpoint in output_dir."""
+    """``resume_from_checkpoint``: a folder, or ``latest``/``true`` for the newest *complete* checkpoint in output_dir.
+
+    ``latest`` passes over newer incomplete checkpoints (``t2s.checkpoints.checkpoint_problem``, e.g. a save cut off by
+    a crash) with one warning naming them and the one chosen; a named folder that is incomplete is a ConfigError.
+    """
+    from t2s.checkpoints import checkpoint_problem, newest_complete_checkpoint
+    from t2s.configs import ConfigError
+
     value = training_args.resume_from_checkpoint
     if value in (None, "", False):
         return None
+    model_only = bool(getattr(training_args, "save_only_model", False))
     if str(value).lower() in ("latest", "last", "true"):
-        from transformers.trainer_utils import get_last_checkpoint
-
-        found = get_last_checkpoint(training_args.output_dir) if os.path.isdir(training_args.output_dir) else None
-        if found is None:
-            from t2s.configs import ConfigError
-
+        found, skipped = newest_complete_checkpoint(training_args.output_dir, model_only=model_only)
+        passed_over = "; ".join(f"{folder} ({problem})" for folder, problem in skipped)
+        if found is None and not skipped:
             raise ConfigError(f"Error: no checkpoint to resume in {training_args.output_dir}.")
-        return found
+        if found is None:
+            raise ConfigError(f"Error: no complete checkpoint to resume in {training_args.output_dir}: incomplete "
+                              f"{passed_over}.")
+        if skipped and int(os.environ.get("RANK", "0")) == 0:
+            log.warning("resuming from %s: passing over incomplete %s", found, passed_over)
+        return str(found)
     if not os.path.isdir(value):
-        from t2s.configs import ConfigError
-
         raise ConfigError(f"Error: checkpoint {value!r} not found.")
+    problem = checkpoint_problem(value, model_only=model_only)
+    if problem is not None:
+        raise ConfigError(f"Error: checkpoint {value} cannot be resumed: {problem}.")
     return str(value)
 
 

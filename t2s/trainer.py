@@ -17,7 +17,8 @@ What the subclass changes, and where:
   token loss (a different algorithm).
 - **The KL controller**: after each optimiser step, the mean k3 over the step's model tokens (all ranks) moves β
   proportionally toward ``target_kl`` (Ziegler et al. 2019), within [β_min, β_max]. β is saved in every checkpoint
-  (``t2s_kl_controller.json``) and restored on resume.
+  (``t2s_kl_controller.json``, before HF's ``trainer_state.json``) and restored on resume; a checkpoint without it
+  resumes with the last β its ``trainer_state.json`` logged (``restored_beta``), with a warning.
 - **EOS**: generation stops on ``<|im_end|>`` and ``<|endoftext|>``; both are in ``trainer.eos_token_ids``.
 - **Step metrics** besides TRL's: episode counters (``EPISODE_METRICS``); ``sampling/logp_gap/{mean,max}``, the
   |log π_θ − log π_sampler| over model tokens in the loss's forward pass (≈ 0 when the sampler is the policy); and
@@ -449,22 +450,48 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         self._metrics["train"]["beta"].append(self.beta)
 
     def _save_checkpoint(self, model, trial):
-        super()._save_checkpoint(model, trial)
+        # β goes in first: HF writes trainer_state.json last, so a checkpoint that has it has β too.
         if self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
             folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, KL_STATE_FILE), "w") as f:
                 json.dump({"beta": self.beta, "global_step": self.state.global_step}, f)
+        super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
-            path = os.path.join(checkpoint, KL_STATE_FILE)
-            if os.path.exists(path):
-                with open(path) as f:
-                    self.beta = float(json.load(f)["beta"])
-                log.info("KL controller: beta %.6g restored from %s", self.beta, path)
+            self.beta = restored_beta(checkpoint, self.beta)
+
+
+def restored_beta(checkpoint: str, initial: float) -> float:
+    """β to resume with: the checkpoint's controller state, else the last β its log history holds (a warning),
+    else ``initial`` (a warning)."""
+    from t2s.checkpoints import logged_beta
+
+    path = os.path.join(checkpoint, KL_STATE_FILE)
+    try:
+        with open(path) as f:
+            beta = float(json.load(f)["beta"])
+        if math.isfinite(beta) and beta > 0:
+            log.info("KL controller: beta %.6g restored from %s", beta, path)
+            return beta
+        problem = f"holds beta {beta}"
+    except FileNotFoundError:
+        problem = "is missing"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        problem = f"is unreadable ({type(exc).__name__})"
+    logged = logged_beta(checkpoint)
+    if logged is not None:
+        beta, step = logged
+        log.warning("KL controller: %s %s; resuming with beta %.6g, the last logged (step %s) in its "
+                    "trainer_state.json", path, problem, beta, step)
+        return beta
+    log.warning("KL controller: %s %s and trainer_state.json logs no beta; beta restarts at its initial %.6g",
+                path, problem, initial)
+    return initial
 
 
 def build_backend(trainer):

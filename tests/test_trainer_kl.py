@@ -82,13 +82,25 @@ def test_resume_restores_beta_and_continues_with_the_same_data(tiny_model_dir, t
     assert resumed_runner.seen == full_runner.seen[2:]
 
 
+def _write_complete_checkpoint(folder, step: int) -> None:
+    """The files HF Trainer resumes from, with placeholder contents."""
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+    save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
+    torch.save({}, folder / "optimizer.pt")
+    torch.save({}, folder / "scheduler.pt")
+
+
 def test_resume_from_checkpoint_latest_picks_the_newest_checkpoint(tmp_path):
     from _train_script import make_config
     from t2s.configs import ConfigError
     from t2s.train import resume_checkpoint
 
     for step in (2, 10, 4):
-        (tmp_path / f"checkpoint-{step}").mkdir()
+        _write_complete_checkpoint(tmp_path / f"checkpoint-{step}", step)
     assert resume_checkpoint(make_config(tmp_path, resume_from_checkpoint="latest")).endswith("checkpoint-10")
     assert resume_checkpoint(make_config(tmp_path)) is None
     with pytest.raises(ConfigError, match="not found"):

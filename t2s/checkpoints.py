@@ -1,0 +1,164 @@
+"""Which training checkpoints can be resumed, and what a checkpoint recorded.
+
+A checkpoint folder (``checkpoint-N``) is *complete* when HF Trainer can resume from it exactly:
+
+- ``trainer_state.json`` reads as JSON with a ``global_step`` (HF writes it last, after everything else);
+- model weights that ``Trainer._load_from_checkpoint`` accepts (``model.safetensors``, ``pytorch_model.bin``, their
+  sharded indexes with every shard present, LoRA adapter weights, or FSDP model state), each file whole;
+- unless the run saves the model only: the optimizer and scheduler state (``optimizer.pt``/``.bin`` or FSDP optimizer
+  state, and ``scheduler.pt``). HF resumes silently without them, with fresh optimizer moments and schedule, so a
+  checkpoint that lacks them is not complete. A DeepSpeed checkpoint keeps both in its ``global_step*`` folder.
+
+"Whole" is checked cheaply: a safetensors file's header must parse and its size match the tensors it lists; a
+``torch.save`` file must end in a zip directory. A save cut off by a crash fails one of these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import zipfile
+from pathlib import Path
+
+TRAINER_STATE = "trainer_state.json"
+SCHEDULER = "scheduler.pt"
+SAFE_WEIGHTS, SAFE_INDEX = "model.safetensors", "model.safetensors.index.json"
+BIN_WEIGHTS, BIN_INDEX = "pytorch_model.bin", "pytorch_model.bin.index.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+OPTIMIZER_FILES = ("optimizer.pt", "optimizer.bin")
+FSDP_MODEL = "pytorch_model_fsdp"
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")  # transformers.trainer_utils' own pattern
+
+
+def _weights_file_problem(path: Path) -> str | None:
+    """Why a weights or state file is not whole, or None."""
+    try:
+        size = path.stat().st_size
+        if size == 0:
+            return f"{path.name} is empty"
+        if path.suffix == ".safetensors":
+            with open(path, "rb") as f:
+                (header_len,) = struct.unpack("<Q", f.read(8))
+                if 8 + header_len > size:
+                    return f"{path.name} is cut off: its header runs past the end"
+                header = json.loads(f.read(header_len))
+            end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+            if size != 8 + header_len + end:
+                return f"{path.name} is cut off: {size} bytes where its tensors need {8 + header_len + end}"
+        elif path.suffix in (".pt", ".bin", ".pth") and not zipfile.is_zipfile(path):
+            with open(path, "rb") as f:
+                if f.read(2) == b"PK":  # a torch.save zip whose end (the central directory) is missing
+                    return f"{path.name} is cut off"
+    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+        return f"{path.name} is unreadable: {type(exc).__name__}"
+    return None
+
+
+def _index_problem(folder: Path, index: str) -> str | None:
+    try:
+        shards = set(json.loads((folder / index).read_text())["weight_map"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        return f"{index} is unreadable: {type(exc).__name__}"
+    for shard in sorted(shards):
+        if not (folder / shard).is_file():
+            return f"{index} lists {shard}, which is missing"
+        problem = _weights_file_problem(folder / shard)
+        if problem:
+            return problem
+    return None
+
+
+def _weights_problem(folder: Path, subdirs: list[Path]) -> str | None:
+    if any(FSDP_MODEL in d.name for d in subdirs) or (folder / f"{FSDP_MODEL}.bin").is_file():
+        return None
+    for index in (SAFE_INDEX, BIN_INDEX):
+        if (folder / index).is_file():
+            return _index_problem(folder, index)
+    candidates = [folder / name for name in (SAFE_WEIGHTS, BIN_WEIGHTS, *ADAPTER_WEIGHTS)]
+    candidates += [d / name for d in subdirs for name in ADAPTER_WEIGHTS]  # several adapters: one folder each
+    present = [path for path in candidates if path.is_file()]
+    if not present:
+        return "no model weights: model.safetensors is missing"
+    for path in present:
+        problem = _weights_file_problem(path)
+        if problem:
+            return problem
+    return None
+
+
+def _optimizer_problem(folder: Path, subdirs: list[Path]) -> str | None:
+    if any(d.name.startswith("global_step") and any(d.iterdir()) for d in subdirs):  # DeepSpeed's own state
+        return None
+    files = [folder / name for name in OPTIMIZER_FILES if (folder / name).is_file()]
+    if not files and not any("optimizer" in d.name for d in subdirs):
+        return "no optimizer state: optimizer.pt is missing"
+    if not (folder / SCHEDULER).is_file():
+        return f"no scheduler state: {SCHEDULER} is missing"
+    for path in [*files, folder / SCHEDULER]:
+        problem = _weights_file_problem(path)
+        if problem:
+            return problem
+    return None
+
+
+def read_trainer_state(folder: str | os.PathLike) -> dict | None:
+    """The checkpoint's ``trainer_state.json`` as a dict, or None when absent or unreadable."""
+    try:
+        state = json.loads(Path(folder, TRAINER_STATE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def checkpoint_problem(folder: str | os.PathLike, *, model_only: bool = False) -> str | None:
+    """Why HF Trainer could not resume exactly from ``folder``, or None when it is complete.
+
+    ``model_only``: the run saves no optimizer state (``save_only_model``), so none is required.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return "not a folder"
+    state = read_trainer_state(folder)
+    if state is None:
+        return f"{TRAINER_STATE} is {'unreadable' if (folder / TRAINER_STATE).is_file() else 'missing'}"
+    if not isinstance(state.get("global_step"), int):
+        return f"{TRAINER_STATE} has no global_step"
+    subdirs = [d for d in folder.iterdir() if d.is_dir()]
+    problem = _weights_problem(folder, subdirs)
+    if problem is None and not model_only:
+        problem = _optimizer_problem(folder, subdirs)
+    return problem
+
+
+def checkpoints_newest_first(output_dir: str | os.PathLike) -> list[Path]:
+    """``checkpoint-N`` folders of ``output_dir``, highest N first."""
+    if not os.path.isdir(output_dir):
+        return []
+    found = [(int(m.group(1)), Path(output_dir, name)) for name in os.listdir(output_dir)
+             if (m := CHECKPOINT_NAME.match(name)) and Path(output_dir, name).is_dir()]
+    return [path for _, path in sorted(found, reverse=True)]
+
+
+def newest_complete_checkpoint(output_dir: str | os.PathLike, *, model_only: bool = False
+                               ) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest complete checkpoint in ``output_dir`` (or None), and the newer incomplete ones with their problem."""
+    skipped = []
+    for folder in checkpoints_newest_first(output_dir):
+        problem = checkpoint_problem(folder, model_only=model_only)
+        if problem is None:
+            return folder, skipped
+        skipped.append((folder, problem))
+    return None, skipped
+
+
+def logged_beta(folder: str | os.PathLike) -> tuple[float, int | None] | None:
+    """The last β the run logged before this checkpoint (``trainer_state.json`` log history), and its step."""
+    state = read_trainer_state(folder)
+    history = state.get("log_history") if state else None
+    for entry in reversed(history if isinstance(history, list) else []):
+        value = entry.get("beta") if isinstance(entry, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value), entry.get("step")
+    return None
