@@ -203,6 +203,8 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
     def __init__(self, model, args, train_dataset=None, processing_class=None, reward_funcs=None, *,
                  episode_runner: Callable[[list[dict], Any], dict] | None = None, **kwargs) -> None:
         validate_training_config(args)
+        if args.rollout_backend == "vllm_server":
+            check_server_context(args)
         if isinstance(model, str):
             from trl.trainer.utils import create_model_from_path
 
@@ -494,6 +496,30 @@ def restored_beta(checkpoint: str, initial: float) -> float:
     return initial
 
 
+def server_url(args) -> str:
+    """The vLLM server the ``vllm_server`` backend talks to."""
+    return args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
+
+
+def check_server_context(args) -> None:
+    """The server's ``max_model_len`` must hold a whole episode (``episode_token_budget``), or late turns are refused
+    with HTTP 400 and their episodes end as errors. Waits up to ``vllm_server_timeout`` for a server still starting."""
+    from t2s.backends.vllm_server import VLLMServerBackend
+
+    url = server_url(args)
+    try:
+        length = VLLMServerBackend(url, stop_ids=()).served_max_model_len(wait=args.vllm_server_timeout)
+    except RuntimeError as exc:
+        raise ConfigError(str(exc)) from None
+    if length is None:
+        log.warning("the server at %s reports no max_model_len; cannot check it against episode_token_budget %d",
+                    url, args.episode_token_budget)
+    elif length < args.episode_token_budget:
+        raise ConfigError(f"Error: the vLLM server at {url} has max_model_len {length}, below episode_token_budget "
+                          f"{args.episode_token_budget}: late turns would be refused. Restart it with --max-model-len "
+                          f"{args.episode_token_budget} or more (make serve MAX_MODEL_LEN=...).")
+
+
 def build_backend(trainer):
     """The generation backend that ``trainer.args.rollout_backend`` names, bound to the trainer's model or engine."""
     name = trainer.args.rollout_backend
@@ -509,7 +535,6 @@ def build_backend(trainer):
         from t2s.backends.vllm_server import VLLMServerBackend
 
         args = trainer.args
-        base_url = args.vllm_server_base_url or f"http://{args.vllm_server_host}:{args.vllm_server_port}"
-        return VLLMServerBackend(base_url, trainer.processing_class, max_concurrency=args.rollout_concurrency,
+        return VLLMServerBackend(server_url(args), trainer.processing_class, max_concurrency=args.rollout_concurrency,
                                  request_timeout=args.rollout_request_timeout)
     raise ConfigError(f"Error: rollout_backend {name!r} is unknown.")

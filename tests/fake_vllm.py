@@ -5,6 +5,9 @@ A policy is ``policy(prompt_ids, max_tokens) -> list[int]``: the whole turn the 
 included. The engines cut it at ``max_tokens`` (finish "length", no stop token) or stop at the first stop id
 (kept in ``token_ids``, finish "stop"), and give every sampled token a deterministic fake logprob.
 
+The server also answers ``/v1/chat/completions`` with ``chat_reply`` (reasoning split off, as vLLM's reasoning parser
+does), and lists its model in ``/v1/models`` with the ``max_model_len`` it was started with, as vLLM does.
+
 The server's bad days are scripted per request with ``faults``: ``"500"``, ``"503"``, ``"slow"`` (answers after
 ``slow_seconds``), ``"garbage"`` (a 200 with no choices). A refused connection is ``refused_url()``.
 """
@@ -91,15 +94,20 @@ def engine_sample(policy, prompt_ids, max_tokens: int, stop_ids) -> tuple[list[i
 
 
 class FakeVLLMServer:
-    """``with FakeVLLMServer(policy, stop_ids) as server: ...`` serves /health, /v1/models, /v1/completions."""
+    """``with FakeVLLMServer(policy, stop_ids) as server: ...`` serves /health, /v1/models, /v1/completions and
+    /v1/chat/completions."""
 
-    def __init__(self, policy, stop_ids=(), *, model: str = "fake-model", faults=(), slow_seconds: float = 2.0):
+    def __init__(self, policy, stop_ids=(), *, model: str = "fake-model", faults=(), slow_seconds: float = 2.0,
+                 max_model_len: int | None = 32768, chat_reply: tuple[str, str] = ("Thinking.", "The answer.")):
         self.policy = policy
         self.stop_ids = set(stop_ids)
         self.model = model
         self.faults = deque(faults)
         self.slow_seconds = slow_seconds
+        self.max_model_len = max_model_len  # None: a server that does not report it
+        self.chat_reply = chat_reply  # (reasoning_content, content)
         self.requests: list[dict] = []  # every completions body received
+        self.chat_requests: list[dict] = []  # every chat completions body received
         self.lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -144,6 +152,18 @@ class FakeVLLMServer:
                 )
         return {"id": "cmpl-fake", "object": "text_completion", "model": self.model, "choices": choices}
 
+    def chat_completions(self, body: dict) -> dict:
+        reasoning, content = self.chat_reply
+        message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+        return {"id": "chatcmpl-fake", "object": "chat.completion", "model": self.model,
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": {}}
+
+    def models(self) -> dict:
+        entry = {"id": self.model, "object": "model", "owned_by": "vllm", "root": self.model}
+        if self.max_model_len is not None:
+            entry["max_model_len"] = self.max_model_len
+        return {"object": "list", "data": [entry]}
+
     def _handler(self):
         fake = self
 
@@ -166,16 +186,17 @@ class FakeVLLMServer:
                 if self.path == "/health":
                     self._send(200, {})
                 elif self.path == "/v1/models":
-                    self._send(200, {"object": "list", "data": [{"id": fake.model, "object": "model"}]})
+                    self._send(200, fake.models())
                 else:
                     self._send(404, {"error": "not found"})
 
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                if self.path != "/v1/completions":
+                if self.path not in ("/v1/completions", "/v1/chat/completions"):
                     return self._send(404, {"error": "not found"})
+                chat = self.path == "/v1/chat/completions"
                 with fake.lock:
-                    fake.requests.append(body)
+                    (fake.chat_requests if chat else fake.requests).append(body)
                     fault = fake.faults.popleft() if fake.faults else None
                 if fault in ("500", "503"):
                     return self._send(int(fault), {"error": "scripted failure"})
@@ -183,7 +204,7 @@ class FakeVLLMServer:
                     time.sleep(fake.slow_seconds)
                 if fault == "garbage":
                     return self._send(200, {"unexpected": True})
-                self._send(200, fake.completions(body))
+                self._send(200, fake.chat_completions(body) if chat else fake.completions(body))
 
         return Handler
 
@@ -209,6 +230,8 @@ class FakeSamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
     logprobs: int | None = None

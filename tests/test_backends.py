@@ -4,6 +4,7 @@ an object shaped like ``vllm.LLM``, and transformers generate on the tiny model.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -57,6 +58,55 @@ def test_server_good_answer_and_request_body(stops):
     assert body["logprobs"] == 0 and body["return_token_ids"] is True and body["return_tokens_as_token_ids"] is True
     assert body["stop_token_ids"] == stops and body["temperature"] == 0.7 and body["top_k"] == -1
     assert body["seed"] == 7 and "seed" not in bodies[1]
+
+
+SAMPLINGS = [
+    SamplingSettings.training(),
+    SamplingSettings.evaluation(seed=4),
+    SamplingSettings(temperature=0.8, top_p=0.9, top_k=5, min_p=0.05, presence_penalty=0.5, frequency_penalty=0.25,
+                     repetition_penalty=1.1, seed=2),
+]
+
+
+def _expected_sampling(sampling: SamplingSettings) -> dict:
+    """Every SamplingSettings field but the seed, as vLLM names it (top-k off is -1)."""
+    fields = {f.name: getattr(sampling, f.name) for f in dataclasses.fields(SamplingSettings) if f.name != "seed"}
+    assert {"presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "top_k"} <= set(fields)
+    return {**fields, "top_k": sampling.top_k if sampling.top_k > 0 else -1}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["training", "evaluation", "custom"])
+def test_every_sampling_field_is_sent_in_server_and_chat_modes(stops, sampling):
+    """A field left out is filled by vLLM from the checkpoint's generation_config.json: none may be left out."""
+    from t2s.backends.chat_endpoint import ChatEndpointClient
+
+    expected = _expected_sampling(sampling)
+    with FakeVLLMServer(fixed([11, stops[0]])) as server:
+        VLLMServerBackend(server.base_url, stop_ids=stops, retries=0).generate([[3, 4]], [8], sampling, [sampling.seed])
+        client = ChatEndpointClient(server.base_url, retries=0)
+        text, finish, _ = client.complete([{"role": "user", "content": "Which tables?"}], 8, sampling, sampling.seed)
+    assert text.endswith("The answer.") and finish == "stop"
+    for body in (server.requests[0], server.chat_requests[0]):
+        assert {key: body.get(key, "missing") for key in expected} == expected
+        assert body.get("seed") == sampling.seed
+    # the colocate engine gets the same fields in its SamplingParams
+    params = VLLMColocateBackend(FakeLLM(fixed([1])), stop_ids=stops, sampling_params_cls=FakeSamplingParams
+                                 ).sampling_params(8, sampling, sampling.seed)
+    assert {key: getattr(params, key) for key in expected} == expected
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("reported", [16384, None])
+def test_server_reports_its_max_model_len(stops, reported):
+    with FakeVLLMServer(fixed([1]), max_model_len=reported, model="m") as server:
+        assert VLLMServerBackend(server.base_url, stop_ids=stops).served_max_model_len() == reported
+
+
+@pytest.mark.timeout(30)
+def test_server_max_model_len_of_a_dead_server_is_one_error_line(stops):
+    with pytest.raises(RuntimeError, match=r"^Error: no vLLM server answers at http://127\.0\.0\.1:\d+/v1/models"):
+        VLLMServerBackend(refused_url(), stop_ids=stops).served_max_model_len(wait=0.2, poll=0.1)
 
 
 @pytest.mark.timeout(30)
@@ -321,6 +371,15 @@ def test_hf_end_rollout_keeps_step_with_other_ranks(tiny_model, tiny_tokenizer):
     backend.generate([[1, 2]], [2], SamplingSettings(seed=0))
     backend.end_rollout()
     assert len(entered) == 3 and other_rank_rounds[0] == -1  # 1 real round + 2 empty ones, then all done
+
+
+def test_hf_refuses_penalties_it_cannot_apply(tiny_model, tiny_tokenizer):
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    backend = HFGenerateBackend(tiny_model, tiny_tokenizer)
+    for penalty in ("presence_penalty", "frequency_penalty"):
+        with pytest.raises(ValueError, match="^Error: the transformers backend has no presence or frequency penalty"):
+            one_turn(backend, [1, 2], 2, SamplingSettings(**{penalty: 0.5}))
 
 
 def test_hf_sampling_ignores_the_checkpoints_generation_defaults(tiny_model_dir, tiny_tokenizer):

@@ -208,3 +208,45 @@ def test_policy_loads_whole_on_each_rank_under_ddp_and_deepspeed(distributed_typ
     assert kwargs.get("device_map", "absent") == device_map
     assert kwargs["dtype"] == "bfloat16" and kwargs["trust_remote_code"] is False
     assert args.model_init_kwargs == {"dtype": "bfloat16"}, "the recipe's kwargs are not mutated"
+
+
+# ---------------------------------------------------------------------------------------------------- vLLM server
+
+
+def _server_config(tmp_path, url, **overrides):
+    return make_config(tmp_path, rollout_backend="vllm_server", vllm_server_base_url=url, **overrides)
+
+
+def test_server_context_must_hold_the_episode_budget(tmp_path, caplog):
+    from tests.fake_vllm import FakeVLLMServer, refused_url
+    from t2s.trainer import check_server_context
+
+    never = lambda prompt, max_tokens: []  # noqa: E731 - no completion is requested
+    with FakeVLLMServer(never, max_model_len=12288) as server:
+        check_server_context(_server_config(tmp_path, server.base_url, episode_token_budget=12288))
+        with pytest.raises(ConfigError) as excinfo:
+            check_server_context(_server_config(tmp_path, server.base_url, episode_token_budget=12289))
+    message = _error(excinfo)
+    assert "max_model_len 12288, below episode_token_budget 12289" in message and "--max-model-len 12289" in message
+    with FakeVLLMServer(never, max_model_len=None) as server:  # a server that does not say: checked later, warned
+        check_server_context(_server_config(tmp_path, server.base_url))
+    assert "reports no max_model_len" in caplog.text
+    with pytest.raises(ConfigError) as excinfo:
+        check_server_context(_server_config(tmp_path, refused_url(), vllm_server_timeout=0.0))
+    assert "no vLLM server answers" in _error(excinfo)
+
+
+@pytest.mark.slow
+def test_train_cli_short_server_context_is_one_clear_line(tiny_model_dir, demo_dir, tmp_path, capsys):
+    from tests.fake_vllm import FakeVLLMServer
+    from t2s.cli import main
+    from t2s.settings import RECIPES_DIR
+
+    with FakeVLLMServer(lambda prompt, max_tokens: [], max_model_len=1024) as server:
+        code = main(["train", "--config", str(RECIPES_DIR / "smoke.yaml"), "--model_name_or_path", str(tiny_model_dir),
+                     "--output_dir", str(tmp_path / "out"), "--rollout_backend", "vllm_server",
+                     "--vllm_server_base_url", server.base_url])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith("Error: the vLLM server at") and "max_model_len 1024, below episode_token_budget 2048" in err[0]
+    assert not server.requests  # refused before any episode ran

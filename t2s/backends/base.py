@@ -23,12 +23,18 @@ FinishReason = Literal["stop", "length", "error"]
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """Sampling for one rollout. ``top_k`` 0 and ``top_p`` 1.0 mean off; ``seed`` None means unseeded."""
+    """Sampling for one rollout. ``top_k`` 0 and ``top_p`` 1.0 mean off; ``seed`` None means unseeded.
+
+    Engines fill a field a request leaves out from the checkpoint's ``generation_config.json`` (vLLM does), so every
+    field but the seed goes into every request (``engine_fields``).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     seed: int | None = None
 
@@ -49,6 +55,14 @@ class SamplingSettings:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def engine_fields(self) -> dict:
+        """Every sampling field except the seed, named as vLLM's requests and ``SamplingParams`` name them (top-k
+        off is -1)."""
+        fields = self.as_dict()
+        del fields["seed"]
+        fields["top_k"] = self.top_k if self.top_k > 0 else -1
+        return fields
 
     def request_seed(self, episode_index: int, turn_index: int) -> int | None:
         """A distinct, reproducible seed per (episode, turn), or None when unseeded.

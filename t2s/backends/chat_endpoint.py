@@ -90,15 +90,10 @@ class ChatEndpointClient:
             "model": self.model_name(),
             "messages": messages,
             "max_tokens": max(1, int(max_tokens)),
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
+            **sampling.engine_fields(),
             "chat_template_kwargs": {"enable_thinking": self.enable_thinking},
             "skip_special_tokens": False,
         }
-        if sampling.top_k > 0:
-            body["top_k"] = sampling.top_k
-        if sampling.min_p > 0:
-            body["min_p"] = sampling.min_p
         if seed is not None:
             body["seed"] = int(seed)
         body.update(self.extra_body)

@@ -110,6 +110,8 @@ class HFGenerateBackend(TurnSyncBackend):
         for i, ids in enumerate(prompts):
             input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
             attention[i, width - len(ids) :] = 1
+        if sampling.presence_penalty or sampling.frequency_penalty:
+            raise ValueError("Error: the transformers backend has no presence or frequency penalty; set both to 0")
         greedy = sampling.temperature <= 0
         # When sampling, every filter is set explicitly: transformers fills the None fields from the checkpoint's
         # generation_config (Qwen3.5 ships top_p/top_k defaults), which would silently reshape training sampling.

@@ -61,11 +61,7 @@ class VLLMColocateBackend(TurnSyncBackend):
         return cls(
             n=1,
             max_tokens=max(1, int(max_tokens)),
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k if sampling.top_k > 0 else -1,
-            min_p=sampling.min_p,
-            repetition_penalty=sampling.repetition_penalty,
+            **sampling.engine_fields(),
             seed=seed,
             logprobs=0,
             stop_token_ids=list(self.stop_token_ids),

@@ -8,12 +8,14 @@ backoff; after the last retry the turn comes back with finish "error" and the ep
 
 The same client serves ``eval --policy endpoint --endpoint-mode completions`` against any vLLM server:
 ``VLLMServerBackend(base_url, tokenizer)`` reads the model name from ``/v1/models`` when none is given.
+``served_max_model_len`` reads the context length vLLM reports there, for start-up checks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Sequence
 
 from t2s.backends.base import SamplingSettings, TurnOutput, engine_turn, stop_token_ids
@@ -84,29 +86,62 @@ class VLLMServerBackend:
         self._session = None
         self._loop = None
 
+    async def aserved_model(self) -> dict:
+        """The served model's ``GET /v1/models`` entry: the named model's, else the first listed."""
+        session = self._bind()
+        status, body = await self._request(session, "GET", "/v1/models", None)
+        if status != 200:
+            raise RuntimeError(f"Error: {self.base_url}/v1/models answered {status}: {str(body)[:200]}")
+        entries = body["data"]
+        return next((entry for entry in entries if entry.get("id") == self.model), entries[0])
+
     async def amodel_name(self) -> str:
         """The served model's name: the one given, else the first of ``GET /v1/models``."""
         if self.model:
             return self.model
-        session = self._bind()
+        self._bind()
         async with self._model_lock:
             if not self.model:
-                status, body = await self._request(session, "GET", "/v1/models", None)
-                if status != 200:
-                    raise RuntimeError(f"Error: {self.base_url}/v1/models answered {status}: {str(body)[:200]}")
-                self.model = body["data"][0]["id"]
+                self.model = (await self.aserved_model())["id"]
         return self.model
 
-    def model_name(self) -> str:
-        """Synchronous ``amodel_name`` (for callers outside an event loop)."""
+    def _run(self, make_coroutine):
+        """Run ``make_coroutine()`` on a fresh event loop, closing the session after (for callers outside a loop)."""
 
-        async def read():
+        async def run():
             try:
-                return await self.amodel_name()
+                return await make_coroutine()
             finally:
                 await self.aclose()
 
-        return asyncio.run(read())
+        return asyncio.run(run())
+
+    def model_name(self) -> str:
+        """Synchronous ``amodel_name`` (for callers outside an event loop)."""
+        return self._run(self.amodel_name)
+
+    def served_max_model_len(self, *, wait: float = 0.0, poll: float = 2.0) -> int | None:
+        """The ``max_model_len`` the server reports for its model (None when it reports none).
+
+        A server that does not answer yet is asked again every ``poll`` seconds for up to ``wait`` seconds (it may
+        still be loading); after that, or for an answer that is not a model list, a RuntimeError says so.
+        """
+        import aiohttp
+
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                entry = self._run(self.aserved_model)
+                break
+            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+                if time.monotonic() + poll > deadline:
+                    raise RuntimeError(f"Error: no vLLM server answers at {self.base_url}/v1/models "
+                                       f"({type(exc).__name__}); start one with make serve") from None
+                time.sleep(poll)
+            except (KeyError, IndexError, TypeError, AttributeError, StopIteration):
+                raise RuntimeError(f"Error: {self.base_url}/v1/models does not list a model") from None
+        length = entry.get("max_model_len") if isinstance(entry, dict) else None
+        return int(length) if isinstance(length, (int, float)) and not isinstance(length, bool) else None
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def request_body(self, model: str, prompt_ids, max_tokens: int, sampling: SamplingSettings, seed=None) -> dict:
@@ -115,11 +150,7 @@ class VLLMServerBackend:
             "prompt": list(prompt_ids),
             "n": 1,
             "max_tokens": max(1, int(max_tokens)),
-            "temperature": sampling.temperature,
-            "top_p": sampling.top_p,
-            "top_k": sampling.top_k if sampling.top_k > 0 else -1,
-            "min_p": sampling.min_p,
-            "repetition_penalty": sampling.repetition_penalty,
+            **sampling.engine_fields(),
             "logprobs": 0,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
@@ -199,11 +230,8 @@ class VLLMServerBackend:
         seeds = list(seeds) if seeds is not None else [None] * len(prompts)
 
         async def batch():
-            try:
-                return await asyncio.gather(
-                    *(self.agenerate(p, m, sampling, s) for p, m, s in zip(prompts, max_tokens, seeds))
-                )
-            finally:
-                await self.aclose()
+            return await asyncio.gather(
+                *(self.agenerate(p, m, sampling, s) for p, m, s in zip(prompts, max_tokens, seeds))
+            )
 
-        return list(asyncio.run(batch()))
+        return list(self._run(batch))
