@@ -323,21 +323,47 @@ def _parse_body(text: str, end: int, body: str, kinds: list[str], objects: list 
     return ParsedTurn(calls, len(kinds), errors, text, end, body, kinds)
 
 
-_SQL_START = re.compile(r"^\s*(select|with)\b", re.IGNORECASE)
-_SQL_FENCE = re.compile(r"```(?:sql|sqlite)?\s*\n?(.*?)```", re.IGNORECASE | re.DOTALL)
+_SQL_WORD = re.compile(r"\b(select|with)\b", re.IGNORECASE)  # literal words: one pass, no backtracking
+_FENCE_TAGS = ("sqlite", "sql")
+
+
+def _starts_with_query(text: str) -> bool:
+    """True when ``text``, after whitespace, starts with the word SELECT or WITH."""
+    start = len(text) - len(text.lstrip())
+    for word in ("select", "with"):
+        end = start + len(word)
+        if text[start:end].lower() == word and (end == len(text) or not (text[end].isalnum() or text[end] == "_")):
+            return True
+    return False
+
+
+def _fenced_blocks(body: str):
+    """The text of each closed ````` ``` ````` block, its ``sql``/``sqlite`` tag removed (one pass over ``body``)."""
+    pos = 0
+    while (start := body.find("```", pos)) >= 0:
+        end = body.find("```", start + 3)
+        if end < 0:
+            return
+        block = body[start + 3 : end]
+        for tag in _FENCE_TAGS:
+            if block[: len(tag)].lower() == tag:
+                block = block[len(tag) :]
+                break
+        yield block
+        pos = end + 3
 
 
 def bare_sql(body: str) -> str | None:
     """SQL written without a tool call (accepted on the forced final turn): a fenced block or a SELECT/WITH text."""
     if not isinstance(body, str):
         return None
-    for block in _SQL_FENCE.findall(body):
-        if _SQL_START.match(block):
+    for block in _fenced_blocks(body):
+        if _starts_with_query(block):
             return block.strip()
-    match = re.search(r"\b(select|with)\b", body, re.IGNORECASE)
+    match = _SQL_WORD.search(body)
     if match:
         candidate = body[match.start():].strip().strip("`").strip()
-        if _SQL_START.match(candidate):
+        if _starts_with_query(candidate):
             return candidate
     return None
 

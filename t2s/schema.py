@@ -314,8 +314,15 @@ def _read_description_files(folder: Path) -> dict[str, dict[str, str]]:
 # ----------------------------------------------------------------------------------------------------------------
 # Tables a query reads
 # ----------------------------------------------------------------------------------------------------------------
+# sqlglot's scope walk grows with the square of the number of joins (340,000 characters of JOINs take about 30 s), so
+# longer SQL (about ten times the longest benchmark query) is not walked: it reads no tables we can name.
+MAX_WALKED_SQL_CHARS = 20_000
+
+
 @functools.lru_cache(maxsize=8192)
 def _tables_in_sql(sql: str) -> tuple[str, ...]:
+    if len(sql) > MAX_WALKED_SQL_CHARS:
+        return ()
     import sqlglot
     from sqlglot import exp
     from sqlglot.optimizer.scope import traverse_scope
@@ -337,7 +344,7 @@ def _tables_in_sql(sql: str) -> tuple[str, ...]:
 def tables_in_sql(sql) -> set[str]:
     """Lowercased, unquoted names of the tables a query reads (CTE names resolved, subqueries included).
 
-    Empty when the SQL does not parse as SQLite.
+    Empty when the SQL does not parse as SQLite, or is longer than ``MAX_WALKED_SQL_CHARS``.
     """
     return set(tables_in_reading_order(sql))
 

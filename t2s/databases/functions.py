@@ -29,8 +29,16 @@ def _as_int(value) -> int:
         value = value.decode("latin-1")
     if isinstance(value, str):
         match = _LEADING_NUMBER.match(value)
-        return int(match.group()) if match else 0
+        return _digits_value(match.group()) if match else 0
     return 0
+
+
+def _digits_value(digits: str) -> int:
+    """An integer written in decimal; one too long to matter (or for Python to read) is read as a huge width."""
+    digits = digits.strip()
+    sign = -1 if digits[:1] == "-" else 1
+    digits = digits.lstrip("+-").lstrip("0") or "0"
+    return sign * (int(digits) if len(digits) <= 18 else 10**18)
 
 
 def printf_too_wide(fmt, args) -> bool:
@@ -49,7 +57,7 @@ def printf_too_wide(fmt, args) -> bool:
                 value = _as_int(args[next_arg]) if next_arg < len(args) else 0
                 next_arg += 1
             else:
-                value = int(size)
+                value = _digits_value(size)
             if abs(value) > limits.PRINTF_MAX_WIDTH:
                 return True
         if kind not in ("%", "n", ""):

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from t2s.databases import limits
 from t2s.databases.opening import DatabaseOpenError, DatabaseRef
 from t2s.databases.sandbox import SandboxConnection
-from t2s.databases.sqltext import only_comments
+from t2s.databases.sqltext import only_comments, statement_end
 
 _local = threading.local()
 
@@ -34,31 +34,44 @@ def _payload_value(value):
     return str(value)
 
 
+MAX_UNENDED_DDL = 8  # statements that never end before the rest of a DDL script is simply cut at every ';'
+
+
+def _ends_alone(piece: str) -> bool:
+    try:
+        return sqlite3.complete_statement(piece)
+    except ValueError:  # a NUL character: the scan decides
+        return False
+
+
 def _ddl_statements(ddl) -> list[str]:
     """A DDL script (or a list of statements) as single statements, comment-only pieces dropped.
 
-    The script is cut after every ``;`` and the pieces are joined again until ``sqlite3.complete_statement`` says
-    they end a statement, so a ``;`` inside a string, a comment or a trigger body does not cut. A broken statement
-    (an unbalanced parenthesis, an unknown keyword) ends at its own ``;`` and fails alone. A piece that never
-    completes (an unterminated quote or comment swallowing the rest) is taken alone, and splitting resumes after it.
+    A ``;`` inside a string, a comment or a trigger body does not cut (``sqltext.statement_end``, the verdict of
+    ``sqlite3.complete_statement``). A broken statement (an unbalanced parenthesis, an unknown keyword) ends at its own
+    ``;`` and fails alone. A piece that never ends (an unterminated quote or comment swallowing the rest) is taken
+    alone, and splitting resumes after it; after ``MAX_UNENDED_DDL`` such pieces the rest is cut at every ``;``, so
+    splitting stays linear in the script's length.
     """
     if isinstance(ddl, (list, tuple)):
         pieces = [str(part) for part in ddl]
     else:
-        parts = str(ddl or "").split(";")
-        chunks = [part + ";" for part in parts[:-1]] + [parts[-1]]
-        pieces, start = [], 0
-        while start < len(chunks):
-            buffer, end = "", start
-            while end < len(chunks):
-                buffer += chunks[end]
-                end += 1
-                if sqlite3.complete_statement(buffer):
-                    break
-            else:
-                if end - start > 1:  # never completed: take the first piece alone and resume after it
-                    buffer, end = chunks[start], start + 1
-            pieces.append(buffer)
+        script = str(ddl or "")
+        pieces, start, unended = [], 0, 0
+        while start < len(script):
+            semicolon = script.find(";", start)
+            if semicolon < 0:
+                pieces.append(script[start:])
+                break
+            end = semicolon + 1
+            piece = script[start:end]
+            if unended < MAX_UNENDED_DDL and not _ends_alone(piece):  # the usual piece ends alone
+                end = statement_end(script, start)
+                if end < 0:  # never ends: take the first piece alone and resume after it
+                    unended += 1
+                    end = semicolon + 1
+                piece = script[start:end]
+            pieces.append(piece)
             start = end
     return [piece for piece in pieces if not only_comments(piece)]
 

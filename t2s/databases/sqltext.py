@@ -1,18 +1,106 @@
-"""Reading SQL text without SQLite: what a statement starts with, and whether it holds anything but comments."""
+"""Reading SQL text without SQLite: what a statement starts with, and whether it holds anything but comments.
+
+Plain scans, linear in the length of the text whatever it holds (no regular expression that could backtrack).
+"""
 
 from __future__ import annotations
 
-import re
 
-_LEADING_REINDEX = re.compile(r"(?:\s+|--[^\n]*(?:\n|$)|/\*.*?\*/)*reindex\b", re.I | re.S)
+def skip_blanks(sql: str, pos: int = 0, *, semicolons: bool = False) -> int:
+    """The index of the first character at or after ``pos`` that is not whitespace or inside a comment.
+
+    ``--`` comments run to the end of the line, ``/* */`` comments to their close or the end of the text (as in
+    SQLite). With ``semicolons``, ``;`` is skipped too.
+    """
+    end = len(sql)
+    while pos < end:
+        char = sql[pos]
+        if char.isspace() or (semicolons and char == ";"):
+            pos += 1
+        elif char == "-" and sql.startswith("--", pos):
+            newline = sql.find("\n", pos + 2)
+            pos = end if newline < 0 else newline + 1
+        elif char == "/" and sql.startswith("/*", pos):
+            close = sql.find("*/", pos + 2)
+            pos = end if close < 0 else close + 2
+        else:
+            break
+    return pos
+
+
+def _identifier_char(char: str) -> bool:
+    """Characters SQLite reads as part of a bare word (letters, digits, ``_``, ``$`` and anything beyond ASCII)."""
+    return char.isalnum() or char in "_$" or ord(char) > 0x7F
 
 
 def starts_with_reindex(sql: str) -> bool:
     """True when the statement's first keyword, after whitespace and comments, is ``REINDEX``."""
-    return _LEADING_REINDEX.match(sql) is not None
+    pos = skip_blanks(sql)
+    word = sql[pos : pos + 7]
+    if word.lower() != "reindex":
+        return False
+    return pos + 7 == len(sql) or not _identifier_char(sql[pos + 7])
 
 
 def only_comments(sql: str) -> bool:
-    """True when nothing but comments, whitespace and semicolons is left of the statement."""
-    stripped = re.sub(r"--[^\n]*|/\*.*?(\*/|$)", " ", sql, flags=re.S).strip().strip(";").strip()
-    return not stripped
+    """True when nothing but comments, whitespace and semicolons is in the statement."""
+    return skip_blanks(sql, semicolons=True) == len(sql)
+
+
+# sqlite3_complete's state machine (SQLite's complete.c): the states after each token; a statement ends at the ';'
+# that brings it to START. Inside CREATE TRIGGER ... BEGIN, only "END ;" ends it.
+_INVALID, _START, _NORMAL, _EXPLAIN, _CREATE, _TRIGGER, _SEMI, _END = range(8)
+_SEMI_T, _WS_T, _OTHER_T, _EXPLAIN_T, _CREATE_T, _TEMP_T, _TRIGGER_T, _END_T = range(8)
+_NEXT_STATE = (
+    (_START, _INVALID, _NORMAL, _EXPLAIN, _CREATE, _NORMAL, _NORMAL, _NORMAL),  # INVALID
+    (_START, _START, _NORMAL, _EXPLAIN, _CREATE, _NORMAL, _NORMAL, _NORMAL),  # START
+    (_START, _NORMAL, _NORMAL, _NORMAL, _NORMAL, _NORMAL, _NORMAL, _NORMAL),  # NORMAL
+    (_START, _EXPLAIN, _EXPLAIN, _NORMAL, _CREATE, _NORMAL, _NORMAL, _NORMAL),  # EXPLAIN
+    (_START, _CREATE, _NORMAL, _NORMAL, _NORMAL, _CREATE, _TRIGGER, _NORMAL),  # CREATE
+    (_SEMI, _TRIGGER, _TRIGGER, _TRIGGER, _TRIGGER, _TRIGGER, _TRIGGER, _TRIGGER),  # TRIGGER
+    (_SEMI, _SEMI, _TRIGGER, _TRIGGER, _TRIGGER, _TRIGGER, _TRIGGER, _END),  # SEMI
+    (_START, _END, _TRIGGER, _TRIGGER, _TRIGGER, _TRIGGER, _TRIGGER, _TRIGGER),  # END
+)
+_KEYWORDS = {"create": _CREATE_T, "temp": _TEMP_T, "temporary": _TEMP_T, "trigger": _TRIGGER_T, "end": _END_T,
+             "explain": _EXPLAIN_T}
+_CLOSING_QUOTE = {"'": "'", '"': '"', "`": "`", "[": "]"}
+
+
+def statement_end(sql: str, start: int = 0) -> int:
+    """Where the statement starting at ``start`` ends: the index just after its closing ``;``, or -1 when it never
+    ends (an unterminated quote or comment, or no ``;``). The same verdict as ``sqlite3.complete_statement``, in one
+    pass."""
+    state, pos, end = _INVALID, start, len(sql)
+    while pos < end:
+        char = sql[pos]
+        if char == ";":
+            token, pos = _SEMI_T, pos + 1
+        elif char in " \t\n\r\f":
+            token, pos = _WS_T, pos + 1
+        elif char == "/" and sql.startswith("/*", pos):
+            close = sql.find("*/", pos + 2)
+            if close < 0:
+                return -1
+            token, pos = _WS_T, close + 2
+        elif char == "-" and sql.startswith("--", pos):
+            newline = sql.find("\n", pos + 2)
+            if newline < 0:
+                return -1
+            token, pos = _WS_T, newline + 1
+        elif char in _CLOSING_QUOTE:
+            close = sql.find(_CLOSING_QUOTE[char], pos + 1)
+            if close < 0:
+                return -1
+            token, pos = _OTHER_T, close + 1
+        elif _identifier_char(char):
+            word_end = pos + 1
+            while word_end < end and _identifier_char(sql[word_end]):
+                word_end += 1
+            token = _KEYWORDS.get(sql[pos:word_end].lower(), _OTHER_T) if word_end - pos <= 9 else _OTHER_T
+            pos = word_end
+        else:
+            token, pos = _OTHER_T, pos + 1
+        state = _NEXT_STATE[state][token]
+        if state == _START and token == _SEMI_T:
+            return pos
+    return -1
