@@ -147,10 +147,11 @@ class Episode:
     # -- turns ------------------------------------------------------------------------------------------------------
 
     def step(self, text: str, *, n_tokens: int = 0, cut_off: bool = False) -> str | None:
-        """One assistant turn; returns the next observation, or None when the episode is over."""
+        """One assistant turn; returns the next observation, or None when the episode is over. Never raises: a turn
+        the environment fails on counts as a tool error, and the episode goes on."""
         if self.done:
             return None
-        text = text if isinstance(text, str) else ""
+        text = protocol.valid_text(text) if isinstance(text, str) else ""
         if n_tokens:
             self.tokens_used += int(n_tokens)
         counters = self.counters
@@ -159,9 +160,27 @@ class Episode:
         parsed = parse_turn(text, self.config.enable_thinking)
         counters["format_deviations"] += parsed.deviations
         counters["turns"] += 1
-        if self.forced_turn:
-            return self._forced_step(text, parsed)
-        return self._tool_step(text, parsed)
+        turns_recorded = len(self.turns)
+        try:
+            if self.forced_turn:
+                return self._forced_step(text, parsed)
+            return self._tool_step(text, parsed)
+        except Exception as exc:  # noqa: BLE001 - nothing a model writes may stop the run
+            del self.turns[turns_recorded:]
+            return self._failed_step(text, exc)
+
+    def _failed_step(self, text: str, exc: Exception) -> str | None:
+        """The turn the environment failed on: a tool error, then the next turn (or the end, if none is left)."""
+        self.counters["tool_errors"] += 1
+        error = f"Error: the environment failed on this turn ({type(exc).__name__}); nothing of it ran."
+        tool_turns_left = self.config.max_turns - self.tool_turns
+        if self.done or self.forced_turn or tool_turns_left <= 0:
+            self._record_turn(text, [], "")
+            self._finish(self.end_reason or "max_turns")
+            return None
+        observation = render_observation([("", error)], budget_line(tool_turns_left))
+        self._record_turn(text, [], observation)
+        return observation
 
     def _tool_step(self, text: str, parsed) -> str | None:
         cfg = self.config
@@ -297,6 +316,16 @@ class Episode:
         """End the episode now (e.g. the generation backend failed); the final-SQL rule still applies."""
         self._finish(reason)
 
+    def end_with_error(self, text: str) -> None:
+        """End the episode on a turn that ``step`` raised on (a caller's last resort): the turn is recorded with a
+        tool error, and the final-SQL rule applies."""
+        if self.done:
+            return
+        self.counters["tool_errors"] += 1
+        self.counters["turns"] = len(self.turns) + 1
+        self._record_turn(protocol.valid_text(text) if isinstance(text, str) else "", [], "")
+        self._finish("environment_error")
+
     def _finish(self, reason: str) -> None:
         if self.done:
             return
@@ -410,7 +439,7 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
         if episode.done:
             break
         text = policy(episode)
-        text = text if isinstance(text, str) else ""
+        text = protocol.valid_text(text) if isinstance(text, str) else ""
         n_tokens, cut_off = 0, False
         if tokenizer is not None:
             ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]

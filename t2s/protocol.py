@@ -22,6 +22,8 @@ OBSERVATION_CHAR_CAP = 4000  # all tool results of one observation together (eac
 LABEL_SQL_CHARS = 60  # a run_query label quotes this much of the SQL
 FORCED_SQL_CHARS = 1500  # the forced-turn message quotes at most this much of the last working query
 MAX_FAILED_DECODES = 64  # JSON decode attempts that may fail in one turn before scanning stops (keeps reading linear)
+MAX_JSON_DEPTH = 32  # deeper JSON containers in a call are replaced by a note (no tool argument nests so deep)
+TOO_DEEP = "(nested too deeply)"
 
 EXEC_PLAN_SYSTEM_PROMPT = """\
 You answer questions about a SQLite database by writing one SQL query. You may explore the database with tools \
@@ -196,7 +198,7 @@ def _as_call(obj) -> tuple[ToolCall | None, bool]:
     if isinstance(args, str):  # args written as a JSON string
         try:
             decoded = json.loads(args)
-        except ValueError:
+        except (ValueError, RecursionError):
             decoded = None
         if isinstance(decoded, dict):
             args, alias = decoded, True
@@ -231,9 +233,26 @@ def _object_lines(body: str) -> list | None:
 
 
 def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
-    """Read the tool calls of one assistant turn (linear time, never raises)."""
+    """Read the tool calls of one assistant turn (linear time, never raises).
+
+    Decoded calls hold valid text only (lone surrogates become U+FFFD) and nest at most ``MAX_JSON_DEPTH`` deep. A
+    turn that cannot be read at all has no calls and one deviation, ``unreadable_turn``.
+    """
     if type(text) is not str:
         text = text if isinstance(text, str) else ""
+    try:
+        text = valid_text(text)
+        parsed = _parse_turn(text, expect_think)
+        if parsed.calls and _needs_taming(parsed.body):
+            for call in parsed.calls:
+                call.tool, call.args = _tame(call.tool), _tame(call.args)
+        return parsed
+    except Exception as exc:  # noqa: BLE001 - whatever the text, a turn is read as a deviation, never an exception
+        kinds = ["unreadable_turn"]
+        return ParsedTurn([], 1, [f"Error: the turn could not be read ({type(exc).__name__})."], text, -1, "", kinds)
+
+
+def _parse_turn(text: str, expect_think: bool) -> ParsedTurn:
     end, body, kinds = _split(text, expect_think)
     objects = None if "```" in body else _object_lines(body)
     if objects is not None and not kinds:  # the usual turn: thinking, then calls one per line and nothing else
@@ -247,6 +266,50 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
             several = ["several_calls"] if len(calls) > 1 else []
             return ParsedTurn(calls, len(several), [], text, end, body, several)
     return _parse_body(text, end, body, kinds, objects)
+
+
+def _needs_taming(body: str) -> bool:
+    """Whether decoded values may hold lone surrogates (from ``\\udXXX`` escapes) or nest past ``MAX_JSON_DEPTH``."""
+    return "\\ud" in body or "\\uD" in body or body.count("[") + body.count("{") > MAX_JSON_DEPTH
+
+
+def valid_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD (a paired one becomes its character)."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _tame(value):
+    """A decoded JSON value made safe to run, render and write: text valid, containers at most ``MAX_JSON_DEPTH``
+    deep (deeper ones become ``TOO_DEEP``). Iterative, so no depth of input can exhaust the stack."""
+    if isinstance(value, str):
+        return valid_text(value)
+    if not isinstance(value, (dict, list)):
+        return value
+    root = type(value)()
+    stack = [(value, root, 1)]
+    while stack:
+        source, target, depth = stack.pop()
+        items = source.items() if isinstance(source, dict) else enumerate(source)
+        for key, item in items:
+            if isinstance(item, (dict, list)):
+                if depth >= MAX_JSON_DEPTH:
+                    copy = TOO_DEEP
+                else:
+                    copy = type(item)()
+                    stack.append((item, copy, depth + 1))
+            elif isinstance(item, str):
+                copy = valid_text(item)
+            else:
+                copy = item
+            if isinstance(target, dict):
+                target[valid_text(key)] = copy
+            else:
+                target.append(copy)
+    return root
 
 
 def _parse_body(text: str, end: int, body: str, kinds: list[str], objects: list | None) -> ParsedTurn:
@@ -268,7 +331,7 @@ def _parse_body(text: str, end: int, body: str, kinds: list[str], objects: list 
                 break
             try:
                 obj, end = scan(body, start)
-            except (StopIteration, ValueError):  # not JSON here: try the next brace
+            except (StopIteration, ValueError, RecursionError):  # not JSON here (or nested past the stack): next brace
                 failed += 1
                 if failed >= MAX_FAILED_DECODES:
                     kinds.append("unreadable_json")

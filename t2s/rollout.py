@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import os
 import threading
 import time
@@ -38,6 +39,8 @@ from typing import Any, Callable, Iterator, Sequence
 from t2s import protocol
 from t2s.backends.base import SamplingSettings, TurnOutput
 from t2s.episode import COUNTER_KEYS, Episode, EpisodeConfig, EnvTokenCounter
+
+logger = logging.getLogger(__name__)
 
 IM_END = "<|im_end|>"
 GENERATION, ENVIRONMENT = "generation", "environment"
@@ -170,7 +173,12 @@ class _Run:
 
     def step(self, text: str, n_tokens: int, cut_off: bool) -> str | None:  # worker thread: runs the tools
         with self.rollout.clock.span(ENVIRONMENT):
-            return self.episode.step(text, n_tokens=n_tokens, cut_off=cut_off)
+            try:
+                return self.episode.step(text, n_tokens=n_tokens, cut_off=cut_off)
+            except Exception as exc:  # noqa: BLE001 - one episode's failure ends that episode, never the rollout
+                logger.warning("episode %s ended by an environment error: %s: %s", self.index, type(exc).__name__, exc)
+                self.episode.end_with_error(text)
+                return None
 
     def add_environment(self, observation: str) -> None:
         needs_im_end = self.last.stop_token_id != self.rollout.im_end_id

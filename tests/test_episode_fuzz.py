@@ -1,4 +1,8 @@
-"""Property-based: random assistant turns never make the episode raise, and its counters agree with its record."""
+"""Random and hostile assistant turns never make the episode raise, and its counters agree with its record.
+
+Hostile turns: JSON nested past Python's recursion limit, numbers too long to read, lone surrogates (escaped in JSON
+strings and raw in the text) and megabyte turns. Each is a format deviation or a tool error, and the episode goes on.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from t2s.episode import COUNTER_KEYS, RECORD_KEYS, Episode, EpisodeConfig
+from t2s.backends.scripted import ReplayPolicy
+from t2s.episode import COUNTER_KEYS, RECORD_KEYS, Episode, EpisodeConfig, play
+from t2s.tools import Toolbox
 
 TOOLS = ["list_tables", "describe_table", "foreign_keys", "join_path", "sample_rows", "distinct_values", "run_query",
          "submit_sql", "nope", ""]
@@ -41,6 +47,10 @@ pieces = st.one_of(
     calls,
     st.sampled_from(["</think>", "<think>", "```json\n", "```", "\n", "{", "}", '{"tool": "run_query", "args": {"sql": "SEL',
                      "SELECT COUNT(*) FROM t", "<|im_end|>", "I think", "[1, 2]"]),
+    st.sampled_from(["[" * 1500, '{"a": ' * 1500, '{"tool": "run_query", "args": {"sql": ' + "[" * 1500, "9" * 5000,
+                     "1e999999", '"\\ud800"', "\ud800", "\udfff",
+                     '{"tool": "describe_table", "args": {"table_name": "\\udc00"}}',
+                     '{"tool": "run_query", "args": {"sql": "SELECT \'\\ud83d\'"}}']),  # hostile pieces
     st.text(max_size=30),
 )
 turns = st.lists(st.lists(pieces, max_size=8).map("".join), max_size=10)
@@ -85,4 +95,71 @@ def test_random_turns(row, turns, steps, max_turns, calls_per_turn, prompt, mode
         assert record["turns"][-1]["calls"][-1]["tool"] == "submit_sql"
     if record["final_sql_source"] == "forced":
         assert c["forced"]
-    json.dumps(record)
+    json.dumps(record, ensure_ascii=False).encode("utf-8")  # the record can be written as it is
+
+
+def tool_call(tool: str, **args) -> str:
+    return "thinking\n</think>\n" + json.dumps({"tool": tool, "args": args})
+
+
+HOSTILE = {
+    "arrays nested 1,500 deep": '</think>\n{"tool": "run_query", "args": {"sql": ' + "[" * 1500 + "]" * 1500 + "}}",
+    "arrays nested 1,500 deep after prose": "</think> Let me look. " + '{"tool": "run_query", "args": ' + "[" * 1500,
+    "objects nested 1,500 deep": "</think>\n" + '{"a": ' * 1500 + "1" + "}" * 1500,
+    "args nested 40 deep": tool_call("run_query", sql=json.loads("[" * 40 + "]" * 40)),
+    "args as a JSON string nested 3,000 deep": "</think>" + json.dumps({"tool": "run_query", "args": "[" * 3000}),
+    "a number of 5,000 digits": "</think>" + '{"tool": "sample_rows", "args": {"table_name": "t", "limit": ' + "9" * 5000
+                                + "}}",
+    "a number of 4,000 digits": "</think>" + '{"tool": "sample_rows", "args": {"table_name": "t", "limit": ' + "9" * 4000
+                                + "}}",
+    "an infinite number": "</think>" + '{"tool": "sample_rows", "args": {"table_name": "t", "limit": 1e999999}}',
+    "an escaped lone surrogate": "</think>" + '{"tool": "run_query", "args": {"sql": "SELECT \'\\ud800\'"}}',
+    "an escaped lone surrogate in a name": "</think>" + '{"tool": "describe_table", "args": {"table_name": "\\udfff"}}',
+    "a raw lone surrogate": "\ud800</think>\ud800" + '{"tool": "run_query", "args": {"sql": "SELECT \'\udc00\'"}}',
+    "a megabyte of brackets": "</think>" + "[" * 1_000_000,
+    "a megabyte of calls": "x" * 500_000 + "</think>" + tool_call("list_tables") * 10_000,
+    "a megabyte of escaped surrogates": "</think>" + '{"tool": "run_query", "args": {"sql": "' + "\\ud800" * 170_000
+                                        + '"}}',
+}
+
+READABLE = {"a number of 4,000 digits", "an escaped lone surrogate", "a raw lone surrogate", "a megabyte of brackets"}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", list(HOSTILE))
+@pytest.mark.parametrize("counted", [False, True], ids=["characters", "tokens"])
+def test_hostile_turns_never_stop_the_episode(row, tiny_tokenizer, case, counted):
+    """The hostile turn is a deviation or a tool error; the next turn submits, as it would have anyway."""
+    submit = tool_call("submit_sql", sql="SELECT COUNT(*) FROM t")
+    config = EpisodeConfig(max_turns=3, max_tokens_per_turn=1_000_000 if counted else 2048,
+                           episode_token_budget=2_000_000 if counted else 12288)
+    episode = play(Episode(row, config), ReplayPolicy([HOSTILE[case], submit]), tiny_tokenizer if counted else None)
+    record = episode.record()
+    c = record["counters"]
+    assert record["final_sql_source"] == "submitted" and record["final_sql"] == "SELECT COUNT(*) FROM t"
+    assert c["turns"] == 2 and c["calls"] == len(record["turns"][0]["calls"]) + 1
+    if case not in READABLE:  # the hostile turn is noted as a deviation or a tool error
+        assert c["format_deviations"] + c["tool_errors"] >= 1
+    first = record["turns"][0]
+    assert first["observation"].startswith(("Error:", "[")) and "tool turns left" in first["observation"]
+    json.dumps(record, ensure_ascii=False).encode("utf-8")
+
+
+def test_an_environment_failure_is_a_tool_error_and_the_episode_goes_on(row, monkeypatch):
+    real_call = Toolbox.call
+
+    def failing_once(self, tool, args, **kwargs):
+        if tool == "list_tables":
+            raise RecursionError("maximum recursion depth exceeded")
+        return real_call(self, tool, args, **kwargs)
+
+    monkeypatch.setattr(Toolbox, "call", failing_once)
+    turns = [tool_call("list_tables"), tool_call("run_query", sql="SELECT 1"), tool_call("submit_sql", sql="SELECT 2")]
+    record = play(Episode(row, EpisodeConfig(max_turns=4)), ReplayPolicy(turns)).record()
+    assert [t["observation"].splitlines()[0] for t in record["turns"][:2]] == [
+        "Error: the environment failed on this turn (RecursionError); nothing of it ran.", "[run_query: SELECT 1]"]
+    assert record["counters"]["tool_errors"] == 1 and record["final_sql"] == "SELECT 2"
+    # on the last tool turn the failure ends the episode, with the usual final-SQL rule
+    record = play(Episode(row, EpisodeConfig(max_turns=2)), ReplayPolicy([turns[1], turns[0]])).record()
+    assert record["counters"]["tool_errors"] == 1 and record["final_sql"] == "SELECT 1"
+    assert record["final_sql_source"] == "fallback" and record["turns"][-1]["observation"] == ""

@@ -268,3 +268,37 @@ def test_server_rollouts_wait_for_rank_zeros_weight_sync(tiny_tokenizer, rows):
     out = Text2SQLGRPOTrainer._run_episodes(trainer, rows[:2], trainer)
     assert len(out["completion_ids"]) == 2
     assert events[0] == "barrier" and events.count("barrier") == 1 and "request" in events
+
+
+@pytest.mark.timeout(120)
+def test_a_hostile_turn_does_not_stop_the_rollout(rows, tiny_tokenizer, monkeypatch):
+    """JSON nested past the recursion limit is a deviation and the episode goes on; an episode whose environment
+    fails anyway ends alone, and the other episodes of the rollout finish."""
+    row = rows[0]
+    hostile = '</think>\n{"tool": "run_query", "args": {"sql": ' + "[" * 1500 + "]" * 1500 + "}}"
+    submit = good_agent_turns(row)[-1]
+    config = EpisodeConfig(max_tokens_per_turn=4096, episode_token_budget=16384)
+    llm = FakeLLM(ScriptedAgent(tiny_tokenizer, [hostile, submit]))
+    backend = VLLMColocateBackend(llm, tiny_tokenizer, sampling_params_cls=FakeSamplingParams)
+    traces = Rollout(backend, tiny_tokenizer, config).run([row] * 2)
+    for trace in traces:
+        assert_stream_invariants(trace, tiny_tokenizer, config)
+        assert trace.record["final_sql"] == row["gold_sql"] and trace.record["counters"]["format_deviations"] >= 1
+        assert trace.outcome.equivalent
+
+    from t2s.episode import Episode
+
+    real_step = Episode.step
+
+    def failing_step(self, text, **kwargs):
+        if self.row["question_id"] == rows[1]["question_id"]:
+            raise MemoryError("the environment gave up")
+        return real_step(self, text, **kwargs)
+
+    monkeypatch.setattr(Episode, "step", failing_step)
+    llm = FakeLLM(ScriptedAgent(tiny_tokenizer, [submit]))
+    backend = VLLMColocateBackend(llm, tiny_tokenizer, sampling_params_cls=FakeSamplingParams)
+    failed, finished = Rollout(backend, tiny_tokenizer, config).run([rows[1], row])
+    assert failed.record["counters"]["tool_errors"] == 1 and failed.record["final_sql_source"] == "none"
+    assert finished.record["final_sql"] == row["gold_sql"] and finished.outcome.equivalent
+    assert_stream_invariants(failed, tiny_tokenizer, config)
