@@ -44,13 +44,26 @@ def _ids(seed: str, n: int, low: int = 300, high: int = 700) -> list[int]:
     return [low + (digest[i % len(digest)] * 7 + i * 13) % (high - low) for i in range(n)]
 
 
-class ScriptedEpisodes:
-    """``runner(rows, trainer) -> dict`` for ``Text2SQLGRPOTrainer(episode_runner=...)``; records what it saw."""
+def sampler_noise(sequence: int, position: int) -> float:
+    """A fixed pattern in [-1, 1] that ``logprob_noise`` scales: half a per-sequence offset, half a per-token one, so
+    both sequence-level and token-level ratios against the sampler spread out."""
+    return ((sequence * 5) % 9 - 4) / 8 + ((sequence * 7 + position * 3) % 11 - 5) / 10
 
-    def __init__(self, tokenizer, *, exact_logprobs: bool = True, logprob_shift: float = 0.0):
+
+class ScriptedEpisodes:
+    """``runner(rows, trainer) -> dict`` for ``Text2SQLGRPOTrainer(episode_runner=...)``; records what it saw.
+
+    ``ragged``: the last model turn is 0-2 tokens shorter by copy, so completions differ in length (TRL pads them).
+    Sampler logprobs are the policy's plus ``logprob_shift`` plus ``logprob_noise × sampler_noise(i, t)``.
+    """
+
+    def __init__(self, tokenizer, *, exact_logprobs: bool = True, logprob_shift: float = 0.0,
+                 logprob_noise: float = 0.0, ragged: bool = False):
         self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
         self.exact_logprobs = exact_logprobs
         self.logprob_shift = logprob_shift
+        self.logprob_noise = logprob_noise
+        self.ragged = ragged
         self.seen: list[list[str]] = []  # question ids per call
 
     def __call__(self, rows: list[dict], trainer) -> dict:
@@ -64,7 +77,7 @@ class ScriptedEpisodes:
             key = f"{row['question_id']}#{copy}"
             turn1 = _ids(key + "a", TURN_TOKENS - 1) + [self.im_end]
             env = _ids(key + "env", ENV_TOKENS, 100, 200)
-            turn2 = _ids(key + "b", TURN_TOKENS - 1) + [self.im_end]
+            turn2 = _ids(key + "b", TURN_TOKENS - 1 - (copy % 3 if self.ragged else 0)) + [self.im_end]
             prompt_ids.append(_ids(row["question_id"], PROMPT_TOKENS))
             completion_ids.append(turn1 + env + turn2)
             env_mask.append([1] * len(turn1) + [0] * len(env) + [1] * len(turn2))
@@ -82,14 +95,15 @@ class ScriptedEpisodes:
         import torch
 
         model = trainer.accelerator.unwrap_model(trainer.model)
-        ids = torch.tensor([p + c for p, c in zip(prompt_ids, completion_ids)], device=trainer.accelerator.device)
-        with torch.no_grad():
-            logits = model(input_ids=ids).logits.float() / trainer.temperature
-        logps = torch.log_softmax(logits[:, PROMPT_TOKENS - 1 : -1], dim=-1)
-        picked = logps.gather(-1, ids[:, PROMPT_TOKENS:].unsqueeze(-1)).squeeze(-1)
         out = []
-        for row, mask in zip(picked.tolist(), env_mask):
-            out.append([lp + self.logprob_shift if m else 0.0 for lp, m in zip(row, mask)])
+        for i, (prompt, completion, mask) in enumerate(zip(prompt_ids, completion_ids, env_mask)):
+            ids = torch.tensor([prompt + completion], device=trainer.accelerator.device)
+            with torch.no_grad():
+                logits = model(input_ids=ids).logits.float() / trainer.temperature
+            logps = torch.log_softmax(logits[:, len(prompt) - 1 : -1], dim=-1)
+            picked = logps.gather(-1, ids[:, len(prompt):].unsqueeze(-1)).squeeze(-1)[0].tolist()
+            out.append([lp + self.logprob_shift + self.logprob_noise * sampler_noise(i, t) if m else 0.0
+                        for t, (lp, m) in enumerate(zip(picked, mask))])
         return out
 
 
