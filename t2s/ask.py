@@ -13,18 +13,20 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from t2s.cli_args import non_empty_path, positive_int
+
 RESULT_ROWS = 20  # rows of the final SQL's result shown in the readable view
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question", help="the question to answer")
-    parser.add_argument("--db", required=True, help="the SQLite file to ask (opened read-only)")
+    parser.add_argument("--db", required=True, type=non_empty_path, help="the SQLite file to ask (opened read-only)")
     parser.add_argument("--replay", metavar="TURNS.jsonl", help="play recorded assistant turns: one JSON string a line")
     parser.add_argument("--mode", choices=("full", "withheld"), default="full",
                         help="full: the prompt shows the schema; withheld: the model discovers it with tools")
     parser.add_argument("--evidence", default="", help="a hint, as BIRD's evidence field")
-    parser.add_argument("--max-turns", type=int, default=None, help="tool turns before the forced final turn (6)")
-    parser.add_argument("--system-prompt-file", default=None, help="replace the system prompt with this file's text")
+    parser.add_argument("--max-turns", type=positive_int, default=None, help="tool turns before the forced final turn (6)")
+    parser.add_argument("--system-prompt-file", type=non_empty_path, default=None, help="replace the system prompt with this file's text")
     parser.add_argument("--json", action="store_true", help="print the episode record as one JSON object")
     add_model_arguments(parser)
 
@@ -84,10 +86,15 @@ def run(args: argparse.Namespace) -> int:
             f" or --{name}" for name in POLICIES if name != "replay"))
     if len(chosen) > 1:
         return _fail(f"Error: choose one policy, got {', '.join(chosen)}")
+    if args.system_prompt_file:
+        from t2s.evaluate import EvalError, read_system_prompt
+
+        try:
+            read_system_prompt(args.system_prompt_file)
+        except EvalError as exc:
+            return _fail(str(exc))
     config = EpisodeConfig(mode=args.mode, system_prompt_file=args.system_prompt_file)
     if args.max_turns is not None:
-        if args.max_turns < 1:
-            return _fail("Error: --max-turns must be at least 1")
         config.max_turns = args.max_turns
     row = ask_row(args.question, args.evidence, db)
     try:
@@ -105,15 +112,14 @@ def run(args: argparse.Namespace) -> int:
 
 def show_trajectory(record: dict, db, console=None) -> None:
     """The episode, readably: each turn's thinking, calls and observation, then the final SQL and its result."""
-    from rich.console import Console
-    from rich.panel import Panel
     from rich.table import Table
     from rich.text import Text
 
     from t2s import databases
     from t2s.protocol import split_thinking
+    from t2s.rich_output import console as make_console, print_table
 
-    console = console or Console()
+    console = console or make_console()
     for number, turn in enumerate(record["turns"], 1):
         thinking, body, _ = split_thinking(turn["assistant"])
         parts = Text()
@@ -128,7 +134,8 @@ def show_trajectory(record: dict, db, console=None) -> None:
             parts.append("(empty turn)", style="dim")
         if turn["observation"]:
             parts.append("\n" + turn["observation"], style="green")
-        console.print(Panel(parts, title=f"turn {number}", title_align="left"))
+        console.rule(f"turn {number}", align="left")
+        console.print(parts)
     counters = record["counters"]
     final = Text(f"final SQL ({record['final_sql_source']}): ", style="bold")
     final.append(record["final_sql"] or "none", style="bold" if record["final_sql"] else "red")
@@ -145,7 +152,7 @@ def show_trajectory(record: dict, db, console=None) -> None:
     table = Table(*[str(c) for c in result.columns], title="result")
     for row in result.rows:
         table.add_row(*["None" if v is None else str(v) for v in row])
-    console.print(table)
+    print_table(console, table)
     if result.more:
         console.print(f"... (showing first {RESULT_ROWS} rows; more rows exist)", style="dim")
 
@@ -160,7 +167,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--model", default=None, help="a transformers model folder or hub id (runs locally)")
     parser.add_argument("--device", default=None, help="--model: cpu, cuda, ... (default: cuda when available)")
-    parser.add_argument("--max-tokens-per-turn", type=int, default=2048)
+    parser.add_argument("--max-tokens-per-turn", type=positive_int, default=2048)
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: unseeded)")
     add_sampling_arguments(parser)
     add_endpoint_arguments(parser)
@@ -239,21 +246,21 @@ def _show_turn(console, text: str) -> None:
 
 
 def _show_observation(console, observation: str) -> None:
-    from rich.panel import Panel
     from rich.text import Text
 
     if observation.strip():
-        console.print(Panel(Text(observation.strip(), style="green"), title="observation", title_align="left"))
+        console.rule("observation", align="left", style="green")
+        console.print(Text(observation.strip(), style="green"))
 
 
 class LiveTextPolicy:
     """Shows each observation and assistant turn of a text policy as it happens."""
 
     def __init__(self, policy, console=None):
-        from rich.console import Console
+        from t2s.rich_output import console as make_console
 
         self.policy = policy
-        self.console = console or Console()
+        self.console = console or make_console()
         self.finish_reasons = getattr(policy, "finish_reasons", [])
 
     def __call__(self, episode) -> str:
@@ -268,11 +275,11 @@ class LiveBackend:
     """Wraps a generation backend for one episode and shows each turn and observation as the tokens arrive."""
 
     def __init__(self, backend, tokenizer, console=None):
-        from rich.console import Console
+        from t2s.rich_output import console as make_console
 
         self.backend = backend
         self.tokenizer = tokenizer
-        self.console = console or Console()
+        self.console = console or make_console()
         self.schedule = getattr(backend, "schedule", "turnsync")
         self.stop_token_ids = backend.stop_token_ids
         self.seen = 0  # prompt tokens already shown

@@ -2,14 +2,17 @@
 
 Each command lives in its own module, which exposes ``add_arguments(parser)`` and ``run(args) -> int``.
 Command modules import heavy libraries (torch, transformers, trl) inside ``run`` only, so ``--help`` stays fast.
+Every failure a user can act on ends as one ``Error:`` line on stderr (``t2s.errors``): usage errors exit 2, the rest 1.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import sys
+
+from t2s.cli_args import CommandParser
+from t2s.errors import UsageError, error_line, user_facing
 
 # name -> (module, one-line help). Only commands whose module exists are offered.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -36,8 +39,8 @@ def available_commands() -> dict[str, tuple[str, str]]:
     return {name: spec for name, spec in COMMANDS.items() if _exists(spec[0])}
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="t2s", description="Agentic text-to-SQL with GRPO on TRL.")
+def build_parser(command: str | None = None) -> CommandParser:
+    parser = CommandParser(prog="t2s", description="Agentic text-to-SQL with GRPO on TRL.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in available_commands().items():
         sp = sub.add_parser(name, help=help_text, description=help_text)
@@ -63,3 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("Interrupted.", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if not user_facing(exc):
+            raise
+        print(error_line(exc), file=sys.stderr)
+        return 2 if isinstance(exc, UsageError) else 1

@@ -12,10 +12,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from t2s.cli_args import non_empty_path
+from t2s.errors import T2SError, writing
+
 RUN_FILES = ("scores.jsonl", "episodes.jsonl")
 
 
-class CompareError(ValueError):
+class CompareError(T2SError, ValueError):
     """Runs that cannot be compared; the message begins with ``Error:``."""
 
 
@@ -34,6 +37,13 @@ def run_file(path) -> Path:
     return path
 
 
+def _typed(value, kind, file, number: int, key: str):
+    """``value`` as an int or float; a CompareError naming the file, line and key for a string, list or bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise CompareError(f"Error: {file}: line {number}: {key!r} must be a number, got {json.dumps(value)[:60]}")
+    return kind(value)
+
+
 def read_run(path, metric: str = "official") -> dict[str, float | None]:
     """question_id -> the metric of the lowest-numbered sample (normally sample 0); None when not scored."""
     from t2s.data.loaders import DataError, jsonl_values, read_text_file
@@ -50,12 +60,12 @@ def read_run(path, metric: str = "official") -> dict[str, float | None]:
         if metric not in record:
             raise CompareError(f"Error: {file}: line {number} has no {metric!r} score")
         question_id = str(record["question_id"])
-        sample = int(record.get("sample") or 0)
+        sample = _typed(record.get("sample") or 0, int, file, number, "sample")
         if question_id in chosen and chosen[question_id][0] == sample:
             raise CompareError(f"Error: {file}: question {question_id} appears twice as sample {sample}")
         if question_id not in chosen or sample < chosen[question_id][0]:
             value = record[metric]
-            chosen[question_id] = (sample, None if value is None else float(value))
+            chosen[question_id] = (sample, None if value is None else _typed(value, float, file, number, metric))
     if not chosen:
         raise CompareError(f"Error: {file} holds no questions")
     return {question_id: value for question_id, (_, value) in chosen.items()}
@@ -100,21 +110,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("run_a", metavar="RUN_A", help="run folder (scores.jsonl or episodes.jsonl) or the file")
     parser.add_argument("run_b", metavar="RUN_B", help="run folder or file, compared against RUN_A")
     parser.add_argument("--metric", choices=("official", "strict"), default="official")
-    parser.add_argument("--output", default=None, help="write the JSON report here")
+    parser.add_argument("--output", type=non_empty_path, default=None, help="write the JSON report here")
 
 
 def run(args) -> int:
-    import sys
-
-    from rich.console import Console
     from rich.table import Table
 
-    try:
-        report = compare_runs(args.run_a, args.run_b, args.metric)
-    except (CompareError, OSError) as exc:
-        message = str(exc)
-        print(message if message.startswith("Error:") else f"Error: {message}", file=sys.stderr)
-        return 1
+    report = compare_runs(args.run_a, args.run_b, args.metric)  # a CompareError is one Error: line in cli.main
     table = Table(title=f"compare ({args.metric})")
     table.add_column("")
     table.add_column("value", justify="right")
@@ -122,13 +124,16 @@ def run(args) -> int:
         value = report[key]
         shown = f"{value:.3g}" if key == "mcnemar_p" else f"{value:.4f}"  # a tiny p-value is not printed as 0
         table.add_row(key, shown if isinstance(value, float) else str(value))
-    console = Console()
-    console.print(table)
+    from t2s.rich_output import console as make_console, print_table
+
+    console = make_console()
+    print_table(console, table)
     if report["not_scored"]:
         console.print(f"{report['not_scored']} questions are not scored in one or both runs and were left out")
     text = json.dumps({k: v for k, v in report.items() if k != "not_scored"}, indent=2)
     print(text)
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(text + "\n", encoding="utf-8")
+        with writing(args.output):
+            Path(args.output).write_text(text + "\n", encoding="utf-8")
     return 0

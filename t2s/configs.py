@@ -20,11 +20,13 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig, ModelConfig
 
+from t2s.errors import T2SError
+
 ROLLOUT_BACKENDS = ("transformers", "vllm_colocate", "vllm_server")
 OLD_LOGPROBS_MODES = ("sampler", "recompute")
 
 
-class ConfigError(ValueError):
+class ConfigError(T2SError, ValueError):
     """A training configuration that cannot run; the message starts with ``Error:``."""
 
     def __init__(self, message: str) -> None:
@@ -329,5 +331,25 @@ def parse_recipe(argv: list[str] | None = None):
     """Parse ``--config recipe.yaml [overrides]`` into (script_args, training_args, model_args)."""
     from trl import TrlParser
 
+    if argv and "--config" in argv[:-1]:
+        check_recipe_yaml(argv[argv.index("--config") + 1])
     parser = TrlParser((T2SScriptArguments, T2SGRPOConfig, ModelConfig))
     return parser.parse_args_and_config(argv)
+
+
+def check_recipe_yaml(path) -> None:
+    """ConfigError naming the file and line when a recipe is not a YAML mapping of settings."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"Error: recipe {path} is not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"Error: recipe {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"Error: recipe {path} must be a YAML mapping of settings, found {type(document).__name__}")

@@ -12,6 +12,14 @@ Definitions (DESIGN §7), over every scored episode (all k samples of every ques
 - ``mean_turns`` and ``mean_calls``: per episode; ``write_attempts``: the total count;
 - ``vote_at_k`` (k > 1): official EX of the execution-consistency vote over each question's k samples.
 ``n`` is the number of questions; ``n_episodes`` is n × k.
+
+Questions that cannot be scored are left out of every figure above, and counted with their ids:
+- ``skipped_missing_dbs`` / ``missing_db_ids``: questions whose database file is absent (``--skip-missing-dbs``);
+- ``skipped_unusable_dbs`` / ``unusable_db_ids`` (and ``unusable_dbs``, the reason for each): questions whose
+  database cannot be read (not SQLite, truncated, damaged, cannot be opened);
+- ``gold_failures`` / ``gold_failure_ids``: questions whose gold SQL fails, times out or goes over the scoring cap
+  (their episode lines carry ``gold_error`` and null scores).
+``repeated_question_ids``: questions the data file holds more than once, word for word, evaluated and counted once.
 """
 
 from __future__ import annotations
@@ -72,6 +80,8 @@ def _ordered(keys) -> list[str]:
 def summarise(lines: list[dict], *, config: dict, k: int = 1, vote_at_k: float | None = None,
               skipped: dict | None = None) -> dict:
     """The summary.json dict of one run (one mode)."""
+    gold_failure_ids = sorted({str(line["question_id"]) for line in lines if line["official"] is None})
+    lines = [line for line in lines if line["official"] is not None]
     summary: dict = score_block(lines)
     summary.update(behaviour_block(lines))
     by_difficulty: dict[str, list] = {}
@@ -90,6 +100,13 @@ def summarise(lines: list[dict], *, config: dict, k: int = 1, vote_at_k: float |
     skipped = skipped or {}
     summary["skipped_missing_dbs"] = int(skipped.get("questions", 0))
     summary["missing_db_ids"] = sorted(skipped.get("db_ids", []))
+    unusable = skipped.get("unusable_dbs") or {}
+    summary["skipped_unusable_dbs"] = int(skipped.get("unusable_questions", 0))
+    summary["unusable_db_ids"] = sorted(unusable)
+    summary["unusable_dbs"] = dict(sorted(unusable.items()))
+    summary["gold_failures"] = len(gold_failure_ids)
+    summary["gold_failure_ids"] = gold_failure_ids
+    summary["repeated_question_ids"] = sorted(skipped.get("repeated_ids", []))
     summary["config"] = config
     return summary
 
@@ -115,6 +132,38 @@ _MAIN_ROWS = (
 )
 
 
+# (label, summary key) of the questions left out of the figures, shown when there are any
+UNSCORED_ROWS = (
+    ("skipped (missing databases)", "skipped_missing_dbs"),
+    ("skipped (unreadable databases)", "skipped_unusable_dbs"),
+    ("not scored (gold SQL fails)", "gold_failures"),
+)
+
+
+def unscored_notes(summary: dict, limit: int = 10) -> list[str]:
+    """One line per kind of question left out of the figures, naming the ids (empty when every question counted)."""
+
+    def some(ids) -> str:
+        ids = list(ids)
+        return ", ".join(map(str, ids[:limit])) + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+
+    notes = []
+    if summary.get("skipped_missing_dbs"):
+        notes.append(f"{summary['skipped_missing_dbs']} questions skipped, their database missing: "
+                     f"{some(summary.get('missing_db_ids', []))}")
+    if summary.get("skipped_unusable_dbs"):
+        reasons = summary.get("unusable_dbs") or {}
+        notes.append(f"{summary['skipped_unusable_dbs']} questions skipped, their database unreadable: "
+                     + "; ".join(f"{db} ({reasons.get(db, '?')})" for db in summary.get("unusable_db_ids", [])[:limit]))
+    if summary.get("repeated_question_ids"):
+        notes.append(f"the data repeats questions word for word, each counted once: "
+                     f"{some(summary['repeated_question_ids'])}")
+    if summary.get("gold_failures"):
+        notes.append(f"{summary['gold_failures']} questions not scored, their gold SQL fails: "
+                     f"{some(summary.get('gold_failure_ids', []))}")
+    return notes
+
+
 def _fmt(value, kind: str) -> str:
     if value is None:
         return "-"
@@ -133,8 +182,9 @@ def summary_markdown(summary: dict, title: str | None = None) -> str:
     for name, key, kind in _MAIN_ROWS:
         if key in summary:
             lines.append(f"| {name} | {_fmt(summary[key], kind)} |")
-    if summary.get("skipped_missing_dbs"):
-        lines.append(f"| skipped (missing databases) | {summary['skipped_missing_dbs']} |")
+    for name, key in UNSCORED_ROWS:
+        if summary.get(key):
+            lines.append(f"| {name} | {summary[key]} |")
     per = summary.get("per_difficulty") or {}
     if per:
         lines += ["", "| difficulty | n | official EX | strict EX | Soft-F1 | submit rate |", "|---|---|---|---|---|---|"]

@@ -34,12 +34,15 @@ import json
 import os
 import random
 import sqlite3
-import sys
 import time
 import zlib
 from pathlib import Path
 
+from t2s.cli_args import (non_empty_path, non_negative_float, non_negative_int, positive_float, positive_int,
+                          unit_float)
 from t2s.databases import file_checksum
+from t2s.errors import T2SError, writing
+from t2s.run_lock import run_folder_lock
 
 POLICIES = ("model", "vllm", "endpoint", "gold", "predictions")
 MODES = ("full", "withheld", "single")
@@ -54,15 +57,15 @@ Think first if you need to, then give the final query in a ```sql fenced block. 
 are available and the query is not run before it is scored."""
 
 
-class EvalError(Exception):
+class EvalError(T2SError):
     """A user-facing failure; ``str`` is one line beginning ``Error:``."""
 
 
 # --------------------------------------------------------------------------------------------------------- arguments
 def add_sampling_arguments(p) -> None:
     """Sampling and thinking (shared with ``ask``): evaluation defaults T 0.6, top-p 0.95, top-k 20, thinking on."""
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--temperature", type=non_negative_float, default=0.6)
+    p.add_argument("--top-p", type=unit_float, default=0.95)
     p.add_argument("--top-k", type=int, default=20)
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=True,
                    help="render prompts with thinking on (default: on)")
@@ -76,10 +79,10 @@ def add_endpoint_arguments(p) -> None:
     p.add_argument("--served-model", default=None, help="model name on the server (default: the first of /v1/models)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: --model, else the served name)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)")
-    p.add_argument("--retries", type=int, default=3, help="endpoint retries, with exponential backoff")
-    p.add_argument("--backoff", type=float, default=2.0, help="first endpoint retry delay in seconds")
-    p.add_argument("--request-timeout", type=float, default=600.0)
-    p.add_argument("--concurrency", type=int, default=64, help="endpoint requests in flight")
+    p.add_argument("--retries", type=non_negative_int, default=3, help="endpoint retries, with exponential backoff")
+    p.add_argument("--backoff", type=non_negative_float, default=2.0, help="first endpoint retry delay in seconds")
+    p.add_argument("--request-timeout", type=positive_float, default=600.0)
+    p.add_argument("--concurrency", type=positive_int, default=64, help="endpoint requests in flight")
 
 
 def add_policy_arguments(p) -> None:
@@ -89,16 +92,16 @@ def add_policy_arguments(p) -> None:
     """
     p.add_argument("--seed", type=int, default=0, help="seeds sampling (eval: also picks the --n questions)")
     add_sampling_arguments(p)
-    p.add_argument("--max-turns", type=int, default=6)
-    p.add_argument("--episode-token-budget", type=int, default=12288)
-    p.add_argument("--max-tokens-per-turn", type=int, default=2048)
-    p.add_argument("--system-prompt-file", default=None, help="replace the exec_plan system prompt with this file's text")
+    p.add_argument("--max-turns", type=positive_int, default=6)
+    p.add_argument("--episode-token-budget", type=positive_int, default=12288)
+    p.add_argument("--max-tokens-per-turn", type=positive_int, default=2048)
+    p.add_argument("--system-prompt-file", type=non_empty_path, default=None, help="replace the exec_plan system prompt with this file's text")
     p.add_argument("--model", default=None, help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
     add_endpoint_arguments(p)
-    p.add_argument("--batch-size", type=int, default=0, help="episodes per rollout batch (default: 64, 256 for endpoints)")
+    p.add_argument("--batch-size", type=non_negative_int, default=0, help="episodes per rollout batch (default: 64, 256 for endpoints)")
     p.add_argument("--device", default=None, help="policy model: cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.85, help="policy vllm")
-    p.add_argument("--workers", type=int, default=4, help="threads for scripted episodes and scoring")
+    p.add_argument("--gpu-memory-utilization", type=unit_float, default=0.85, help="policy vllm")
+    p.add_argument("--workers", type=positive_int, default=4, help="threads for scripted episodes and scoring")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -114,14 +117,16 @@ def policy_args(**values) -> argparse.Namespace:
 def add_arguments(parser) -> None:
     p = parser
     p.add_argument("--policy", required=True, choices=POLICIES)
-    p.add_argument("--data", required=True, help="BIRD/Spider-style JSON (or a folder holding dev.json)")
-    p.add_argument("--db-root", default=None, help="folder of per-db_id folders (default: beside the data file)")
+    p.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider-style JSON (or a folder holding dev.json)")
+    p.add_argument("--db-root", type=non_empty_path, default=None,
+                   help="folder of per-db_id folders (default: beside the data file)")
     p.add_argument("--mode", nargs="+", default=["full"], choices=MODES, help="one or more of full, withheld, single")
-    p.add_argument("--n", type=int, default=0, help="questions to evaluate, picked with --seed (0 = all)")
-    p.add_argument("--k", type=int, default=1, help="samples per question (k > 1 adds vote_at_k)")
-    p.add_argument("--output", required=True, help="output folder (re-running the same command resumes it)")
-    p.add_argument("--skip-missing-dbs", action="store_true", help="skip questions whose database is missing")
-    p.add_argument("--predictions", default=None, help="predictions file (policy predictions)")
+    p.add_argument("--n", type=non_negative_int, default=0, help="questions to evaluate, picked with --seed (0 = all)")
+    p.add_argument("--k", type=positive_int, default=1, help="samples per question (k > 1 adds vote_at_k)")
+    p.add_argument("--output", required=True, type=non_empty_path, help="output folder (re-running the same command resumes it)")
+    p.add_argument("--skip-missing-dbs", action="store_true",
+                   help="skip (and count) questions whose database is missing or cannot be read")
+    p.add_argument("--predictions", type=non_empty_path, default=None, help="predictions file (policy predictions)")
     add_policy_arguments(p)
 
 
@@ -141,12 +146,7 @@ def run(args) -> int:
 
     command_environment()
     logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # eval reports missing databases itself
-    try:
-        evaluate(args)
-    except EvalError as exc:
-        message = str(exc)
-        print(message if message.startswith("Error:") else f"Error: {message}", file=sys.stderr)
-        return 1
+    evaluate(args)  # an EvalError or OSError becomes one Error: line in cli.main
     return 0
 
 
@@ -231,16 +231,18 @@ class EpisodeLog:
         return set(unique)
 
     def append(self, line: dict) -> None:
-        if self._handle is None:
-            self._handle = open(self.path, "a", encoding="utf-8")
-        self._handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-        self._handle.flush()
+        with writing(self.path):  # a full disk: the line is cut off, and read again as missing on resume
+            if self._handle is None:
+                self._handle = open(self.path, "a", encoding="utf-8")
+            self._handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+            self._handle.flush()
         self.lines.append(line)
 
     def close(self) -> None:
         if self._handle is not None:
-            self._handle.close()
-            self._handle = None
+            handle, self._handle = self._handle, None
+            with writing(self.path):
+                handle.close()
 
 
 def comparable_config(config: dict) -> dict:
@@ -282,9 +284,17 @@ def score_final_sql(row: dict, record: dict) -> dict:
 
 
 def eval_line(row: dict, record: dict, scores: dict, sample: int) -> dict:
-    """The eval line: the episode record plus sample, difficulty, official, strict, soft_f1, executes and error."""
+    """The eval line: the episode record plus sample, difficulty, official, strict, soft_f1, executes and error.
+
+    When the gold SQL fails the question cannot be scored: official, strict, soft_f1 and executes are null and
+    ``gold_error`` says why (the summary leaves such lines out of its averages and counts them).
+    """
     error = scores.get("error")
     line = dict(record)
+    if scores.get("gold_failed"):
+        line.update(sample=sample, difficulty=row.get("difficulty"), official=None, strict=None, soft_f1=None,
+                    executes=None, error=record.get("error"), gold_error=error)
+        return line
     line.update(
         sample=sample,
         difficulty=row.get("difficulty"),
@@ -309,6 +319,8 @@ def vote_accuracy(lines: list[dict], rows_by_id: dict[str, dict]) -> float:
 
     by_question: dict[str, list[dict]] = {}
     for line in lines:
+        if line["official"] is None:  # the gold SQL failed: not scored
+            continue
         by_question.setdefault(str(line["question_id"]), []).append(line)
     correct = 0
     for question_id, samples in by_question.items():
@@ -336,19 +348,21 @@ class Progress:
     """A rich progress bar with the running official EX (silent with ``quiet``)."""
 
     def __init__(self, total: int, done_lines: list[dict], label: str, quiet: bool = False):
-        self.correct = sum(line["official"] for line in done_lines)
-        self.count = len(done_lines)
+        scored = [line["official"] for line in done_lines if line["official"] is not None]
+        self.correct = sum(scored)
+        self.count = len(scored)
         self.quiet = quiet
         self._progress = None
         if quiet:
             return
-        from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        from t2s.rich_output import console
 
         self._progress = RichProgress(
             TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("official EX {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-            console=Console(stderr=True), transient=False,
+            console=console(stderr=True), transient=False,
         )  # fmt: skip
         self._progress.start()
         self._task = self._progress.add_task(label, total=total, completed=self.count, acc=self._acc())
@@ -357,8 +371,9 @@ class Progress:
         return f"{self.correct / self.count:.3f}" if self.count else "-"
 
     def advance(self, line: dict) -> None:
-        self.count += 1
-        self.correct += line["official"]
+        if line["official"] is not None:
+            self.count += 1
+            self.correct += line["official"]
         if self._progress is not None:
             self._progress.update(self._task, advance=1, acc=self._acc())
 
@@ -715,7 +730,12 @@ class Runner:
 
 # ------------------------------------------------------------------------------------------------------------- main
 def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
-    """(all rows, selected rows with databases present, skipped info, data file)."""
+    """(all rows, selected rows whose databases are present and readable, skipped info, data file).
+
+    A missing or unreadable database (``data.db_probe``) is an error naming it; with ``--skip-missing-dbs`` its
+    questions are left out, and counted with the database ids in ``skipped``.
+    """
+    from t2s.data.db_probe import database_problems, problems_text
     from t2s.data.loaders import DataError, load_json_rows
 
     data = Path(args.data)
@@ -731,8 +751,13 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
     if data.is_dir():
         data_file = next(p for p in (data / n for n in ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spider.json")) if p.is_file())
     selected = select_rows(list(rows), args.n, args.seed)
+    if rows.repeated_ids:  # rows repeated word for word: each question is played and counted once
+        unique = {}
+        for row in selected:
+            unique.setdefault(row["question_id"], row)
+        selected = list(unique.values())
     missing = {r["db_id"] for r in selected if r.get("db_path") and not Path(r["db_path"]).is_file()}
-    skipped = {"questions": 0, "db_ids": []}
+    skipped = {"questions": 0, "db_ids": [], "repeated_ids": list(rows.repeated_ids)}
     if missing:
         if not args.skip_missing_dbs:
             root = getattr(rows, "db_root", None) or args.db_root
@@ -742,6 +767,14 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
             )
         skipped = {"questions": sum(r["db_id"] in missing for r in selected), "db_ids": sorted(missing)}
         selected = [r for r in selected if r["db_id"] not in missing]
+    unusable = database_problems(selected)
+    if unusable:
+        if not args.skip_missing_dbs:
+            raise EvalError(f"Error: {len(unusable)} database(s) cannot be read: {problems_text(unusable)} "
+                            "(repair them, or pass --skip-missing-dbs to skip their questions)")
+        skipped["unusable_questions"] = sum(r["db_id"] in unusable for r in selected)
+        skipped["unusable_dbs"] = unusable
+        selected = [r for r in selected if r["db_id"] not in unusable]
     return list(rows), selected, skipped, data_file
 
 
@@ -749,8 +782,7 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
     tokenizer_hash, template_hash = tokenizer_fingerprint(runner.tokenizer)
     generative = args.policy in ("model", "vllm", "endpoint")
     chat = args.policy == "endpoint" and args.endpoint_mode == "chat"
-    system_prompt = (Path(args.system_prompt_file).read_text(encoding="utf-8").strip()
-                     if args.system_prompt_file else None)
+    system_prompt = read_system_prompt(args.system_prompt_file) if args.system_prompt_file else None
     if mode == "single":
         system_prompt = SINGLE_TURN_SYSTEM_PROMPT
     elif system_prompt is None:
@@ -793,8 +825,18 @@ def check_policy_args(args) -> None:
     """Refuse options no episode can run with (EvalError)."""
     if args.k < 1:
         raise EvalError("Error: --k must be at least 1")
-    if args.system_prompt_file and not Path(args.system_prompt_file).is_file():
-        raise EvalError(f"Error: system prompt file not found: {args.system_prompt_file}")
+    if args.system_prompt_file:
+        read_system_prompt(args.system_prompt_file)
+
+
+def read_system_prompt(path) -> str:
+    """The text of a ``--system-prompt-file`` (stripped); EvalError when it is absent or not UTF-8."""
+    from t2s.data.loaders import DataError, read_text_file
+
+    try:
+        return read_text_file(path, what="system prompt file").strip()
+    except DataError as exc:
+        raise EvalError(str(exc)) from None
 
 
 def evaluate(args) -> dict[str, dict]:
@@ -804,17 +846,16 @@ def evaluate(args) -> dict[str, dict]:
     check_policy_args(args)
     modes = list(dict.fromkeys(args.mode))
     all_rows, selected, skipped, data_file = load_data(args)
-    runner = Runner(args)
-    runner.setup(all_rows)
-    root = Path(args.output)
     summaries: dict[str, dict] = {}
-    for mode in modes:
-        folder = root if len(modes) == 1 else root / mode
-        summaries[mode] = evaluate_mode(args, mode, runner, selected, skipped, data_file, folder)
-    if len(modes) > 1:
-        root.mkdir(parents=True, exist_ok=True)
-        (root / "summary.md").write_text(modes_markdown(summaries))
-        plot_summaries(summaries, root / "summary.png")
+    with run_folder_lock(args.output) as root:
+        runner = Runner(args)
+        runner.setup(all_rows)
+        for mode in modes:
+            folder = root if len(modes) == 1 else root / mode
+            summaries[mode] = evaluate_mode(args, mode, runner, selected, skipped, data_file, folder)
+        if len(modes) > 1:
+            (root / "summary.md").write_text(modes_markdown(summaries))
+            plot_summaries(summaries, root / "summary.png")
     _print_table(summaries)
     return summaries
 
@@ -881,7 +922,7 @@ def solve_counts(rows: list[dict], args, *, policy_factory=None, mode: str = "fu
     counts = [0] * len(rows)
 
     def count(row, line) -> None:
-        counts[position[id(row)]] += int(line["official"])
+        counts[position[id(row)]] += int(line["official"] or 0)
 
     jobs = [(row, sample) for row in rows for sample in range(args.k)]
     label = "scripted" if policy_factory is not None else args.policy
@@ -890,8 +931,10 @@ def solve_counts(rows: list[dict], args, *, policy_factory=None, mode: str = "fu
 
 
 def _print_table(summaries: dict[str, dict]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from t2s.eval_report import unscored_notes
+    from t2s.rich_output import console, print_table
 
     table = Table(title="t2s eval")
     table.add_column("metric")
@@ -899,10 +942,14 @@ def _print_table(summaries: dict[str, dict]) -> None:
         table.add_column(mode, justify="right")
     keys = ("n", "execution_accuracy_official", "execution_accuracy_official_no_fallback", "strict", "soft_f1",
             "vote_at_k", "submit_rate", "executes_rate", "mean_turns", "mean_calls", "fallback_rate", "forced_rate",
-            "truncation_rate", "skipped_missing_dbs")
+            "truncation_rate", "skipped_missing_dbs", "skipped_unusable_dbs", "gold_failures")
     for key in keys:
         values = [s.get(key) for s in summaries.values()]
         if all(v is None for v in values):
             continue
         table.add_row(key, *("-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in values))
-    Console().print(table)
+    out = console()
+    print_table(out, table)
+    for mode, summary in summaries.items():
+        for note in unscored_notes(summary):
+            out.print(f"{mode}: {note}" if len(summaries) > 1 else note, style="yellow", markup=False, highlight=False)

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 from pathlib import Path
+
+from t2s.cli_args import non_empty_path
+from t2s.errors import T2SError
 
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -29,13 +31,13 @@ SHARD_BYTES = 4 * 1024**3
 _BASE_CONFIG_FILES = ("config.json", "preprocessor_config.json", "video_preprocessor_config.json")
 
 
-class ExportError(Exception):
+class ExportError(T2SError):
     """A problem with the inputs, reported as one ``Error:`` line."""
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--checkpoint", required=True, help="trained model folder, or a LoRA adapter folder")
-    parser.add_argument("--output", required=True, help="folder to write (must be empty or absent)")
+    parser.add_argument("--checkpoint", required=True, type=non_empty_path, help="trained model folder, or a LoRA adapter folder")
+    parser.add_argument("--output", required=True, type=non_empty_path, help="folder to write (must be empty or absent)")
     parser.add_argument(
         "--base",
         default=None,
@@ -52,19 +54,15 @@ def run(args) -> int:
     from t2s.evaluate import command_environment
 
     command_environment()
-    try:
-        out = export_model(
-            args.checkpoint,
-            args.output,
-            base=args.base,
-            eval_dir=args.eval,
-            recipe=args.recipe,
-            verify=not args.no_verify,
-            force=args.force,
-        )
-    except ExportError as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return 1
+    out = export_model(  # an ExportError is one Error: line in cli.main
+        args.checkpoint,
+        args.output,
+        base=args.base,
+        eval_dir=args.eval,
+        recipe=args.recipe,
+        verify=not args.no_verify,
+        force=args.force,
+    )
     print(f"Exported to {out}")
     return 0
 
@@ -312,6 +310,9 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
     out = Path(output).expanduser().resolve()
     if not checkpoint.is_dir():
         raise ExportError(f"checkpoint folder not found: {checkpoint}")
+    if not any((checkpoint / name).is_file() for name in ("config.json", "adapter_config.json")):
+        raise ExportError(f"{checkpoint} holds no model: neither config.json nor adapter_config.json (is the "
+                          "checkpoint complete?)")
     if out.exists() and any(out.iterdir()) and not force:
         raise ExportError(f"output folder {out} is not empty (pass --force to write into it)")
     if recipe and not Path(recipe).is_file():

@@ -4,16 +4,19 @@ Predictions come as BIRD's ``predict_dev.json`` (``{"<position>": "<SQL>\\t-----
 0-based position in the data file) or as JSONL / a JSON list of ``{"question_id": ..., "sql": ...}``.
 
 Writes ``DIR/scores.jsonl`` (one line per data row: question_id, db_id, difficulty, official, strict, soft_f1,
-error), ``DIR/summary.json`` (n, execution_accuracy_official, strict, soft_f1, per_difficulty, missing, missing_ids,
-errors, error_ids) and ``DIR/problems.json`` (what was wrong with the input: ids not in the data, duplicated ids,
-db_ids that disagree with the data, questions whose database is absent).
+error, unscored), ``DIR/summary.json`` (n, execution_accuracy_official, strict, soft_f1, per_difficulty, missing,
+missing_ids, errors, error_ids, gold_failures, gold_failure_ids) and ``DIR/problems.json`` (what was wrong with the
+input: ids not in the data, duplicated ids, db_ids that disagree with the data, questions that cannot be scored,
+unreadable databases with the reason, questions whose gold SQL fails).
 
 Counting rules:
 - a question without a prediction scores 0 and is listed in ``missing_ids``;
 - a prediction that is blank, not a string, fails, times out or goes over the scoring cap scores 0 and is listed in
-  ``error_ids``, as is a question whose gold SQL fails (never counted correct);
-- a question whose database file is absent cannot be scored: its metrics are null, it is listed in ``error_ids``
-  with "database not found", and it is left out of the averages (``n`` still counts it);
+  ``error_ids``;
+- a question that cannot be scored has null metrics, is left out of the averages (``n`` still counts it), and says
+  why in ``unscored``: ``database missing`` or ``database unreadable`` (the databases are probed once at start-up;
+  both are listed in ``error_ids``), or ``gold failed`` (its gold SQL fails, times out or goes over the scoring cap:
+  listed in ``gold_failure_ids``, never blamed on the prediction);
 - a prediction's db_id that disagrees with the data is reported; the data's database is used, as BIRD's script does.
 """
 
@@ -26,12 +29,16 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from t2s.cli_args import non_empty_path, positive_int
+from t2s.errors import T2SError, writing
+from t2s.run_lock import run_folder_lock
+
 BIRD_SEPARATOR = "\t----- bird -----\t"
 METRICS = ("official", "strict", "soft_f1")
 SUMMARY_NAMES = {"official": "execution_accuracy_official", "strict": "strict", "soft_f1": "soft_f1"}
 
 
-class PredictionsError(ValueError):
+class PredictionsError(T2SError, ValueError):
     """A predictions file that cannot be read; the message begins with ``Error:``."""
 
 
@@ -111,22 +118,30 @@ def _database_missing(row: dict) -> bool:
     return row.get("schema_id") is None and not (row.get("db_path") and Path(row["db_path"]).is_file())
 
 
-def score_row(row: dict, predictions: Predictions) -> dict:
-    """The scores.jsonl line of one data row."""
+def _unscored(line: dict, reason: str, error: str) -> dict:
+    return {**line, "official": None, "strict": None, "soft_f1": None, "error": error, "unscored": reason}
+
+
+def score_row(row: dict, predictions: Predictions, unusable: dict[str, str] | None = None) -> dict:
+    """The scores.jsonl line of one data row (``unusable``: db_id -> why that database cannot be read)."""
     from t2s import databases
     from t2s.metrics import score_sql
 
     line = {"question_id": row["question_id"], "db_id": row["db_id"], "difficulty": row.get("difficulty")}
     if row["question_id"] not in predictions.sql:
-        return {**line, "official": 0, "strict": 0, "soft_f1": 0.0, "error": "Error: no prediction for this question"}
+        return {**line, "official": 0, "strict": 0, "soft_f1": 0.0, "error": "Error: no prediction for this question",
+                "unscored": None}
     if _database_missing(row):
-        return {**line, "official": None, "strict": None, "soft_f1": None,
-                "error": f"Error: database not found: {row.get('db_path')}"}
+        return _unscored(line, "database missing", f"Error: database not found: {row.get('db_path')}")
+    if unusable and row["db_id"] in unusable:
+        return _unscored(line, "database unreadable", f"Error: the database cannot be read: {unusable[row['db_id']]}")
     try:
         scores = score_sql(databases.ref_from_row(row), predictions.sql[row["question_id"]], row["gold_sql"])
     except Exception as exc:  # one broken question must not stop the run
         scores = {"official": 0, "strict": 0, "soft_f1": 0.0, "error": f"Error: {type(exc).__name__}: {exc}"}
-    return {**line, **{k: scores[k] for k in (*METRICS, "error")}}
+    if scores.get("gold_failed"):
+        return _unscored(line, "gold failed", scores["error"])
+    return {**line, **{k: scores[k] for k in (*METRICS, "error")}, "unscored": None}
 
 
 def _means(lines: list[dict]) -> dict:
@@ -146,12 +161,16 @@ def summarise(lines: list[dict]) -> dict:
     summary["per_difficulty"] = {name: _means(group) for name, group in sorted(by_difficulty.items())}
     missing = [line["question_id"] for line in lines if line["error"] == "Error: no prediction for this question"]
     missing_set = set(missing)
-    errors = [line["question_id"] for line in lines if line["error"] and line["question_id"] not in missing_set]
-    summary.update({"missing": len(missing), "missing_ids": missing, "errors": len(errors), "error_ids": errors})
+    gold = [line["question_id"] for line in lines if line.get("unscored") == "gold failed"]
+    errors = [line["question_id"] for line in lines
+              if line["error"] and line["question_id"] not in missing_set and line.get("unscored") != "gold failed"]
+    summary.update({"missing": len(missing), "missing_ids": missing, "errors": len(errors), "error_ids": errors,
+                    "gold_failures": len(gold), "gold_failure_ids": gold})
     return summary
 
 
-def problems(rows: list[dict], predictions: Predictions, lines: list[dict]) -> dict:
+def problems(rows: list[dict], predictions: Predictions, lines: list[dict],
+             unusable: dict[str, str] | None = None) -> dict:
     """What was wrong with the input, for problems.json and the printed warnings."""
     mismatched = [
         {"question_id": row["question_id"], "data": row["db_id"], "prediction": predictions.db_ids[row["question_id"]]}
@@ -163,10 +182,13 @@ def problems(rows: list[dict], predictions: Predictions, lines: list[dict]) -> d
         "duplicate_ids": predictions.duplicate_ids,
         "db_id_mismatches": mismatched,
         "unscorable_ids": [line["question_id"] for line in lines if line["official"] is None],
+        "unusable_databases": dict(sorted((unusable or {}).items())),
+        "gold_failure_ids": [line["question_id"] for line in lines if line.get("unscored") == "gold failed"],
     }
 
 
-def score_rows(rows: list[dict], predictions: Predictions, *, workers: int = 4, progress: bool = True) -> list[dict]:
+def score_rows(rows: list[dict], predictions: Predictions, *, workers: int = 4, progress: bool = True,
+               unusable: dict[str, str] | None = None) -> list[dict]:
     """Score every row in parallel threads (each query under its own deadline); lines come back in data order."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -175,7 +197,7 @@ def score_rows(rows: list[dict], predictions: Predictions, *, workers: int = 4, 
     with Progress(*columns, disable=not progress, transient=True) as bar, \
             ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         task = bar.add_task("scoring", total=len(rows))
-        futures = {pool.submit(score_row, row, predictions): index for index, row in enumerate(rows)}
+        futures = {pool.submit(score_row, row, predictions, unusable): index for index, row in enumerate(rows)}
         for future in as_completed(futures):
             lines[futures[future]] = future.result()
             bar.advance(task)
@@ -201,7 +223,7 @@ def _table(summary: dict, lines: list[dict]):
     return table
 
 
-def _warnings(summary: dict, problem_report: dict) -> list[str]:
+def _warnings(summary: dict, problem_report: dict, lines: list[dict]) -> list[str]:
     def some(ids):
         return ", ".join(map(str, ids[:5])) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
 
@@ -218,11 +240,17 @@ def _warnings(summary: dict, problem_report: dict) -> list[str]:
         items = problem_report["db_id_mismatches"]
         named = [f"{m['question_id']} ({m['prediction']} vs {m['data']})" for m in items]
         out.append(f"{len(items)} predictions name a db_id other than the data's (the data's is used): {some(named)}")
-    if problem_report["unscorable_ids"]:
-        ids = problem_report["unscorable_ids"]
-        out.append(f"{len(ids)} questions cannot be scored, their database is missing (left out of the averages): "
-                   f"{some(ids)}")
-    errors = summary["errors"] - len(problem_report["unscorable_ids"])
+    no_database = [line["question_id"] for line in lines if line.get("unscored") in ("database missing",
+                                                                                      "database unreadable")]
+    if no_database:
+        out.append(f"{len(no_database)} questions cannot be scored, their database is missing or unreadable (left "
+                   f"out of the averages): {some(no_database)}")
+    for db_id, reason in problem_report.get("unusable_databases", {}).items():
+        out.append(f"database {db_id} cannot be read: {reason}")
+    if summary["gold_failures"]:
+        out.append(f"{summary['gold_failures']} questions cannot be scored, their gold SQL fails (left out of the "
+                   f"averages, not blamed on the predictions): {some(summary['gold_failure_ids'])}")
+    errors = summary["errors"] - len(no_database)
     if errors:
         out.append(f"{errors} predictions failed or were blank (scored 0); see the error column of scores.jsonl")
     return out
@@ -230,21 +258,22 @@ def _warnings(summary: dict, problem_report: dict) -> list[str]:
 
 def score_files(data, predictions_file, output, *, db_root=None, workers: int = 4, progress: bool = True) -> dict:
     """Score a predictions file against a data file; writes scores.jsonl, summary.json and problems.json."""
+    from t2s.data.db_probe import database_problems
     from t2s.data.loaders import load_json_rows
 
     rows = list(load_json_rows(data, db_root, require_databases=None))
     predictions = read_predictions(predictions_file, rows)
-    lines = score_rows(rows, predictions, workers=workers, progress=progress)
-    summary = summarise(lines)
-    problem_report = problems(rows, predictions, lines)
-    out = Path(output)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "scores.jsonl", "w", encoding="utf-8") as handle:
-        for line in lines:
-            handle.write(json.dumps(line, ensure_ascii=False) + "\n")
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    (out / "problems.json").write_text(json.dumps(problem_report, indent=2, ensure_ascii=False) + "\n",
-                                       encoding="utf-8")
+    with run_folder_lock(output) as out:
+        unusable = database_problems(rows)
+        lines = score_rows(rows, predictions, workers=workers, progress=progress, unusable=unusable)
+        summary = summarise(lines)
+        problem_report = problems(rows, predictions, lines, unusable)
+        with writing(out / "scores.jsonl"), open(out / "scores.jsonl", "w", encoding="utf-8") as handle:
+            for line in lines:
+                handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+        (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (out / "problems.json").write_text(json.dumps(problem_report, indent=2, ensure_ascii=False) + "\n",
+                                           encoding="utf-8")
     return {"summary": summary, "problems": problem_report, "lines": lines}
 
 
@@ -252,39 +281,30 @@ def score_files(data, predictions_file, output, *, db_root=None, workers: int = 
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--data", required=True, help="BIRD/Spider-style JSON data file (or its folder)")
-    parser.add_argument("--predictions", required=True,
+    parser.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider-style JSON data file (or its folder)")
+    parser.add_argument("--predictions", required=True, type=non_empty_path,
                         help="BIRD predict_dev.json, or JSONL of {\"question_id\": ..., \"sql\": ...}")
-    parser.add_argument("--db-root", default=None,
+    parser.add_argument("--db-root", type=non_empty_path, default=None,
                         help="folder with one sub-folder per db_id (default: the data file's sibling folder)")
-    parser.add_argument("--output", required=True, help="folder for scores.jsonl, summary.json and problems.json")
-    parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="parallel scoring threads")
+    parser.add_argument("--output", required=True, type=non_empty_path, help="folder for scores.jsonl, summary.json and problems.json")
+    parser.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1), help="parallel scoring threads")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def run(args) -> int:
+    """Bad input raises (PredictionsError, DataError, OSError): ``cli.main`` reports it as one ``Error:`` line."""
     import logging
-    import sys
 
-    from rich.console import Console
+    from t2s.rich_output import console as make_console, print_table
 
-    from t2s.data.loaders import DataError
-
-    console = Console()
+    console = make_console()
     logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # unscorable questions are reported below
-    try:
-        result = score_files(args.data, args.predictions, args.output, db_root=args.db_root, workers=args.workers,
-                             progress=not args.no_progress)
-    except (DataError, PredictionsError) as exc:
-        print(str(exc) if str(exc).startswith("Error:") else f"Error: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:
-        print(f"Error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
-        return 1
+    result = score_files(args.data, args.predictions, args.output, db_root=args.db_root, workers=args.workers,
+                         progress=not args.no_progress)
     summary, problem_report = result["summary"], result["problems"]
-    console.print(_table(summary, result["lines"]))
-    for warning in _warnings(summary, problem_report):
-        console.print(f"[yellow]Warning:[/yellow] {warning}")
+    print_table(console, _table(summary, result["lines"]))
+    for warning in _warnings(summary, problem_report, result["lines"]):
+        console.print(f"Warning: {warning}", style="yellow", markup=False, highlight=False)
     console.print(f"missing {summary['missing']}, errors {summary['errors']}; wrote {Path(args.output) / 'scores.jsonl'}"
                   f" and {Path(args.output) / 'summary.json'}")
     return 0

@@ -107,17 +107,29 @@ def test_cache_key_follows_the_data_and_databases(tmp_path):
     assert key != hygiene.cache_key(load_json_rows(data), data, rows.db_root)  # another data file
 
 
-def test_prepare_prints_layout_and_checks_what_is_present(tmp_path, capsys, bird_train_file):
-    root = tmp_path / "data"
+@pytest.mark.parametrize("folder_name", ["data", "d" * 40 + "/" + "long-folder-name-" * 6])
+@pytest.mark.parametrize("columns", [None, "40"])
+def test_prepare_prints_layout_and_checks_what_is_present(tmp_path, capsys, bird_train_file, monkeypatch, columns,
+                                                         folder_name):
+    if columns is None:
+        monkeypatch.delenv("COLUMNS", raising=False)
+    else:
+        monkeypatch.setenv("COLUMNS", columns)
+    root = tmp_path / folder_name
     _tiny_bird(root / "bird" / "dev_20240627", slow_query=False)
     train = root / "bird" / "train"
     train.mkdir(parents=True)
     (train / "train.json").write_text(json.dumps(json.loads(bird_train_file.read_text())[:3]))
     assert main(["data", "prepare", "--data-dir", str(root)]) == 0
-    printed = " ".join(capsys.readouterr().out.split())
+    raw = capsys.readouterr().out
+    printed = " ".join(raw.split())
     assert "https://bird-bench.github.io" in printed and "train_databases/<db_id>/<db_id>.sqlite" in printed
     assert "dev_20240627" in printed and "missing_db" in printed  # the present file was checked
     assert "skipped" in printed and "train_databases" in printed  # the file without databases is named
+    # every path is printed whole on one line, whatever the terminal width and the path's length
+    for path in (root / "bird" / "dev_20240627" / "dev.json", train / "train.json", train / "train_databases"):
+        assert str(path) in raw, path
+    assert f"{root}/bird/dev_20240627/dev_databases/<db_id>/<db_id>.sqlite" in raw
 
 
 def test_prepare_with_nothing_present(tmp_path, capsys):

@@ -107,7 +107,7 @@ def test_model_policy_without_a_model_is_a_clear_error(demo_dir, capsys):
 
 
 def test_k_below_two_is_refused(bird_superhero_dir, capsys):
-    assert main(["data", "passrate", "--data", str(bird_superhero_dir), "--k", "1"]) == 1
+    assert main(["data", "passrate", "--data", str(bird_superhero_dir), "--k", "1"]) == 2  # a usage error
     assert "--k must be at least 2" in capsys.readouterr().err
 
 

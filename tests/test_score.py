@@ -13,9 +13,9 @@ from t2s.metrics import score_sql
 from t2s.score import score_files
 
 SEP = "\t----- bird -----\t"
-LINE_KEYS = {"question_id", "db_id", "difficulty", "official", "strict", "soft_f1", "error"}
+LINE_KEYS = {"question_id", "db_id", "difficulty", "official", "strict", "soft_f1", "error", "unscored"}
 SUMMARY_KEYS = {"n", "execution_accuracy_official", "strict", "soft_f1", "per_difficulty", "missing", "missing_ids",
-                "errors", "error_ids"}
+                "errors", "error_ids", "gold_failures", "gold_failure_ids"}
 SLOW_SQL = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 
 
@@ -63,7 +63,7 @@ def test_bird_format_with_every_kind_of_bad_prediction(bird_dir, tmp_path, capsy
         "0": "SELECT name FROM hero WHERE name = 'Ann'" + SEP + "heroes",
         "1": "SELECT height, name FROM hero" + SEP + "other_db",  # column order wrong, db_id disagrees
         # "2" missing
-        "3": "SELECT nope FROM hero" + SEP + "heroes",  # gold errors: never correct
+        "3": "SELECT nope FROM hero" + SEP + "heroes",  # gold errors: not scored, not blamed on the prediction
         "7": "SELECT 1" + SEP + "heroes",  # no such position
         "x": "SELECT 1",
     })
@@ -74,20 +74,24 @@ def test_bird_format_with_every_kind_of_bad_prediction(bird_dir, tmp_path, capsy
     lines = _lines(out)
     assert [set(line) for line in lines] == [LINE_KEYS] * 4
     assert [line["question_id"] for line in lines] == ["100", "101", "102", "103"]
-    assert [line["official"] for line in lines] == [1, 0, 0, 0]
+    assert [line["official"] for line in lines] == [1, 0, 0, None]
     assert lines[2]["error"] == "Error: no prediction for this question"
-    assert lines[3]["error"].startswith("Error: the gold SQL failed")
+    assert lines[3]["error"].startswith("Error: the gold SQL failed") and lines[3]["unscored"] == "gold failed"
+    assert lines[3]["strict"] is None and lines[3]["soft_f1"] is None
     summary = _summary(out)
     assert set(summary) == SUMMARY_KEYS
-    assert summary["n"] == 4 and summary["execution_accuracy_official"] == 0.25
+    assert summary["n"] == 4 and summary["execution_accuracy_official"] == pytest.approx(1 / 3)
     assert summary["missing"] == 1 and summary["missing_ids"] == ["102"]
-    assert summary["errors"] == 1 and summary["error_ids"] == ["103"]
+    assert summary["errors"] == 0 and summary["error_ids"] == []
+    assert summary["gold_failures"] == 1 and summary["gold_failure_ids"] == ["103"]
     assert summary["per_difficulty"]["simple"]["n"] == 2
     assert summary["per_difficulty"]["simple"]["execution_accuracy_official"] == 0.5
     problems = json.loads((out / "problems.json").read_text())
     assert sorted(problems["unknown_ids"]) == ["7", "x"]
     assert problems["db_id_mismatches"] == [{"question_id": "101", "data": "heroes", "prediction": "other_db"}]
     assert "not in the data" in printed and "db_id other than the data's" in printed
+    assert "their gold SQL fails" in printed and "failed or were blank" not in printed
+    assert problems["gold_failure_ids"] == ["103"]
 
 
 def test_jsonl_format_non_string_and_blank_sql_score_zero(bird_dir, tmp_path):
@@ -118,8 +122,8 @@ def test_gold_timeout_is_reported_and_never_correct(bird_dir, tmp_path, monkeypa
     (bird_dir / "dev.json").write_text(json.dumps(data))
     predictions = _write(tmp_path / "p.jsonl", json.dumps({"question_id": 100, "sql": SLOW_SQL}))
     lines = score_files(bird_dir / "dev.json", predictions, tmp_path / "out", progress=False)["lines"]
-    assert lines[0]["official"] == 0 and "gold SQL failed" in lines[0]["error"]
-    assert "timed out" in lines[0]["error"]
+    assert lines[0]["official"] is None and "gold SQL failed" in lines[0]["error"]
+    assert "timed out" in lines[0]["error"] and lines[0]["unscored"] == "gold failed"
 
 
 def test_score_sql_prediction_timeout_and_over_cap(bird_dir, monkeypatch):
@@ -194,7 +198,7 @@ def _other_question_sql(records, key):
 
 def _counts_add_up(summary, lines):
     clean = [line for line in lines if line["error"] is None]
-    assert summary["n"] == len(lines) == summary["missing"] + summary["errors"] + len(clean)
+    assert summary["n"] == len(lines) == summary["missing"] + summary["errors"] + summary["gold_failures"] + len(clean)
     assert len(summary["missing_ids"]) == summary["missing"] and len(summary["error_ids"]) == summary["errors"]
     assert not set(summary["missing_ids"]) & set(summary["error_ids"])
     assert sum(part["n"] for part in summary["per_difficulty"].values()) == summary["n"]

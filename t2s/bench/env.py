@@ -23,8 +23,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from t2s import metrics
+from t2s import metrics, rich_output
 from t2s.backends.scripted import ReplayPolicy, ScriptPolicy
+from t2s.cli_args import non_empty_path, positive_int
 from t2s.episode import Episode, play
 
 QUESTIONS = 18
@@ -36,10 +37,10 @@ MIN_REPEATS, REPEAT_SECONDS = 3, 20.0  # ... but past 20 s of timed passes (larg
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, help="a BIRD/Spider-style JSON file, e.g. dev.json")
-    parser.add_argument("--db-root", default=None, help="folder with one sub-folder per db_id (default: beside --data)")
-    parser.add_argument("--workers", type=int, default=None, help="worker threads (default: the core count)")
-    parser.add_argument("--repeats", type=int, default=None,
+    parser.add_argument("--data", required=True, type=non_empty_path, help="a BIRD/Spider-style JSON file, e.g. dev.json")
+    parser.add_argument("--db-root", type=non_empty_path, default=None, help="folder with one sub-folder per db_id (default: beside --data)")
+    parser.add_argument("--workers", type=positive_int, default=None, help="worker threads (default: the core count)")
+    parser.add_argument("--repeats", type=positive_int, default=None,
                         help=f"timed repetitions, each on fresh connections and a cold gold cache; the best is "
                              f"reported (default: {REPEATS}, or fewer but at least {MIN_REPEATS} once the timed passes "
                              f"have taken {REPEAT_SECONDS:g} s)")
@@ -275,20 +276,17 @@ def _raw_pass(pool, workers, refs, statements) -> float:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
     from t2s import databases
+    from t2s.data.db_probe import database_problems, problems_text
     from t2s.data.loaders import load_json_rows
     from t2s.episode import EpisodeConfig
     from t2s.schema import get_schema
 
-    console = Console(stderr=True)
+    console = rich_output.console(stderr=True)
     workers = args.workers or os.cpu_count() or 1
-    if workers < 1 or (args.repeats is not None and args.repeats < 1):
-        print("Error: --workers and --repeats must be at least 1", file=sys.stderr)
-        return 2
     try:
         rows = load_json_rows(args.data, args.db_root)
     except Exception as exc:  # a missing or malformed data file
@@ -300,6 +298,10 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print(f"Error: no question in {args.data} has its database file (check --db-root)", file=sys.stderr)
         return 2
+    unusable = database_problems(rows)
+    if unusable:
+        print(f"Error: {len(unusable)} database(s) cannot be read: {problems_text(unusable)}", file=sys.stderr)
+        return 1
     chosen = random.Random(args.seed).sample(rows, min(QUESTIONS, len(rows)))
     refs = {databases.ref_from_row(r) for r in chosen}
     schemas = {ref: get_schema(ref) for ref in refs}
@@ -348,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
         f"{ratio:.2f}", f"{1000 * env_seconds / len(results):.2f}", f"{100 * env_seconds / GPU_STEP_SECONDS:.2f}",
         f"{correct}/{len(results)}",
     )
-    console.print(table)
+    rich_output.print_table(console, table)
     console.print("env s per repetition: " + ", ".join(f"{t:.3f}" for t in env_times)
                   + "; sqlite3 s: " + ", ".join(f"{t:.3f}" for t in raw_times), style="dim")
     if drift:  # e.g. a query close to its time limit finished in one pass and not in another

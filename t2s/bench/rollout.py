@@ -413,7 +413,6 @@ def measure(episodes: int = 144, seed: int = 0, data=None, prefix_caching: bool 
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from t2s.settings import offline_environment
@@ -422,7 +421,9 @@ def run(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         print("Error: --episodes must be at least 1")
         return 2
-    console = Console()
+    from t2s.rich_output import console as make_console, print_table
+
+    console = make_console()
     try:
         async_r, turnsync_r, critical, where, plans = measure(
             args.episodes, args.seed, args.data, not args.no_prefix_cache, args.workers, console
@@ -446,7 +447,7 @@ def run(args: argparse.Namespace) -> int:
             f"{result.submitted}/{len(plans)}", str(result.stats.steps), f"{occupancy:.1f}",
             f"{result.stats.outside_seconds:.2f}",
         )  # fmt: skip
-    console.print(table)
+    print_table(console, table)
     longest = plans[where]
     console.print(
         f"longest episode: question {longest.row['question_id']} with {len(longest.turns)} planned turns of "

@@ -8,7 +8,10 @@ import os
 import sys
 from pathlib import Path
 
+from t2s.cli_args import non_empty_path, non_negative_int, positive_float, positive_int, unit_float
 from t2s.databases import file_checksum
+from t2s.errors import UsageError
+from t2s.rich_output import print_table
 from t2s.settings import REPO_ROOT
 
 KIND_CHOICES = ("auto", "bird", "spider", "sqale", "synsql")
@@ -41,43 +44,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
 
     def data_args(p, output_help: str) -> None:
-        p.add_argument("--data", required=True, help="data file (BIRD/Spider/SynSQL JSON, or SQaLe queries)")
+        p.add_argument("--data", required=True, type=non_empty_path, help="data file (BIRD/Spider/SynSQL JSON, or SQaLe queries)")
         p.add_argument("--kind", choices=KIND_CHOICES, default="auto", help="data kind (default: detect from the JSON)")
-        p.add_argument("--db-root", default=None, help="folder of <db_id>/<db_id>.sqlite (default: beside the data)")
+        p.add_argument("--db-root", type=non_empty_path, default=None, help="folder of <db_id>/<db_id>.sqlite (default: beside the data)")
         p.add_argument("--schemas", default=None, help="SQaLe schema table (parquet/JSONL file or Hub id)")
-        p.add_argument("--limit", type=int, default=None, help="only the first N rows")
-        p.add_argument("--output", default=None, help=output_help)
+        p.add_argument("--limit", type=positive_int, default=None, help="only the first N rows")
+        p.add_argument("--output", type=non_empty_path, default=None, help=output_help)
 
     p = sub.add_parser("prepare", help="where to download BIRD/Spider and the folder layout, then check what is present")
-    p.add_argument("--data-dir", default=None, help="folder to search (default: T2S_DATA_DIR and data/)")
-    p.add_argument("--workers", type=int, default=4)
+    p.add_argument("--data-dir", type=non_empty_path, default=None, help="folder to search (default: T2S_DATA_DIR and data/)")
+    p.add_argument("--workers", type=positive_int, default=4)
 
     p = sub.add_parser("check", help="run every gold SQL: ok / error / timeout / empty per database (cached)")
     data_args(p, "write per-row outcomes as JSONL here")
-    p.add_argument("--workers", type=int, default=4, help="parallel queries (default 4)")
-    p.add_argument("--timeout", type=float, default=None, help="seconds per gold SQL (default: the scoring cap)")
+    p.add_argument("--workers", type=positive_int, default=4, help="parallel queries (default 4)")
+    p.add_argument("--timeout", type=positive_float, default=None, help="seconds per gold SQL (default: the scoring cap)")
     p.add_argument("--no-cache", action="store_true", help="ignore and do not write the result cache")
 
     p = sub.add_parser("difficulty", help="estimate difficulty from the gold SQL; report figures where labels exist")
-    p.add_argument("--data", required=True, help="BIRD/Spider/SynSQL JSON (databases not needed)")
-    p.add_argument("--output", default=None, help="write the rows back as a JSON list with `difficulty_estimated`")
-    p.add_argument("--folds", type=int, default=5, help="k for the cross-validated refit on this file's labels (0: off)")
-    p.add_argument("--model", default=None, help="a model JSON written by --save-model (default: the built-in one)")
-    p.add_argument("--save-model", default=None, help="fit on this file's labels and save the model JSON here")
-    p.add_argument("--keep-target", type=float, default=KEEP_TARGET,
+    p.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider/SynSQL JSON (databases not needed)")
+    p.add_argument("--output", type=non_empty_path, default=None, help="write the rows back as a JSON list with `difficulty_estimated`")
+    p.add_argument("--folds", type=non_negative_int, default=5, help="k for the cross-validated refit on this file's labels (0: off)")
+    p.add_argument("--model", type=non_empty_path, default=None, help="a model JSON written by --save-model (default: the built-in one)")
+    p.add_argument("--save-model", type=non_empty_path, default=None, help="fit on this file's labels and save the model JSON here")
+    p.add_argument("--keep-target", type=unit_float, default=KEEP_TARGET,
                    help=f"share of simple+moderate the threshold keeps when fitting (default {KEEP_TARGET})")
 
     p = sub.add_parser("passrate", help="keep the questions a policy solves 1..k-1 times out of k")
     data_args(p, "write the kept rows as a JSON list here")
     p.add_argument("--policy", default="scripted-mix", choices=PASSRATE_POLICIES,
                    help="gold, scripted-mix (scripted, CPU), model, endpoint or vllm: played as `eval` plays them")
-    p.add_argument("--k", type=int, default=8, help="samples per question (default 8)")
-    p.add_argument("--min-solved", type=int, default=1)
-    p.add_argument("--max-solved", type=int, default=None, help="default k-1")
+    p.add_argument("--k", type=positive_int, default=8, help="samples per question (default 8)")
+    p.add_argument("--min-solved", type=non_negative_int, default=1)
+    p.add_argument("--max-solved", type=non_negative_int, default=None, help="default k-1")
     add_policy_arguments(p)
 
     p = sub.add_parser("make-demo", help="(re)write the embedded demo databases and questions (data/demo)")
-    p.add_argument("--output", default=None, help="folder to write (default: data/demo)")
+    p.add_argument("--output", type=non_empty_path, default=None, help="folder to write (default: data/demo)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -95,6 +98,8 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # the commands print missing databases themselves
     try:
         return handlers[command](args)
+    except UsageError:
+        raise
     except (DataError, ValueError, OSError) as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(message if message.startswith("Error:") else f"Error: {message}", file=sys.stderr)
@@ -102,9 +107,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _console():
-    from rich.console import Console
+    from t2s.rich_output import console
 
-    return Console()
+    return console()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -150,7 +155,7 @@ def check_and_report(rows, *, console, data_file=None, db_root=None, workers=4, 
         key = hygiene.cache_key(rows, data_file, db_root, extra_key) if timeout is None else None
     outcomes, from_cache = hygiene.check_rows(rows, workers=workers, timeout=timeout, key=key, use_cache=use_cache)
     summary = hygiene.summarize(outcomes)
-    console.print(hygiene.summary_table(summary, title=title))
+    print_table(console, hygiene.summary_table(summary, title=title))
     if getattr(rows, "missing_databases", None):
         console.print(f"[yellow]{rows.missing_summary()}[/yellow]")
     if from_cache:
@@ -247,7 +252,7 @@ def _difficulty(args) -> int:
                      or loaders._difficulty(record.get("difficulty"))})
     model = None
     if args.model:
-        model = difficulty.DifficultyModel.from_dict(json.loads(Path(args.model).read_text(encoding="utf-8")))
+        model = difficulty.read_model(args.model)
     if args.save_model:
         model = difficulty.calibrate(rows, folds=max(2, args.folds or 5), keep_target=args.keep_target)
         Path(args.save_model).write_text(difficulty.model_json(model), encoding="utf-8")
@@ -290,7 +295,7 @@ def print_figures(console, figures: dict, title: str) -> None:
     def pct(value):
         return "n/a" if value is None else f"{value:.1%}"
 
-    console.print(table)
+    print_table(console, table)
     console.print(f"accuracy {pct(figures['accuracy'])} | simple+moderate kept by the filter "
                   f"{pct(figures['kept_simple_moderate'])} | challenging excluded {pct(figures['excluded_challenging'])}")
 
@@ -305,16 +310,19 @@ def _passrate(args) -> int:
     command_environment()
 
     console = _console()
+    high = args.k - 1 if args.max_solved is None else args.max_solved
     if args.k < 2:
-        raise ValueError("Error: --k must be at least 2")
+        raise UsageError("Error: --k must be at least 2")
+    if not args.min_solved <= high <= args.k:
+        raise UsageError(f"Error: the kept range --min-solved {args.min_solved} .. --max-solved {high} must lie "
+                         f"within 0 .. --k {args.k}, lowest first")
     rows = load_for_command(args, require_databases=None)
     if getattr(rows, "missing_databases", None):
         console.print(f"[yellow]{rows.missing_summary()} (skipped)[/yellow]")
         rows = [r for r in rows if r["db_id"] not in rows.missing_databases]
-    high = args.k - 1 if args.max_solved is None else args.max_solved
     counts = passrate.policy_counts(rows, args)
     kept = passrate.keep_partially_solved(rows, counts, args.k, args.min_solved, high)
-    console.print(passrate.histogram_table(counts, args.k, args.min_solved, high))
+    print_table(console, passrate.histogram_table(counts, args.k, args.min_solved, high))
     if args.output:
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(kept, indent=1, ensure_ascii=False), encoding="utf-8")

@@ -181,6 +181,44 @@ class DifficultyModel:
         )
 
 
+def read_model(path) -> DifficultyModel:
+    """A model JSON written by ``data difficulty --save-model``; DataError naming the file when it is not one."""
+    import json
+
+    from t2s.data.loaders import DataError, read_text_file
+
+    text = read_text_file(path, what="difficulty model")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"Error: {path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    width, classes = len(FEATURES), len(CLASSES)
+
+    def numbers(value, length: int) -> bool:
+        return (isinstance(value, list) and len(value) == length
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+
+    problem = None
+    if not isinstance(data, dict):
+        problem = f"expected a JSON object, found {type(data).__name__}"
+    elif data.get("features") != list(FEATURES):
+        problem = f"'features' must be the {width} feature names of this version ({', '.join(FEATURES[:3])}, ...)"
+    elif not all(numbers(data.get(key), width) for key in ("mean", "scale")):
+        problem = f"'mean' and 'scale' must be lists of {width} numbers"
+    elif not (isinstance(data.get("weights"), list) and len(data["weights"]) == classes
+              and all(numbers(row, width) for row in data["weights"])):
+        problem = f"'weights' must be {classes} lists of {width} numbers"
+    elif not numbers(data.get("bias"), classes):
+        problem = f"'bias' must be a list of {classes} numbers"
+    elif not numbers([data.get("threshold")], 1):
+        problem = "'threshold' must be a number"
+    elif not isinstance(data.get("report", {}), dict):
+        problem = "'report' must be an object"
+    if problem:
+        raise DataError(f"Error: {path} is not a difficulty model: {problem}")
+    return DifficultyModel.from_dict(data)
+
+
 def fit_logistic(vectors, labels, *, l2: float = 10.0, steps: int = 600, lr: float = 0.5, class_weight=True):
     """Multinomial logistic regression by full-batch gradient descent; returns (mean, scale, weights, bias)."""
     import numpy as np

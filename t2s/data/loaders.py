@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from t2s.errors import T2SError
+
 log = logging.getLogger(__name__)
 
 ROW_KEYS = ("question_id", "question", "evidence", "gold_sql", "db_id", "db_path", "schema_id", "difficulty", "source")
@@ -45,7 +47,7 @@ _DATA_FILES = {
 _DB_FOLDERS = ("dev_databases", "train_databases", "database", "databases")
 
 
-class DataError(ValueError):
+class DataError(T2SError, ValueError):
     """A data file that cannot be loaded; the message begins with ``Error:`` and names the file (and row)."""
 
 
@@ -54,10 +56,13 @@ class RowList(list):
 
     ``missing_databases``: db_id -> number of questions whose database file is absent.
     ``db_root``: the folder searched for databases (None for row-payload data).
+    ``repeated_ids``: question ids whose rows appear more than once, word for word (see ``refuse_duplicate_ids``).
     """
 
-    def __init__(self, rows: Iterable[dict] = (), missing_databases: dict[str, int] | None = None, db_root=None):
+    def __init__(self, rows: Iterable[dict] = (), missing_databases: dict[str, int] | None = None, db_root=None,
+                 repeated_ids: list[str] | None = None):
         super().__init__(rows)
+        self.repeated_ids: list[str] = list(repeated_ids or [])
         self.missing_databases: dict[str, int] = dict(missing_databases or {})
         self.db_root: str | None = str(db_root) if db_root is not None else None
 
@@ -179,6 +184,29 @@ def _require(record: dict, fields: Iterable[str], path, position: int) -> None:
     if missing:
         names = ", ".join(repr(f) for f in missing)
         raise DataError(f"Error: {path}: row {position} (0-based) is missing required field(s) {names}")
+
+
+def refuse_duplicate_ids(rows: Iterable[dict], where) -> list[str]:
+    """DataError naming the question ids that two different rows share: ``score``, ``eval``, ``compare`` and resume
+    key on them. Returns the ids whose rows repeat word for word (BIRD mini-dev repeats two questions so), which are
+    kept: positions in the file stay as they are for BIRD's position-keyed predictions."""
+    first: dict[str, dict] = {}
+    conflicting: dict[str, int] = {}
+    repeated: list[str] = []
+    for row in rows:
+        question_id = row["question_id"]
+        if question_id not in first:
+            first[question_id] = row
+        elif row != first[question_id]:
+            conflicting[question_id] = conflicting.get(question_id, 1) + 1
+        elif question_id not in repeated:
+            repeated.append(question_id)
+    if conflicting:
+        named = ", ".join(f"{question_id} ({n} rows)" for question_id, n in list(conflicting.items())[:10])
+        more = f" and {len(conflicting) - 10} more" if len(conflicting) > 10 else ""
+        raise DataError(f"Error: {where}: {len(conflicting)} question_id(s) name different questions: {named}{more}; "
+                        "each question needs its own id")
+    return repeated
 
 
 def _pick(record: dict, names: Iterable[str]) -> str | None:
@@ -314,8 +342,11 @@ def _load_with_databases(
                 source=source,
             )
         )
+    repeated = refuse_duplicate_ids(rows, data_file)
     root = Path(db_root) if db_root is not None else default_db_root(data_file, kind)
-    return _attach_databases(rows, root, data_file, require_databases)
+    result = _attach_databases(rows, root, data_file, require_databases)
+    result.repeated_ids = repeated
+    return result
 
 
 def _bird_difficulty(record: dict) -> str | None:
@@ -394,10 +425,13 @@ def _load_common_rows(records, data_file, db_root, source, require_databases) ->
             source=source or record.get("source") or data_file.stem,
         )
         rows.append(row)
+    repeated = refuse_duplicate_ids(rows, data_file)
     if db_root is None and all(r["db_path"] or r["schema_id"] for r in rows):
-        return RowList(rows)
+        return RowList(rows, repeated_ids=repeated)
     root = Path(db_root) if db_root is not None else default_db_root(data_file)
-    return _attach_databases(rows, root, data_file, require_databases)
+    result = _attach_databases(rows, root, data_file, require_databases)
+    result.repeated_ids = repeated
+    return result
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -598,6 +632,7 @@ def load_sqale(
                 source=source,
             )
         )
+    repeated = refuse_duplicate_ids(rows, query_source)
     if missing:
         log.warning("%d SQaLe questions name schemas absent from the schema table: %s",
                     sum(missing.values()), ", ".join(sorted(missing)[:10]))
@@ -610,7 +645,7 @@ def load_sqale(
             for row in dropped:
                 missing[row["schema_id"]] = missing.get(row["schema_id"], 0) + 1
             rows = [r for r in rows if r["schema_id"] not in failed]
-    return RowList(rows, missing, None)
+    return RowList(rows, missing, None, repeated)
 
 
 def _ddl_id(ddl: str) -> str:

@@ -1,0 +1,68 @@
+"""The project's user-facing failures, and how ``python -m t2s`` turns any of them into one ``Error:`` line.
+
+Commands raise :class:`T2SError` (or a subclass) for bad input they can name. ``cli.main`` also maps the failures no
+command should let through as a traceback: ``OSError`` (a missing, read-only or full disk; an output path that is a
+file), ``UnicodeDecodeError`` and YAML syntax errors. Each becomes one line on stderr and exit status 1
+(2 for a :class:`UsageError`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+
+class T2SError(Exception):
+    """A failure the user can act on; ``str`` is one line (``Error:`` is added where it is missing)."""
+
+
+class UsageError(T2SError):
+    """Options that cannot go together (exit status 2, as argparse's own usage errors)."""
+
+
+@contextlib.contextmanager
+def writing(path):
+    """Name ``path`` in an OSError raised without a file name inside the block (a full disk fails on write or
+    flush, where Python does not say which file)."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None or isinstance(exc, T2SError):
+            raise
+        raise type(exc)(exc.errno, exc.strerror or str(exc), str(path)) from exc
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    return " ".join(lines)
+
+
+def _os_error_text(exc: OSError) -> str:
+    reason = exc.strerror or (os.strerror(exc.errno) if exc.errno else str(exc) or type(exc).__name__)
+    names = [str(name) for name in (exc.filename, exc.filename2) if name is not None]
+    return f"{reason}: {' -> '.join(names)}" if names else reason
+
+
+def _yaml_error(exc: BaseException) -> bool:
+    yaml = sys.modules.get("yaml")
+    return yaml is not None and isinstance(exc, yaml.YAMLError)
+
+
+def user_facing(exc: BaseException) -> bool:
+    """True for the failures :func:`error_line` reports as one line (anything else is a bug and keeps its traceback)."""
+    return isinstance(exc, (T2SError, OSError, UnicodeDecodeError)) or _yaml_error(exc)
+
+
+def error_line(exc: BaseException) -> str:
+    """One ``Error: ...`` line describing ``exc``."""
+    if isinstance(exc, OSError) and not isinstance(exc, T2SError):
+        text = _os_error_text(exc)
+    elif isinstance(exc, UnicodeDecodeError):
+        text = f"a file is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    elif _yaml_error(exc):
+        text = f"not valid YAML: {exc}"
+    else:
+        text = str(exc) or type(exc).__name__
+    text = _one_line(text)
+    return text if text.startswith("Error:") else f"Error: {text}"

@@ -1,0 +1,89 @@
+"""One run at a time per output folder.
+
+A run that writes a folder (``eval``, ``score``, ``train``'s ``output_dir``) holds an exclusive ``fcntl.flock`` on
+``LOCK_NAME`` inside it for as long as it runs. The lock file records the holder (pid, host, command, start time), so a
+second run into the same folder stops at once with one ``Error:`` line naming it, before doing any work. The kernel
+drops the lock when the holder exits, however it exits; the file stays behind, and only the lock counts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+from t2s.errors import T2SError
+
+LOCK_NAME = ".t2s-run.lock"
+
+
+class RunFolderBusy(T2SError):
+    """Another live run holds the output folder."""
+
+
+def _holder_text(raw: str) -> str:
+    try:
+        holder = json.loads(raw)
+        return (f"pid {holder['pid']} on {holder['host']}, started {holder['started_at']}: "
+                f"{holder['command']}")
+    except (ValueError, KeyError, TypeError):
+        return "its details are not written yet"
+
+
+def output_folder(folder) -> Path:
+    """``folder`` created if absent; T2SError when the path is a file or cannot be made a folder."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise T2SError(f"Error: the output {folder} is a file, not a folder; choose another output")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@contextlib.contextmanager
+def run_folder_lock(folder, command: str | None = None):
+    """Hold ``folder``'s run lock for the ``with`` block (creating the folder); RunFolderBusy when another run holds it."""
+    folder = output_folder(folder)
+    handle = open(folder / LOCK_NAME, "a+", encoding="utf-8")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            raise RunFolderBusy(f"Error: {folder} is in use by another run ({_holder_text(handle.read())}); wait for "
+                                "it to finish, or choose another output folder") from None
+        holder = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": " ".join(command.split()) if command else " ".join(sys.argv),
+            "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        }
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(holder) + "\n")
+        handle.flush()
+        yield folder
+    finally:
+        handle.close()  # closing the file releases the lock
+
+
+_held: dict[Path, contextlib.ExitStack] = {}
+
+
+def hold_for_process(folder, command: str | None = None) -> None:
+    """Take ``folder``'s run lock until this process ends (again for the same folder: nothing to do).
+
+    For runs launched on several processes (``accelerate``), only the global rank 0 takes it.
+    """
+    if os.environ.get("RANK", "0") != "0":
+        return
+    key = Path(folder).resolve()
+    if key in _held:
+        return
+    stack = contextlib.ExitStack()
+    stack.enter_context(run_folder_lock(folder, command))
+    _held[key] = stack

@@ -1,0 +1,204 @@
+"""Bad input and a failing disk end as one `Error:` line on stderr and exit status 1, never a traceback."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from t2s.cli import main
+from t2s.settings import REPO_ROOT
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("Error: ") and "Traceback" not in err[0]
+    return err[0]
+
+
+def _eval(demo_dir, output, *extra):
+    return ["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3", "--output", str(output), "--quiet", *extra]
+
+
+def test_an_output_path_that_is_a_file(demo_dir, tmp_path, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("keep me")
+    assert main(_eval(demo_dir, taken)) == 1
+    assert str(taken) in _one_error_line(capsys) and taken.read_text() == "keep me"
+    data = demo_dir / "dev.json"
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(json.dumps({"question_id": "x", "sql": "SELECT 1"}))
+    assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output", str(taken)]) == 1
+    assert "is a file" in _one_error_line(capsys) and taken.read_text() == "keep me"
+
+
+def test_a_read_only_output_folder(demo_dir, tmp_path, capsys, monkeypatch):
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anywhere: make creating the folder fail as it does for a user
+        real_mkdir = pathlib.Path.mkdir
+
+        def refused(self, *args, **kwargs):
+            if str(self).startswith(str(folder)):
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+            return real_mkdir(self, *args, **kwargs)
+
+        monkeypatch.setattr(pathlib.Path, "mkdir", refused)
+    try:
+        assert main(_eval(demo_dir, folder / "out")) == 1
+        line = _one_error_line(capsys)
+        assert "Permission denied" in line and str(folder / "out") in line
+    finally:
+        folder.chmod(0o755)
+
+
+def test_a_full_disk_keeps_what_was_written(demo_dir, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "out"
+    real_write_text = pathlib.Path.write_text
+
+    def full(self, *args, **kwargs):
+        if self.name == "summary.json":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", full)
+    assert main(_eval(demo_dir, out)) == 1
+    line = _one_error_line(capsys)
+    assert "No space left on device" in line and "summary.json" in line
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 3  # nothing played is lost
+    monkeypatch.setattr(pathlib.Path, "write_text", real_write_text)
+    assert main(_eval(demo_dir, out)) == 0  # the disk has room again: the run resumes and finishes
+    assert json.loads((out / "summary.json").read_text())["n"] == 3
+
+
+def test_a_full_disk_through_the_command_line(tmp_path):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    done = subprocess.run([sys.executable, "-m", "t2s", "compare", "a", "b", "--output", "/dev/full"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    # the runs are missing: the error names them before anything is written
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [done.stderr.strip()]
+    run = tmp_path / "run.jsonl"
+    run.write_text("\n".join(json.dumps({"question_id": str(i), "official": i % 2}) for i in range(6)))
+    done = subprocess.run([sys.executable, "-m", "t2s", "compare", str(run), str(run), "--output", "/dev/full"],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip() == "Error: No space left on device: /dev/full"
+
+
+def test_a_system_prompt_file_that_is_not_utf8(demo_dir, tmp_path, capsys):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes(b"\xff\xfe not utf-8 \x80")
+    assert main(_eval(demo_dir, tmp_path / "out", "--system-prompt-file", str(prompt))) == 1
+    line = _one_error_line(capsys)
+    assert str(prompt) in line and "not UTF-8" in line
+    assert not (tmp_path / "out").exists()
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text(json.dumps("SELECT 1") + "\n")
+    db = demo_dir / "dev_databases" / "village_library" / "village_library.sqlite"
+    code = main(["ask", "--db", str(db), "--replay", str(turns), "--system-prompt-file", str(prompt), "how many?"])
+    assert code != 0 and "not UTF-8" in _one_error_line(capsys)
+
+
+@pytest.mark.parametrize("text, needle", [("a: [1, 2\n", "not valid YAML at line 2"),
+                                          ("- just\n- a list\n", "must be a YAML mapping")])
+def test_malformed_recipe_yaml(tmp_path, capsys, text, needle):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(text)
+    assert main(["train", "--config", str(recipe), "--output_dir", str(tmp_path / "run")]) == 2
+    line = _one_error_line(capsys)
+    assert needle in line and str(recipe) in line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("record, needle", [
+    ({"question_id": "1", "official": "yes"}, "'official' must be a number"),
+    ({"question_id": "1", "official": [1]}, "'official' must be a number"),
+    ({"question_id": "1", "official": 1, "sample": "first"}, "'sample' must be a number"),
+    ({"question_id": "1", "official": 1, "sample": 0.5}, "'sample' must be a number"),
+])
+def test_wrong_types_in_a_compare_input(tmp_path, capsys, record, needle):
+    good = tmp_path / "good.jsonl"
+    good.write_text(json.dumps({"question_id": "1", "official": 1}) + "\n")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question_id": "0", "official": 0}) + "\n" + json.dumps(record) + "\n")
+    assert main(["compare", str(good), str(bad)]) == 1
+    line = _one_error_line(capsys)
+    assert needle in line and "line 2" in line and str(bad) in line
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{not json", "not valid JSON"),
+    ('{"weights": 3}', "not a difficulty model"),
+    ("[1, 2]", "expected a JSON object"),
+])
+def test_a_malformed_difficulty_model(demo_dir, tmp_path, capsys, content, needle):
+    from t2s.data.difficulty import default_model, model_json
+
+    model = tmp_path / "model.json"
+    model.write_text(content)
+    assert main(["data", "difficulty", "--data", str(demo_dir / "dev.json"), "--model", str(model)]) == 1
+    assert needle in _one_error_line(capsys)
+    broken = json.loads(model_json(default_model()))
+    broken["weights"] = broken["weights"][:2]
+    model.write_text(json.dumps(broken))
+    assert main(["data", "difficulty", "--data", str(demo_dir / "dev.json"), "--model", str(model)]) == 1
+    assert "'weights' must be 3 lists" in _one_error_line(capsys)
+
+
+def test_export_of_an_empty_checkpoint(tmp_path, capsys):
+    empty = tmp_path / "checkpoint-100"
+    empty.mkdir()
+    assert main(["export", "--checkpoint", str(empty), "--output", str(tmp_path / "export")]) == 1
+    assert "holds no model" in _one_error_line(capsys)
+    assert not (tmp_path / "export").exists()
+
+
+def test_bench_env_on_a_file_that_is_not_a_database(tmp_path, capsys):
+    folder = tmp_path / "bird"
+    (folder / "dev_databases" / "fake").mkdir(parents=True)
+    (folder / "dev_databases" / "fake" / "fake.sqlite").write_text("not a database\n" * 20)
+    (folder / "dev.json").write_text(json.dumps([{"question_id": 1, "db_id": "fake", "question": "q",
+                                                  "SQL": "SELECT 1"}]))
+    assert main(["bench", "env", "--data", str(folder / "dev.json"), "--workers", "1", "--repeats", "1"]) == 1
+    line = _one_error_line(capsys)
+    assert "fake" in line and "not a database" in line
+
+
+def test_any_oserror_from_a_command_is_one_line(monkeypatch, capsys):
+    import t2s.compare
+
+    def broken(args):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), "/some/where")
+
+    monkeypatch.setattr(t2s.compare, "run", broken)
+    assert main(["compare", "a", "b"]) == 1
+    assert _one_error_line(capsys) == "Error: Is a directory: /some/where"
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    import t2s.compare
+
+    def buggy(args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(t2s.compare, "run", buggy)
+    with pytest.raises(KeyError):
+        main(["compare", "a", "b"])
+
+
+def test_errors_through_the_command_line_have_no_traceback(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("x")
+    done = subprocess.run([sys.executable, "-m", "t2s", "eval", "--policy", "gold", "--data", "data/demo", "--n", "2",
+                           "--output", str(taken), "--quiet"], capture_output=True, text=True, timeout=300,
+                          cwd=REPO_ROOT)
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert done.stderr.startswith("Error: ") and str(taken) in done.stderr

@@ -1,0 +1,103 @@
+"""One run at a time per output folder: a second `eval` or `score` into a folder in use stops at once, naming the
+holder, and writes nothing; the lock goes with its holder, however it ends."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from t2s.cli import main
+from t2s.settings import REPO_ROOT
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from t2s.run_lock import run_folder_lock
+    with run_folder_lock(sys.argv[1], command="t2s eval --output somewhere (the holder)"):
+        print("held", flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.fixture()
+def holder(tmp_path):
+    """A live process holding the run lock of tmp_path / "out"."""
+    process = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "out")], stdout=subprocess.PIPE,
+                               text=True, cwd=REPO_ROOT)
+    try:
+        assert process.stdout.readline().strip() == "held"
+        yield process
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+
+
+def _eval_args(demo_dir, out):
+    return ["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3", "--output", str(out), "--quiet"]
+
+
+def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(demo_dir, tmp_path, holder, capsys):
+    out = tmp_path / "out"
+    assert main(_eval_args(demo_dir, out)) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"Error: {out} is in use by another run")
+    assert f"pid {holder.pid} on {socket.gethostname()}" in err[0] and "(the holder)" in err[0]
+    assert not (out / "episodes.jsonl").exists() and not (out / "eval_config.json").exists()
+
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(json.dumps({"question_id": "x", "sql": "SELECT 1"}))
+    assert main(["score", "--data", str(demo_dir / "dev.json"), "--predictions", str(predictions), "--output",
+                 str(out), "--no-progress"]) == 1
+    assert "in use by another run" in capsys.readouterr().err
+    assert not (out / "scores.jsonl").exists()
+
+    holder.send_signal(signal.SIGKILL)  # the holder dies without cleaning up: its lock goes with it
+    holder.wait(timeout=30)
+    assert main(_eval_args(demo_dir, out)) == 0
+    assert len((out / "episodes.jsonl").read_text().splitlines()) == 3
+    from t2s.run_lock import LOCK_NAME
+
+    recorded = json.loads((out / LOCK_NAME).read_text())
+    assert recorded["pid"] != holder.pid and set(recorded) == {"pid", "host", "command", "started_at"}
+
+
+def test_two_evals_at_once_one_runs(demo_dir, tmp_path):
+    """Two real processes into one folder: exactly one plays, the other stops with one line."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "t2s", "eval", "--policy", "gold", "--data", str(demo_dir), "--n", "12",
+               "--output", str(out), "--quiet", "--workers", "1"]
+    first = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    results = [(p.wait(timeout=300), p.communicate()[1]) for p in (first, second)]
+    codes = sorted(code for code, _ in results)
+    lines = (out / "episodes.jsonl").read_text().splitlines()
+    if codes == [0, 0]:  # the first had finished before the second started: the second resumed, played nothing
+        assert len(lines) == 12
+        return
+    assert codes == [0, 1]
+    refused = next(err for code, err in results if code == 1)
+    assert refused.strip().splitlines() == [refused.strip()] and "in use by another run" in refused
+    assert len(lines) == 12 and len({json.loads(line)["question_id"] for line in lines}) == 12
+
+
+def test_the_lock_in_one_process(tmp_path):
+    from t2s.run_lock import RunFolderBusy, hold_for_process, run_folder_lock
+
+    with run_folder_lock(tmp_path / "a", command="first"):
+        with pytest.raises(RunFolderBusy, match="first"):
+            with run_folder_lock(tmp_path / "a"):
+                pass
+        with run_folder_lock(tmp_path / "b"):  # another folder is free
+            pass
+    with run_folder_lock(tmp_path / "a"):  # released
+        pass
+    hold_for_process(tmp_path / "c")
+    hold_for_process(tmp_path / "c")  # again for the same folder: nothing to do
+    with pytest.raises(RunFolderBusy):
+        with run_folder_lock(tmp_path / "c"):
+            pass

@@ -1,0 +1,182 @@
+"""Questions that cannot be scored are said, counted and left out: unreadable databases (probed at start-up) and gold
+SQL that fails, in `eval` and `score`; duplicated question ids are refused by every command that loads data."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from t2s.cli import main
+from t2s.data.loaders import DataError, load_json_rows, load_rows
+from t2s.settings import REPO_ROOT
+
+BROKEN = ("not_sqlite", "truncated", "damaged")
+
+
+def _root_page(db: Path, table: str) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("SELECT rootpage FROM sqlite_master WHERE name = ?", (table,)).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _bird_with_broken_databases(demo_dir: Path, folder: Path) -> Path:
+    """A BIRD-layout folder: village_library as it is, three broken copies of it, and one gold SQL that fails."""
+    source = demo_dir / "dev_databases" / "village_library" / "village_library.sqlite"
+    records = [r for r in json.loads((demo_dir / "dev.json").read_text()) if r["db_id"] == "village_library"][:4]
+    good = folder / "dev_databases" / "village_library"
+    good.mkdir(parents=True)
+    shutil.copy(source, good / "village_library.sqlite")
+    data = source.read_bytes()
+    page_size = int.from_bytes(data[16:18], "big")
+    damaged = bytearray(data)
+    page = _root_page(source, "loans")
+    damaged[(page - 1) * page_size : page * page_size] = b"\xab" * page_size
+    contents = {"not_sqlite": b"just some text, not a database\n" * 10, "truncated": data[: len(data) // 2],
+                "damaged": bytes(damaged)}
+    for db_id, content in contents.items():
+        (folder / "dev_databases" / db_id).mkdir(parents=True)
+        (folder / "dev_databases" / db_id / f"{db_id}.sqlite").write_bytes(content)
+    rows = [dict(r, question_id=f"good{i}") for i, r in enumerate(records[:3])]
+    rows.append(dict(records[3], question_id="gold_fails", SQL="SELECT no_such_column FROM loans"))
+    for db_id in BROKEN:
+        rows += [dict(r, question_id=f"{db_id}{i}", db_id=db_id) for i, r in enumerate(records[:2])]
+    (folder / "dev.json").write_text(json.dumps(rows))
+    return folder
+
+
+def test_the_probe_names_each_broken_database(demo_dir, tmp_path):
+    from t2s.data.db_probe import database_problems
+
+    rows = load_json_rows(_bird_with_broken_databases(demo_dir, tmp_path / "bird") / "dev.json")
+    problems = database_problems(rows)
+    assert sorted(problems) == sorted(BROKEN)
+    assert "not a database" in problems["not_sqlite"]
+    assert "truncated" in problems["truncated"]
+    assert "malformed" in problems["damaged"] and "loans" in problems["damaged"]
+
+
+def test_eval_refuses_unreadable_databases_then_skips_and_counts_them(demo_dir, tmp_path, capsys):
+    data = _bird_with_broken_databases(demo_dir, tmp_path / "bird")
+    out = tmp_path / "out"
+    assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: 3 database(s) cannot be read")
+    assert all(db_id in err[0] for db_id in BROKEN) and "--skip-missing-dbs" in err[0]
+    assert not (out / "episodes.jsonl").exists()
+
+    assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(out), "--quiet",
+                 "--skip-missing-dbs"]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n"] == 3 and summary["execution_accuracy_official"] == 1.0 and summary["strict"] == 1.0
+    assert summary["skipped_unusable_dbs"] == 6 and summary["unusable_db_ids"] == sorted(BROKEN)
+    assert set(summary["unusable_dbs"]) == set(BROKEN)
+    assert summary["gold_failures"] == 1 and summary["gold_failure_ids"] == ["gold_fails"]
+    assert summary["per_difficulty"] and sum(b["n"] for b in summary["per_difficulty"].values()) == 3
+    lines = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    failed = [line for line in lines if line["question_id"] == "gold_fails"]
+    assert len(lines) == 4 and failed[0]["official"] is None and "gold SQL failed" in failed[0]["gold_error"]
+    assert "skipped_unusable_dbs" in printed and "gold_failures" in printed
+    assert "gold_fails" in printed and all(db_id in printed for db_id in BROKEN)
+    assert "skipped (unreadable databases) | 6" in (out / "summary.md").read_text()
+
+
+def test_score_does_not_blame_predictions_for_broken_databases_or_gold(demo_dir, tmp_path, capsys):
+    data = _bird_with_broken_databases(demo_dir, tmp_path / "bird") / "dev.json"
+    records = json.loads(data.read_text())
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text("\n".join(json.dumps({"question_id": r["question_id"], "sql": r["SQL"]}) for r in records))
+    out = tmp_path / "out"
+    assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output", str(out),
+                 "--no-progress"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["execution_accuracy_official"] == 1.0  # only the 3 scorable questions count
+    assert summary["gold_failures"] == 1 and summary["gold_failure_ids"] == ["gold_fails"]
+    broken_ids = sorted(r["question_id"] for r in records if r["db_id"] in BROKEN)
+    assert sorted(summary["error_ids"]) == broken_ids
+    lines = {line["question_id"]: line for line in map(json.loads, (out / "scores.jsonl").read_text().splitlines())}
+    assert all(lines[q]["official"] is None and lines[q]["unscored"] == "database unreadable" for q in broken_ids)
+    problems = json.loads((out / "problems.json").read_text())
+    assert sorted(problems["unusable_databases"]) == sorted(BROKEN)
+    assert "their gold SQL fails" in printed and "failed or were blank" not in printed
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root opens read-only folders anyway")
+def test_a_wal_database_in_a_read_only_folder_is_reported(tmp_path):
+    folder = tmp_path / "db" / "walled"
+    folder.mkdir(parents=True)
+    conn = sqlite3.connect(folder / "walled.sqlite")
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("CREATE TABLE t (x)")
+    conn.execute("INSERT INTO t VALUES (1)")
+    conn.commit()
+    conn.close()
+    for leftover in folder.glob("walled.sqlite-*"):
+        leftover.unlink()
+    folder.chmod(0o555)
+    try:
+        from t2s.data.db_probe import database_problems
+
+        row = {"question_id": "1", "db_id": "walled", "db_path": str(folder / "walled.sqlite")}
+        problems = database_problems([row])
+        assert "walled" in problems
+    finally:
+        folder.chmod(0o755)
+
+
+# ------------------------------------------------------------------------------------------------ duplicated ids
+def _demo_copy_with_ids(demo_dir: Path, folder: Path, ids: list[str]) -> Path:
+    records = json.loads((demo_dir / "dev.json").read_text())[: len(ids)]
+    folder.mkdir(parents=True)
+    (folder / "dev_databases").symlink_to(demo_dir / "dev_databases")
+    (folder / "dev.json").write_text(json.dumps([dict(r, question_id=q) for r, q in zip(records, ids)]))
+    return folder / "dev.json"
+
+
+def test_duplicated_question_ids_are_refused_by_every_command(demo_dir, tmp_path, capsys):
+    data = _demo_copy_with_ids(demo_dir, tmp_path / "dup", ["7"] * 6 + ["8", "9", "9", "10"])
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(json.dumps({"question_id": "8", "sql": "SELECT 1"}))
+    commands = [
+        ["eval", "--policy", "gold", "--data", str(data), "--output", str(tmp_path / "eval"), "--quiet"],
+        ["score", "--data", str(data), "--predictions", str(predictions), "--output", str(tmp_path / "score")],
+        ["data", "check", "--data", str(data), "--no-cache"],
+    ]
+    for argv in commands:
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("Error:"), err
+        assert "7 (6 rows)" in err[0] and "9 (2 rows)" in err[0] and "8 (" not in err[0]
+    assert not (tmp_path / "eval" / "episodes.jsonl").exists() and not (tmp_path / "score").exists()
+    with pytest.raises(DataError, match="7 \\(6 rows\\)"):  # the training loader's path
+        load_rows("bird", data)
+
+
+def test_a_question_repeated_word_for_word_is_counted_once(demo_dir, tmp_path, capsys):
+    data = _demo_copy_with_ids(demo_dir, tmp_path / "rep", ["a", "b", "c"])
+    records = json.loads(data.read_text())
+    data.write_text(json.dumps(records + [records[1]]))  # as BIRD mini-dev repeats two of its questions
+    assert load_json_rows(data).repeated_ids == ["b"]
+    assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(tmp_path / "out"), "--quiet"]) == 0
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["n"] == summary["n_episodes"] == 3 and summary["repeated_question_ids"] == ["b"]
+    assert "repeats questions word for word" in capsys.readouterr().out
+
+
+def test_duplicated_ids_through_the_command_line(demo_dir, tmp_path):
+    data = _demo_copy_with_ids(demo_dir, tmp_path / "dup", ["1", "1", "2"])
+    done = subprocess.run([sys.executable, "-m", "t2s", "eval", "--policy", "gold", "--data", str(data), "--output",
+                           str(tmp_path / "out"), "--quiet"], capture_output=True, text=True, timeout=300,
+                          cwd=REPO_ROOT)
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert "1 (2 rows)" in done.stderr and "Traceback" not in done.stderr
