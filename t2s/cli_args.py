@@ -21,44 +21,25 @@ def _number(text, kind):
     return value
 
 
-def positive_int(text) -> int:
-    """An integer of at least 1."""
-    value = _number(text, int)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _bounded(name: str, kind, accepts, requirement: str):
+    """A ``type=`` function reading ``kind`` and refusing a value ``accepts`` rejects ("must be <requirement>")."""
+
+    def parse(text):
+        value = _number(text, kind)
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+
+    parse.__name__ = parse.__qualname__ = name
+    parse.__doc__ = f"{'An integer' if kind is int else 'A finite number'} {requirement}."
+    return parse
 
 
-def non_negative_int(text) -> int:
-    """An integer of at least 0."""
-    value = _number(text, int)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
-
-
-def positive_float(text) -> float:
-    """A finite number above 0."""
-    value = _number(text, float)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be above 0, got {text}")
-    return value
-
-
-def non_negative_float(text) -> float:
-    """A finite number of at least 0."""
-    value = _number(text, float)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
-
-
-def unit_float(text) -> float:
-    """A number in (0, 1]: a share such as top-p or a memory fraction."""
-    value = _number(text, float)
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be above 0 and at most 1, got {text}")
-    return value
+positive_int = _bounded("positive_int", int, lambda v: v >= 1, "at least 1")
+non_negative_int = _bounded("non_negative_int", int, lambda v: v >= 0, "0 or more")
+positive_float = _bounded("positive_float", float, lambda v: v > 0, "above 0")
+non_negative_float = _bounded("non_negative_float", float, lambda v: v >= 0, "0 or more")
+unit_float = _bounded("unit_float", float, lambda v: 0 < v <= 1, "above 0 and at most 1")  # a share: top-p, ...
 
 
 def non_empty_path(text) -> str:
