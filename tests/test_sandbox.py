@@ -290,6 +290,64 @@ def test_trim_with_a_character_set_matches_sqlite(db):
     assert run_tool_query(benchmark_db(db), sql, max_rows=5).rows == plain.execute(sql).fetchall()
 
 
+def test_linear_instr_and_replace_match_sqlite(db):
+    plain = sqlite3.connect(":memory:")
+    sql = (
+        "SELECT instr('abcabc', 'ca'), instr('abc', ''), instr('', 'a'), instr(NULL, 'a'), instr('a', NULL), "
+        "instr('éaé', 'é'), instr(x'00ff01', x'ff01'), instr(x'616263', 'c'), instr(12345, 34), instr(1.5, '.'), "
+        "instr('abc', 'abcd'), replace('a.b.c', '.', '--'), replace('abc', '', 'x'), typeof(replace(5, '', 'x')), "
+        "replace(NULL, 'a', 'b'), replace('a', NULL, 'b'), replace('a', 'a', NULL), replace(x'616263', 'b', 'B'), "
+        "replace(1.25, '2', '3'), replace('ééé', 'é', 'e'), replace(123, 2, 9), typeof(replace(x'61', 'a', 'b'))"
+    )
+    assert run_tool_query(benchmark_db(db), sql, max_rows=5).rows == plain.execute(sql).fetchall()
+
+
+# One row's function calls run without a check for interrupts between them, so these ran far past any deadline:
+# each instr compares a long needle at every position of a long haystack (about 10 s a call), and a select list
+# repeats it.
+ROW_BOUND_ATTACKS = [
+    "SELECT " + ", ".join(["instr(hex(zeroblob(499000 + a - a)), hex(zeroblob(250000)) || 'x')"] * 4) + " FROM t",
+    "SELECT " + ", ".join(["instr(hex(zeroblob(49000)), hex(zeroblob(24000)) || 'x')"] * 120),
+    "SELECT " + ", ".join(["instr(hex(zeroblob(499000)), 'x')"] * 1500),
+    "SELECT " + ", ".join(["b LIKE '%' || hex(zeroblob(240)) || '1'"] * 100) + " FROM (SELECT hex(zeroblob(49000)) b)",
+    "SELECT " + ", ".join(["x"] * 100) + " FROM (SELECT instr(hex(zeroblob(49000 + a - a)), hex(zeroblob(20000)) || 'x')"
+    " AS x FROM t)",
+]
+
+
+@pytest.mark.parametrize("path", ["tool", "scoring"])
+@pytest.mark.parametrize("sql", ROW_BOUND_ATTACKS, ids=[f"attack{i}" for i in range(len(ROW_BOUND_ATTACKS))])
+def test_the_work_of_one_row_stays_near_the_deadline(db, sql, path):
+    ref = benchmark_db(db)
+    if path == "tool":
+        result = run_tool_query(ref, sql, max_rows=5, timeout=1.0)
+    else:
+        result = run_scoring_query(ref, sql, timeout=1.0)
+    assert result.error and result.error.startswith("Error:"), result.rows[:1]
+    assert result.seconds < 1.0 + 4 * MARGIN
+    assert run_tool_query(ref, BASELINE_SQL, max_rows=5).ok
+
+
+def test_heavy_calls_are_counted_in_the_compiled_program(db):
+    """A subquery's expression copied into its outer query counts at each copy; real queries stay well below."""
+    ref = benchmark_db(db)
+    copies = ", ".join(["x"] * (databases.MAX_HEAVY_CALLS + 1))
+    result = run_tool_query(ref, f"SELECT {copies} FROM (SELECT replace(b, 'r', 'R') AS x FROM t)", max_rows=2)
+    assert result.error == (f"Error: the query calls functions that build or scan long values "
+                            f"{databases.MAX_HEAVY_CALLS + 1} times per row (replace); at most "
+                            f"{databases.MAX_HEAVY_CALLS} such calls are allowed")
+    real = (
+        "SELECT CAST(replace(replace(b, 'row', ''), ',', '') AS INTEGER) AS n, instr(b, 'w'), b LIKE 'ROW1%', "
+        "printf('%05d', a), hex(a), quote(b) FROM t WHERE b LIKE '%1%' AND replace(b, 'o', '0') GLOB 'r0w*' "
+        "ORDER BY n LIMIT 2"
+    )
+    assert run_tool_query(ref, real, max_rows=5).rows == [(1, 3, 1, "00001", "31", "'row1'"),
+                                                          (10, 3, 1, "00010", "3130", "'row10'")]
+    too_long = "SELECT 1" + " " * databases.MAX_SQL_LENGTH
+    assert run_tool_query(ref, too_long, max_rows=2).error == (
+        f"Error: the SQL is longer than {databases.MAX_SQL_LENGTH} characters")
+
+
 def test_million_row_results_are_bounded(db):
     ref = benchmark_db(db)
     sql = "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 1000000) SELECT n, n * 2 FROM r"

@@ -7,6 +7,7 @@ Every query a model sends runs through :func:`execute` on a sandboxed connection
 * :mod:`~t2s.databases.sandbox`: the sandboxed connection: limits, the authorizer's allowlist, replaced functions
   (:mod:`~t2s.databases.functions`).
 * :mod:`~t2s.databases.deadlines`: wall-clock deadlines, the watchdog thread and the progress-handler backstop.
+* :mod:`~t2s.databases.rowcost`: bounding the work of one result row, which no deadline can interrupt.
 * :mod:`~t2s.databases.connections`: each thread's tool and scoring connections.
 * :mod:`~t2s.databases.executing` and :mod:`~t2s.databases.fetching`: running one statement and reading its rows.
 * :mod:`~t2s.databases.sqltext`: reading SQL text without SQLite (leading keyword, comment-only statements).

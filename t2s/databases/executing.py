@@ -10,7 +10,7 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 
-from t2s.databases import deadlines, fetching, limits
+from t2s.databases import deadlines, fetching, limits, rowcost
 from t2s.databases.connections import _connection
 from t2s.databases.opening import DatabaseOpenError, DatabaseRef
 from t2s.databases.sandbox import SandboxConnection
@@ -97,29 +97,46 @@ def execute(
         ticket = [_monotonic() + max(0.0, float(timeout))]  # this statement's alone (see t2s.databases.deadlines)
     except (TypeError, ValueError):
         return QueryResult(error=f"Error: the timeout must be a number of seconds, got {timeout!r}")
+    if len(sql) > limits.MAX_SQL_LENGTH:
+        return QueryResult(error=f"Error: the SQL is longer than {limits.MAX_SQL_LENGTH} characters")
+    lowered = sql.lower()
+    amplified = rowcost.names_amplifier(lowered)
     try:
         conn.timed_out = conn.write_denied = False
         conn.denied = conn.udf_error = None
         deadlines.start_watching(conn, ticket)
-        try:
-            columns, rows, more, over_cap = fetching.run_statement(conn, sql, max_rows, max_cells, max_bytes)
-        except sqlite3.OperationalError as exc:
-            if not str(exc).startswith("Could not decode to UTF-8"):
-                raise
-            conn.text_factory = _tolerant_text  # rare: run it again, decoding invalid UTF-8 with replacement
-            try:
-                columns, rows, more, over_cap = fetching.run_statement(conn, sql, max_rows, max_cells, max_bytes)
-            finally:
-                conn.text_factory = str
-        error = "Error: empty SQL" if not columns and only_comments(sql) else None
-        result = QueryResult(columns, rows, more, error, False, False, over_cap)
+        if amplified:  # values this statement builds stay short enough for one row's work to stay small
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.AMPLIFIED_MAX_LENGTH)
+        refusal = rowcost.too_heavy(rowcost.heavy_calls(conn, sql, lowered))
+        if refusal is not None:
+            result = QueryResult(error=refusal)
+        else:
+            result = _run(conn, sql, max_rows, max_cells, max_bytes)
     except Exception as exc:  # noqa: BLE001 - a query must never raise into the rollout
         error, timed_out, write_attempt = _error_text(exc, conn, timeout)
         result = QueryResult(error=error, timed_out=timed_out, write_attempt=write_attempt)
     finally:
         deadlines.stop_watching(conn, ticket)
+        if amplified:
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.MAX_VALUE_LENGTH)
     result.seconds = _clock() - started
     return result
+
+
+def _run(conn, sql, max_rows, max_cells, max_bytes) -> QueryResult:
+    """Run and fetch the statement (raises what SQLite raises)."""
+    try:
+        columns, rows, more, over_cap = fetching.run_statement(conn, sql, max_rows, max_cells, max_bytes)
+    except sqlite3.OperationalError as exc:
+        if not str(exc).startswith("Could not decode to UTF-8"):
+            raise
+        conn.text_factory = _tolerant_text  # rare: run it again, decoding invalid UTF-8 with replacement
+        try:
+            columns, rows, more, over_cap = fetching.run_statement(conn, sql, max_rows, max_cells, max_bytes)
+        finally:
+            conn.text_factory = str
+    error = "Error: empty SQL" if not columns and only_comments(sql) else None
+    return QueryResult(columns, rows, more, error, False, False, over_cap)
 
 
 def _failed(message: str) -> QueryResult:

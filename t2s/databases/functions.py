@@ -109,3 +109,40 @@ def linear_trim(value, chars, left: bool, right: bool):
     while right and end > start and text[end - 1] in members:
         end -= 1
     return text[start:end]
+
+
+class ValueTooLong(ValueError):
+    """A function result longer than the connection's length limit."""
+
+
+def linear_instr(haystack, needle):
+    """``instr`` in linear time: the 1-based position of ``needle`` in ``haystack`` (0 when absent, NULL with NULL).
+
+    Two blobs are searched as bytes, anything else as text (positions in characters), as SQLite does. SQLite's own
+    compares the needle at every position: two values near the length limit take seconds in a single call.
+    """
+    if haystack is None or needle is None:
+        return None
+    if type(haystack) is bytes and type(needle) is bytes:
+        return haystack.find(needle) + 1
+    return _sql_text(haystack).find(_sql_text(needle)) + 1
+
+
+def linear_replace(value, old, new, max_length: int):
+    """``replace`` in linear time, refusing (``ValueTooLong``) a result longer than ``max_length`` before building it.
+
+    NULL in any argument gives NULL; an empty ``old`` gives ``value`` unchanged; otherwise the result is text.
+    """
+    if value is None or old is None:
+        return None
+    old = _sql_text(old)
+    if old == "":
+        return value
+    if new is None:
+        return None
+    text, new = _sql_text(value), _sql_text(new)
+    if len(new) > len(old):
+        count = text.count(old)
+        if len(text) + count * (len(new) - len(old)) > max_length:
+            raise ValueTooLong(f"Error: replace() would build a value longer than {max_length} characters")
+    return text.replace(old, new)

@@ -1,8 +1,9 @@
 """The sandboxed connection: limits, the authorizer's allowlist and the replaced SQL functions.
 
 * **Limits.** ``SQLITE_LIMIT_ATTACHED`` is 0 and ``SQLITE_LIMIT_LENGTH`` about 1e6, so blob and string blow-ups fail at
-  once. ``printf``/``format`` are replaced by versions that refuse huge widths and precisions, and ``trim`` by a linear
-  one (:mod:`t2s.databases.functions`).
+  once; statements and LIKE/GLOB patterns are bounded too. ``printf``/``format`` are replaced by versions that refuse
+  huge widths and precisions, and ``trim``, ``instr`` and ``replace`` by linear ones (:mod:`t2s.databases.functions`),
+  which also stop a statement past its deadline (see :mod:`t2s.databases.rowcost`).
 * **Authorizer allowlist.** SELECT, READ, RECURSIVE, functions other than ``load_extension``/``fts3_tokenizer``,
   read-only introspection PRAGMAs, and the ``UPDATE sqlite_master`` that SQLite issues (with no trigger context) to
   build eponymous virtual tables such as ``json_each``. Everything else is denied, transactions included.
@@ -14,7 +15,14 @@ from __future__ import annotations
 import sqlite3
 
 from t2s.databases import deadlines, limits
-from t2s.databases.functions import linear_trim, plain_printf, printf_too_wide
+from t2s.databases.functions import (
+    ValueTooLong,
+    linear_instr,
+    linear_replace,
+    linear_trim,
+    plain_printf,
+    printf_too_wide,
+)
 
 _SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema"})
 _READ_ONLY_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"})
@@ -81,11 +89,37 @@ class SandboxConnection(sqlite3.Connection):
         self.write_denied = self.write_denied or write
         return sqlite3.SQLITE_DENY
 
+    def _check_deadline(self) -> None:
+        """Stop the statement when it is past its deadline: SQLite checks only between rows, our functions check at
+        every call."""
+        if deadlines.progress_check(self):
+            raise TimeoutError("past the deadline")
+
     def _printf(self, fmt, *args):
+        self._check_deadline()
         if printf_too_wide(fmt, args):
             self.udf_error = f"Error: printf/format width or precision above {limits.PRINTF_MAX_WIDTH} is not allowed"
             raise ValueError(self.udf_error)
         return plain_printf(fmt, args)
+
+    def _trim(self, left: bool, right: bool):
+        def trim(value, chars):
+            self._check_deadline()
+            return linear_trim(value, chars, left, right)
+
+        return trim
+
+    def _instr(self, haystack, needle):
+        self._check_deadline()
+        return linear_instr(haystack, needle)
+
+    def _replace(self, value, old, new):
+        self._check_deadline()
+        try:
+            return linear_replace(value, old, new, self.getlimit(sqlite3.SQLITE_LIMIT_LENGTH))
+        except ValueTooLong as exc:
+            self.udf_error = str(exc)
+            raise
 
 
 _ALLOWED_ACTIONS = frozenset({sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_RECURSIVE})
@@ -105,11 +139,15 @@ def apply_sandbox(conn: SandboxConnection, label: str) -> SandboxConnection:
     conn.label = label
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
     conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.MAX_VALUE_LENGTH)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, limits.MAX_SQL_LENGTH)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, limits.MAX_LIKE_PATTERN)
     for name in ("printf", "format"):
         conn.create_function(name, -1, conn._printf, deterministic=True)
-    conn.create_function("trim", 2, lambda value, chars: linear_trim(value, chars, True, True), deterministic=True)
-    conn.create_function("ltrim", 2, lambda value, chars: linear_trim(value, chars, True, False), deterministic=True)
-    conn.create_function("rtrim", 2, lambda value, chars: linear_trim(value, chars, False, True), deterministic=True)
+    conn.create_function("trim", 2, conn._trim(True, True), deterministic=True)
+    conn.create_function("ltrim", 2, conn._trim(True, False), deterministic=True)
+    conn.create_function("rtrim", 2, conn._trim(False, True), deterministic=True)
+    conn.create_function("instr", 2, conn._instr, deterministic=True)
+    conn.create_function("replace", 3, conn._replace, deterministic=True)
     conn.execute("PRAGMA query_only = ON")
     conn.set_authorizer(conn._authorize)
     conn.set_progress_handler(conn._progress, limits.PROGRESS_INTERVAL)
