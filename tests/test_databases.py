@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
 from t2s import databases
+from t2s.settings import REPO_ROOT
 from t2s.databases import (
     DatabaseRef,
     build_payload_image,
@@ -121,6 +125,104 @@ def test_wal_user_database_shows_latest_data(tmp_path):
     assert run_tool_query(ref, "INSERT INTO t VALUES (4)", max_rows=5).write_attempt
     assert writer.execute("SELECT count(*) FROM t").fetchone() == (3,)
     writer.close()
+
+
+def _folder_state(folder: Path) -> dict:
+    """Every file in a folder with its checksum."""
+    return {name: file_checksum(folder / name) for name in sorted(os.listdir(folder))}
+
+
+def _crash_mid_transaction(path: Path) -> None:
+    """A writer killed (SIGKILL) in the middle of a transaction that has already written pages to the file."""
+    code = (
+        "import os, signal, sqlite3, sys\n"
+        "conn = sqlite3.connect(sys.argv[1], isolation_level=None)\n"
+        "conn.execute('PRAGMA cache_size = 10')\n"  # a small cache spills changed pages to the file early
+        "conn.execute('BEGIN')\n"
+        "conn.execute('UPDATE t SET a = -1')\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(path)], timeout=60)
+    assert done.returncode == -signal.SIGKILL
+
+
+def test_a_half_written_database_is_reported_not_read(tmp_path):
+    folder = tmp_path / "bench"
+    path = folder / "half.sqlite"
+    conn = sqlite3.connect(_make_db(path, rows=0))
+    conn.executemany("INSERT INTO t VALUES (?, ?)", [(i, "x" * 200) for i in range(20_000)])
+    conn.commit()
+    conn.close()
+    _crash_mid_transaction(path)
+    assert (folder / "half.sqlite-journal").stat().st_size > 0
+    before = _folder_state(folder)
+    ref = benchmark_db(path)
+    scored = run_scoring_query(ref, "SELECT count(*) FROM t WHERE a = -1", timeout=5)
+    assert not scored.ok and "half-written" in scored.error, scored.rows  # never a mix of old and new pages
+    problem = databases.database_problem(ref)
+    assert problem.startswith(f"{path} is half-written: a hot journal ({path}-journal)")
+    assert scored.error == f"Error: {problem}" and not ref.immutable
+    assert run_tool_query(user_db(path), "SELECT 1 FROM t", max_rows=1).error == f"Error: {problem}"
+    assert gold_result(ref, "SELECT count(*) FROM t").error == f"Error: {problem}"
+    from t2s.data.db_probe import database_problems  # the eval start-up check reports it
+
+    assert problem in database_problems([{"db_id": "half", "db_path": str(path)}])["half"]
+    databases.close_thread_connections()
+    assert _folder_state(folder) == before  # the journal is left for its owner to roll back
+    assert databases.database_problem(benchmark_db(_make_db(tmp_path / "clean.sqlite"))) is None
+
+
+def _wal_database(folder: Path, shm: bool) -> Path:
+    """A WAL database whose last commit is only in its -wal file (the writer exited without a checkpoint)."""
+    path = folder / "wal.sqlite"
+    conn = sqlite3.connect(_make_db(path, rows=3))
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.close()
+    code = ("import os, sqlite3, sys\n"
+            "conn = sqlite3.connect(sys.argv[1])\n"
+            "conn.execute('PRAGMA wal_autocheckpoint = 0')\n"
+            "conn.execute('INSERT INTO t VALUES (99, ?)', ('from the wal',))\n"
+            "conn.commit()\n"
+            "os._exit(0)\n")
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, timeout=60)
+    assert (folder / "wal.sqlite-wal").stat().st_size > 0
+    if not shm:
+        (folder / "wal.sqlite-shm").unlink()
+    return path
+
+
+@pytest.mark.parametrize("files", ["db+wal+shm", "db+wal", "db"])
+def test_wal_databases_are_read_without_writing_beside_them(tmp_path, files):
+    folder = tmp_path / "users folder"
+    folder.mkdir()
+    if files == "db":  # checkpointed: everything is in the file, which still says WAL mode
+        path = _make_db(folder / "wal.sqlite", rows=3)
+        conn = sqlite3.connect(path)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("INSERT INTO t VALUES (99, 'from the wal')")
+        conn.commit()
+        conn.close()
+    else:
+        path = _wal_database(folder, shm=files == "db+wal+shm")
+    before = _folder_state(folder)
+    assert sorted(before) == {"db": ["wal.sqlite"], "db+wal": ["wal.sqlite", "wal.sqlite-wal"],
+                              "db+wal+shm": ["wal.sqlite", "wal.sqlite-shm", "wal.sqlite-wal"]}[files]
+    for ref in (user_db(path), benchmark_db(path)):
+        assert run_tool_query(ref, "SELECT count(*), max(b) FROM t", max_rows=5).rows == [(4, "v2")]
+        assert run_tool_query(ref, "SELECT b FROM t WHERE a = 99", max_rows=5).rows == [("from the wal",)]
+        assert run_scoring_query(ref, "SELECT a FROM t ORDER BY a DESC LIMIT 1", timeout=5).rows == [(99,)]
+        assert run_tool_query(ref, "INSERT INTO t VALUES (5, 'no')", max_rows=5).write_attempt
+        assert _folder_state(folder) == before  # nothing created or written, also while connections are open
+    databases.close_thread_connections()
+    assert _folder_state(folder) == before
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text(json.dumps('</think>{"tool": "submit_sql", "args": {"sql": "SELECT b FROM t WHERE a = 99"}}')
+                     + "\n")
+    asked = subprocess.run([sys.executable, "-m", "t2s", "ask", "--db", str(path), "--replay", str(turns), "--json",
+                            "Which row came last?"], capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert asked.returncode == 0, asked.stderr
+    assert json.loads(asked.stdout)["final_sql"] == "SELECT b FROM t WHERE a = 99"
+    assert _folder_state(folder) == before
 
 
 def test_tool_fetch_is_bounded_and_reports_more(tmp_path):

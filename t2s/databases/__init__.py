@@ -43,7 +43,8 @@ from t2s.databases import (
 
 _HOMES = {
     limits: limits.NAMES,
-    opening: ("DatabaseRef", "DatabaseOpenError", "benchmark_db", "user_db", "ref_from_row", "database_uri"),
+    opening: ("DatabaseRef", "DatabaseOpenError", "benchmark_db", "user_db", "ref_from_row", "database_uri",
+              "database_problem"),
     functions: ("printf_too_wide",),
     sandbox: ("SandboxConnection",),
     connections: ("tool_connection", "scoring_connection", "close_thread_connections", "_thread_connections"),

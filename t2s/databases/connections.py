@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 
-from t2s.databases.opening import DatabaseOpenError, DatabaseRef, open_file
+from t2s.databases.opening import DatabaseOpenError, DatabaseRef, open_file, unlocked_state
 from t2s.databases.payloads import _payloads
 from t2s.databases.sandbox import SandboxConnection, apply_sandbox
 
@@ -31,6 +31,10 @@ def _connection(ref: DatabaseRef, purpose: str) -> SandboxConnection:
         return _open_connection(ref, purpose, key)
     if ref.schema_id is not None:
         _payloads.touch_copy(key)
+    elif conn.file_state is not None and conn.file_state != unlocked_state(ref):  # changed since it was opened
+        del _local.conns[key]
+        conn.close()
+        return _open_connection(ref, purpose, key)
     return conn
 
 
@@ -40,7 +44,9 @@ def _open_connection(ref: DatabaseRef, purpose: str, key: tuple) -> SandboxConne
         if ref.schema_id is not None:
             conn = _payloads.open_copy(ref.schema_id, key)
         elif ref.path:
+            state = unlocked_state(ref)
             conn = open_file(ref, SandboxConnection)
+            conn.file_state = state
         else:
             raise DatabaseOpenError(f"Error: database {ref.db_id!r} has neither a file nor a registered payload")
         conns[key] = apply_sandbox(conn, f"{purpose}:{ref.db_id}")

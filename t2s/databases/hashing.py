@@ -44,15 +44,25 @@ def database_hash(ref: DatabaseRef) -> str:
 
 
 def _file_hash(ref: DatabaseRef) -> str:
+    """The file's hash, and its ``-wal`` file's when one is there (its frames are part of the database)."""
     try:
         stat = os.stat(ref.path)
     except OSError:
         return f"missing:{ref.path}"
-    key = (ref.path, stat.st_size, stat.st_mtime_ns)
+    wal_path = ref.path + "-wal"
+    try:
+        wal = os.stat(wal_path)
+        wal_key = (wal.st_size, wal.st_mtime_ns) if wal.st_size else None
+    except OSError:
+        wal_key = None
+    key = (ref.path, stat.st_size, stat.st_mtime_ns, wal_key)
     found = _file_hashes.get(key)
     if found is None:
         with _hash_lock:
             found = _file_hashes.get(key)
             if found is None:
-                found = _file_hashes[key] = file_checksum(ref.path)
+                found = file_checksum(ref.path)
+                if wal_key is not None:
+                    found += "+wal:" + file_checksum(wal_path)
+                _file_hashes[key] = found
     return found

@@ -1,8 +1,22 @@
-"""Which database a row means, and opening its file read-only.
+"""Which database a row means, and opening its file read-only without writing anything next to it.
 
 URIs come from ``Path.resolve().as_uri()`` plus ``?mode=ro`` (a ``#`` or ``?`` in a path can never turn into URI
-syntax). ``immutable=1`` is added only for benchmark files that are not in WAL mode; user files open ``mode=ro`` only.
-Connections are in autocommit mode.
+syntax). Connections are in autocommit mode. How a file opens depends on what lies next to it when it is opened:
+
+* a **hot journal** (``-journal``, not empty, header not zeroed): a writer stopped in the middle of a transaction
+  and the file is half-written. It is not opened; :func:`database_problem` says why. (``immutable=1`` would read the
+  half-written file as whole; ``mode=ro`` cannot roll the journal back.)
+* a **WAL with frames** (``-wal``, not empty): the latest data is partly in the WAL. It opens ``mode=ro`` on the
+  ``unix-none`` VFS with ``PRAGMA locking_mode=EXCLUSIVE`` set before the first read, so SQLite reads through the WAL
+  with its index in private memory: no ``-shm`` or ``-wal`` is created or written, as a plain ``mode=ro`` reader
+  would.
+* otherwise a **benchmark file**, or any file whose header says WAL mode (its WAL is empty or absent), opens
+  ``immutable=1``: nothing is locked or created. A **user's file** (``ask --db``) in rollback mode opens ``mode=ro``,
+  with SQLite's usual locking, which creates nothing either.
+
+WAL files are read without locks, so a WAL file that is not an unchanging benchmark file is watched: when it or its
+``-wal`` changes between statements, the connection is opened again (:func:`unlocked_state`). A writer that
+checkpoints while a statement runs can still make that one statement read a mix of old and new pages.
 """
 
 from __future__ import annotations
@@ -30,6 +44,39 @@ class DatabaseOpenError(Exception):
     """A database that cannot be opened; the message starts with ``Error:``."""
 
 
+_JOURNAL_SUFFIX, _WAL_SUFFIX = "-journal", "-wal"
+
+
+def _hot_journal(path: str) -> str | None:
+    """The path of a hot rollback journal next to ``path``, or None (absent, empty or zeroed: a finished one)."""
+    journal = path + _JOURNAL_SUFFIX
+    try:
+        with open(journal, "rb") as handle:
+            first = handle.read(1)
+    except OSError:
+        return None
+    return journal if first not in (b"", b"\x00") else None
+
+
+def _wal_has_frames(path: str) -> bool:
+    """True when a non-empty ``-wal`` file lies next to ``path``."""
+    try:
+        return os.path.getsize(path + _WAL_SUFFIX) > 0
+    except OSError:
+        return False
+
+
+def database_problem(ref: DatabaseRef) -> str | None:
+    """Why a database file cannot be read as a whole (without ``Error:``), or None: a hot journal next to it."""
+    if ref.path is None:
+        return None
+    journal = _hot_journal(ref.path)
+    if journal is None:
+        return None
+    return (f"{ref.path} is half-written: a hot journal ({journal}) shows that a writer stopped in the middle of a "
+            "transaction. Open it once with sqlite3 and write access to roll the journal back, or use a clean copy")
+
+
 def _is_wal(path: str) -> bool:
     """True when the file header says WAL mode (read/write versions 2); False for anything unreadable."""
     try:
@@ -41,7 +88,8 @@ def _is_wal(path: str) -> bool:
 
 
 def benchmark_db(path, db_id: str | None = None) -> DatabaseRef:
-    """A benchmark file: opened ``immutable`` unless its header says WAL mode (an absolute path is looked up once)."""
+    """A benchmark file: opened ``immutable`` unless its header says WAL mode or a journal or WAL lies next to it (an
+    absolute path is looked up once)."""
     if isinstance(path, str) and os.path.isabs(path):
         return _absolute_benchmark_db(path, db_id)
     return _absolute_benchmark_db.__wrapped__(str(Path(path).expanduser().resolve()), db_id)
@@ -51,11 +99,12 @@ def benchmark_db(path, db_id: str | None = None) -> DatabaseRef:
 def _absolute_benchmark_db(path: str, db_id: str | None) -> DatabaseRef:
     resolved = str(Path(path).resolve())
     name = db_id if db_id is not None else Path(resolved).stem
-    return DatabaseRef(db_id=name, path=resolved, immutable=not _is_wal(resolved))
+    changing = _is_wal(resolved) or _wal_has_frames(resolved) or _hot_journal(resolved) is not None
+    return DatabaseRef(db_id=name, path=resolved, immutable=not changing)
 
 
 def user_db(path) -> DatabaseRef:
-    """A user's own file (``ask --db``): ``mode=ro`` only, so a WAL database shows its latest data."""
+    """A user's own file (``ask --db``): never ``immutable`` in rollback mode, so another program's commits show."""
     resolved = str(Path(path).expanduser().resolve())
     return DatabaseRef(db_id=Path(resolved).stem, path=resolved, immutable=False)
 
@@ -74,20 +123,47 @@ def database_uri(path: str, immutable: bool) -> str:
     return Path(path).resolve().as_uri() + ("?mode=ro&immutable=1" if immutable else "?mode=ro")
 
 
+def unlocked_state(ref: DatabaseRef) -> tuple | None:
+    """For a file read without locks that may change (a WAL file that is not an unchanging benchmark file): the size
+    and modification time of it and its ``-wal``, to compare before each statement. None for any other file."""
+    path = ref.path
+    if path is None or (ref.immutable and not _wal_has_frames(path)) or not (_is_wal(path) or _wal_has_frames(path)):
+        return None
+    state = []
+    for name in (path, path + _WAL_SUFFIX):
+        try:
+            stat = os.stat(name)
+            state += [stat.st_size, stat.st_mtime_ns]
+        except OSError:
+            state += [None, None]
+    return tuple(state)
+
+
 def open_file(ref: DatabaseRef, factory: type[sqlite3.Connection]) -> sqlite3.Connection:
-    """Open a database file read-only as a ``factory`` connection (raises DatabaseOpenError)."""
+    """Open a database file read-only as a ``factory`` connection, creating nothing beside it (raises
+    DatabaseOpenError; see the module's docstring for how each kind of file opens)."""
     path = ref.path
     if not os.path.isfile(path):
         raise DatabaseOpenError(f"Error: database file not found: {path}")
+    problem = database_problem(ref)
+    if problem:
+        raise DatabaseOpenError(f"Error: {problem}")
+    through_wal = _wal_has_frames(path)
+    if through_wal:
+        uri = Path(path).resolve().as_uri() + "?mode=ro&vfs=unix-none"
+    else:
+        uri = database_uri(path, ref.immutable or _is_wal(path))
     try:
         conn = sqlite3.connect(
-            database_uri(path, ref.immutable),
+            uri,
             uri=True,
-            timeout=1.0,  # seconds to wait on another process's lock (user files only; benchmark files never lock)
+            timeout=1.0,  # seconds to wait on another process's lock (user files in rollback mode only)
             isolation_level=None,
             check_same_thread=True,
             factory=factory,
         )
+        if through_wal:  # before the first read: the WAL index lives in private memory, never in a -shm file
+            conn.execute("PRAGMA locking_mode = EXCLUSIVE")
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # fails now on a file that is not SQLite
     except sqlite3.Error as exc:
         raise DatabaseOpenError(f"Error: cannot open database {path}: {exc}") from None

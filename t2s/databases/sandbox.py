@@ -57,6 +57,7 @@ class SandboxConnection(sqlite3.Connection):
     denied_internal: bool = False
     udf_error: str | None = None  # a clear reason raised inside our own SQL functions
     label: str = ""
+    file_state: tuple | None = None  # a file read without locks: its state when opened (opening.unlocked_state)
 
     def _progress(self) -> int:
         return deadlines.progress_check(self)
