@@ -8,7 +8,7 @@ included. The engines cut it at ``max_tokens`` (finish "length", no stop token) 
 The server also answers ``/v1/chat/completions`` with ``chat_reply`` (reasoning split off, as vLLM's reasoning parser
 does), and lists its model in ``/v1/models`` with the ``max_model_len`` it was started with, as vLLM does.
 
-The server's bad days are scripted per request with ``faults``: ``"500"``, ``"503"``, ``"slow"`` (answers after
+The server's bad days are scripted per request with ``faults``: a status such as ``"500"``, ``"slow"`` (answers after
 ``slow_seconds``), ``"garbage"`` (a 200 with no choices). A refused connection is ``refused_url()``.
 """
 
@@ -198,7 +198,7 @@ class FakeVLLMServer:
                 with fake.lock:
                     (fake.chat_requests if chat else fake.requests).append(body)
                     fault = fake.faults.popleft() if fake.faults else None
-                if fault in ("500", "503"):
+                if fault and fault.isdigit():
                     return self._send(int(fault), {"error": "scripted failure"})
                 if fault == "slow":
                     time.sleep(fake.slow_seconds)

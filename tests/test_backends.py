@@ -201,6 +201,74 @@ def test_server_model_name_and_reuse_across_loops(stops):
             asyncio.run(backend.aclose())
 
 
+# ------------------------------------------------------------------------------------ one retry policy, one client
+
+
+def _chat_turn(url, retries):
+    """One chat-mode turn: (error line or None, finish reason or None)."""
+    from t2s.backends.chat_endpoint import ChatEndpointClient, EndpointError
+
+    try:
+        _, finish, _ = ChatEndpointClient(url, model="m", retries=retries, backoff=0.01).complete(
+            [{"role": "user", "content": "Which tables?"}], 8, SamplingSettings())
+    except EndpointError as exc:
+        return str(exc), None
+    return None, finish
+
+
+def _completions_turn(url, retries, stops):
+    out = one_turn(VLLMServerBackend(url, stop_ids=stops, model="m", retries=retries, backoff=0.01), [1])
+    return out.error, out.finish_reason
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["chat", "completions"])
+def test_both_endpoint_clients_share_one_retry_policy(stops, mode):
+    """408, 429 and 5xx are retried and other statuses are final at once, with one error shape in both modes."""
+
+    def turn(server, retries):
+        if mode == "chat":
+            return _chat_turn(server.base_url, retries)
+        return _completions_turn(server.base_url, retries, stops)
+
+    with FakeVLLMServer(fixed([9, stops[0]]), faults=["408", "429", "502", "503", "504"]) as server:
+        assert turn(server, 5) == (None, "stop")
+        assert len(server.requests) + len(server.chat_requests) == 6
+    with FakeVLLMServer(fixed([9, stops[0]]), faults=["404", "500"]) as server:
+        error, finish = turn(server, 5)
+        assert len(server.requests) + len(server.chat_requests) == 1  # a 404 is not retried
+    assert finish in (None, "error") and error.startswith("Error: ") and "failed after 1 attempt(s): answered 404" in error
+    with FakeVLLMServer(fixed([9, stops[0]]), faults=["429"] * 3) as server:
+        error, _ = turn(server, 2)
+    assert "failed after 3 attempt(s): answered 429" in error
+
+
+@pytest.mark.timeout(120)
+def test_endpoint_clients_need_neither_aiohttp_nor_requests(stops, tmp_path):
+    """Both modes run on httpx alone: with aiohttp and requests unimportable a turn still completes."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "turns.py"
+    script.write_text(
+        "import sys\n"
+        "sys.modules['aiohttp'] = sys.modules['requests'] = None  # any import of them now fails\n"
+        "from t2s.backends.base import SamplingSettings\n"
+        "from t2s.backends.chat_endpoint import ChatEndpointClient\n"
+        "from t2s.backends.vllm_server import VLLMServerBackend\n"
+        "url, stop = sys.argv[1], int(sys.argv[2])\n"
+        "out = VLLMServerBackend(url, stop_ids=[stop], retries=0).generate([[1]], [4], SamplingSettings())[0]\n"
+        "text, finish, _ = ChatEndpointClient(url, retries=0).complete([{'role': 'user', 'content': 'q'}], 4,"
+        " SamplingSettings())\n"
+        "print(out.token_ids, out.finish_reason, finish, text.endswith('The answer.'))\n"
+    )
+    with FakeVLLMServer(fixed([9, stops[0]])) as server:
+        done = subprocess.run([sys.executable, str(script), server.base_url, str(stops[0])], capture_output=True,
+                              text=True, timeout=100)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [f"[9,", f"{stops[0]}]", "stop", "stop", "True"]
+
+
 # ---------------------------------------------------------------------------------------------------- colocate
 
 

@@ -7,31 +7,26 @@ This is not the token stream the model was trained on (training keeps earlier th
 results from this mode are labelled *not comparable* with the published figures. Use the ``completions`` mode on a
 vLLM server for comparable numbers.
 
-A request that fails to connect, times out, breaks off mid-answer, or meets 408/429/5xx is retried with exponential backoff; after the last
-retry ``EndpointError`` is raised with one clear ``Error:`` line (the evaluator keeps the finished results).
+Requests go through ``http_retry``: one that fails to connect, times out, breaks off mid-answer, or meets 408/429/5xx
+is retried with exponential backoff; after the last retry, or at once for another status, ``EndpointError`` is raised
+with one clear ``Error:`` line (the evaluator keeps the finished results).
 """
 
 from __future__ import annotations
 
-import time
+import httpx
 
 from t2s.backends.base import SamplingSettings
+from t2s.backends.http_retry import RequestFailed, normalise_base_url, send, timeouts
 from t2s.protocol import THINK_CLOSE, split_thinking
-
-RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
 
 
 class EndpointError(RuntimeError):
     """The endpoint could not be reached or kept failing; the message begins with ``Error:``."""
 
 
-def normalise_base_url(url: str) -> str:
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
 class ChatEndpointClient:
-    """A small synchronous client for ``/v1/chat/completions`` with retries (thread-safe: one session per call)."""
+    """A small synchronous client for ``/v1/chat/completions`` with retries (thread-safe: one httpx client per call)."""
 
     def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
                  request_timeout: float = 600.0, retries: int = 3, backoff: float = 1.0,
@@ -46,34 +41,19 @@ class ChatEndpointClient:
         self.extra_body = dict(extra_body or {})
 
     def _call(self, method: str, path: str, payload: dict | None = None) -> dict:
-        import requests
-
+        """The JSON answer of one request, retried by the policy of ``http_retry``; ``EndpointError`` otherwise."""
         url = self.base_url + path
-        last = "no attempt made"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
+        timeout = timeouts(self.request_timeout)
+        with httpx.Client(timeout=timeout, headers=self.headers) as client:
             try:
-                response = requests.request(method, url, json=payload, headers=self.headers,
-                                            timeout=self.request_timeout)
-            except requests.Timeout:
-                last = f"timed out after {self.request_timeout:g} s"
-                continue
-            except requests.ConnectionError as exc:
-                last = f"connection failed ({type(exc).__name__})"
-                continue
-            except requests.RequestException as exc:  # e.g. a body cut off mid-answer
-                last = f"request failed ({type(exc).__name__})"
-                continue
-            if response.status_code == 200:
-                try:
-                    return response.json()
-                except ValueError:
-                    raise EndpointError(f"Error: {url} answered 200 with a body that is not JSON") from None
-            last = f"answered {response.status_code}: {response.text[:300]}"
-            if response.status_code not in RETRY_STATUSES:
-                raise EndpointError(f"Error: {url} {last}")
-        raise EndpointError(f"Error: {url} failed after {self.retries + 1} attempt(s): {last}")
+                response = send(lambda: client.request(method, url, json=payload), retries=self.retries,
+                                backoff=self.backoff, timeout=timeout)
+            except RequestFailed as exc:
+                raise EndpointError(f"Error: {url} {exc}") from None
+        try:
+            return response.json()
+        except ValueError:
+            raise EndpointError(f"Error: {url} answered 200 with a body that is not JSON") from None
 
     def model_name(self) -> str:
         """The served model: the one given, else the first of ``GET /v1/models``."""

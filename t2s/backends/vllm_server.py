@@ -3,8 +3,9 @@
 Every rank talks to the server itself (never TRL's collective ``VLLMGeneration.generate``); TRL syncs the weights
 before the rollout. Requests carry token-id prompts, ``return_token_ids``, ``return_tokens_as_token_ids``,
 ``logprobs: 0`` (the sampled token's logprob), both stop ids and a per-turn ``max_tokens``. A semaphore caps the
-requests in flight. A request that times out, meets a 5xx/429 or a refused connection is retried with exponential
-backoff; after the last retry the turn comes back with finish "error" and the episode ends cleanly.
+requests in flight. Requests go through ``http_retry`` (httpx, retried by tenacity): one that times out, breaks off,
+meets 408/429/5xx or a refused connection is retried with exponential backoff; after the last retry the turn comes
+back with finish "error" and the episode ends cleanly.
 
 The same client serves ``eval --policy endpoint --endpoint-mode completions`` against any vLLM server:
 ``VLLMServerBackend(base_url, tokenizer)`` reads the model name from ``/v1/models`` when none is given.
@@ -14,17 +15,17 @@ The same client serves ``eval --policy endpoint --endpoint-mode completions`` ag
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Sequence
 
-from t2s.backends.base import SamplingSettings, TurnOutput, engine_turn, stop_token_ids
+import httpx
 
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+from t2s.backends.base import SamplingSettings, TurnOutput, engine_turn, stop_token_ids
+from t2s.backends.http_retry import RequestFailed, asend, normalise_base_url, timeouts
 
 
 class VLLMServerBackend:
-    """An aiohttp client for a vLLM server's completions endpoint; usable from any event loop, one at a time."""
+    """An httpx client for a vLLM server's completions endpoint; usable from any event loop, one at a time."""
 
     schedule = "async"
 
@@ -45,54 +46,67 @@ class VLLMServerBackend:
     ) -> None:
         if stop_ids is None and tokenizer is None:
             raise ValueError("VLLMServerBackend needs a tokenizer or stop_ids")
-        self.base_url = base_url.rstrip("/")
-        if self.base_url.endswith("/v1"):
-            self.base_url = self.base_url[: -len("/v1")]
+        self.base_url = normalise_base_url(base_url)
         self.model = model
         self.stop_token_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(tokenizer)
         self.max_concurrency = max_concurrency
-        self.request_timeout = request_timeout
-        self.connect_timeout = connect_timeout
+        self.timeout = timeouts(request_timeout, connect_timeout)
         self.retries = retries
         self.backoff = backoff
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.extra_body = dict(extra_body or {})
         self._loop = None
-        self._session = None
+        self._client: httpx.AsyncClient | None = None
         self._semaphore: asyncio.Semaphore | None = None
         self._model_lock: asyncio.Lock | None = None
         self.requests_sent = 0
         self.retries_done = 0
 
-    # ---- session, bound to the running loop ------------------------------------------------------------------
-    def _bind(self):
-        import aiohttp
-
+    # ---- client, bound to the running loop ------------------------------------------------------------------
+    def _bind(self) -> httpx.AsyncClient:
         loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._session is None or self._session.closed:
+        if self._loop is not loop or self._client is None or self._client.is_closed:
             self._loop = loop
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=self.connect_timeout),
-                headers=self.headers,
-            )
+            limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+            self._client = httpx.AsyncClient(base_url=self.base_url, timeout=self.timeout, headers=self.headers,
+                                             limits=limits)
             self._semaphore = asyncio.Semaphore(self.max_concurrency)
             self._model_lock = asyncio.Lock()
-        return self._session
+        return self._client
 
     async def aclose(self) -> None:
-        """Close the HTTP session (the rollout calls this at the end of each run)."""
-        if self._session is not None and not self._session.closed:
-            await self._session.close()
-        self._session = None
-        self._loop = None
+        """Close the HTTP client (the rollout calls this at the end of each run).
 
-    async def aserved_model(self) -> dict:
+        A client made on another, finished event loop is dropped unclosed: its connections belong to that loop.
+        """
+        client, loop = self._client, self._loop
+        self._client = None
+        self._loop = None
+        if client is not None and not client.is_closed and loop is asyncio.get_running_loop():
+            await client.aclose()
+
+    async def _send(self, method: str, path: str, payload: dict | None = None, *, retries: int | None = None):
+        """The 200 answer's JSON (or its text when not JSON), retried by ``http_retry``; RequestFailed otherwise."""
+        client = self._bind()
+
+        async def attempt() -> httpx.Response:
+            async with self._semaphore:
+                self.requests_sent += 1
+                return await client.request(method, path, json=payload)
+
+        def count_retry() -> None:
+            self.retries_done += 1
+
+        response = await asend(attempt, retries=self.retries if retries is None else retries, backoff=self.backoff,
+                               timeout=self.timeout, on_retry=count_retry)
+        try:
+            return response.json()
+        except ValueError:
+            return response.text
+
+    async def aserved_model(self, *, retries: int | None = None) -> dict:
         """The served model's ``GET /v1/models`` entry: the named model's, else the first listed."""
-        session = self._bind()
-        status, body = await self._request(session, "GET", "/v1/models", None)
-        if status != 200:
-            raise RuntimeError(f"Error: {self.base_url}/v1/models answered {status}: {str(body)[:200]}")
-        entries = body["data"]
+        entries = (await self._send("GET", "/v1/models", retries=retries))["data"]
         return next((entry for entry in entries if entry.get("id") == self.model), entries[0])
 
     async def amodel_name(self) -> str:
@@ -126,17 +140,17 @@ class VLLMServerBackend:
         A server that does not answer yet is asked again every ``poll`` seconds for up to ``wait`` seconds (it may
         still be loading); after that, or for an answer that is not a model list, a RuntimeError says so.
         """
-        import aiohttp
-
         deadline = time.monotonic() + wait
         while True:
             try:
-                entry = self._run(self.aserved_model)
+                entry = self._run(lambda: self.aserved_model(retries=0))
                 break
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            except RequestFailed as exc:
+                if not exc.retryable:
+                    raise RuntimeError(f"Error: {self.base_url}/v1/models {exc}") from None
                 if time.monotonic() + poll > deadline:
                     raise RuntimeError(f"Error: no vLLM server answers at {self.base_url}/v1/models "
-                                       f"({type(exc).__name__}); start one with make serve") from None
+                                       f"({exc.reason}); start one with make serve") from None
                 time.sleep(poll)
             except (KeyError, IndexError, TypeError, AttributeError, StopIteration):
                 raise RuntimeError(f"Error: {self.base_url}/v1/models does not list a model") from None
@@ -162,50 +176,23 @@ class VLLMServerBackend:
         body.update(self.extra_body)
         return body
 
-    async def _request(self, session, method: str, path: str, payload: dict | None):
-        async with session.request(method, self.base_url + path, json=payload) as response:
-            text = await response.text()
-            try:
-                return response.status, json.loads(text)
-            except json.JSONDecodeError:
-                return response.status, text
-
     async def agenerate(
         self, prompt_ids: list[int], max_tokens: int, sampling: SamplingSettings, seed: int | None = None
     ) -> TurnOutput:
         """One turn; never raises for server trouble: after the retries it answers finish "error"."""
-        import aiohttp
-
-        session = self._bind()
         try:
             model = await self.amodel_name()
-        except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError, KeyError, IndexError, TypeError) as exc:
-            return TurnOutput.failed(f"could not read the model name from {self.base_url}/v1/models: {exc!r}")
+        except (RequestFailed, KeyError, IndexError, TypeError) as exc:
+            return TurnOutput.failed(f"could not read the model name from {self.base_url}/v1/models: {exc}")
         body = self.request_body(model, prompt_ids, max_tokens, sampling, seed)
-        last_error = "no attempt made"
-        for attempt in range(self.retries + 1):
-            if attempt:
-                self.retries_done += 1
-                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                async with self._semaphore:
-                    self.requests_sent += 1
-                    status, answer = await self._request(session, "POST", "/v1/completions", body)
-            except asyncio.TimeoutError:
-                last_error = f"request timed out after {self.request_timeout:g} s"
-                continue
-            except aiohttp.ClientError as exc:
-                last_error = f"connection failed: {exc}"
-                continue
-            if status == 200:
-                try:
-                    return self.parse_choice(answer["choices"][0], max_tokens)
-                except (KeyError, IndexError, TypeError, ValueError) as exc:
-                    return TurnOutput.failed(f"unreadable completion from {self.base_url}: {exc!r}")
-            last_error = f"server answered {status}: {str(answer)[:300]}"
-            if status not in RETRY_STATUSES:
-                break
-        return TurnOutput.failed(f"{self.base_url}/v1/completions failed after {attempt + 1} attempt(s): {last_error}")
+        try:
+            answer = await self._send("POST", "/v1/completions", body)
+        except RequestFailed as exc:
+            return TurnOutput.failed(f"{self.base_url}/v1/completions {exc}")
+        try:
+            return self.parse_choice(answer["choices"][0], max_tokens)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            return TurnOutput.failed(f"unreadable completion from {self.base_url}: {exc!r}")
 
     def parse_choice(self, choice: dict, max_tokens: int) -> TurnOutput:
         """Token ids (``token_ids``, else the ``token_id:N`` strings) and ``token_logprobs`` of one choice."""

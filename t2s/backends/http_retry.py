@@ -1,0 +1,112 @@
+"""The one HTTP retry policy of the endpoint clients: httpx carries the requests, tenacity retries them.
+
+An attempt is retried when it cannot connect, times out, breaks off mid-answer (any ``httpx.RequestError``) or
+meets a status in ``RETRY_STATUSES``; the wait before retry ``i`` (1-based) is ``backoff * 2 ** (i - 1)`` seconds.
+Any other status is final at once. ``send`` (synchronous) and ``asend`` (asyncio) return the first 200 response or
+raise ``RequestFailed``, whose ``reason`` says how the last attempt failed and ``attempts`` how many were made.
+"""
+
+from __future__ import annotations
+
+from typing import Awaitable, Callable
+
+import httpx
+import tenacity
+
+RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+class StatusError(Exception):
+    """An answer other than 200 (retried when its status is in ``RETRY_STATUSES``)."""
+
+    def __init__(self, response: httpx.Response):
+        super().__init__(response.status_code)
+        self.response = response
+
+
+class RequestFailed(Exception):
+    """Every attempt failed; ``str()`` is ``failed after N attempt(s): <how the last one failed>``.
+
+    ``retryable`` is False when the last answer was a status that is never retried (the server is up but refuses).
+    """
+
+    def __init__(self, reason: str, attempts: int, retryable: bool):
+        super().__init__(f"failed after {attempts} attempt(s): {reason}")
+        self.reason = reason
+        self.attempts = attempts
+        self.retryable = retryable
+
+
+def normalise_base_url(url: str) -> str:
+    """The server's root: ``http://host:port/v1/`` becomes ``http://host:port``."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def timeouts(request_timeout: float, connect_timeout: float | None = None) -> httpx.Timeout:
+    """``request_timeout`` for each read, write and pool wait; ``connect_timeout`` (default the same) to connect."""
+    return httpx.Timeout(request_timeout, connect=request_timeout if connect_timeout is None else connect_timeout)
+
+
+def _retried(exc: BaseException) -> bool:
+    if isinstance(exc, StatusError):
+        return exc.response.status_code in RETRY_STATUSES
+    return isinstance(exc, httpx.RequestError)
+
+
+def _reason(exc: BaseException, timeout: httpx.Timeout) -> str:
+    if isinstance(exc, StatusError):
+        return f"answered {exc.response.status_code}: {exc.response.text[:300]}"
+    if isinstance(exc, httpx.ConnectTimeout):
+        return f"connection failed (timed out after {timeout.connect:g} s)"
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timed out after {timeout.read:g} s"
+    if isinstance(exc, httpx.ConnectError):
+        return f"connection failed ({exc})"
+    return f"request failed ({type(exc).__name__}: {exc})"
+
+
+def _checked(response: httpx.Response) -> httpx.Response:
+    if response.status_code != 200:
+        raise StatusError(response)
+    return response
+
+
+def _policy(retries: int, backoff: float, on_retry: Callable[[], None] | None) -> dict:
+    return dict(
+        stop=tenacity.stop_after_attempt(retries + 1),
+        wait=tenacity.wait_exponential(multiplier=backoff),
+        retry=tenacity.retry_if_exception(_retried),
+        before_sleep=(lambda state: on_retry()) if on_retry else None,
+        reraise=True,
+    )
+
+
+def send(attempt: Callable[[], httpx.Response], *, retries: int, backoff: float, timeout: httpx.Timeout,
+         on_retry: Callable[[], None] | None = None) -> httpx.Response:
+    """``attempt()`` (one request) until it answers 200, at most ``retries + 1`` times."""
+    count = [0]
+
+    def once():
+        count[0] += 1
+        return _checked(attempt())
+
+    try:
+        return tenacity.Retrying(**_policy(retries, backoff, on_retry))(once)
+    except (StatusError, httpx.RequestError) as exc:
+        raise RequestFailed(_reason(exc, timeout), count[0], _retried(exc)) from None
+
+
+async def asend(attempt: Callable[[], Awaitable[httpx.Response]], *, retries: int, backoff: float,
+                timeout: httpx.Timeout, on_retry: Callable[[], None] | None = None) -> httpx.Response:
+    """``await attempt()`` (one request) until it answers 200, at most ``retries + 1`` times."""
+    count = [0]
+
+    async def once():
+        count[0] += 1
+        return _checked(await attempt())
+
+    try:
+        return await tenacity.AsyncRetrying(**_policy(retries, backoff, on_retry))(once)
+    except (StatusError, httpx.RequestError) as exc:
+        raise RequestFailed(_reason(exc, timeout), count[0], _retried(exc)) from None
