@@ -9,7 +9,11 @@ What the folder holds:
   architecture (the tiny test model does);
 - ``generation_config.json`` stopping on both ``<|im_end|>`` and ``<|endoftext|>``, ids read from the tokenizer;
 - the tokenizer and chat template;
-- a model card (``README.md``) with the recipe and, given an eval folder, its summary table.
+- the weights written by ``huggingface_hub.save_torch_state_dict``: one ``model.safetensors``, or shards of at most
+  ``--max-shard-size`` plus ``model.safetensors.index.json``;
+- a model card (``README.md``, a ``huggingface_hub.ModelCard``) whose metadata names the ``base_model`` (a hub id)
+  and, given an eval folder, a ``model-index`` of its scores; its body holds a usage snippet that runs as written, the
+  recipe and the eval summary table. It names no local paths.
 
 The export is verified by reloading it with transformers and generating a few tokens from a chat prompt.
 """
@@ -26,7 +30,8 @@ from t2s.errors import T2SError
 
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
-SHARD_BYTES = 4 * 1024**3
+MAX_SHARD_SIZE = "5GB"
+EVAL_METRICS = (("execution_accuracy_official", "official EX"), ("strict", "strict EX"), ("soft_f1", "Soft-F1"))
 # Files of the base checkpoint that describe its (multimodal) architecture and are kept as they are.
 _BASE_CONFIG_FILES = ("config.json", "preprocessor_config.json", "video_preprocessor_config.json")
 
@@ -45,6 +50,10 @@ def add_arguments(parser) -> None:
         "LoRA adapters without a readable base path, and for Qwen3.5 to carry the vision tower and MTP head over",
     )
     parser.add_argument("--eval", default=None, help="an `eval` output folder whose summary goes in the model card")
+    parser.add_argument("--repo-id", default=None, help="the hub id the folder will be published as, for the model "
+                        "card's title and usage snippet (default: the output folder's name)")
+    parser.add_argument("--max-shard-size", type=shard_size, default=MAX_SHARD_SIZE,
+                        help="largest safetensors shard, e.g. 5GB or 500MB (default: %(default)s)")
     parser.add_argument("--recipe", default=None, help="the recipe YAML the model was trained with, for the model card")
     parser.add_argument("--no-verify", action="store_true", help="skip reloading the export and generating")
     parser.add_argument("--force", action="store_true", help="write into a non-empty output folder")
@@ -62,9 +71,25 @@ def run(args) -> int:
         recipe=args.recipe,
         verify=not args.no_verify,
         force=args.force,
+        repo_id=args.repo_id,
+        max_shard_size=args.max_shard_size,
     )
     print(f"Exported to {out}")
     return 0
+
+
+def shard_size(text: str) -> str:
+    """An argparse type: a size as ``huggingface_hub`` reads it (``5GB``, ``500MB``, a number of bytes)."""
+    import argparse
+
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    try:
+        if parse_size_to_int(text) > 0:
+            return text
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 5GB, 500MB or 1000000")
 
 
 # ----------------------------------------------------------------------------------------------------------- inputs
@@ -89,6 +114,26 @@ def is_adapter(folder: Path) -> bool:
     return (folder / "adapter_config.json").is_file()
 
 
+def base_name(checkpoint: Path, base: str | None) -> str | None:
+    """The base as given: ``--base``, else the base path or hub id a LoRA adapter recorded."""
+    if base or not is_adapter(checkpoint):
+        return base
+    return _read_json(checkpoint / "adapter_config.json").get("base_model_name_or_path") or None
+
+
+def hub_id(name_or_path: str | None) -> str | None:
+    """The hub repo id of a base given as one, or as a snapshot folder of the hub cache; None for another folder."""
+    if not name_or_path:
+        return None
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        return name_or_path  # resolve_model_dir found it in the hub cache under this id
+    snapshots = path.resolve().parent
+    if snapshots.name == "snapshots" and snapshots.parent.name.startswith("models--"):
+        return snapshots.parent.name[len("models--") :].replace("--", "/")
+    return None
+
+
 def load_merged_model(checkpoint: Path, base: str | None):
     """The trained model with any LoRA adapter merged, in float32 for an exact merge; plus the base folder used."""
     import torch
@@ -99,10 +144,10 @@ def load_merged_model(checkpoint: Path, base: str | None):
         return model, (resolve_model_dir(base) if base else None)
     from peft import PeftModel
 
-    base_name = base or _read_json(checkpoint / "adapter_config.json").get("base_model_name_or_path")
-    if not base_name:
+    base_name_ = base_name(checkpoint, base)
+    if not base_name_:
         raise ExportError(f"{checkpoint} is a LoRA adapter with no base model recorded; pass --base")
-    base_dir = resolve_model_dir(base_name)
+    base_dir = resolve_model_dir(base_name_)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(model, checkpoint).merge_and_unload()
     return model, base_dir
@@ -205,33 +250,13 @@ def compose_with_base(trained: dict, base_dir: Path) -> tuple[dict, dict]:
     return combined, {"replaced": len(replaced), "carried_over": carried}
 
 
-def write_safetensors(tensors: dict, out: Path, shard_bytes: int = SHARD_BYTES) -> list[str]:
-    """Write tensors as one file, or as shards plus ``model.safetensors.index.json`` when large."""
-    from safetensors.torch import save_file
+def write_safetensors(tensors: dict, out: Path, max_shard_size: int | str = MAX_SHARD_SIZE) -> list[str]:
+    """Write tensors with ``huggingface_hub.save_torch_state_dict``: one ``model.safetensors``, or shards of at most
+    ``max_shard_size`` plus ``model.safetensors.index.json``. Returns the weight files written."""
+    from huggingface_hub import save_torch_state_dict
 
-    shards: list[dict] = [{}]
-    size = 0
-    for name in sorted(tensors):
-        nbytes = tensors[name].numel() * tensors[name].element_size()
-        if shards[-1] and size + nbytes > shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][name] = tensors[name].contiguous()
-        size += nbytes
-    if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
-        return ["model.safetensors"]
-    names, weight_map = [], {}
-    for i, shard in enumerate(shards, 1):
-        fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(out / fname), metadata={"format": "pt"})
-        names.append(fname)
-        weight_map.update({k: fname for k in shard})
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    (out / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
-    )
-    return names
+    save_torch_state_dict(tensors, out, max_shard_size=max_shard_size)
+    return sorted(path.name for path in out.glob("model*.safetensors"))
 
 
 def _is_composite(base_dir: Path | None) -> bool:
@@ -242,34 +267,36 @@ def _is_composite(base_dir: Path | None) -> bool:
 
 
 # ------------------------------------------------------------------------------------------------------- model card
-def model_card(*, checkpoint: Path, base_dir: Path | None, architecture: str, stop_ids: list[int], recipe: str | None,
-               eval_dir: str | None, adapter: bool) -> str:
+def model_card(*, repo_id: str, checkpoint: Path, base: str | None, architecture: str, stop_ids: list[int],
+               recipe: str | None, eval_dir: str | None, adapter: bool):
+    """The export's ``huggingface_hub.ModelCard``: ``base_model`` and ``model-index`` metadata, then the text."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    base_id = hub_id(base)
+    data = ModelCardData(
+        library_name="transformers", pipeline_tag="text-generation", tags=["text-to-sql", "agentic", "grpo", "t2s"],
+        base_model=base_id, model_name=repo_id, eval_results=eval_results(eval_dir) if eval_dir else None,
+    )
+    base_line = f"`{base_id}`" if base_id else (f"a local folder, `{Path(base).name}`" if base else "not given")
     lines = [
-        "---",
-        "library_name: transformers",
-        "tags: [text-to-sql, agentic, grpo, t2s]",
-        "---",
+        f"# {repo_id}",
         "",
-        "# Agentic text-to-SQL model (t2s)",
-        "",
-        "Trained with GRPO on the t2s exec_plan protocol: the model explores a SQLite database through tools "
-        "(`list_tables`, `describe_table`, `run_query`, ...) and submits a final query with `submit_sql`.",
+        "An agentic text-to-SQL model trained with GRPO on the t2s exec_plan protocol: it explores a SQLite database "
+        "through tools (`list_tables`, `describe_table`, `run_query`, ...) and submits a final query with `submit_sql`.",
         "",
         f"- architecture: `{architecture}`",
-        f"- exported from: `{checkpoint}`" + (" (LoRA adapter, merged)" if adapter else ""),
-    ]
-    if base_dir is not None:
-        lines.append(f"- base checkpoint: `{base_dir}`")
-    lines += [
+        f"- base model: {base_line}",
+        f"- trained checkpoint: `{checkpoint.name}`" + (" (LoRA adapter, merged)" if adapter else ""),
         f"- generation stops on `<|im_end|>` and `<|endoftext|>` (ids {stop_ids})",
         "- prompts must be rendered with `enable_thinking=True` (the generation prompt ends in `<think>\\n`)",
         "",
         "## Use",
         "",
+        "Serve it with vLLM (by its hub id, or from the folder above this one), then evaluate it on BIRD-style data or "
+        "ask any SQLite file with t2s:",
+        "",
         "```bash",
-        "vllm serve THIS_FOLDER --enable-prefix-caching",
-        "python -m t2s eval --policy endpoint --endpoint http://localhost:8000 --data dev.json",
-        "python -m t2s ask --db my.sqlite --endpoint http://localhost:8000 \"How many orders shipped in 2023?\"",
+        *usage_commands(repo_id),
         "```",
     ]
     if recipe:
@@ -279,7 +306,38 @@ def model_card(*, checkpoint: Path, base_dir: Path | None, architecture: str, st
         lines += ["", f"## Recipe (`{recipe_path.name}`)", "", "```yaml", recipe_path.read_text().rstrip(), "```"]
     if eval_dir:
         lines += ["", "## Evaluation", "", eval_markdown(eval_dir).rstrip()]
-    return "\n".join(lines) + "\n"
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+
+
+def usage_commands(repo_id: str) -> list[str]:
+    """The card's shell commands: serve the model with vLLM, then ``t2s eval`` and ``t2s ask`` against it."""
+    import shlex
+
+    return [
+        f"vllm serve {shlex.quote(repo_id)} --enable-prefix-caching",
+        "python -m t2s eval --policy endpoint --endpoint http://localhost:8000 --data bird/dev.json "
+        "--output runs/eval-endpoint",
+        "python -m t2s ask --db my.sqlite --endpoint http://localhost:8000 \"How many orders shipped in 2023?\"",
+    ]
+
+
+def eval_results(eval_dir) -> list:
+    """The ``model-index`` entries of an eval folder: official EX, strict EX and Soft-F1 for each mode."""
+    from huggingface_hub import EvalResult
+
+    results = []
+    for mode, summary in eval_summaries(eval_dir).items():
+        config = summary.get("config") or {}
+        mode = mode or config.get("mode") or "full"
+        data_file = Path(config.get("data_file") or "data/dev.json")
+        for key, name in EVAL_METRICS:
+            if isinstance(summary.get(key), (int, float)):
+                results.append(EvalResult(
+                    task_type="text-generation", task_name=f"agentic text-to-SQL ({mode} schema, n={summary.get('n')})",
+                    dataset_type=data_file.parent.name, dataset_name=f"{data_file.parent.name}/{data_file.name}",
+                    dataset_split=data_file.stem, metric_type=key, metric_name=name, metric_value=float(summary[key]),
+                ))  # fmt: skip
+    return results
 
 
 def eval_summaries(eval_dir) -> dict[str, dict]:
@@ -304,7 +362,8 @@ def eval_markdown(eval_dir) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------- export
-def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, verify=True, force=False) -> Path:
+def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, verify=True, force=False,
+                 repo_id=None, max_shard_size=MAX_SHARD_SIZE) -> Path:
     """Write the export folder; returns its path."""
     checkpoint = Path(checkpoint).expanduser().resolve()
     out = Path(output).expanduser().resolve()
@@ -347,7 +406,7 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
             architecture = config.get("architectures", ["?"])[0]
     for stale in list(out.glob("*.safetensors")) + list(out.glob("*.safetensors.index.json")):
         stale.unlink()
-    write_safetensors(tensors, out)
+    write_safetensors(tensors, out, max_shard_size)
     del tensors, trained
 
     write_generation_config(out, checkpoint, base_dir, tokenizer, stop_ids)
@@ -357,9 +416,10 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
             if not (out / "chat_template.jinja").is_file():
                 shutil.copy2(folder / "chat_template.jinja", out / "chat_template.jinja")
             break
-    card = model_card(checkpoint=checkpoint, base_dir=base_dir, architecture=architecture, stop_ids=stop_ids,
-                      recipe=recipe, eval_dir=eval_dir, adapter=is_adapter(checkpoint))
-    (out / "README.md").write_text(card)
+    card = model_card(repo_id=repo_id or out.name, checkpoint=checkpoint, base=base_name(checkpoint, base),
+                      architecture=architecture, stop_ids=stop_ids, recipe=recipe, eval_dir=eval_dir,
+                      adapter=is_adapter(checkpoint))
+    card.save(out / "README.md")
     print(f"weights: {report['replaced']} trained tensors" + (
         ", carried over from the base: " + ", ".join(f"{k} ({n})" for k, n in sorted(report["carried_over"].items()))
         if report["carried_over"] else ""))

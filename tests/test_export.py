@@ -163,3 +163,89 @@ def test_export_model_card_takes_a_several_mode_eval_folder(tiny_model_dir, demo
     assert "| metric | full | withheld |" in card and "| official EX | 1.000 | 1.000 |" in card
     with pytest.raises(ExportError, match="no summary.json"):
         export_model(tiny_model_dir, tmp_path / "export2", eval_dir=str(tmp_path), verify=False)
+
+
+def _hub_cached(model_dir, cache, repo_id, revision="0" * 40):
+    """``model_dir`` laid out as the hub cache holds ``repo_id`` (found offline by snapshot_download)."""
+    import shutil
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    shutil.copytree(model_dir, repo / "snapshots" / revision)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(revision)
+
+
+def test_export_model_card_metadata_and_usage_snippet(tiny_model_dir, demo_dir, tmp_path, monkeypatch):
+    """The card's metadata parses back with ModelCard.load, and its usage commands parse with t2s's own CLI."""
+    import shlex
+
+    import huggingface_hub
+    from huggingface_hub import ModelCard
+
+    from t2s.cli import build_parser
+    from t2s.evaluate import evaluate
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    _hub_cached(tiny_model_dir, tmp_path / "hub", "t2s-test/tiny-base")
+    evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4",
+                                              "--output", str(tmp_path / "eval"), "--quiet"]))
+    out = export_model(tiny_model_dir, tmp_path / "export", base="t2s-test/tiny-base", eval_dir=str(tmp_path / "eval"),
+                       repo_id="t2s-test/tiny-sql", verify=False)
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model == "t2s-test/tiny-base" and card.data.library_name == "transformers"
+    assert card.data.model_name == "t2s-test/tiny-sql"
+    scores = {(r.task_name, r.metric_type): r.metric_value for r in card.data.eval_results}
+    task = "agentic text-to-SQL (full schema, n=4)"
+    assert scores == {(task, "execution_accuracy_official"): 1.0, (task, "strict"): 1.0, (task, "soft_f1"): 1.0}
+    assert {r.dataset_name for r in card.data.eval_results} == {"demo/dev.json"}
+    assert str(tmp_path) not in card.content and str(tiny_model_dir) not in card.content  # no local paths
+
+    snippet = card.text.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands = [shlex.split(line) for line in snippet.strip().splitlines()]
+    assert commands[0][:3] == ["vllm", "serve", "t2s-test/tiny-sql"]
+    t2s_commands = [argv[3:] for argv in commands if argv[:3] == ["python", "-m", "t2s"]]
+    assert [argv[0] for argv in t2s_commands] == ["eval", "ask"]
+    for argv in t2s_commands:
+        args = build_parser(argv[0]).parse_args(argv)  # the real parser: a missing required option exits
+        assert args.endpoint == "http://localhost:8000"
+
+    # a base given as a local folder that is no hub snapshot: no base_model, and only the folder's name in the text
+    local = export_model(tiny_model_dir, tmp_path / "local", base=str(tiny_model_dir), verify=False)
+    card = ModelCard.load(local / "README.md")
+    assert card.data.base_model is None and card.data.model_name == "local"
+    assert f"a local folder, `{tiny_model_dir.name}`" in card.text and str(tiny_model_dir) not in card.content
+
+
+def test_export_shards_with_huggingface_hub(tiny_model_dir, tiny_tokenizer, tmp_path, capsys):
+    from t2s.cli import main
+
+    out = export_model(tiny_model_dir, tmp_path / "export", max_shard_size="200KB")  # verified: reloads and generates
+    shards = sorted(path.name for path in out.glob("*.safetensors"))
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(shards) >= 2 and shards == sorted(set(index["weight_map"].values()))
+    assert all(name.startswith("model-") and name.endswith(f"-of-{len(shards):05d}.safetensors") for name in shards)
+    assert set(index["weight_map"]) == set(read_safetensors(tiny_model_dir)) == set(read_safetensors(out))
+    assert torch.allclose(_logits(out), _logits(tiny_model_dir), atol=1e-5)
+
+    # a composite base keeps its names and architecture when sharded
+    from transformers import AutoModelForCausalLM
+
+    base_dir = tmp_path / "base"
+    base_tensors = _composite_base(base_dir, len(tiny_tokenizer))
+    ckpt = tmp_path / "ckpt"
+    AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).save_pretrained(ckpt)
+    tiny_tokenizer.save_pretrained(ckpt)
+    composite = export_model(ckpt, tmp_path / "composite", base=str(base_dir), max_shard_size="100KB", verify=False)
+    assert json.loads((composite / "config.json").read_text())["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    weight_map = json.loads((composite / "model.safetensors.index.json").read_text())["weight_map"]
+    assert set(weight_map) == set(base_tensors) and len(set(weight_map.values())) >= 2
+
+    # the CLI takes the size, and refuses one it cannot read
+    assert main(["export", "--checkpoint", str(tiny_model_dir), "--output", str(tmp_path / "cli"), "--no-verify",
+                 "--max-shard-size", "300KB"]) == 0
+    assert len(list((tmp_path / "cli").glob("model-*.safetensors"))) >= 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["export", "--checkpoint", str(tiny_model_dir), "--output", str(tmp_path / "bad"), "--max-shard-size",
+              "lots"])
+    assert exit_info.value.code == 2 and "is not a size" in capsys.readouterr().err
