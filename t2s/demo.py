@@ -83,12 +83,11 @@ def step_printer(console):
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
+    from t2s.rich_output import console as make_console
     from t2s.settings import RECIPES_DIR, REPO_ROOT, offline_environment
 
     offline_environment()
-    console = Console()
+    console = make_console()  # printed paths are never wrapped
     started = time.perf_counter()
     output = Path(args.output) if Path(args.output).is_absolute() else REPO_ROOT / args.output
     _quiet_libraries()

@@ -71,19 +71,9 @@ def run_folder_lock(folder, command: str | None = None):
         handle.close()  # closing the file releases the lock
 
 
-_held: dict[Path, contextlib.ExitStack] = {}
-
-
-def hold_for_process(folder, command: str | None = None) -> None:
-    """Take ``folder``'s run lock until this process ends (again for the same folder: nothing to do).
-
-    For runs launched on several processes (``accelerate``), only the global rank 0 takes it.
-    """
+def rank_zero_lock(folder, command: str | None = None):
+    """:func:`run_folder_lock` for a run launched on several processes (``accelerate``, ``torchrun``): the global
+    rank 0 takes it for all of them (a single process is rank 0); the other ranks hold nothing."""
     if os.environ.get("RANK", "0") != "0":
-        return
-    key = Path(folder).resolve()
-    if key in _held:
-        return
-    stack = contextlib.ExitStack()
-    stack.enter_context(run_folder_lock(folder, command))
-    _held[key] = stack
+        return contextlib.nullcontext(Path(folder))
+    return run_folder_lock(folder, command)

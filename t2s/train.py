@@ -269,6 +269,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"Error: recipe {args.config} not found.", file=sys.stderr)
         return 2
     from t2s.configs import ConfigError, parse_recipe
+    from t2s.run_lock import rank_zero_lock
 
     try:
         script_args, training_args, model_args = parse_recipe(["--config", args.config, *args.overrides])
@@ -281,7 +282,8 @@ def run(args: argparse.Namespace) -> int:
         message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
         print(message.splitlines()[0], file=sys.stderr)
         return 2
-    fit(trainer, counts, checkpoint)
+    with rank_zero_lock(training_args.output_dir):  # one run per output_dir; a second stops with one Error: line
+        fit(trainer, counts, checkpoint)
     del trainer
     gc.collect()  # see ``fit``: the model and its process group are freed while Python is fully alive
     return 0

@@ -85,8 +85,8 @@ def test_two_evals_at_once_one_runs(demo_dir, tmp_path):
     assert len(lines) == 12 and len({json.loads(line)["question_id"] for line in lines}) == 12
 
 
-def test_the_lock_in_one_process(tmp_path):
-    from t2s.run_lock import RunFolderBusy, hold_for_process, run_folder_lock
+def test_the_lock_in_one_process(tmp_path, monkeypatch):
+    from t2s.run_lock import RunFolderBusy, rank_zero_lock, run_folder_lock
 
     with run_folder_lock(tmp_path / "a", command="first"):
         with pytest.raises(RunFolderBusy, match="first"):
@@ -96,8 +96,21 @@ def test_the_lock_in_one_process(tmp_path):
             pass
     with run_folder_lock(tmp_path / "a"):  # released
         pass
-    hold_for_process(tmp_path / "c")
-    hold_for_process(tmp_path / "c")  # again for the same folder: nothing to do
-    with pytest.raises(RunFolderBusy):
-        with run_folder_lock(tmp_path / "c"):
+    with rank_zero_lock(tmp_path / "c"):
+        with pytest.raises(RunFolderBusy):
+            with run_folder_lock(tmp_path / "c"):
+                pass
+        monkeypatch.setenv("RANK", "1")
+        with rank_zero_lock(tmp_path / "c"):  # the other ranks of a run take nothing
             pass
+
+
+@pytest.mark.slow
+def test_a_second_training_into_an_output_dir_in_use_stops(tiny_model_dir, holder, tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["train", "--config", str(REPO_ROOT / "recipes" / "smoke.yaml"), "--model_name_or_path", str(tiny_model_dir),
+                 "--output_dir", str(out), "--max_steps", "1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1].startswith(f"Error: {out} is in use by another run"), err
+    assert f"pid {holder.pid}" in err[-1]
+    assert not list(out.glob("checkpoint-*")) and not (out / "data_summary.json").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from t2s.cli_args import non_empty_path, non_negative_int, positive_float, positive_int, unit_float
 from t2s.databases import file_checksum
-from t2s.errors import UsageError
+from t2s.errors import UsageError, error_line
 from t2s.rich_output import print_table
 from t2s.settings import REPO_ROOT
 
@@ -84,8 +84,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from t2s.data.loaders import DataError
-
     command = getattr(args, "data_command", None)
     handlers = {"prepare": _prepare, "check": _check, "difficulty": _difficulty, "passrate": _passrate,
                 "make-demo": _make_demo}
@@ -100,9 +98,8 @@ def run(args: argparse.Namespace) -> int:
         return handlers[command](args)
     except UsageError:
         raise
-    except (DataError, ValueError, OSError) as exc:
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(message if message.startswith("Error:") else f"Error: {message}", file=sys.stderr)
+    except ValueError as exc:  # DataError, and the policies' refusals; OSError and the rest go to cli.main
+        print(error_line(exc), file=sys.stderr)
         return 1
 
 
