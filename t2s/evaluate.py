@@ -278,9 +278,10 @@ def score_final_sql(row: dict, record: dict) -> dict:
     from t2s.metrics import score_sql
 
     final_sql = record.get("final_sql")
-    if isinstance(final_sql, str) and final_sql.strip():
-        return score_sql(ref_from_row(row), final_sql, row["gold_sql"])
-    return {"official": 0, "strict": 0, "soft_f1": 0.0, "error": "Error: no final SQL"}
+    scores = score_sql(ref_from_row(row), final_sql, row["gold_sql"])
+    if not scores.get("gold_failed") and not (isinstance(final_sql, str) and final_sql.strip()):
+        scores["error"] = "Error: no final SQL"
+    return scores
 
 
 def eval_line(row: dict, record: dict, scores: dict, sample: int) -> dict:
@@ -751,13 +752,13 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
     if data.is_dir():
         data_file = next(p for p in (data / n for n in ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spider.json")) if p.is_file())
     selected = select_rows(list(rows), args.n, args.seed)
-    if rows.repeated_ids:  # rows repeated word for word: each question is played and counted once
-        unique = {}
-        for row in selected:
-            unique.setdefault(row["question_id"], row)
-        selected = list(unique.values())
+    unique: dict[str, dict] = {}
+    for row in selected:  # a row repeated word for word (rows.repeated_ids) is played and counted once
+        unique.setdefault(row["question_id"], row)
+    repeated = sorted({row["question_id"] for row in selected} & set(rows.repeated_ids))
+    selected = list(unique.values())
     missing = {r["db_id"] for r in selected if r.get("db_path") and not Path(r["db_path"]).is_file()}
-    skipped = {"questions": 0, "db_ids": [], "repeated_ids": list(rows.repeated_ids)}
+    skipped = {"questions": 0, "db_ids": [], "repeated_ids": repeated}
     if missing:
         if not args.skip_missing_dbs:
             root = getattr(rows, "db_root", None) or args.db_root
@@ -765,7 +766,7 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
                 f"Error: {len(missing)} database(s) missing under {root}: {', '.join(sorted(missing))} "
                 "(pass --db-root, or --skip-missing-dbs to skip their questions)"
             )
-        skipped = {"questions": sum(r["db_id"] in missing for r in selected), "db_ids": sorted(missing)}
+        skipped.update(questions=sum(r["db_id"] in missing for r in selected), db_ids=sorted(missing))
         selected = [r for r in selected if r["db_id"] not in missing]
     unusable = database_problems(selected)
     if unusable:

@@ -94,17 +94,18 @@ def score_sql(ref, pred_sql, gold_sql: str) -> dict:
     the per-database cache; the prediction runs under the scoring deadline (``max(5 s, 10 x gold time)``, capped).
     A blank or non-string prediction, an error, a timeout, or a result over the scoring cap scores 0 with the reason
     in ``error``. A gold SQL that fails, times out or goes over the cap is reported in ``error`` and never scores as
-    correct; ``gold_failed`` is then True, so callers can leave the question out rather than blame the prediction.
+    correct; ``gold_failed`` is then True (whatever the prediction), so callers can leave the question out rather
+    than blame the prediction.
     """
-    if not isinstance(pred_sql, str):
-        return _zero(f"Error: the prediction is not a string ({type(pred_sql).__name__})")
-    if not pred_sql.strip():
-        return _zero("Error: the prediction is blank")
     gold = databases.gold_result(ref, gold_sql)
     if gold.error is not None or gold.timed_out:
         return {**_zero(f"Error: the gold SQL failed: {gold.error or 'timed out'}"), "gold_failed": True}
     if gold.over_cap:
         return {**_zero("Error: the gold result is over the scoring cap"), "gold_failed": True}
+    if not isinstance(pred_sql, str):
+        return _zero(f"Error: the prediction is not a string ({type(pred_sql).__name__})")
+    if not pred_sql.strip():
+        return _zero("Error: the prediction is blank")
     pred = databases.run_scoring_query(ref, pred_sql, timeout=databases.scoring_timeout(gold.seconds))
     if pred.error is not None or pred.timed_out:
         return _zero(pred.error or "Error: the prediction timed out")

@@ -103,16 +103,18 @@ def test_jsonl_format_non_string_and_blank_sql_score_zero(bird_dir, tmp_path):
         {"question_id": 100, "sql": 42},
         {"question_id": "101", "sql": "SELECT name, height FROM hero"},
         {"question_id": "102", "sql": "   "},  # BIRD would call this correct, the gold being empty
-        {"question_id": "103", "sql": None},
+        {"question_id": "103", "sql": None},  # its gold SQL fails: not scored, whatever the prediction
         {"question_id": "999", "sql": "SELECT 1"},
     ]))
     result = score_files(gold_empty, predictions, tmp_path / "out", progress=False)
     lines = result["lines"]
-    assert [line["official"] for line in lines] == [0, 1, 0, 0]
-    assert [line["strict"] for line in lines] == [0, 1, 0, 0]
+    assert [line["official"] for line in lines] == [0, 1, 0, None]
+    assert [line["strict"] for line in lines] == [0, 1, 0, None]
     assert "not a string" in lines[0]["error"] and "blank" in lines[2]["error"]
+    assert lines[3]["unscored"] == "gold failed"
     assert result["problems"]["unknown_ids"] == ["999"]
-    assert result["summary"]["errors"] == 3 and result["summary"]["missing"] == 0
+    assert result["summary"]["errors"] == 2 and result["summary"]["missing"] == 0
+    assert result["summary"]["gold_failure_ids"] == ["103"]
 
 
 def test_gold_timeout_is_reported_and_never_correct(bird_dir, tmp_path, monkeypatch):

@@ -180,3 +180,17 @@ def test_duplicated_ids_through_the_command_line(demo_dir, tmp_path):
                           cwd=REPO_ROOT)
     assert done.returncode == 1 and done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert "1 (2 rows)" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_eval_does_not_blame_an_empty_answer_for_a_failing_gold(demo_dir, tmp_path):
+    data = _bird_with_broken_databases(demo_dir, tmp_path / "bird")
+    records = json.loads((data / "dev.json").read_text())
+    predictions = tmp_path / "p.jsonl"  # right answers, and nothing at all for the question whose gold fails
+    predictions.write_text("\n".join(json.dumps({"question_id": r["question_id"], "sql": r["SQL"]})
+                                     for r in records if r["question_id"] != "gold_fails"))
+    out = tmp_path / "out"
+    assert main(["eval", "--policy", "predictions", "--predictions", str(predictions), "--data", str(data),
+                 "--output", str(out), "--quiet", "--skip-missing-dbs"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n"] == 3 and summary["execution_accuracy_official"] == 1.0
+    assert summary["gold_failure_ids"] == ["gold_fails"]
