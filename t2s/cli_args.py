@@ -15,7 +15,8 @@ def _number(text, kind):
     try:
         value = kind(text)
     except (TypeError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+        expected = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
     if kind is float and not math.isfinite(value):
         raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     return value

@@ -46,7 +46,8 @@ def output_folder(folder) -> Path:
 
 @contextlib.contextmanager
 def run_folder_lock(folder, command: str | None = None):
-    """Hold ``folder``'s run lock for the ``with`` block (creating the folder); RunFolderBusy when another run holds it."""
+    """Hold ``folder``'s run lock for the ``with`` block (creating the folder); RunFolderBusy when another run
+    holds it."""
     folder = output_folder(folder)
     handle = open(folder / LOCK_NAME, "a+", encoding="utf-8")
     try:

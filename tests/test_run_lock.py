@@ -108,8 +108,8 @@ def test_the_lock_in_one_process(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_a_second_training_into_an_output_dir_in_use_stops(tiny_model_dir, holder, tmp_path, capsys):
     out = tmp_path / "out"
-    code = main(["train", "--config", str(REPO_ROOT / "recipes" / "smoke.yaml"), "--model_name_or_path", str(tiny_model_dir),
-                 "--output_dir", str(out), "--max_steps", "1"])
+    code = main(["train", "--config", str(REPO_ROOT / "recipes" / "smoke.yaml"), "--model_name_or_path",
+                 str(tiny_model_dir), "--output_dir", str(out), "--max_steps", "1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and err[-1].startswith(f"Error: {out} is in use by another run"), err
     assert f"pid {holder.pid}" in err[-1]

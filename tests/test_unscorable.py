@@ -17,7 +17,8 @@ from t2s.cli import main
 from t2s.data.loaders import DataError, load_json_rows, load_rows
 from t2s.settings import REPO_ROOT
 
-BROKEN = ("not_sqlite", "truncated", "damaged")
+BROKEN = ("not_sqlite", "truncated", "damaged", "half_written")
+JOURNAL_MAGIC = bytes.fromhex("d9d505f920a163d7")  # a rollback journal's header: a writer stopped mid-transaction
 
 
 def _root_page(db: Path, table: str) -> int:
@@ -41,10 +42,12 @@ def _bird_with_broken_databases(demo_dir: Path, folder: Path) -> Path:
     page = _root_page(source, "loans")
     damaged[(page - 1) * page_size : page * page_size] = b"\xab" * page_size
     contents = {"not_sqlite": b"just some text, not a database\n" * 10, "truncated": data[: len(data) // 2],
-                "damaged": bytes(damaged)}
+                "damaged": bytes(damaged), "half_written": data}
     for db_id, content in contents.items():
         (folder / "dev_databases" / db_id).mkdir(parents=True)
         (folder / "dev_databases" / db_id / f"{db_id}.sqlite").write_bytes(content)
+    journal = folder / "dev_databases" / "half_written" / "half_written.sqlite-journal"
+    journal.write_bytes(JOURNAL_MAGIC + bytes(page_size - len(JOURNAL_MAGIC)))
     rows = [dict(r, question_id=f"good{i}") for i, r in enumerate(records[:3])]
     rows.append(dict(records[3], question_id="gold_fails", SQL="SELECT no_such_column FROM loans"))
     for db_id in BROKEN:
@@ -62,6 +65,7 @@ def test_the_probe_names_each_broken_database(demo_dir, tmp_path):
     assert "not a database" in problems["not_sqlite"]
     assert "truncated" in problems["truncated"]
     assert "malformed" in problems["damaged"] and "loans" in problems["damaged"]
+    assert "half-written" in problems["half_written"] and "hot journal" in problems["half_written"]
 
 
 def test_eval_refuses_unreadable_databases_then_skips_and_counts_them(demo_dir, tmp_path, capsys):
@@ -69,7 +73,7 @@ def test_eval_refuses_unreadable_databases_then_skips_and_counts_them(demo_dir, 
     out = tmp_path / "out"
     assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(out), "--quiet"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("Error: 3 database(s) cannot be read")
+    assert len(err) == 1 and err[0].startswith("Error: 4 database(s) cannot be read")
     assert all(db_id in err[0] for db_id in BROKEN) and "--skip-missing-dbs" in err[0]
     assert not (out / "episodes.jsonl").exists()
 
@@ -78,7 +82,7 @@ def test_eval_refuses_unreadable_databases_then_skips_and_counts_them(demo_dir, 
     printed = capsys.readouterr().out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n"] == 3 and summary["execution_accuracy_official"] == 1.0 and summary["strict"] == 1.0
-    assert summary["skipped_unusable_dbs"] == 6 and summary["unusable_db_ids"] == sorted(BROKEN)
+    assert summary["skipped_unusable_dbs"] == 8 and summary["unusable_db_ids"] == sorted(BROKEN)
     assert set(summary["unusable_dbs"]) == set(BROKEN)
     assert summary["gold_failures"] == 1 and summary["gold_failure_ids"] == ["gold_fails"]
     assert summary["per_difficulty"] and sum(b["n"] for b in summary["per_difficulty"].values()) == 3
@@ -87,7 +91,7 @@ def test_eval_refuses_unreadable_databases_then_skips_and_counts_them(demo_dir, 
     assert len(lines) == 4 and failed[0]["official"] is None and "gold SQL failed" in failed[0]["gold_error"]
     assert "skipped_unusable_dbs" in printed and "gold_failures" in printed
     assert "gold_fails" in printed and all(db_id in printed for db_id in BROKEN)
-    assert "skipped (unreadable databases) | 6" in (out / "summary.md").read_text()
+    assert "skipped (unreadable databases) | 8" in (out / "summary.md").read_text()
 
 
 def test_score_does_not_blame_predictions_for_broken_databases_or_gold(demo_dir, tmp_path, capsys):
@@ -111,27 +115,29 @@ def test_score_does_not_blame_predictions_for_broken_databases_or_gold(demo_dir,
     assert "their gold SQL fails" in printed and "failed or were blank" not in printed
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root opens read-only folders anyway")
-def test_a_wal_database_in_a_read_only_folder_is_reported(tmp_path):
+def test_a_wal_database_in_a_read_only_folder_is_read_not_reported(tmp_path):
+    from t2s.data.db_probe import database_problems
+
     folder = tmp_path / "db" / "walled"
     folder.mkdir(parents=True)
-    conn = sqlite3.connect(folder / "walled.sqlite")
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("CREATE TABLE t (x)")
-    conn.execute("INSERT INTO t VALUES (1)")
-    conn.commit()
-    conn.close()
-    for leftover in folder.glob("walled.sqlite-*"):
-        leftover.unlink()
+    writer = sqlite3.connect(folder / "walled.sqlite")
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("CREATE TABLE t (x)")
+    writer.execute("INSERT INTO t VALUES (1)")
+    writer.commit()
+    shutil.copy(folder / "walled.sqlite-wal", tmp_path / "wal")  # the committed frames, as a closed writer leaves them
+    writer.close()
+    shutil.copy(tmp_path / "wal", folder / "walled.sqlite-wal")
+    (folder / "walled.sqlite-shm").unlink(missing_ok=True)
+    before = sorted(os.listdir(folder))
     folder.chmod(0o555)
     try:
-        from t2s.data.db_probe import database_problems
-
         row = {"question_id": "1", "db_id": "walled", "db_path": str(folder / "walled.sqlite")}
-        problems = database_problems([row])
-        assert "walled" in problems
+        assert database_problems([row]) == {}
     finally:
         folder.chmod(0o755)
+    assert sorted(os.listdir(folder)) == before  # nothing was created beside it
 
 
 # ------------------------------------------------------------------------------------------------ duplicated ids

@@ -1,7 +1,8 @@
 """Which databases can be read: a cheap probe of each database file once, before a run starts.
 
-A file that is not SQLite, a truncated or damaged file, or a WAL database that cannot be opened (e.g. in a read-only
-folder) would otherwise make every question on it score 0 in silence. The probe, per distinct database:
+A file that is not SQLite, a truncated or damaged file, a half-written one, or a WAL database that cannot be opened
+would otherwise make every question on it score 0 (or a wrong score) in silence. The probe, per distinct database:
+- asks ``databases.database_problem`` (a hot journal beside the file: a writer stopped mid-transaction);
 - compares the file's size with the size its header declares (a truncated copy is shorter);
 - opens it through the sandbox (``databases.scoring_connection``), which reads ``sqlite_master``;
 - reads the first row of every table, which touches each table's root page.
@@ -42,7 +43,7 @@ def _probe(ref) -> str | None:
     from t2s import databases
     from t2s.schema import quote_identifier
 
-    problem = _declared_size_problem(ref.path)
+    problem = databases.database_problem(ref) or _declared_size_problem(ref.path)
     if problem:
         return problem
     try:
