@@ -6,7 +6,7 @@ the length limit would run far past any deadline. So the work of a row is bounde
 
 * ``instr`` and ``replace`` are linear (:mod:`t2s.databases.functions`; SQLite's compare at every position, seconds
   for one call on two long values), and every function of ours stops a statement that is past its deadline;
-* statements are at most ``MAX_SQL_LENGTH`` bytes and LIKE/GLOB patterns at most ``MAX_LIKE_PATTERN`` characters;
+* statements are at most ``MAX_SQL_LENGTH`` characters and LIKE/GLOB patterns at most ``MAX_LIKE_PATTERN`` characters;
 * a statement that names a function able to build long values (``AMPLIFIERS``) runs with values capped at
   ``AMPLIFIED_MAX_LENGTH`` instead of ``MAX_VALUE_LENGTH``;
 * a statement that names a function that builds or scans long values (``HEAVY_FUNCTIONS``) is compiled with
