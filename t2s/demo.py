@@ -83,13 +83,14 @@ def step_printer(console):
 
 
 def run(args: argparse.Namespace) -> int:
+    from t2s.resources import workspace
     from t2s.rich_output import console as make_console
-    from t2s.settings import RECIPES_DIR, REPO_ROOT, offline_environment
+    from t2s.settings import RECIPES_DIR, offline_environment
 
     offline_environment()
     console = make_console()  # printed paths are never wrapped
     started = time.perf_counter()
-    output = Path(args.output) if Path(args.output).is_absolute() else REPO_ROOT / args.output
+    output = workspace() / args.output  # an absolute output stays as it is
     _quiet_libraries()
 
     from transformers import PrinterCallback, ProgressCallback

@@ -1,4 +1,5 @@
-"""Where things are: the repository, the embedded demo data, and the shared benchmark data.
+"""Where things are: the repository, the embedded demo data and recipes (found by ``t2s.resources.shipped`` in a
+checkout or an installed wheel), and the shared benchmark data.
 
 The shared data directory (real BIRD and Spider files) is found from ``T2S_DATA_DIR`` or, by default,
 ``../shared/data`` beside the repository. Tests that need it skip with a visible reason when it is absent.
@@ -9,9 +10,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DEMO_DIR = REPO_ROOT / "data" / "demo"
-RECIPES_DIR = REPO_ROOT / "recipes"
+from t2s.resources import REPO_ROOT, shipped
+
+DEMO_DIR = shipped("data/demo")
+RECIPES_DIR = shipped("recipes")
 
 
 def shared_data_dir() -> Path:

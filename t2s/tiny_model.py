@@ -147,7 +147,7 @@ def build_tiny_model(output_dir: str | Path, seed: int = 0) -> Path:
 
 
 def default_tiny_model_dir() -> Path:
-    """Where the demo recipe keeps its tiny model (inside the repository, git-ignored)."""
-    from t2s.settings import REPO_ROOT
+    """Where the demo recipe keeps its tiny model (the workspace's git-ignored ``.cache``)."""
+    from t2s.resources import workspace
 
-    return REPO_ROOT / ".cache" / "tiny-qwen3.5"
+    return workspace() / ".cache" / "tiny-qwen3.5"

@@ -42,12 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def resolve_path(path: str | None) -> Path | None:
-    """A path as given if it exists, else relative to the repository root (recipes name repo paths); None if absent."""
+    """A path as given if it exists, else a shipped repository path (recipes name repo paths such as
+    ``data/demo/dev.json``), else one under the workspace; None if absent."""
     if not path:
         return None
-    from t2s.settings import REPO_ROOT
+    from t2s.resources import shipped, workspace
 
-    for candidate in (Path(path), REPO_ROOT / path):
+    for candidate in (Path(path), shipped(path), workspace() / path):
         if candidate.exists():
             return candidate.resolve()
     return None
@@ -160,10 +161,10 @@ def prepare_model_path(script_args, model_args) -> str:
     if local is not None:
         return str(local)
     if script_args.build_tiny_model:
-        from t2s.settings import REPO_ROOT
+        from t2s.resources import workspace
         from t2s.tiny_model import build_tiny_model
 
-        target = Path(name) if Path(name).is_absolute() else REPO_ROOT / name
+        target = workspace() / name  # an absolute name stays as it is
         return str(build_tiny_model(target))
     return name
 
@@ -174,11 +175,16 @@ def build_trainer(script_args, training_args, model_args, *, callbacks=None):
     from transformers import AutoTokenizer
     from trl import get_peft_config
 
-    from t2s.configs import validate_training_config
+    from t2s.configs import ConfigError, validate_training_config
     from t2s.trainer import Text2SQLGRPOTrainer
 
     validate_training_config(training_args)
     check_data_paths(script_args)
+    if training_args.system_prompt_file:  # a recipe may name a shipped file such as recipes/prompt.txt
+        prompt_file = resolve_path(training_args.system_prompt_file)
+        if prompt_file is None:
+            raise ConfigError(f"Error: system_prompt_file {training_args.system_prompt_file!r} not found.")
+        training_args.system_prompt_file = str(prompt_file)
     model_path = prepare_model_path(script_args, model_args)
     tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left", revision=model_args.model_revision,
                                               trust_remote_code=training_args.trust_remote_code)
@@ -265,14 +271,15 @@ def run(args: argparse.Namespace) -> int:
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         offline_environment()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not Path(args.config).is_file():
+    config = resolve_path(args.config)
+    if config is None or not config.is_file():
         print(f"Error: recipe {args.config} not found.", file=sys.stderr)
         return 2
     from t2s.configs import ConfigError, parse_recipe
     from t2s.run_lock import rank_zero_lock
 
     try:
-        script_args, training_args, model_args = parse_recipe(["--config", args.config, *args.overrides])
+        script_args, training_args, model_args = parse_recipe(["--config", str(config), *args.overrides])
         checkpoint = resume_checkpoint(training_args)
         trainer, counts = build_trainer(script_args, training_args, model_args)
     except ConfigError as exc:

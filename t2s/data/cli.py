@@ -12,7 +12,7 @@ from t2s.cli_args import non_empty_path, non_negative_int, positive_float, posit
 from t2s.databases import file_checksum
 from t2s.errors import UsageError, error_line
 from t2s.rich_output import print_table
-from t2s.settings import REPO_ROOT
+from t2s.resources import workspace
 
 KIND_CHOICES = ("auto", "bird", "spider", "sqale", "synsql")
 
@@ -206,7 +206,7 @@ def _default_data_dirs() -> list[Path]:
     dirs = []
     if os.environ.get("T2S_DATA_DIR"):
         dirs.append(Path(os.environ["T2S_DATA_DIR"]))
-    dirs.append(REPO_ROOT / "data")
+    dirs.append(workspace() / "data")
     return dirs
 
 

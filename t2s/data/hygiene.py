@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Sequence
 
-from t2s.settings import REPO_ROOT
+from t2s.resources import workspace
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +27,9 @@ DEFAULT_WORKERS = 4
 
 
 def cache_dir() -> Path:
-    """Where cached results live: ``T2S_CACHE_DIR`` or ``<repo>/.cache``."""
+    """Where cached results live: ``T2S_CACHE_DIR`` or the workspace's ``.cache``."""
     env = os.environ.get("T2S_CACHE_DIR")
-    return Path(env) if env else REPO_ROOT / ".cache"
+    return Path(env) if env else workspace() / ".cache"
 
 
 def _database_stamp(rows: Sequence[dict]) -> list:
