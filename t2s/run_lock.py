@@ -12,6 +12,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import socket
 import sys
 import time
@@ -33,6 +34,13 @@ def _holder_text(raw: str) -> str:
                 f"{holder['command']}")
     except (ValueError, KeyError, TypeError):
         return "its details are not written yet"
+
+
+def _this_command() -> str:
+    """This process's command line, as typed: ``t2s eval ...`` for ``python -m t2s eval ...``."""
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    program = "t2s" if program in ("__main__.py", "t2s") else program
+    return shlex.join([program, *sys.argv[1:]])
 
 
 def output_folder(folder) -> Path:
@@ -60,7 +68,7 @@ def run_folder_lock(folder, command: str | None = None):
         holder = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
-            "command": " ".join(command.split()) if command else " ".join(sys.argv),
+            "command": " ".join(command.split()) if command else _this_command(),
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
         handle.seek(0)

@@ -82,6 +82,7 @@ def test_two_evals_at_once_one_runs(demo_dir, tmp_path):
     assert codes == [0, 1]
     refused = next(err for code, err in results if code == 1)
     assert refused.strip().splitlines() == [refused.strip()] and "in use by another run" in refused
+    assert f"t2s eval --policy gold --data {demo_dir} --n 12 --output {out}" in refused  # the holder's command
     assert len(lines) == 12 and len({json.loads(line)["question_id"] for line in lines}) == 12
 
 
