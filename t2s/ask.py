@@ -182,7 +182,8 @@ def _model_config(args, config):
 
 
 def _model_policy(args, row: dict, config, db) -> dict:
-    from t2s.evaluate import EvalError, model_backend
+    from t2s.eval_policies import model_backend
+    from t2s.evaluate import EvalError
 
     sampling = _model_config(args, config)
     try:
@@ -195,7 +196,8 @@ def _model_policy(args, row: dict, config, db) -> dict:
 def _endpoint_policy(args, row: dict, config, db) -> dict:
     from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
     from t2s.episode import Episode, play
-    from t2s.evaluate import EvalError, completions_backend, endpoint_client, load_tokenizer
+    from t2s.eval_policies import completions_backend, endpoint_client, load_tokenizer
+    from t2s.evaluate import EvalError
 
     sampling = _model_config(args, config)
     try:

@@ -267,3 +267,29 @@ def plot_summaries(summaries: dict[str, dict], path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------------------- console
+def print_summaries(summaries: dict[str, dict]) -> None:
+    """The console table of one or more modes' summaries, then the notes on questions not scored."""
+    from rich.table import Table
+
+    from t2s.rich_output import console, print_table
+
+    table = Table(title="t2s eval")
+    table.add_column("metric")
+    for mode in summaries:
+        table.add_column(mode, justify="right")
+    keys = ("n", "execution_accuracy_official", "execution_accuracy_official_no_fallback", "strict", "soft_f1",
+            "vote_at_k", "submit_rate", "executes_rate", "mean_turns", "mean_calls", "fallback_rate", "forced_rate",
+            "truncation_rate", "skipped_missing_dbs", "skipped_unusable_dbs", "gold_failures")
+    for key in keys:
+        values = [s.get(key) for s in summaries.values()]
+        if all(v is None for v in values):
+            continue
+        table.add_row(key, *("-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v)) for v in values))
+    out = console()
+    print_table(out, table)
+    for mode, summary in summaries.items():
+        for note in unscored_notes(summary):
+            out.print(f"{mode}: {note}" if len(summaries) > 1 else note, style="yellow", markup=False, highlight=False)

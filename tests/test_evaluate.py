@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from t2s.cli import build_parser
-from t2s.evaluate import EvalError, EpisodeLog, Runner, evaluate, select_rows, single_turn_sql
+from t2s.eval_policies import Runner, single_turn_sql
+from t2s.eval_runner import EpisodeLog, evaluate, select_rows
+from t2s.evaluate import EvalError
 
 
 def eval_args(*argv):

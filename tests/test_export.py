@@ -142,7 +142,7 @@ def test_export_cli_error_line(tmp_path, capsys):
 
 def test_export_model_card_holds_the_eval_summary(tiny_model_dir, demo_dir, tmp_path):
     from t2s.cli import build_parser
-    from t2s.evaluate import evaluate
+    from t2s.eval_runner import evaluate
 
     evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4",
                                               "--output", str(tmp_path / "eval"), "--quiet"]))
@@ -153,7 +153,7 @@ def test_export_model_card_holds_the_eval_summary(tiny_model_dir, demo_dir, tmp_
 
 def test_export_model_card_takes_a_several_mode_eval_folder(tiny_model_dir, demo_dir, tmp_path):
     from t2s.cli import build_parser
-    from t2s.evaluate import evaluate
+    from t2s.eval_runner import evaluate
 
     evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3",
                                               "--mode", "full", "withheld", "--output", str(tmp_path / "eval"),
@@ -183,7 +183,7 @@ def test_export_model_card_metadata_and_usage_snippet(tiny_model_dir, demo_dir, 
     from huggingface_hub import ModelCard
 
     from t2s.cli import build_parser
-    from t2s.evaluate import evaluate
+    from t2s.eval_runner import evaluate
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     _hub_cached(tiny_model_dir, tmp_path / "hub", "t2s-test/tiny-base")

@@ -78,12 +78,12 @@ def test_model_policy_with_the_tiny_model(tiny_model_dir, demo_dir, tmp_path, ca
 
 
 def test_model_counts_come_from_the_evaluators_scored_episodes(tiny_model_dir, demo_dir, tmp_path):
-    from t2s import evaluate
+    from t2s import eval_runner, evaluate
 
     rows = load_json_rows(demo_dir / "dev.json")[:2]
     args = evaluate.policy_args(policy="model", model=str(tiny_model_dir), k=2, max_turns=1, max_tokens_per_turn=8,
                                 episode_token_budget=4096, device="cpu", quiet=True)
-    counts = evaluate.solve_counts(rows, args)
+    counts = eval_runner.solve_counts(rows, args)
     assert len(counts) == 2 and all(0 <= c <= 2 for c in counts)
     # the same questions through `eval` (same jobs, seeds and scorer) give the same per-question solve counts
     data = tmp_path / "two.json"
@@ -96,7 +96,7 @@ def test_model_counts_come_from_the_evaluators_scored_episodes(tiny_model_dir, d
     assert len(lines) == 4
     assert counts == [sum(line["official"] for line in lines if line["question_id"] == r["question_id"]) for r in rows]
     # a policy that always submits the gold SQL is counted solved on every sample by the same scorer
-    gold = evaluate.solve_counts(rows, args, policy_factory=lambda row, sample: passrate.submit_only(row["gold_sql"]))
+    gold = eval_runner.solve_counts(rows, args, policy_factory=lambda row, sample: passrate.submit_only(row["gold_sql"]))
     assert gold == [2, 2]
 
 

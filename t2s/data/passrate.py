@@ -1,6 +1,6 @@
 """Pass-rate filter (the sibling recipe): keep the questions a policy solves 1 to k-1 times out of k.
 
-The episodes are the evaluator's: ``t2s.evaluate.solve_counts`` plays k samples per row with any ``eval`` policy
+The episodes are the evaluator's: ``t2s.eval_runner.solve_counts`` plays k samples per row with any ``eval`` policy
 (``model``, ``endpoint``, ``vllm``, ``gold``) or with a scripted policy factory, and scores each final SQL with the
 official metric, exactly as ``eval`` does. ``scripted-mix`` is a scripted policy with a known spread of solve counts,
 a CPU check of the whole filter.
@@ -55,9 +55,10 @@ def solve_counts(
     ``options`` set the evaluator's policy options (``max_turns``, ``episode_token_budget``, ...).
     """
     from t2s import evaluate
+    from t2s.eval_runner import solve_counts as play_counts
 
     args = evaluate.policy_args(policy="scripted", k=k, workers=workers, quiet=not progress, **options)
-    return evaluate.solve_counts(list(rows), args, policy_factory=policy_factory)
+    return play_counts(list(rows), args, policy_factory=policy_factory)
 
 
 def policy_counts(rows: Sequence[dict], args) -> list[int]:
@@ -65,12 +66,13 @@ def policy_counts(rows: Sequence[dict], args) -> list[int]:
 
     Raises ValueError (``Error: ...``) for what the evaluator refuses (a missing --model, an unreachable endpoint).
     """
-    from t2s import evaluate
+    from t2s.eval_runner import solve_counts as play_counts
+    from t2s.evaluate import EvalError
 
     factory = scripted_policy_factory(args.policy, args.k) if args.policy == "scripted-mix" else None
     try:
-        return evaluate.solve_counts(list(rows), args, policy_factory=factory)
-    except evaluate.EvalError as exc:
+        return play_counts(list(rows), args, policy_factory=factory)
+    except EvalError as exc:
         raise ValueError(str(exc)) from None
 
 
