@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("t2s.evaluate", "agentic evaluation of a model, endpoint, scripted policy or predictions file"),
     "score": ("t2s.score", "score a predictions file with official EX, strict EX and Soft-F1"),
     "compare": ("t2s.compare", "paired comparison of two runs: McNemar and bootstrap CI"),
+    "show": ("t2s.show", "read a run's episodes in the terminal: an eval folder, a pair of runs, a training run"),
     "ask": ("t2s.ask", "one agentic episode against any SQLite file, read-only"),
     "export": ("t2s.export", "write a vLLM-loadable model folder from a checkpoint"),
     "data": ("t2s.data.cli", "prepare, check, estimate difficulty, pass-rate filter"),

@@ -1,9 +1,11 @@
 """`python -m t2s compare RUN_A RUN_B`: a paired comparison of two runs over the same questions.
 
-Each run is a folder holding ``scores.jsonl`` (from ``score``) or ``episodes.jsonl`` (from ``eval``), or the file itself.
+Each run is an ``eval`` folder of one mode, one mode folder of an eval, a ``score`` folder (``scores.jsonl``), or the
+per-question file itself (``t2s.run_folders``).
 Questions are paired on ``question_id``; with several samples per question, sample 0 is used. The report holds ``n``,
 ``acc_a``, ``acc_b``, ``delta`` (acc_b - acc_a), the seeded paired-bootstrap 95% CI ``ci_low`` / ``ci_high``, the exact
-McNemar ``mcnemar_p``, and the discordant counts ``only_a`` (A right, B wrong) and ``only_b``.
+McNemar ``mcnemar_p``, and the discordant counts ``only_a`` (A right, B wrong) and ``only_b``. ``--output DIR`` writes
+``DIR/compare.json``; ``--html`` adds ``DIR/compare.html``, the questions that flipped with both transcripts.
 Questions that one run could not score (a null metric, e.g. a missing database) are left out of both, and counted.
 """
 
@@ -23,18 +25,17 @@ class CompareError(T2SError, ValueError):
 
 
 def run_file(path) -> Path:
-    """The per-question file of a run: the path itself, or scores.jsonl / episodes.jsonl inside a folder."""
+    """The per-question file of a run: the path itself, or scores.jsonl / episodes.jsonl of its (mode) folder."""
+    from t2s.run_folders import RunFolderError, mode_folder
+
     path = Path(path)
-    if path.is_dir():
-        for name in RUN_FILES:
-            if (path / name).is_file():
-                return path / name
-        modes = sorted(sub.name for sub in path.iterdir() if (sub / "episodes.jsonl").is_file())
-        hint = f" (an eval of several modes: compare one of its mode folders, {', '.join(modes)})" if modes else ""
-        raise CompareError(f"Error: {path} holds neither scores.jsonl nor episodes.jsonl{hint}")
-    if not path.is_file():
-        raise CompareError(f"Error: run not found: {path}")
-    return path
+    if path.is_file():
+        return path
+    try:
+        folder = mode_folder(path)
+    except RunFolderError as exc:
+        raise CompareError(str(exc)) from None
+    return next(folder / name for name in RUN_FILES if (folder / name).is_file())
 
 
 def _typed(value, kind, file, number: int, key: str):
@@ -107,15 +108,43 @@ def compare_runs(run_a, run_b, metric: str = "official") -> dict:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("run_a", metavar="RUN_A", help="run folder (scores.jsonl or episodes.jsonl) or the file")
-    parser.add_argument("run_b", metavar="RUN_B", help="run folder or file, compared against RUN_A")
-    parser.add_argument("--metric", choices=("official", "strict"), default="official")
-    parser.add_argument("--output", type=non_empty_path, default=None, help="write the JSON report here")
+    parser.add_argument("run_a", metavar="RUN_A", help="eval folder (or one of its mode folders), score folder, or the "
+                        "per-question file")
+    parser.add_argument("run_b", metavar="RUN_B", help="a run of the same questions, compared against RUN_A")
+    parser.add_argument("--metric", choices=("official", "strict"), default="official",
+                        help="the per-question score compared (default: official)")
+    parser.add_argument("--output", type=non_empty_path, default=None,
+                        help="folder for compare.json (and compare.html with --html) (default: print only)")
+    parser.add_argument("--html", action="store_true",
+                        help="also write compare.html: the questions that flipped, both transcripts side by side "
+                        "(needs --output and episodes.jsonl in both runs) (default: off)")
+
+
+def write_html(args, report: dict, out: Path) -> Path:
+    """compare.html of the two runs' flipped questions (their episodes.jsonl)."""
+    from t2s.report_html import write_compare_report
+    from t2s.run_folders import EPISODES, read_jsonl
+    from t2s.show import flipped
+
+    lines = []
+    for run in (args.run_a, args.run_b):
+        file = run_file(run)
+        episodes = file if file.name == EPISODES else file.with_name(EPISODES)
+        if not episodes.is_file():
+            raise CompareError(f"Error: --html needs the episodes of each run; {run} has no {EPISODES} (a score "
+                               "folder holds scores only)")
+        lines.append(read_jsonl(episodes))
+    pairs = flipped(lines[0], lines[1])
+    return write_compare_report(out / "compare.html", report, pairs, (str(args.run_a), str(args.run_b)))
 
 
 def run(args) -> int:
     from rich.table import Table
 
+    from t2s.errors import UsageError
+
+    if args.html and not args.output:
+        raise UsageError("Error: compare: --html writes compare.html into --output DIR; pass --output")
     report = compare_runs(args.run_a, args.run_b, args.metric)  # a CompareError is one Error: line in cli.main
     table = Table(title=f"compare ({args.metric})")
     table.add_column("")
@@ -133,7 +162,14 @@ def run(args) -> int:
     text = json.dumps({k: v for k, v in report.items() if k != "not_scored"}, indent=2)
     print(text)
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        with writing(args.output):
-            Path(args.output).write_text(text + "\n", encoding="utf-8")
+        out = Path(args.output)
+        if out.is_file():
+            raise CompareError(f"Error: --output must be a folder; {out} is a file")
+        out.mkdir(parents=True, exist_ok=True)
+        with writing(out / "compare.json"):
+            (out / "compare.json").write_text(text + "\n", encoding="utf-8")
+        written = [out / "compare.json"]
+        if args.html:
+            written.append(write_html(args, report, out))
+        console.print("wrote " + ", ".join(map(str, written)), markup=False, highlight=False)
     return 0

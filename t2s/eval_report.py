@@ -199,6 +199,38 @@ def summary_markdown(summary: dict, title: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The published harness: n = 300 seeded questions, 6 turns, a 12,288-token episode budget, T 0.6 / top-p 0.95 /
+# top-k 20, thinking on (and the training token stream: config["comparable"]).
+PUBLISHED_SETTINGS = {"n": 300, "max_turns": 6, "episode_token_budget": 12288, "temperature": 0.6, "top_p": 0.95,
+                      "top_k": 20, "enable_thinking": True}
+
+
+def published_differences(config: dict) -> list[str]:
+    """How a run's settings differ from the published harness's (empty when its figures are comparable)."""
+    if not config:
+        return ["no settings recorded"]
+    sampling = config.get("sampling") or {}
+    values = {k: config.get(k) for k in ("n", "max_turns", "episode_token_budget", "enable_thinking")}
+    if sampling:  # a scripted policy or a predictions file samples nothing
+        values.update({k: sampling.get(k) for k in ("temperature", "top_p", "top_k")})
+    differences = [f"{key} {values[key]} (published {wanted})" for key, wanted in PUBLISHED_SETTINGS.items()
+                   if key in values and values[key] != wanted]
+    if not config.get("comparable"):
+        reason = "single mode" if config.get("mode") == "single" else f"policy {config.get('policy')}"
+        if config.get("endpoint_mode") == "chat":
+            reason = "a chat endpoint"
+        differences.insert(0, f"{reason} does not play the training token stream")
+    return differences
+
+
+def comparability_line(config: dict) -> str:
+    """"comparable with the published figures", or what differs from the published harness."""
+    differences = published_differences(config)
+    if not differences:
+        return "comparable with the published figures"
+    return "not comparable with the published figures: " + "; ".join(differences)
+
+
 def _settings_line(config: dict) -> str:
     if not config:
         return ""
@@ -214,13 +246,16 @@ def _settings_line(config: dict) -> str:
     if sampling:
         parts.append(f"T {sampling.get('temperature')} top-p {sampling.get('top_p')} top-k {sampling.get('top_k')}")
     parts.append(f"thinking {'on' if config.get('enable_thinking') else 'off'}")
-    parts.append("comparable with the published figures" if config.get("comparable") else "**not comparable** with the published figures")
+    line = comparability_line(config)
+    parts.append(line if not published_differences(config) else f"**{line}**")
     return "Settings: " + ", ".join(parts) + "."
 
 
 def modes_markdown(summaries: dict[str, dict]) -> str:
-    """Several modes side by side (one column per mode), then each mode's own report."""
+    """One mode's report; several modes side by side (one column per mode), then each mode's own report."""
     modes = list(summaries)
+    if len(modes) == 1:
+        return summary_markdown(summaries[modes[0]], title=modes[0])
     lines = ["| metric | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
     for name, key, kind in _MAIN_ROWS:
         if any(key in s for s in summaries.values()):
@@ -229,6 +264,20 @@ def modes_markdown(summaries: dict[str, dict]) -> str:
     for mode, summary in summaries.items():
         body += "\n" + summary_markdown(summary, title=mode)
     return body
+
+
+def write_reports(folder, summaries: dict[str, dict]) -> None:
+    """The top of an eval folder: summary.json ({"modes": ...}), summary.md, summary.png and report.html."""
+    import json
+    from pathlib import Path
+
+    from t2s.report_html import write_report
+
+    folder = Path(folder)
+    (folder / "summary.json").write_text(json.dumps({"modes": summaries}, indent=2) + "\n")
+    (folder / "summary.md").write_text(modes_markdown(summaries))
+    plot_summaries(summaries, folder / "summary.png")
+    write_report(folder)
 
 
 # ------------------------------------------------------------------------------------------------------------- plot
@@ -291,5 +340,6 @@ def print_summaries(summaries: dict[str, dict]) -> None:
     out = console()
     print_table(out, table)
     for mode, summary in summaries.items():
-        for note in unscored_notes(summary):
+        notes = unscored_notes(summary) + [comparability_line(summary.get("config") or {})]
+        for note in notes:
             out.print(f"{mode}: {note}" if len(summaries) > 1 else note, style="yellow", markup=False, highlight=False)

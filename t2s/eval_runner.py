@@ -1,8 +1,7 @@
 """The eval run: pick the questions, play every mode into its folder, resume a killed run, write the summaries.
 
-Output folder: ``eval_config.json`` (the run's configuration, which a resumed run must match), ``episodes.jsonl``
-(one scored episode record per question and sample), ``summary.json``, ``summary.md`` and ``summary.png``; with
-several modes each gets ``DIR/<mode>/`` and ``DIR`` gets a side-by-side report.
+The output folder's layout is the same for one mode or several (``t2s.run_folders``): each mode plays into
+``DIR/<mode>/`` and ``DIR`` gets summary.json, summary.md, summary.png and report.html over all of them.
 
 ``config.comparable`` is true when the run used the training protocol and token stream: a model, vLLM or a
 completions endpoint, in full or withheld mode, with thinking on. The original system prompt of the published
@@ -283,28 +282,33 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
 
 
 def evaluate(args) -> dict[str, dict]:
-    """Run every requested mode; returns {mode: summary}."""
-    from t2s.eval_report import modes_markdown, plot_summaries, print_summaries
+    """Run every requested mode into ``args.output`` (layout: ``t2s.run_folders``); returns {mode: summary}."""
+    from t2s.eval_report import print_summaries, write_reports
+    from t2s.rich_output import console
+    from t2s.run_folders import check_eval_modes
 
     check_policy_args(args)
     modes = list(dict.fromkeys(args.mode))
     all_rows, selected, skipped, data_file = load_data(args)
     summaries: dict[str, dict] = {}
     with run_folder_lock(args.output) as root:
+        check_eval_modes(root, modes)
         runner = Runner(args)
         runner.setup(all_rows)
         for mode in modes:
-            folder = root if len(modes) == 1 else root / mode
-            summaries[mode] = evaluate_mode(args, mode, runner, selected, skipped, data_file, folder)
-        if len(modes) > 1:
-            (root / "summary.md").write_text(modes_markdown(summaries))
-            plot_summaries(summaries, root / "summary.png")
+            summaries[mode] = evaluate_mode(args, mode, runner, selected, skipped, data_file, root / mode)
+        write_reports(root, summaries)
     print_summaries(summaries)
+    console().print(f"wrote {root}: report.html, summary.json, summary.md, summary.png, and "
+                    f"{', '.join(modes)} episodes", markup=False, highlight=False, soft_wrap=True)
     return summaries
 
 
 def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path) -> dict:
-    from t2s.eval_report import plot_summaries, summarise, summary_markdown
+    """Play one mode into ``folder`` (episodes.jsonl, scores.jsonl, eval_config.json); returns its summary."""
+    from t2s.eval_lines import score_line
+    from t2s.eval_report import summarise
+    from t2s.run_folders import SCORES, write_jsonl
     from t2s.voting import vote_accuracy
 
     config = build_config(args, mode, runner, data_file, len(selected))
@@ -321,14 +325,11 @@ def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path
     finally:
         log.close()
     lines = sorted(log.lines, key=lambda line: (str(line["question_id"]), line["sample"]))
+    write_jsonl(folder / SCORES, [score_line(line) for line in lines])
     rows_by_id = {str(r["question_id"]): r for r in selected}
     vote = vote_accuracy(lines, rows_by_id) if args.k > 1 else None
     config = dict(config, wall_seconds=round(time.time() - started, 1))
-    summary = summarise(lines, config=config, k=args.k, vote_at_k=vote, skipped=skipped)
-    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (folder / "summary.md").write_text(summary_markdown(summary))
-    plot_summaries({mode: summary}, folder / "summary.png")
-    return summary
+    return summarise(lines, config=config, k=args.k, vote_at_k=vote, skipped=skipped)
 
 
 def play_jobs(runner: Runner, jobs: list[tuple[dict, int]], mode: str, on_line, progress: Progress) -> None:

@@ -341,24 +341,19 @@ def eval_results(eval_dir) -> list:
 
 
 def eval_summaries(eval_dir) -> dict[str, dict]:
-    """{mode: summary} of an `eval` output folder: its summary.json, or one per mode folder when several modes ran."""
-    folder = Path(eval_dir)
-    if (folder / "summary.json").is_file():
-        return {"": json.loads((folder / "summary.json").read_text())}
-    per_mode = {sub.name: json.loads((sub / "summary.json").read_text())
-                for sub in sorted(folder.iterdir()) if (sub / "summary.json").is_file()} if folder.is_dir() else {}
-    if not per_mode:
-        raise ExportError(f"no summary.json in eval folder {eval_dir} (nor in its mode folders)")
-    return per_mode
+    """{mode: summary} of an `eval` output folder (its summary.json)."""
+    from t2s.run_folders import RunFolderError, read_summaries
+
+    try:
+        return read_summaries(eval_dir)
+    except RunFolderError as exc:
+        raise ExportError(str(exc).removeprefix("Error: ")) from None
 
 
 def eval_markdown(eval_dir) -> str:
-    from t2s.eval_report import modes_markdown, summary_markdown
+    from t2s.eval_report import modes_markdown
 
-    summaries = eval_summaries(eval_dir)
-    if list(summaries) == [""]:
-        return summary_markdown(summaries[""])
-    return modes_markdown(summaries)
+    return modes_markdown(eval_summaries(eval_dir))
 
 
 # ---------------------------------------------------------------------------------------------------------- export

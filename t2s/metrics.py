@@ -87,7 +87,7 @@ def _zero(error: str) -> dict:
     return {"official": 0, "strict": 0, "soft_f1": 0.0, "error": error}
 
 
-def score_sql(ref, pred_sql, gold_sql: str) -> dict:
+def score_sql(ref, pred_sql, gold_sql: str, *, results: dict | None = None) -> dict:
     """Score one prediction against its gold SQL on the scoring connections of ``ref``.
 
     Returns ``{"official": 0|1, "strict": 0|1, "soft_f1": float, "error": str | None}``. The gold result comes from
@@ -96,8 +96,12 @@ def score_sql(ref, pred_sql, gold_sql: str) -> dict:
     in ``error``. A gold SQL that fails, times out or goes over the cap is reported in ``error`` and never scores as
     correct; ``gold_failed`` is then True (whatever the prediction), so callers can leave the question out rather
     than blame the prediction.
+
+    ``results``, when given, receives the ``gold`` and ``pred`` query results that were run (for a reader to see).
     """
     gold = databases.gold_result(ref, gold_sql)
+    if results is not None:
+        results["gold"] = gold
     if gold.error is not None or gold.timed_out:
         return {**_zero(f"Error: the gold SQL failed: {gold.error or 'timed out'}"), "gold_failed": True}
     if gold.over_cap:
@@ -107,6 +111,8 @@ def score_sql(ref, pred_sql, gold_sql: str) -> dict:
     if not pred_sql.strip():
         return _zero("Error: the prediction is blank")
     pred = databases.run_scoring_query(ref, pred_sql, timeout=databases.scoring_timeout(gold.seconds))
+    if results is not None:
+        results["pred"] = pred
     if pred.error is not None or pred.timed_out:
         return _zero(pred.error or "Error: the prediction timed out")
     if pred.over_cap:

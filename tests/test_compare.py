@@ -27,9 +27,9 @@ def test_hand_computed_comparison(tmp_path, capsys):
     a = [1] * 5 + [1] * 2 + [0] * 10 + [0] * 3
     b = [1] * 5 + [0] * 2 + [1] * 10 + [0] * 3
     run_a, run_b = _scores(tmp_path / "a", a), _scores(tmp_path / "b", b)
-    out = tmp_path / "report.json"
+    out = tmp_path / "report"
     assert main(["compare", str(run_a), str(run_b), "--output", str(out)]) == 0
-    report = json.loads(out.read_text())
+    report = json.loads((out / "compare.json").read_text())
     assert set(report) == REPORT_KEYS
     assert report["n"] == 20 and report["only_a"] == 2 and report["only_b"] == 10
     assert report["acc_a"] == pytest.approx(7 / 20) and report["acc_b"] == pytest.approx(15 / 20)
@@ -97,9 +97,10 @@ def test_unreadable_runs(tmp_path, capsys):
     assert "neither scores.jsonl nor episodes.jsonl" in capsys.readouterr().err
     for mode in ("full", "withheld"):  # the root of a several-mode eval: the message names its mode folders
         (empty / mode).mkdir()
+        (empty / mode / "eval_config.json").write_text("{}")
         (empty / mode / "episodes.jsonl").write_text('{"question_id": "q0", "official": 1}\n')
     assert main(["compare", str(empty), str(empty)]) == 1
-    assert "mode folders, full, withheld" in capsys.readouterr().err
+    assert f"is an eval of several modes: name one of {empty / 'full'}, {empty / 'withheld'}" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question_id": "q0", "official": 1}\n{oops\n')
     assert main(["compare", str(bad), str(bad)]) == 1

@@ -25,6 +25,11 @@ def read_lines(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "episodes.jsonl").read_text().splitlines() if line.strip()]
 
 
+def read_summary(folder: Path, mode: str = "full") -> dict:
+    """One mode's summary from the top summary.json of an eval folder."""
+    return json.loads((folder / "summary.json").read_text())["modes"][mode]
+
+
 def gold_by_question(data_dir: Path) -> dict[str, str]:
     return {r["question"]: r["SQL"] for r in json.loads((data_dir / "dev.json").read_text())}
 
@@ -37,7 +42,7 @@ def test_gold_policy_scores_one_in_full_and_withheld(dataset, request, tmp_path)
                                    "--output", tmp_path / "out"))
     n_questions = len(json.loads((data_dir / "dev.json").read_text()))
     for mode in ("full", "withheld"):
-        summary = json.loads((tmp_path / "out" / mode / "summary.json").read_text())
+        summary = read_summary(tmp_path / "out", mode)
         assert summary == json.loads(json.dumps(summaries[mode]))
         assert summary["n"] == n_questions
         assert summary["execution_accuracy_official"] == summary["strict"] == summary["submit_rate"] == 1.0
@@ -49,9 +54,9 @@ def test_gold_policy_scores_one_in_full_and_withheld(dataset, request, tmp_path)
         lines = read_lines(tmp_path / "out" / mode)
         assert len(lines) == n_questions and all(line["mode"] == mode for line in lines)
         assert {"sample", "difficulty", "official", "strict", "soft_f1", "turns", "counters"} <= set(lines[0])
-        assert (tmp_path / "out" / mode / "summary.png").stat().st_size > 1000
-        assert "| official EX | 1.000 |" in (tmp_path / "out" / mode / "summary.md").read_text()
-    assert (tmp_path / "out" / "summary.png").is_file()  # the side-by-side plot of the modes
+        assert f"### {mode}\n\n| metric | value |\n|---|---|\n| questions (n) | {n_questions} |\n| official EX | 1.000 |" \
+            in (tmp_path / "out" / "summary.md").read_text()
+    assert (tmp_path / "out" / "summary.png").stat().st_size > 1000  # the side-by-side plot of the modes
 
 
 def test_summary_keys(demo_dir, tmp_path):
@@ -132,19 +137,19 @@ def test_resume_after_interruption_keeps_each_question_once(demo_dir, tmp_path, 
     monkeypatch.setattr(Runner, "_gold_record", interrupted)
     with pytest.raises(KeyboardInterrupt):
         evaluate(eval_args(*argv))
-    assert len(read_lines(out)) == 5
+    assert len(read_lines(out / "full")) == 5
     assert not (out / "summary.json").exists()
-    with open(out / "episodes.jsonl", "a") as handle:  # a write cut off by the kill
+    with open(out / "full" / "episodes.jsonl", "a") as handle:  # a write cut off by the kill
         handle.write('{"question_id": "3", "sample": 0, "offic')
     monkeypatch.setattr(Runner, "_gold_record", real)
     summary = evaluate(eval_args(*argv))["full"]
-    lines = read_lines(out)
+    lines = read_lines(out / "full")
     ids = [(line["question_id"], line["sample"]) for line in lines]
     assert len(ids) == len(set(ids)) == 12
     assert summary["n"] == 12 and summary["execution_accuracy_official"] == 1.0
     # a finished run re-run does nothing new
     evaluate(eval_args(*argv))
-    assert len(read_lines(out)) == 12
+    assert len(read_lines(out / "full")) == 12
 
 
 def test_resume_refuses_changed_config(demo_dir, tmp_path, capsys):
@@ -152,18 +157,18 @@ def test_resume_refuses_changed_config(demo_dir, tmp_path, capsys):
 
     out = tmp_path / "out"
     assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3", "--output", str(out), "--quiet"]) == 0
-    before = (out / "episodes.jsonl").read_text()
+    before = (out / "full" / "episodes.jsonl").read_text()
     code = main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3", "--max-turns", "4",
                  "--output", str(out), "--quiet"])
     assert code == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("Error:") and "different configuration" in err and "max_turns" in err
-    assert (out / "episodes.jsonl").read_text() == before
-    (out / "eval_config.json").write_text('{"policy": "go')  # a config file cut off
+    assert (out / "full" / "episodes.jsonl").read_text() == before
+    (out / "full" / "eval_config.json").write_text('{"policy": "go')  # a config file cut off
     code = main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3", "--output", str(out), "--quiet"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and err[0].startswith("Error:") and "unreadable" in err[0]
-    assert (out / "episodes.jsonl").read_text() == before
+    assert (out / "full" / "episodes.jsonl").read_text() == before
 
 
 def test_episode_log_rejects_corruption_in_the_middle(tmp_path):
@@ -190,7 +195,7 @@ def test_missing_databases_fail_at_once_or_are_skipped(demo_dir, tmp_path, capsy
     assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(tmp_path / "o1"), "--quiet"]) == 1
     err = capsys.readouterr().err
     assert "Error:" in err and "another_lost_db" in err and "lost_db" in err and "--skip-missing-dbs" in err
-    assert not (tmp_path / "o1" / "episodes.jsonl").exists()
+    assert not (tmp_path / "o1" / "full" / "episodes.jsonl").exists()
     import subprocess
     import sys
 
@@ -397,12 +402,12 @@ def test_endpoint_dying_midway_keeps_finished_results(demo_dir, tmp_path, capsys
         port = fake.server.server_address[1]
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("Error:") and "500" in err and "after 3 attempt(s)" in err
-    kept = read_lines(tmp_path / "out")
+    kept = read_lines(tmp_path / "out" / "full")
     assert len(kept) == 4 and all(line["official"] == 1 for line in kept)
     with ChatFake(healthy, port) as fake:  # the server is back: the run resumes and finishes
         assert main([*argv, "--endpoint", fake.url]) == 0
         assert len(fake.requests) == 12  # only the 6 missing questions ran
-    lines = read_lines(tmp_path / "out")
+    lines = read_lines(tmp_path / "out" / "full")
     assert len({line["question_id"] for line in lines}) == len(lines) == 10
 
 
@@ -411,7 +416,7 @@ def test_model_policy_with_tiny_model(tiny_model_dir, demo_dir, tmp_path):
     summary = evaluate(eval_args("--policy", "model", "--model", tiny_model_dir, "--data", demo_dir, "--n", "3",
                                  "--k", "2", "--mode", "withheld", "--max-turns", "2", "--max-tokens-per-turn", "24",
                                  "--output", tmp_path))["withheld"]
-    lines = read_lines(tmp_path)
+    lines = read_lines(tmp_path / "withheld")
     assert summary["n"] == 3 and summary["n_episodes"] == len(lines) == 6
     assert sorted((line["question_id"], line["sample"]) for line in lines) == sorted(
         {(line["question_id"], s) for line in lines for s in (0, 1)})
@@ -488,7 +493,7 @@ def test_completions_endpoint_failing_midway(tiny_model_dir, tiny_tokenizer, dem
         assert main([*argv, "--endpoint", server.base_url]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert err.startswith("Error:") and "500" in err and "finished results are kept" in err
-    lines = read_lines(tmp_path / "out")
+    lines = read_lines(tmp_path / "out" / "full")
     assert len(lines) == 2 and all(line["official"] == 1 for line in lines)  # finished results are kept
 
 

@@ -47,7 +47,7 @@ def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(demo_dir, tmp
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"Error: {out} is in use by another run")
     assert f"pid {holder.pid} on {socket.gethostname()}" in err[0] and "(the holder)" in err[0]
-    assert not (out / "episodes.jsonl").exists() and not (out / "eval_config.json").exists()
+    assert not (out / "full" / "episodes.jsonl").exists() and not (out / "full" / "eval_config.json").exists()
 
     predictions = tmp_path / "p.jsonl"
     predictions.write_text(json.dumps({"question_id": "x", "sql": "SELECT 1"}))
@@ -59,7 +59,7 @@ def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(demo_dir, tmp
     holder.send_signal(signal.SIGKILL)  # the holder dies without cleaning up: its lock goes with it
     holder.wait(timeout=30)
     assert main(_eval_args(demo_dir, out)) == 0
-    assert len((out / "episodes.jsonl").read_text().splitlines()) == 3
+    assert len((out / "full" / "episodes.jsonl").read_text().splitlines()) == 3
     from t2s.run_lock import LOCK_NAME
 
     recorded = json.loads((out / LOCK_NAME).read_text())
@@ -75,7 +75,7 @@ def test_two_evals_at_once_one_runs(demo_dir, tmp_path):
     second = subprocess.Popen(command, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     results = [(p.wait(timeout=300), p.communicate()[1]) for p in (first, second)]
     codes = sorted(code for code, _ in results)
-    lines = (out / "episodes.jsonl").read_text().splitlines()
+    lines = (out / "full" / "episodes.jsonl").read_text().splitlines()
     if codes == [0, 0]:  # the first had finished before the second started: the second resumed, played nothing
         assert len(lines) == 12
         return

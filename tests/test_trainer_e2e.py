@@ -104,7 +104,7 @@ def test_demo_trains_three_steps_prints_reward_components_and_evaluates(tiny_mod
         assert part in out
     summary = json.loads((tmp_path / "demo" / "model" / "train_summary.json").read_text())
     assert summary["global_step"] == 3
-    evaluated = json.loads((tmp_path / "demo" / "eval_model" / "summary.json").read_text())
+    evaluated = json.loads((tmp_path / "demo" / "eval_model" / "summary.json").read_text())["modes"]["full"]
     assert evaluated["n"] == 2
-    gold = json.loads((tmp_path / "demo" / "eval_gold" / "summary.json").read_text())
+    gold = json.loads((tmp_path / "demo" / "eval_gold" / "summary.json").read_text())["modes"]["full"]
     assert gold["execution_accuracy_official"] == 1.0 and gold["n"] == 63

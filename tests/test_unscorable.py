@@ -75,18 +75,18 @@ def test_eval_refuses_unreadable_databases_then_skips_and_counts_them(demo_dir, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("Error: 4 database(s) cannot be read")
     assert all(db_id in err[0] for db_id in BROKEN) and "--skip-missing-dbs" in err[0]
-    assert not (out / "episodes.jsonl").exists()
+    assert not (out / "full" / "episodes.jsonl").exists()
 
     assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(out), "--quiet",
                  "--skip-missing-dbs"]) == 0
     printed = capsys.readouterr().out
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())["modes"]["full"]
     assert summary["n"] == 3 and summary["execution_accuracy_official"] == 1.0 and summary["strict"] == 1.0
     assert summary["skipped_unusable_dbs"] == 8 and summary["unusable_db_ids"] == sorted(BROKEN)
     assert set(summary["unusable_dbs"]) == set(BROKEN)
     assert summary["gold_failures"] == 1 and summary["gold_failure_ids"] == ["gold_fails"]
     assert summary["per_difficulty"] and sum(b["n"] for b in summary["per_difficulty"].values()) == 3
-    lines = [json.loads(line) for line in (out / "episodes.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (out / "full" / "episodes.jsonl").read_text().splitlines()]
     failed = [line for line in lines if line["question_id"] == "gold_fails"]
     assert len(lines) == 4 and failed[0]["official"] is None and "gold SQL failed" in failed[0]["gold_error"]
     assert "skipped_unusable_dbs" in printed and "gold_failures" in printed
@@ -163,7 +163,7 @@ def test_duplicated_question_ids_are_refused_by_every_command(demo_dir, tmp_path
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("Error:"), err
         assert "7 (6 rows)" in err[0] and "9 (2 rows)" in err[0] and "8 (" not in err[0]
-    assert not (tmp_path / "eval" / "episodes.jsonl").exists() and not (tmp_path / "score").exists()
+    assert not (tmp_path / "eval" / "full" / "episodes.jsonl").exists() and not (tmp_path / "score").exists()
     with pytest.raises(DataError, match="7 \\(6 rows\\)"):  # the training loader's path
         load_rows("bird", data)
 
@@ -174,7 +174,7 @@ def test_a_question_repeated_word_for_word_is_counted_once(demo_dir, tmp_path, c
     data.write_text(json.dumps(records + [records[1]]))  # as BIRD mini-dev repeats two of its questions
     assert load_json_rows(data).repeated_ids == ["b"]
     assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(tmp_path / "out"), "--quiet"]) == 0
-    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())["modes"]["full"]
     assert summary["n"] == summary["n_episodes"] == 3 and summary["repeated_question_ids"] == ["b"]
     assert "repeats questions word for word" in capsys.readouterr().out
 
@@ -197,6 +197,6 @@ def test_eval_does_not_blame_an_empty_answer_for_a_failing_gold(demo_dir, tmp_pa
     out = tmp_path / "out"
     assert main(["eval", "--policy", "predictions", "--predictions", str(predictions), "--data", str(data),
                  "--output", str(out), "--quiet", "--skip-missing-dbs"]) == 0
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())["modes"]["full"]
     assert summary["n"] == 3 and summary["execution_accuracy_official"] == 1.0
     assert summary["gold_failure_ids"] == ["gold_fails"]

@@ -1,0 +1,216 @@
+"""The eval folder's fixed layout, the episode records a reader needs, `t2s show`, `compare --html` and report.html
+(checked in headless Chromium where it is installed)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from t2s.cli import main
+
+TOP_FILES = {"summary.json", "summary.md", "summary.png", "report.html"}
+MODE_FILES = {"episodes.jsonl", "scores.jsonl", "eval_config.json"}
+
+
+def files_of(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and not p.name.startswith(".")}
+
+
+def lines_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def gold_eval(demo_dir, out, *modes, n="4") -> None:
+    assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", n, "--mode", *(modes or ("full",)),
+                 "--output", str(out), "--quiet"]) == 0
+
+
+def predictions_eval(demo_dir, tmp_path, out, wrong_id) -> None:
+    """A predictions run of the whole demo data: the gold SQL, except a wrong answer for ``wrong_id``."""
+    records = json.loads((demo_dir / "dev.json").read_text())
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text("\n".join(json.dumps({"question_id": r["question_id"],
+                                                 "sql": "SELECT 1" if str(r["question_id"]) == wrong_id else r["SQL"]})
+                                     for r in records))
+    assert main(["eval", "--policy", "predictions", "--predictions", str(predictions), "--data", str(demo_dir),
+                 "--output", str(out), "--quiet"]) == 0
+
+
+# ---------------------------------------------------------------------------------------------------------- layout
+def test_eval_layout_is_the_same_for_one_mode_or_several(demo_dir, tmp_path, capsys):
+    gold_eval(demo_dir, tmp_path / "one")
+    printed = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'one'}: report.html" in printed
+    gold_eval(demo_dir, tmp_path / "two", "full", "withheld")
+    assert files_of(tmp_path / "one") == TOP_FILES | {f"full/{name}" for name in MODE_FILES}
+    assert files_of(tmp_path / "two") == TOP_FILES | {f"{m}/{name}" for m in ("full", "withheld") for name in MODE_FILES}
+    summary = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert list(summary["modes"]) == ["full", "withheld"] and summary["modes"]["withheld"]["n"] == 4
+
+    episodes = lines_of(tmp_path / "one" / "full" / "episodes.jsonl")
+    scores = lines_of(tmp_path / "one" / "full" / "scores.jsonl")
+    assert len(episodes) == len(scores) == 4
+    records = {str(r["question_id"]): r for r in json.loads((demo_dir / "dev.json").read_text())}
+    for line in episodes:  # what a reader needs to judge the episode
+        row = records[str(line["question_id"])]
+        assert line["question"] == row["question"] and line["gold_sql"] == row["SQL"]
+        assert line["evidence"] == (row.get("evidence") or "") and line["db_id"] == row["db_id"]
+        assert line["gold_result"]["rows"] and line["gold_result"] == line["pred_result"]
+        assert len(line["gold_result"]["rows"]) <= 10 and line["gold_result"]["columns"]
+        assert line["submitted_sql"] and line["counters"]["submitted"]
+    assert [set(s) for s in scores] == [{"question_id", "sample", "db_id", "difficulty", "official", "strict",
+                                         "soft_f1", "executes", "error"}] * 4
+    assert [s["official"] for s in scores] == [1] * 4
+
+
+def test_a_folder_of_other_modes_refuses_with_one_line(demo_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    gold_eval(demo_dir, out)
+    before = files_of(out)
+    capsys.readouterr()
+    assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4", "--mode", "full", "withheld",
+                 "--output", str(out), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"Error: {out} holds an eval of --mode full; re-run with those modes to resume it, or choose "
+                   "another --output"]
+    assert files_of(out) == before
+    old = tmp_path / "old"  # the layout of earlier versions: episodes at the top
+    old.mkdir()
+    (old / "episodes.jsonl").write_text('{"question_id": "1", "sample": 0}\n')
+    assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4", "--output", str(old), "--quiet"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "older layout" in err[0] and not (old / "full").exists()
+
+
+def test_compare_takes_the_folder_or_a_mode_inside_it(demo_dir, tmp_path, capsys):
+    gold_eval(demo_dir, tmp_path / "a", n="63")
+    wrong = str(lines_of(tmp_path / "a" / "full" / "scores.jsonl")[0]["question_id"])
+    predictions_eval(demo_dir, tmp_path, tmp_path / "b", wrong)
+    for a, b in ((tmp_path / "a", tmp_path / "b"), (tmp_path / "a" / "full", tmp_path / "b" / "full")):
+        assert main(["compare", str(a), str(b), "--output", str(tmp_path / "cmp")]) == 0
+        report = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+        assert report["n"] == 63 and report["only_a"] == 1 and report["only_b"] == 0
+
+
+def test_compare_html_shows_the_questions_that_flipped(demo_dir, tmp_path, capsys):
+    gold_eval(demo_dir, tmp_path / "a", n="63")
+    wrong = str(lines_of(tmp_path / "a" / "full" / "scores.jsonl")[5]["question_id"])
+    predictions_eval(demo_dir, tmp_path, tmp_path / "b", wrong)
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--html"]) == 2
+    assert "--output" in capsys.readouterr().err
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--output", str(tmp_path / "cmp"), "--html"]) == 0
+    page = (tmp_path / "cmp" / "compare.html").read_text()
+    data = json.loads(re.search(r'<script type="application/json" id="data">(.*?)</script>', page, re.S)
+                      .group(1).replace("<\\/", "</"))
+    assert [(e["flip"], str(e["question_id"]), e["other"]["final_sql"]) for e in data["episodes"]] == [
+        ("only_a", wrong, "SELECT 1")]
+    assert data["compare"]["only_a"] == 1 and "<script src" not in page and "http" not in page.split("<script")[0]
+
+
+# ------------------------------------------------------------------------------------------------------------ show
+def test_show_lists_filters_and_prints_a_transcript(demo_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    gold_eval(demo_dir, out, n="8")
+    lines = lines_of(out / "full" / "episodes.jsonl")
+    capsys.readouterr()
+    assert main(["show", str(out)]) == 0
+    listed = capsys.readouterr().out
+    assert "8 of 8 episodes" in listed and all(f"│ {line['question_id']} " in listed for line in lines)
+    db = lines[0]["db_id"]
+    assert main(["show", str(out), "--db", db]) == 0
+    on_db = sum(line["db_id"] == db for line in lines)
+    assert f"{on_db} of 8 episodes" in capsys.readouterr().out or on_db == 1
+    assert main(["show", str(out), "--wrong"]) == 0
+    assert "no episode of 8 matches" in capsys.readouterr().out
+    chosen = next(line for line in lines if "WHERE" in line["gold_sql"].upper())
+    assert main(["show", str(out / "full"), "--id", str(chosen["question_id"])]) == 0
+    shown = capsys.readouterr().out
+    assert chosen["question"] in shown and "turn 1" in shown and "final SQL (submitted):" in shown
+    assert "\nWHERE " in shown  # the SQL is formatted with sqlparse: WHERE opens a line
+    assert "gold rows" in shown and "predicted rows" in shown and "official=1" in shown
+    assert main(["show", str(tmp_path / "nothing")]) == 1
+    assert capsys.readouterr().err.startswith("Error: run not found")
+
+
+def test_show_a_pair_lists_only_the_flipped_questions(demo_dir, tmp_path, capsys):
+    gold_eval(demo_dir, tmp_path / "a", n="63")
+    wrong = str(lines_of(tmp_path / "a" / "full" / "scores.jsonl")[2]["question_id"])
+    predictions_eval(demo_dir, tmp_path, tmp_path / "b", wrong)
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    shown = capsys.readouterr().out
+    assert "run A" in shown and "run B" in shown and "SELECT 1" in shown  # one flip: both transcripts printed
+    assert main(["show", str(tmp_path / "b"), str(tmp_path / "a"), "--wrong", "--db", "no_such_db"]) == 0
+    assert "only_a 0, only_b 0" in capsys.readouterr().out
+
+
+def test_show_reads_training_episodes(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    records = [{"question_id": f"q{i}", "db_id": "d", "step": 1, "reward": r, "tier": t, "f1": 0.5, "join": 1,
+                "consensus": 0, "turns": [{"assistant": "<think>x</think>\nhi", "calls": [], "observation": ""}],
+                "final_sql": "select 1", "final_sql_source": "fallback", "counters": {"turns": 1}}
+               for i, (r, t) in enumerate([(3.0, "equivalent"), (0.1, "executable"), (0.0, "invalid")])]
+    (run / "episodes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert main(["show", str(run), "--wrong"]) == 0
+    assert "2 of 3 episodes" in capsys.readouterr().out
+    assert main(["show", str(run), "--tier", "executable"]) == 0
+    shown = capsys.readouterr().out
+    assert "question q1" in shown and "tier=executable" in shown and "SELECT 1" in shown
+
+
+# ----------------------------------------------------------------------------------------------- comparability
+def test_comparable_only_with_the_published_settings():
+    from t2s.eval_report import comparability_line
+
+    published = {"policy": "model", "mode": "full", "comparable": True, "n": 300, "seed": 0, "max_turns": 6,
+                 "episode_token_budget": 12288, "enable_thinking": True,
+                 "sampling": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}}
+    assert comparability_line(published) == "comparable with the published figures"
+    changed = {**published, "n": 50, "max_turns": 4, "sampling": {"temperature": 1.0, "top_p": 0.95, "top_k": 20}}
+    assert comparability_line(changed) == ("not comparable with the published figures: n 50 (published 300); "
+                                           "max_turns 4 (published 6); temperature 1.0 (published 0.6)")
+    chat = {**published, "comparable": False, "endpoint_mode": "chat", "policy": "endpoint"}
+    assert comparability_line(chat) == ("not comparable with the published figures: a chat endpoint does not play "
+                                        "the training token stream")
+
+
+# ------------------------------------------------------------------------------------------------------- browser
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def _browse(url: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run([_chromium(), "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
+                           "--window-size=1400,1000", *extra, url], capture_output=True, text=True, timeout=120)
+
+
+def _status(dom: str) -> dict:
+    tag = re.search(r'<div id="status"[^>]*>', dom).group(0)
+    return dict(re.findall(r'data-([a-z]+)="([^"]*)"', tag))
+
+
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
+def test_report_html_in_headless_chromium(demo_dir, tmp_path):
+    out = tmp_path / "out"
+    gold_eval(demo_dir, out, "full", "withheld", n="63")
+    page = (out / "report.html").read_text()
+    assert "<script src" not in page and "<link" not in page and "data:image/png;base64," in page
+    url = (out / "report.html").as_uri()
+    loaded = _status(_browse(url, "--dump-dom").stdout)
+    assert loaded["ready"] == "1" and loaded["errors"] == "" and loaded["total"] == loaded["shown"] == "126"
+    db = lines_of(out / "full" / "scores.jsonl")[0]["db_id"]
+    on_db = sum(line["db_id"] == db for line in lines_of(out / "full" / "scores.jsonl"))
+    narrowed = _status(_browse(f"{url}#mode=full&db={db}", "--dump-dom").stdout)
+    assert narrowed["errors"] == "" and int(narrowed["shown"]) == on_db < 63
+    opened = _browse(f"{url}#open=3", "--dump-dom").stdout
+    assert 'id="detail" data-open="3"' in opened and "gold rows" in opened and "predicted rows" in opened
+    assert _status(opened)["errors"] == ""
+    shot = tmp_path / "transcript.png"
+    _browse(f"{url}#open=3", f"--screenshot={shot}")
+    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
