@@ -72,25 +72,28 @@ def test_a_full_disk_keeps_what_was_written(demo_dir, tmp_path, capsys, monkeypa
     assert main(_eval(demo_dir, out)) == 1
     line = _one_error_line(capsys)
     assert "No space left on device" in line and "summary.json" in line
-    assert len((out / "episodes.jsonl").read_text().splitlines()) == 3  # nothing played is lost
+    assert len((out / "full" / "episodes.jsonl").read_text().splitlines()) == 3  # nothing played is lost
     monkeypatch.setattr(pathlib.Path, "write_text", real_write_text)
     assert main(_eval(demo_dir, out)) == 0  # the disk has room again: the run resumes and finishes
-    assert json.loads((out / "summary.json").read_text())["n"] == 3
+    assert json.loads((out / "summary.json").read_text())["modes"]["full"]["n"] == 3
 
 
 def test_a_full_disk_through_the_command_line(tmp_path):
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
-    done = subprocess.run([sys.executable, "-m", "t2s", "compare", "a", "b", "--output", "/dev/full"],
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "compare.json").symlink_to("/dev/full")  # the report lands on a full disk
+    done = subprocess.run([sys.executable, "-m", "t2s", "compare", "a", "b", "--output", str(out)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     # the runs are missing: the error names them before anything is written
     assert done.returncode == 1 and done.stderr.strip().splitlines() == [done.stderr.strip()]
     run = tmp_path / "run.jsonl"
     run.write_text("\n".join(json.dumps({"question_id": str(i), "official": i % 2}) for i in range(6)))
-    done = subprocess.run([sys.executable, "-m", "t2s", "compare", str(run), str(run), "--output", "/dev/full"],
+    done = subprocess.run([sys.executable, "-m", "t2s", "compare", str(run), str(run), "--output", str(out)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 1, done.stderr
-    assert done.stderr.strip() == "Error: No space left on device: /dev/full"
+    assert done.stderr.strip() == f"Error: No space left on device: {out / 'compare.json'}"
 
 
 def test_a_system_prompt_file_that_is_not_utf8(demo_dir, tmp_path, capsys):

@@ -92,7 +92,7 @@ def test_model_counts_come_from_the_evaluators_scored_episodes(tiny_model_dir, d
                  str(demo_dir / "dev_databases"), "--k", "2", "--max-turns", "1", "--max-tokens-per-turn", "8",
                  "--episode-token-budget", "4096", "--device", "cpu", "--quiet", "--output", str(tmp_path / "eval")])
     assert code == 0
-    lines = [json.loads(line) for line in (tmp_path / "eval" / "episodes.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "eval" / "full" / "episodes.jsonl").read_text().splitlines()]
     assert len(lines) == 4
     assert counts == [sum(line["official"] for line in lines if line["question_id"] == r["question_id"]) for r in rows]
     # a policy that always submits the gold SQL is counted solved on every sample by the same scorer
