@@ -167,7 +167,7 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--model", default=None, help="a transformers model folder or hub id (runs locally)")
     parser.add_argument("--device", default=None, help="--model: cpu, cuda, ... (default: cuda when available)")
-    parser.add_argument("--max-tokens-per-turn", type=positive_int, default=2048)
+    parser.add_argument("--max-tokens-per-turn", type=positive_int, default=2048, help="tokens one model turn may generate")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: unseeded)")
     add_sampling_arguments(parser)
     add_endpoint_arguments(parser)

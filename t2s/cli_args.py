@@ -50,8 +50,35 @@ def non_empty_path(text) -> str:
     return str(text)
 
 
+def add_hidden_alias(parser, flag: str, old: str, **kwargs) -> None:
+    """Accept ``old``, an earlier spelling of ``flag``, without listing it in the help."""
+    dest = next(a.dest for a in parser._actions if flag in a.option_strings)
+    parser.add_argument(old, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already says it (``default ...``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text.lower() or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if action.nargs == 0:  # a switch: off unless given
+            shown = "on" if action.default else "off"
+        elif action.default is None or action.default == []:
+            shown = "none"
+        else:
+            shown = "%(default)s"
+        return f"{text} (default: {shown})"
+
+
 class CommandParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line, ``Error: <command>: <problem>``, and exit status 2."""
+    """An ArgumentParser whose usage errors are one line, ``Error: <command>: <problem>``, and exit status 2; its help
+    shows every option's default."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         sys.stderr.write(f"Error: {self.prog}: {message} (see `{self.prog} --help`)\n")

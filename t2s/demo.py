@@ -15,6 +15,8 @@ import shutil
 import time
 from pathlib import Path
 
+from t2s.cli_args import add_hidden_alias
+
 STEP_COLUMNS = (  # (log key, column title, format)
     ("reward", "reward", "{:.3f}"),
     ("reward/f1", "f1", "{:.3f}"),
@@ -36,7 +38,8 @@ STEP_COLUMNS = (  # (log key, column title, format)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=3, help="optimiser steps to train (default 3)")
     parser.add_argument("--output", default="runs/demo", help="output folder (default runs/demo)")
-    parser.add_argument("--eval-n", type=int, default=8, help="questions the trained model is evaluated on (default 8)")
+    parser.add_argument("--n", dest="eval_n", type=int, default=8, help="questions the trained model is evaluated on (default 8)")
+    add_hidden_alias(parser, "--n", "--eval-n", type=int)
     parser.add_argument("--model", default=None,
                         help="model folder to start from (default: the smoke recipe's tiny model, built when absent)")
 

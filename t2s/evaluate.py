@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from t2s.cli_args import (non_empty_path, non_negative_float, non_negative_int, positive_float, positive_int,
+from t2s.cli_args import (add_hidden_alias, non_empty_path, non_negative_float, non_negative_int, positive_float, positive_int,
                           unit_float)
 from t2s.errors import T2SError
 
@@ -40,9 +40,9 @@ class EvalError(T2SError):
 # --------------------------------------------------------------------------------------------------------- arguments
 def add_sampling_arguments(p) -> None:
     """Sampling and thinking (shared with ``ask``): evaluation defaults T 0.6, top-p 0.95, top-k 20, thinking on."""
-    p.add_argument("--temperature", type=non_negative_float, default=0.6)
-    p.add_argument("--top-p", type=unit_float, default=0.95)
-    p.add_argument("--top-k", type=int, default=20)
+    p.add_argument("--temperature", type=non_negative_float, default=0.6, help="sampling temperature")
+    p.add_argument("--top-p", type=unit_float, default=0.95, help="nucleus sampling share")
+    p.add_argument("--top-k", type=int, default=20, help="sample from the k likeliest tokens (0: off)")
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=True,
                    help="render prompts with thinking on (default: on)")
 
@@ -57,7 +57,7 @@ def add_endpoint_arguments(p) -> None:
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)")
     p.add_argument("--retries", type=non_negative_int, default=3, help="endpoint retries, with exponential backoff")
     p.add_argument("--backoff", type=non_negative_float, default=2.0, help="first endpoint retry delay in seconds")
-    p.add_argument("--request-timeout", type=positive_float, default=600.0)
+    p.add_argument("--request-timeout", type=positive_float, default=600.0, help="seconds before one request is abandoned")
     p.add_argument("--concurrency", type=positive_int, default=64, help="endpoint requests in flight")
 
 
@@ -68,17 +68,18 @@ def add_policy_arguments(p) -> None:
     """
     p.add_argument("--seed", type=int, default=0, help="seeds sampling (eval: also picks the --n questions)")
     add_sampling_arguments(p)
-    p.add_argument("--max-turns", type=positive_int, default=6)
-    p.add_argument("--episode-token-budget", type=positive_int, default=12288)
-    p.add_argument("--max-tokens-per-turn", type=positive_int, default=2048)
+    p.add_argument("--max-turns", type=positive_int, default=6, help="tool turns before the forced final turn")
+    p.add_argument("--episode-token-budget", type=positive_int, default=12288, help="tokens an episode may use, prompt and observations included")
+    p.add_argument("--max-tokens-per-turn", type=positive_int, default=2048, help="tokens one model turn may generate")
     p.add_argument("--system-prompt-file", type=non_empty_path, default=None, help="replace the exec_plan system prompt with this file's text")
     p.add_argument("--model", default=None, help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
     add_endpoint_arguments(p)
     p.add_argument("--batch-size", type=non_negative_int, default=0, help="episodes per rollout batch (default: 64, 256 for endpoints)")
     p.add_argument("--device", default=None, help="policy model: cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--gpu-memory-utilization", type=unit_float, default=0.85, help="policy vllm")
+    p.add_argument("--gpu-memory-utilization", type=unit_float, default=0.85, help="share of GPU memory vLLM may take (policy vllm)")
     p.add_argument("--workers", type=positive_int, default=4, help="threads for scripted episodes and scoring")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_hidden_alias(p, "--quiet", "--no-progress", action="store_true")
 
 
 def policy_args(**values) -> argparse.Namespace:
@@ -92,7 +93,7 @@ def policy_args(**values) -> argparse.Namespace:
 
 def add_arguments(parser) -> None:
     p = parser
-    p.add_argument("--policy", required=True, choices=POLICIES)
+    p.add_argument("--policy", required=True, choices=POLICIES, help="who plays: " + ", ".join(POLICIES))
     p.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider-style JSON (or a folder holding dev.json)")
     p.add_argument("--db-root", type=non_empty_path, default=None,
                    help="folder of per-db_id folders (default: beside the data file)")

@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from t2s.cli_args import non_empty_path, positive_int
+from t2s.cli_args import add_hidden_alias, non_empty_path, positive_int
 from t2s.errors import T2SError, writing
 from t2s.run_lock import run_folder_lock
 
@@ -74,6 +74,8 @@ def read_predictions(path, rows: list[dict]) -> Predictions:
         document = None
     known = {row["question_id"] for row in rows}
     out = Predictions()
+    if document == {} or document == []:
+        raise PredictionsError(f"Error: the predictions file {file} holds no predictions ({text.strip()})")
     if isinstance(document, dict) and "question_id" not in document:  # BIRD's predict_dev.json
         for key, value in document.items():
             position = int(key) if str(key).strip().lstrip("-").isdigit() else None
@@ -288,7 +290,8 @@ def add_arguments(parser) -> None:
                         help="folder with one sub-folder per db_id (default: the data file's sibling folder)")
     parser.add_argument("--output", required=True, type=non_empty_path, help="folder for scores.jsonl, summary.json and problems.json")
     parser.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1), help="parallel scoring threads")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_hidden_alias(parser, "--quiet", "--no-progress", action="store_true")
 
 
 def run(args) -> int:
@@ -300,7 +303,7 @@ def run(args) -> int:
     console = make_console()
     logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # unscorable questions are reported below
     result = score_files(args.data, args.predictions, args.output, db_root=args.db_root, workers=args.workers,
-                         progress=not args.no_progress)
+                         progress=not args.quiet)
     summary, problem_report = result["summary"], result["problems"]
     print_table(console, _table(summary, result["lines"]))
     for warning in _warnings(summary, problem_report, result["lines"]):

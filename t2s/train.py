@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="recipe YAML (recipes/bird.yaml, recipes/smoke.yaml, ...)")
-    parser.epilog = ("Any other flag overrides a recipe key, e.g. --learning_rate 5e-6 --max_steps 100 "
-                     "--resume_from_checkpoint latest")
+    parser.epilog = ("Any other flag overrides a recipe key, e.g. --learning-rate 5e-6 --max-steps 100 "
+                     "--resume-from-checkpoint latest")
     parser.set_defaults(overrides=[])
     parse_known = parser.parse_known_args
 
@@ -39,6 +39,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         return namespace, []
 
     parser.parse_known_args = keep_overrides
+    format_help = parser.format_help
+
+    def help_with_recipe_keys() -> str:
+        """The options above, then every recipe key with its help and default (imports TRL: only on --help)."""
+        from t2s.recipe_help import recipe_keys_help
+
+        return format_help() + "\n" + recipe_keys_help()
+
+    parser.format_help = help_with_recipe_keys
 
 
 def resolve_path(path: str | None) -> Path | None:

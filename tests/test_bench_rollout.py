@@ -57,7 +57,7 @@ def test_bench_rollout_last_line_and_async_bound(capsys, demo_dir):
 
     parser = argparse.ArgumentParser()
     rollout.add_arguments(parser)
-    assert rollout.run(parser.parse_args(["--episodes", "24", "--seed", "1"])) == 0
+    assert rollout.run(parser.parse_args(["--n", "24", "--seed", "1"])) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     match = re.fullmatch(r"async_over_critical=(\d+\.\d+) turnsync_over_critical=(\d+\.\d+)", lines[-1])
     assert match, lines[-1]

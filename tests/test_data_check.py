@@ -74,7 +74,7 @@ def _tiny_bird(folder: Path, slow_query: bool = True) -> Path:
 
 def test_limit_counts_missing_databases_over_the_rows_kept(tmp_path, capsys):
     data = _tiny_bird(tmp_path / "bird", slow_query=False)  # the last row's database is absent
-    assert main(["data", "check", "--data", str(data), "--limit", "2"]) == 0
+    assert main(["data", "check", "--data", str(data), "--n", "2"]) == 0
     printed = capsys.readouterr().out
     assert "missing" in printed and "gone" not in printed and "point at databases" not in printed
     assert main(["data", "check", "--data", str(data), "--limit", "5", "--no-cache"]) == 0

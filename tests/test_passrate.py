@@ -39,7 +39,7 @@ def test_gold_policy_solves_every_sample(bird_superhero_dir):
 def test_passrate_command_end_to_end(bird_superhero_dir, tmp_path, capsys):
     output = tmp_path / "kept.json"
     code = main(["data", "passrate", "--data", str(bird_superhero_dir), "--policy", "scripted-mix", "--k", "8",
-                 "--limit", "16", "--output", str(output)])
+                 "--n", "16", "--output", str(output)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "pass rate over 8 samples" in printed and "kept" in printed
@@ -53,7 +53,7 @@ def test_passrate_command_end_to_end(bird_superhero_dir, tmp_path, capsys):
 
 def test_gold_policy_command_plays_the_evaluators_gold_episodes(demo_dir, tmp_path, capsys):
     output = tmp_path / "kept.json"
-    code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "gold", "--k", "2", "--limit", "3",
+    code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "gold", "--k", "2", "--n", "3",
                  "--output", str(output), "--quiet"])
     assert code == 0
     histogram = {line.split("│")[1].strip(): line.split("│")[2].strip()
@@ -65,7 +65,7 @@ def test_gold_policy_command_plays_the_evaluators_gold_episodes(demo_dir, tmp_pa
 def test_model_policy_with_the_tiny_model(tiny_model_dir, demo_dir, tmp_path, capsys):
     output = tmp_path / "kept.json"
     code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "model", "--model", str(tiny_model_dir),
-                 "--k", "2", "--limit", "3", "--max-turns", "1", "--max-tokens-per-turn", "16",
+                 "--k", "2", "--n", "3", "--max-turns", "1", "--max-tokens-per-turn", "16",
                  "--episode-token-budget", "4096", "--device", "cpu", "--temperature", "1.0", "--quiet",
                  "--output", str(output)])
     captured = capsys.readouterr()
@@ -101,7 +101,7 @@ def test_model_counts_come_from_the_evaluators_scored_episodes(tiny_model_dir, d
 
 
 def test_model_policy_without_a_model_is_a_clear_error(demo_dir, capsys):
-    code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "model", "--limit", "2"])
+    code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "model", "--n", "2"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and err == ["Error: --policy model needs --model PATH"]
 
@@ -112,7 +112,7 @@ def test_k_below_two_is_refused(bird_superhero_dir, capsys):
 
 
 def test_a_missing_system_prompt_file_is_a_clear_error(demo_dir, tmp_path, capsys):
-    code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "gold", "--limit", "2",
+    code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "gold", "--n", "2",
                  "--system-prompt-file", str(tmp_path / "absent.txt")])
     assert code == 1
     assert capsys.readouterr().err.strip() == f"Error: system prompt file not found: {tmp_path / 'absent.txt'}"

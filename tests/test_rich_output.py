@@ -41,7 +41,7 @@ def test_a_command_prints_long_paths_whole(demo_dir, tmp_path, capsys, monkeypat
     predictions.write_text(json.dumps({"question_id": "missing-everywhere", "sql": "SELECT 1"}))
     out = runs / "score-output"
     assert main(["score", "--data", str(demo_dir / "dev.json"), "--predictions", str(predictions), "--output", str(out),
-                 "--no-progress"]) == 0
+                 "--quiet"]) == 0
     printed = capsys.readouterr().out
     assert str(out / "scores.jsonl") in printed and str(out / "summary.json") in printed
     assert "missing-everywhere" in printed

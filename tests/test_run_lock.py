@@ -52,7 +52,7 @@ def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(demo_dir, tmp
     predictions = tmp_path / "p.jsonl"
     predictions.write_text(json.dumps({"question_id": "x", "sql": "SELECT 1"}))
     assert main(["score", "--data", str(demo_dir / "dev.json"), "--predictions", str(predictions), "--output",
-                 str(out), "--no-progress"]) == 1
+                 str(out), "--quiet"]) == 1
     assert "in use by another run" in capsys.readouterr().err
     assert not (out / "scores.jsonl").exists()
 

@@ -101,7 +101,7 @@ def test_score_does_not_blame_predictions_for_broken_databases_or_gold(demo_dir,
     predictions.write_text("\n".join(json.dumps({"question_id": r["question_id"], "sql": r["SQL"]}) for r in records))
     out = tmp_path / "out"
     assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output", str(out),
-                 "--no-progress"]) == 0
+                 "--quiet"]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     summary = json.loads((out / "summary.json").read_text())
     assert summary["execution_accuracy_official"] == 1.0  # only the 3 scorable questions count

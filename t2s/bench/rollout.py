@@ -32,6 +32,8 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from t2s.cli_args import add_hidden_alias
+
 ROLLOUTS_PER_QUESTION = 8
 
 
@@ -53,7 +55,8 @@ class LengthModel:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--episodes", type=int, default=144, help="episodes (groups of 8 rollouts per question)")
+    parser.add_argument("--n", dest="episodes", type=int, default=144, help="episodes (groups of 8 rollouts per question)")
+    add_hidden_alias(parser, "--n", "--episodes", type=int)
     parser.add_argument("--seed", type=int, default=0, help="seed of the questions and the turn lengths")
     parser.add_argument("--data", default=None, help="a BIRD-style JSON file (default: data/demo/dev.json)")
     parser.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt token on every turn")
@@ -419,7 +422,7 @@ def run(args: argparse.Namespace) -> int:
 
     offline_environment()
     if args.episodes < 1:
-        print("Error: --episodes must be at least 1")
+        print("Error: --n must be at least 1")
         return 2
     from t2s.rich_output import console as make_console, print_table
 

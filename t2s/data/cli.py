@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from t2s.cli_args import non_empty_path, non_negative_int, positive_float, positive_int, unit_float
+from t2s.cli_args import add_hidden_alias, non_empty_path, non_negative_int, positive_float, positive_int, unit_float
 from t2s.databases import file_checksum
 from t2s.errors import UsageError, error_line
 from t2s.rich_output import print_table
@@ -48,12 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p.add_argument("--kind", choices=KIND_CHOICES, default="auto", help="data kind (default: detect from the JSON)")
         p.add_argument("--db-root", type=non_empty_path, default=None, help="folder of <db_id>/<db_id>.sqlite (default: beside the data)")
         p.add_argument("--schemas", default=None, help="SQaLe schema table (parquet/JSONL file or Hub id)")
-        p.add_argument("--limit", type=positive_int, default=None, help="only the first N rows")
+        p.add_argument("--n", dest="limit", type=positive_int, default=None, help="only the first N rows (default: all)")
+        add_hidden_alias(p, "--n", "--limit", type=positive_int)
         p.add_argument("--output", type=non_empty_path, default=None, help=output_help)
 
     p = sub.add_parser("prepare", help="where to download BIRD/Spider and the folder layout, then check what is present")
     p.add_argument("--data-dir", type=non_empty_path, default=None, help="folder to search (default: T2S_DATA_DIR and data/)")
-    p.add_argument("--workers", type=positive_int, default=4)
+    p.add_argument("--workers", type=positive_int, default=4, help="parallel database checks")
 
     p = sub.add_parser("check", help="run every gold SQL: ok / error / timeout / empty per database (cached)")
     data_args(p, "write per-row outcomes as JSONL here")
@@ -75,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="scripted-mix", choices=PASSRATE_POLICIES,
                    help="gold, scripted-mix (scripted, CPU), model, endpoint or vllm: played as `eval` plays them")
     p.add_argument("--k", type=positive_int, default=8, help="samples per question (default 8)")
-    p.add_argument("--min-solved", type=non_negative_int, default=1)
+    p.add_argument("--min-solved", type=non_negative_int, default=1, help="keep questions solved at least this often")
     p.add_argument("--max-solved", type=non_negative_int, default=None, help="default k-1")
     add_policy_arguments(p)
 

@@ -1,0 +1,117 @@
+"""A CLI that explains itself: every option of every command has help text and shows its default, one vocabulary
+across commands, and `train --help` lists every recipe key with its help and default, grouped as the recipes are."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+
+import pytest
+
+from t2s.cli import available_commands, build_parser, main
+from t2s.cli_args import DefaultsHelpFormatter
+
+COMMON_SPELLINGS = {"--n", "--quiet", "--max-turns", "--output"}
+RETIRED = {"--limit", "--eval-n", "--episodes", "--no-progress", "--max_turns"}
+
+
+def command_parsers():
+    """(name, parser) of every command and sub-command."""
+    found = []
+
+    def walk(parser, name):
+        found.append((name, parser))
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub_name, sub in action.choices.items():
+                    walk(sub, f"{name} {sub_name}".strip())
+
+    for name in available_commands():
+        walk(next(a for a in build_parser(name)._actions if isinstance(a, argparse._SubParsersAction)).choices[name],
+             name)
+    return found
+
+
+def test_every_option_has_help_and_a_shown_default():
+    missing = []
+    for name, parser in command_parsers():
+        formatter = DefaultsHelpFormatter(name)
+        for action in parser._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS or action.dest == "help":
+                continue
+            shown = formatter._get_help_string(action)
+            if not (action.help or "").strip() or (not action.required and "default" not in shown.lower()):
+                missing.append(f"{name} {'/'.join(action.option_strings)}")
+    assert not missing, missing
+
+
+def test_one_vocabulary_across_commands():
+    listed = {}
+    for name, parser in command_parsers():
+        for action in parser._actions:
+            if action.help != argparse.SUPPRESS:
+                for flag in action.option_strings:
+                    listed.setdefault(flag, []).append(name)
+    assert not RETIRED & set(listed), {flag: listed[flag] for flag in RETIRED & set(listed)}
+    assert {"eval", "data check", "data passrate", "bench rollout"} <= set(listed["--n"])
+    assert {"eval", "score", "data passrate"} <= set(listed["--quiet"])
+    assert {"eval", "ask", "data passrate"} <= set(listed["--max-turns"])
+
+
+def test_old_spellings_still_parse(demo_dir, tmp_path, capsys):
+    assert main(["data", "check", "--data", str(demo_dir), "--limit", "2", "--no-cache"]) == 0
+    assert "--limit" not in build_parser("data").format_help()
+    args = build_parser("score").parse_args(["score", "--data", "d", "--predictions", "p", "--output", "o",
+                                             "--no-progress"])
+    assert args.quiet is True
+
+
+def test_the_help_shows_defaults():
+    text = subprocess.run([sys.executable, "-m", "t2s", "eval", "--help"], capture_output=True, text=True,
+                          timeout=120).stdout
+    flat = " ".join(text.split())
+    assert "--max-turns MAX_TURNS tool turns before the forced final turn (default: 6)" in flat
+    assert "--quiet no progress bar (default: off)" in flat
+    assert "--enable-thinking, --no-enable-thinking render prompts with thinking on (default: on)" in flat
+
+
+def test_train_help_lists_every_recipe_key_grouped_as_the_recipes():
+    from t2s.recipe_help import recipe_groups
+    from t2s.resources import shipped
+
+    done = subprocess.run([sys.executable, "-m", "t2s", "train", "--help"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    groups = recipe_groups()
+    assert list(groups)[:4] == ["model", "data", "algorithm", "optimiser"]
+    headings = [text.index(f"\n{group}:\n") for group in groups]
+    assert headings == sorted(headings)
+    keys = set()
+    for recipe in shipped("recipes").glob("*.yaml"):
+        keys |= {m.group(1) for m in re.finditer(r"^([a-z_0-9]+):", recipe.read_text(), re.M)}
+    for key in keys:
+        entry = re.search(rf"^  --{key.replace('_', '-')} \(default: [^\n]*\)\n {{6}}\S", text, re.M)
+        assert entry, key
+    assert "  --max-turns (default: 6)\n" in text and "  --learning-rate (default: " in text
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["eval", "--policy", "gold"], 2),  # bad usage: a required option missing
+    (["eval", "--policy", "gold", "--data", "no/such/data.json", "--output", "x"], 1),  # bad input
+])
+def test_exit_codes(argv, code, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) if code == 2 else _nothing():
+        assert main(argv) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error:")
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
