@@ -19,9 +19,9 @@ from t2s.cli_args import add_hidden_alias
 
 STEP_COLUMNS = (  # (log key, column title, format)
     ("reward", "reward", "{:.3f}"),
-    ("reward/f1", "f1", "{:.3f}"),
-    ("reward/join", "join", "{:.2f}"),
-    ("reward/consensus", "consensus", "{:.2f}"),
+    ("rewards/dense/f1", "f1", "{:.3f}"),
+    ("rewards/dense/join", "join", "{:.2f}"),
+    ("rewards/dense/consensus", "consensus", "{:.2f}"),
     ("tier/equivalent", "equiv", "{:.2f}"),
     ("tier/executable", "exec", "{:.2f}"),
     ("tier/parsable", "parse", "{:.2f}"),
@@ -62,8 +62,8 @@ def step_printer(console):
                 return fmt.format(logs[key]) if logs.get(key) is not None else "-"
 
             console.print(
-                f"[bold]step {state.global_step}/{state.max_steps}[/]  reward {show('reward')}  f1 {show('reward/f1')}  "
-                f"join {show('reward/join')}  consensus {show('reward/consensus')}\n"
+                f"[bold]step {state.global_step}/{state.max_steps}[/]  reward {show('reward')}  f1 {show('rewards/dense/f1')}  "
+                f"join {show('rewards/dense/join')}  consensus {show('rewards/dense/consensus')}\n"
                 f"  tiers: equivalent {show('tier/equivalent')}  executable {show('tier/executable')}  parsable "
                 f"{show('tier/parsable')}  invalid {show('tier/invalid')}\n"
                 f"  turns {show('episodes/turns_mean')}  submit {show('episodes/submit_rate')}  forced "

@@ -366,14 +366,16 @@ def _is_fallback(source) -> bool:
     return isinstance(source, str) and source.startswith("fallback")
 
 
-def _log_dense(log_metric: Callable, breakdowns: list[RewardBreakdown], groups: list[list[int]], lengths) -> None:
+def _log_dense(log_metric: Callable, breakdowns: list[RewardBreakdown], lengths) -> None:
+    """``rewards/dense/<component>`` and ``tier/<tier>`` (TRL logs ``frac_reward_zero_std``, the groups whose
+    rollouts all scored the same)."""
     n = len(breakdowns)
     if n == 0:
         return
-    log_metric("reward/f1", sum(b.f1 for b in breakdowns) / n)
-    log_metric("reward/join", sum(b.join for b in breakdowns) / n)
-    log_metric("reward/consensus", sum(b.consensus for b in breakdowns) / n)
-    log_metric("reward/fallback_rate", sum(b.fallback for b in breakdowns) / n)
+    log_metric("rewards/dense/f1", sum(b.f1 for b in breakdowns) / n)
+    log_metric("rewards/dense/join", sum(b.join for b in breakdowns) / n)
+    log_metric("rewards/dense/consensus", sum(b.consensus for b in breakdowns) / n)
+    log_metric("rewards/dense/fallback_rate", sum(b.fallback for b in breakdowns) / n)
     for tier in TIERS:
         members = [i for i, b in enumerate(breakdowns) if b.tier == tier]
         log_metric(f"tier/{tier}", len(members) / n)
@@ -381,8 +383,6 @@ def _log_dense(log_metric: Callable, breakdowns: list[RewardBreakdown], groups: 
             log_metric(f"tier/{tier}/fallback_rate", sum(breakdowns[i].fallback for i in members) / len(members))
             if lengths is not None:
                 log_metric(f"tier/{tier}/length", sum(lengths[i] for i in members) / len(members))
-    same = sum(1 for g in groups if len({breakdowns[i].reward for i in g}) == 1)
-    log_metric("reward/groups_all_same", same / max(1, len(groups)))
 
 
 def make_dense_reward(settings: RewardSettings | None = None, *, group_size: int | None = None) -> Callable:
@@ -399,8 +399,9 @@ def make_dense_reward(settings: RewardSettings | None = None, *, group_size: int
         - ``group_id``: rollouts sharing an id form one group for consensus; optional. Without it, groups are runs
           of ``group_size`` (or ``kwargs["num_generations"]``) consecutive completions; failing both, runs of the
           same ``outcome["question_id"]``.
-        Logs each component, the tier mix, length and fallback rate per tier, and the share of groups whose
-        rollouts all scored the same through ``kwargs["log_metric"]`` when present.
+        Logs each component (``rewards/dense/f1``, ...), the tier mix, length and fallback rate per tier through
+        ``kwargs["log_metric"]`` when present, and each episode's ``tier``, ``f1``, ``join`` and ``consensus`` with
+        the completions through ``kwargs["log_extra"]``.
         """
         outcomes = [ExecutionOutcome.from_any(o) for o in kwargs["outcome"]]
         sources = kwargs.get("final_sql_source")
@@ -417,7 +418,11 @@ def make_dense_reward(settings: RewardSettings | None = None, *, group_size: int
         log_metric = kwargs.get("log_metric")
         if log_metric is not None:
             lengths = [len(ids) for ids in completion_ids] if completion_ids is not None else None
-            _log_dense(log_metric, breakdowns, _groups(len(outcomes), size, group_ids), lengths)
+            _log_dense(log_metric, breakdowns, lengths)
+        log_extra = kwargs.get("log_extra")
+        if log_extra is not None:
+            for column in ("tier", "f1", "join", "consensus"):
+                log_extra(column, [getattr(b, column) for b in breakdowns])
         return [b.reward for b in breakdowns]
 
     return dense
@@ -427,13 +432,13 @@ def sibling(prompts, completions, completion_ids=None, **kwargs) -> list[float]:
     """TRL reward function: the sibling recipe's reward (1.0 / 0.1 / 0.0, -1.0 for any write attempt).
 
     Reads the per-episode extra ``outcome`` (``dataclasses.asdict(ExecutionOutcome)``), whose ``write_attempt`` covers
-    the final SQL and every earlier SQL of the episode. Logs ``reward/write_attempt_rate`` when ``log_metric`` is given.
+    the final SQL and every earlier SQL of the episode. Logs ``rewards/sibling/write_attempt_rate`` when ``log_metric`` is given.
     """
     outcomes = [ExecutionOutcome.from_any(o) for o in kwargs["outcome"]]
     rewards = sibling_rewards(outcomes)
     log_metric = kwargs.get("log_metric")
     if log_metric is not None and outcomes:
-        log_metric("reward/write_attempt_rate", sum(o.write_attempt for o in outcomes) / len(outcomes))
+        log_metric("rewards/sibling/write_attempt_rate", sum(o.write_attempt for o in outcomes) / len(outcomes))
     return rewards
 
 

@@ -8,8 +8,10 @@ An ``eval --output DIR`` folder has one layout, whatever modes ran::
     DIR/summary.json              {"modes": {mode: summary}}
     DIR/summary.md  DIR/summary.png  DIR/report.html
 
-A ``score --output DIR`` folder holds ``scores.jsonl`` at the top. A training run with ``log_completions`` writes
-``<output_dir>/episodes.jsonl``: one line per episode with its step, reward, tiers and counters.
+A ``score --output DIR`` folder holds ``scores.jsonl`` at the top. A training run with ``log_completions: true``
+writes TRL's ``<output_dir>/completions/completions_<step>.parquet``: one row per episode with its step, the episode
+record (``episode``, JSON), each reward function's value, the advantage, and the episode's ``tier``, ``f1``,
+``join``, ``consensus``, ``turns`` and ``submitted`` (:func:`read_training_episodes`).
 """
 
 from __future__ import annotations
@@ -103,6 +105,37 @@ def read_jsonl(path) -> list[dict]:
     except DataError as exc:
         raise RunFolderError(str(exc)) from None
     return [value for value in values if isinstance(value, dict)]
+
+
+def read_training_episodes(path) -> list[dict]:
+    """The episode records a training run logged with its completions (a run folder, its ``completions`` folder or
+    one parquet file), each with ``step``, ``reward`` (and ``rewards`` by function), ``advantage``, ``tier``, ``f1``,
+    ``join`` and ``consensus``."""
+    import pandas as pd
+
+    from t2s.rewards import REWARD_FUNCS
+
+    path = Path(path)
+    folder = path / "completions" if (path / "completions").is_dir() else path
+    files = [path] if path.is_file() else sorted(folder.glob("completions_*.parquet"))
+    records = []
+    for file in files:
+        table = pd.read_parquet(file)
+        if "episode" not in table.columns:
+            raise RunFolderError(f"Error: {file} holds no episode records (completions logged by another trainer)")
+        for row in table.to_dict("records"):
+            record = json.loads(row["episode"])
+            rewards = {name: row[name] for name in REWARD_FUNCS if name in row}
+            record.update(step=int(row.get("step") or 0), rewards=rewards, advantage=row.get("advantage"),
+                          reward=next(iter(rewards.values())) if len(rewards) == 1 else sum(rewards.values()))
+            record.update({key: row[key] for key in ("tier", "f1", "join", "consensus") if key in row})
+            records.append(record)
+    return records
+
+
+def has_training_episodes(path) -> bool:
+    path = Path(path)
+    return (path.is_file() and path.suffix == ".parquet") or any((path / "completions").glob("completions_*.parquet"))
 
 
 def write_jsonl(path, lines) -> None:

@@ -1,7 +1,7 @@
 """`python -m t2s show RUN [RUN_B]`: read the episodes of a run in a terminal.
 
-RUN is an eval folder (every mode, or ``--mode``), one of its mode folders, a training run's output_dir (its
-``episodes.jsonl``, written with ``log_completions``) or an episodes file. With RUN_B the two runs are paired on
+RUN is an eval folder (every mode, or ``--mode``), one of its mode folders, an episodes file, or a training run's
+output_dir (the episodes it logged with ``log_completions: true``, ``t2s.run_folders.read_training_episodes``). With RUN_B the two runs are paired on
 question_id (sample 0) and only the questions that flipped are listed: ``only_a`` (A right, B wrong) and ``only_b``.
 
 Without ``--id`` the matching episodes are listed one a line; with ``--id`` (or when one episode matches) its
@@ -14,12 +14,15 @@ from pathlib import Path
 
 from t2s.cli_args import non_empty_path, non_negative_int
 from t2s.errors import UsageError
-from t2s.run_folders import EPISODES, RunFolderError, eval_modes, read_jsonl
+from t2s.run_folders import (EPISODES, RunFolderError, eval_modes, has_training_episodes, read_jsonl,
+                              read_training_episodes)
 
 
 def run_episodes(path, modes: list[str] | None = None) -> list[dict]:
     """Every episode record of a run (see the module docstring), each with its ``mode``."""
     path = Path(path)
+    if has_training_episodes(path):
+        return read_training_episodes(path)
     if path.is_file():
         return read_jsonl(path)
     if not path.exists():
@@ -28,8 +31,8 @@ def run_episodes(path, modes: list[str] | None = None) -> list[dict]:
         return read_jsonl(path / EPISODES)
     found = eval_modes(path)
     if not found:
-        raise RunFolderError(f"Error: {path} holds no {EPISODES} (an eval folder, a mode folder or a training run "
-                             "with log_completions)")
+        raise RunFolderError(f"Error: {path} holds no {EPISODES} nor completions/*.parquet (an eval folder, a mode "
+                             "folder, or a training run with log_completions: true)")
     chosen = modes or found
     unknown = [m for m in chosen if m not in found]
     if unknown:
@@ -81,7 +84,7 @@ def _summary_row(line: dict) -> list[str]:
     if score is None and line.get("tier") is not None:
         score = f"{line['tier']} {line.get('reward', '')}".strip()
     counters = line.get("counters") or {}
-    return [str(line.get("question_id")), str(line.get("sample") or 0), str(line.get("mode") or ""),
+    return [str(line.get("question_id")), str(line.get("sample") or line.get("step") or 0), str(line.get("mode") or ""),
             str(line.get("db_id") or ""), str(line.get("difficulty") or ""), "-" if score is None else str(score),
             str(counters.get("turns", "")), str(line.get("final_sql_source") or "")]
 
@@ -92,7 +95,7 @@ def print_list(console, lines: list[dict], title: str, labels: list[str] | None 
     from t2s.rich_output import print_table
 
     table = Table(title=title)
-    columns = (["flip"] if labels else []) + ["id", "sample", "mode", "db", "difficulty", "score", "turns", "final SQL"]
+    columns = (["flip"] if labels else []) + ["id", "sample/step", "mode", "db", "difficulty", "score", "turns", "final SQL"]
     for column in columns:
         table.add_column(column)
     for index, line in enumerate(lines):

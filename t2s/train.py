@@ -272,6 +272,20 @@ def fit(trainer, counts: dict, checkpoint: str | None = None):
     return trainer
 
 
+def use_step_printer(trainer) -> None:
+    """Print each step as ``make demo`` does (reward components, tiers, episode rates, KL, beta) instead of the
+    transformers callbacks' dict of every logged key; every key still reaches trainer_state.json and the trackers."""
+    from transformers import PrinterCallback, ProgressCallback
+
+    from t2s.demo import step_printer
+    from t2s.rich_output import console
+
+    for callback in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(callback)
+    if trainer.accelerator.is_main_process:
+        trainer.add_callback(step_printer(console()))
+
+
 def run(args: argparse.Namespace) -> int:
     from t2s.settings import offline_environment
 
@@ -298,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
         message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
         print(message.splitlines()[0], file=sys.stderr)
         return 2
+    use_step_printer(trainer)
     with rank_zero_lock(training_args.output_dir):  # one run per output_dir; a second stops with one Error: line
         fit(trainer, counts, checkpoint)
     del trainer

@@ -309,8 +309,10 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         for metric, (numerator, denominator) in EPISODE_METRICS.items():
             if by_name[denominator] > 0:
                 self._metrics[mode][metric].append(by_name[numerator] / by_name[denominator])
-        if self.log_completions:
+        if self.log_completions:  # with the rewards' tier, f1, join and consensus: what `t2s show RUN` reads
             self._log_completion_extra("episode", [json.dumps(r, default=str) for r in records])
+            self._log_completion_extra("turns", [int(r.get("counters", {}).get("turns") or 0) for r in records])
+            self._log_completion_extra("submitted", [bool(r.get("counters", {}).get("submitted")) for r in records])
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         started = time.perf_counter()

@@ -328,7 +328,7 @@ def test_dense_trl_function_reads_extras_and_logs_components():
     rewards = REWARD_FUNCS["dense"](["p"] * 4, ["c"] * 4, completion_ids=[[1] * 10, [1] * 20, [1] * 30, [1] * 5],
                                     outcome=extras, final_sql_source=["submitted"] * 4, log_metric=log_metric)
     assert rewards == pytest.approx([0.65, 0.65, 0.55, 0.05])
-    assert logged["reward/consensus"] == pytest.approx(0.5)
+    assert logged["rewards/dense/consensus"] == pytest.approx(0.5)
     assert logged["tier/executable"] == pytest.approx(0.75) and logged["tier/parsable"] == pytest.approx(0.25)
     assert logged["tier/executable/length"] == pytest.approx(20)
     assert REWARD_FUNCS["dense"].__name__ == "dense"

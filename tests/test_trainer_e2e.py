@@ -56,8 +56,8 @@ def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_di
         assert all(o is not None for o in out["outcome"])  # every episode was scored
 
     logged = {key for entry in trainer.state.log_history for key in entry}
-    for key in ("reward", "rewards/dense/mean", "reward/f1", "reward/join", "reward/consensus", "tier/invalid",
-                "reward/groups_all_same", "episodes/turns_mean", "episodes/submit_rate", "episodes/forced_rate",
+    for key in ("reward", "rewards/dense/mean", "rewards/dense/f1", "rewards/dense/join", "rewards/dense/consensus", "tier/invalid",
+                "frac_reward_zero_std", "episodes/turns_mean", "episodes/submit_rate", "episodes/forced_rate",
                 "episodes/truncated_rate", "episodes/turn_cutoff_rate", "kl", "beta", "sampling/logp_gap/mean",
                 *TIME_METRICS):
         assert key in logged, key
@@ -72,15 +72,32 @@ def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_di
 
     table = pd.read_parquet(completions[-1])
     assert "episode" in table.columns and json.loads(table["episode"].iloc[0])["question_id"]
+    # each episode's tier, F1, join, consensus, turns and submit flag sit beside its completion ...
+    assert {"tier", "f1", "join", "consensus", "turns", "submitted", "dense", "advantage"} <= set(table.columns)
+    assert len(table) == 8 and set(table["tier"]) <= {"equivalent", "executable", "parsable", "invalid"}
+    assert list(table["turns"]) == [json.loads(e)["counters"]["turns"] for e in table["episode"]]
+    # ... and `t2s show` reads them
+    from t2s.cli import main
+    from t2s.show import run_episodes
+
+    episodes = run_episodes(tmp_path / "run")
+    assert len(episodes) == 16 and {e["step"] for e in episodes} == {1, 2}
+    assert all(e["tier"] in {"equivalent", "executable", "parsable", "invalid"} for e in episodes)
+    tier = episodes[0]["tier"]
+    assert main(["show", str(tmp_path / "run"), "--tier", tier]) == 0
 
 
-def test_train_command_runs_the_smoke_recipe(tiny_model_dir, demo_dir, tmp_path):
+def test_train_command_runs_the_smoke_recipe(tiny_model_dir, demo_dir, tmp_path, capsys):
     from t2s.cli import main
 
     output = tmp_path / "cli"
     code = main(["train", "--config", str(RECIPES_DIR / "smoke.yaml"), "--model_name_or_path", str(tiny_model_dir),
                  "--output_dir", str(output), "--max_steps", "1"])
     assert code == 0
+    printed = capsys.readouterr()
+    # the step printer of `make demo`, not the transformers callbacks' dict of every logged key
+    assert "step 1/1  reward " in printed.out and "tiers: equivalent" in printed.out
+    assert "'frac_reward_zero_std'" not in printed.out + printed.err
     summary = json.loads((output / "train_summary.json").read_text())
     assert summary["global_step"] == 1 and 0 < summary["beta"] <= 1.0
     data = json.loads((output / "data_summary.json").read_text())
