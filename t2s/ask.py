@@ -111,50 +111,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def show_trajectory(record: dict, db, console=None) -> None:
-    """The episode, readably: each turn's thinking, calls and observation, then the final SQL and its result."""
-    from rich.table import Table
-    from rich.text import Text
-
+    """The episode, readably (``t2s.transcript``), with the first rows of its final SQL's result on ``db``."""
     from t2s import databases
-    from t2s.protocol import split_thinking
-    from t2s.rich_output import console as make_console, print_table
+    from t2s.eval_lines import result_preview
+    from t2s.rich_output import console as make_console
+    from t2s.transcript import print_transcript
 
-    console = console or make_console()
-    for number, turn in enumerate(record["turns"], 1):
-        thinking, body, _ = split_thinking(turn["assistant"])
-        parts = Text()
-        if thinking:
-            parts.append(thinking.strip() + "\n", style="dim italic")
-        if turn["calls"]:
-            for call in turn["calls"]:
-                parts.append(json.dumps(call, ensure_ascii=False) + "\n", style="bold cyan")
-        elif body.strip():
-            parts.append(body.strip() + "\n")
-        if not parts:
-            parts.append("(empty turn)", style="dim")
-        if turn["observation"]:
-            parts.append("\n" + turn["observation"], style="green")
-        console.rule(f"turn {number}", align="left")
-        console.print(parts)
-    counters = record["counters"]
-    final = Text(f"final SQL ({record['final_sql_source']}): ", style="bold")
-    final.append(record["final_sql"] or "none", style="bold" if record["final_sql"] else "red")
-    console.print(final)
-    console.print(
-        " ".join(f"{key}={value}" for key, value in counters.items()), style="dim", highlight=False
-    )
-    if not record["final_sql"]:
-        return
-    result = databases.run_tool_query(db, record["final_sql"], max_rows=RESULT_ROWS)
-    if not result.ok:
-        console.print(Text(str(result.error), style="red"))
-        return
-    table = Table(*[str(c) for c in result.columns], title="result")
-    for row in result.rows:
-        table.add_row(*["None" if v is None else str(v) for v in row])
-    print_table(console, table)
-    if result.more:
-        console.print(f"... (showing first {RESULT_ROWS} rows; more rows exist)", style="dim")
+    sql = record.get("final_sql")
+    result = databases.run_tool_query(db, sql, max_rows=RESULT_ROWS) if sql else None
+    print_transcript({**record, "pred_result": result_preview(result, rows=RESULT_ROWS)}, console or make_console(),
+                     fold_thinking=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -22,13 +22,13 @@ def _cell(value):
     return value
 
 
-def result_preview(result) -> dict | None:
-    """The first rows of a ``databases.QueryResult`` as JSON (None when the query did not run)."""
+def result_preview(result, rows: int = PREVIEW_ROWS) -> dict | None:
+    """The first ``rows`` rows of a ``databases.QueryResult`` as JSON (None when the query did not run)."""
     if result is None:
         return None
-    rows = [[_cell(value) for value in row] for row in result.rows[:PREVIEW_ROWS]]
-    return {"columns": [str(c) for c in result.columns], "rows": rows,
-            "more": bool(result.more or len(result.rows) > PREVIEW_ROWS), "error": result.error}
+    kept = [[_cell(value) for value in row] for row in result.rows[:rows]]
+    return {"columns": [str(c) for c in result.columns], "rows": kept,
+            "more": bool(result.more or len(result.rows) > rows), "error": result.error}
 
 
 def score_final_sql(row: dict, record: dict) -> dict:
