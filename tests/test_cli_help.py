@@ -58,6 +58,22 @@ def test_one_vocabulary_across_commands():
     assert {"eval", "data check", "data passrate", "bench rollout"} <= set(listed["--n"])
     assert {"eval", "score", "data passrate"} <= set(listed["--quiet"])
     assert {"eval", "ask", "data passrate"} <= set(listed["--max-turns"])
+    outputs = {name: next(a.help for a in parser._actions if "--output" in a.option_strings)
+               for name, parser in command_parsers() if any("--output" in a.option_strings for a in parser._actions)}
+    assert {"eval", "score", "compare", "export", "data check", "data difficulty", "data passrate"} <= set(outputs)
+    assert all("folder" in text for text in outputs.values()), outputs  # --output is always a folder
+
+
+def test_a_data_output_that_is_a_file_is_bad_usage(demo_dir, tmp_path, capsys):
+    taken = tmp_path / "kept.json"
+    taken.write_text("[]")
+    assert main(["data", "passrate", "--data", str(demo_dir), "--policy", "gold", "--k", "2", "--n", "2",
+                 "--output", str(taken), "--quiet"]) == 2
+    printed = capsys.readouterr()
+    assert printed.err.strip().splitlines() == [
+        f"Error: --output is a folder (it gets passrate_kept.json); {taken} is a file"]
+    assert "pass rate" not in printed.out  # refused before any episode was played
+    assert taken.read_text() == "[]"
 
 
 def test_old_spellings_still_parse(demo_dir, tmp_path, capsys):

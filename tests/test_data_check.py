@@ -20,8 +20,8 @@ def cache_in_tmp(tmp_path, monkeypatch):
 
 
 def test_check_superhero_and_the_cache(bird_superhero_dir, tmp_path, capsys, monkeypatch, cache_in_tmp):
-    output = tmp_path / "outcomes.jsonl"
-    assert main(["data", "check", "--data", str(bird_superhero_dir), "--output", str(output)]) == 0
+    assert main(["data", "check", "--data", str(bird_superhero_dir), "--output", str(tmp_path)]) == 0
+    output = tmp_path / "check.jsonl"
     printed = capsys.readouterr().out
     assert "superhero" in printed and "129" in printed and "from the cache" not in printed
     outcomes = [json.loads(line) for line in output.read_text().splitlines()]

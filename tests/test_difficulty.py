@@ -76,8 +76,8 @@ def test_held_out_superhero_questions(bird_superhero_dir, bird_minidev_file):
 
 
 def test_data_difficulty_command_on_minidev(bird_minidev_file, tmp_path, capsys):
-    output = tmp_path / "estimated.json"
-    assert main(["data", "difficulty", "--data", str(bird_minidev_file), "--output", str(output)]) == 0
+    assert main(["data", "difficulty", "--data", str(bird_minidev_file), "--output", str(tmp_path)]) == 0
+    output = tmp_path / "difficulty.json"
     printed = capsys.readouterr().out
     assert "5-fold cross-validation" in printed and "challenging excluded" in printed and "accuracy" in printed
     written = json.loads(output.read_text())
@@ -94,8 +94,8 @@ def test_data_difficulty_works_on_bird_train_without_databases(bird_train_file, 
     subset.write_text(json.dumps(json.loads(bird_train_file.read_text())[:300]))
     assert main(["data", "check", "--data", str(subset)]) == 1
     assert "train_databases" in capsys.readouterr().err
-    output = tmp_path / "train_estimated.json"
-    assert main(["data", "difficulty", "--data", str(subset), "--output", str(output)]) == 0
+    assert main(["data", "difficulty", "--data", str(subset), "--output", str(tmp_path / "est")]) == 0
+    output = tmp_path / "est" / "difficulty.json"
     written = json.loads(output.read_text())
     assert len(written) == 300 and all("difficulty" not in w for w in written)
     assert {w["difficulty_estimated"] for w in written} <= set(difficulty.CLASSES)

@@ -37,9 +37,9 @@ def test_gold_policy_solves_every_sample(bird_superhero_dir):
 
 
 def test_passrate_command_end_to_end(bird_superhero_dir, tmp_path, capsys):
-    output = tmp_path / "kept.json"
+    output = tmp_path / "passrate_kept.json"
     code = main(["data", "passrate", "--data", str(bird_superhero_dir), "--policy", "scripted-mix", "--k", "8",
-                 "--n", "16", "--output", str(output)])
+                 "--n", "16", "--output", str(tmp_path)])
     assert code == 0
     printed = capsys.readouterr().out
     assert "pass rate over 8 samples" in printed and "kept" in printed
@@ -52,9 +52,9 @@ def test_passrate_command_end_to_end(bird_superhero_dir, tmp_path, capsys):
 
 
 def test_gold_policy_command_plays_the_evaluators_gold_episodes(demo_dir, tmp_path, capsys):
-    output = tmp_path / "kept.json"
+    output = tmp_path / "passrate_kept.json"
     code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "gold", "--k", "2", "--n", "3",
-                 "--output", str(output), "--quiet"])
+                 "--output", str(tmp_path), "--quiet"])
     assert code == 0
     histogram = {line.split("│")[1].strip(): line.split("│")[2].strip()
                  for line in capsys.readouterr().out.splitlines() if line.count("│") >= 3}
@@ -63,11 +63,11 @@ def test_gold_policy_command_plays_the_evaluators_gold_episodes(demo_dir, tmp_pa
 
 
 def test_model_policy_with_the_tiny_model(tiny_model_dir, demo_dir, tmp_path, capsys):
-    output = tmp_path / "kept.json"
+    output = tmp_path / "passrate_kept.json"
     code = main(["data", "passrate", "--data", str(demo_dir), "--policy", "model", "--model", str(tiny_model_dir),
                  "--k", "2", "--n", "3", "--max-turns", "1", "--max-tokens-per-turn", "16",
                  "--episode-token-budget", "4096", "--device", "cpu", "--temperature", "1.0", "--quiet",
-                 "--output", str(output)])
+                 "--output", str(tmp_path)])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "pass rate over 2 samples" in captured.out and "total" in captured.out

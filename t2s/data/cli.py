@@ -57,14 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=positive_int, default=4, help="parallel database checks")
 
     p = sub.add_parser("check", help="run every gold SQL: ok / error / timeout / empty per database (cached)")
-    data_args(p, "write per-row outcomes as JSONL here")
+    data_args(p, "folder for check.jsonl, the per-row outcomes (default: print only)")
     p.add_argument("--workers", type=positive_int, default=4, help="parallel queries (default 4)")
     p.add_argument("--timeout", type=positive_float, default=None, help="seconds per gold SQL (default: the scoring cap)")
     p.add_argument("--no-cache", action="store_true", help="ignore and do not write the result cache")
 
     p = sub.add_parser("difficulty", help="estimate difficulty from the gold SQL; report figures where labels exist")
     p.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider/SynSQL JSON (databases not needed)")
-    p.add_argument("--output", type=non_empty_path, default=None, help="write the rows back as a JSON list with `difficulty_estimated`")
+    p.add_argument("--output", type=non_empty_path, default=None,
+                   help="folder for difficulty.json, the rows with `difficulty_estimated` (default: print only)")
     p.add_argument("--folds", type=non_negative_int, default=5, help="k for the cross-validated refit on this file's labels (0: off)")
     p.add_argument("--model", type=non_empty_path, default=None, help="a model JSON written by --save-model (default: the built-in one)")
     p.add_argument("--save-model", type=non_empty_path, default=None, help="fit on this file's labels and save the model JSON here")
@@ -72,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help=f"share of simple+moderate the threshold keeps when fitting (default {KEEP_TARGET})")
 
     p = sub.add_parser("passrate", help="keep the questions a policy solves 1..k-1 times out of k")
-    data_args(p, "write the kept rows as a JSON list here")
+    data_args(p, "folder for passrate_kept.json, the kept rows as a JSON list (default: print only)")
     p.add_argument("--policy", default="scripted-mix", choices=PASSRATE_POLICIES,
                    help="gold, scripted-mix (scripted, CPU), model, endpoint or vllm: played as `eval` plays them")
     p.add_argument("--k", type=positive_int, default=8, help="samples per question (default 8)")
@@ -92,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
         print("Error: choose a subcommand: prepare, check, difficulty, passrate or make-demo "
               "(`python -m t2s data --help`).", file=sys.stderr)
         return 2
+    if command in OUTPUT_FILES and args.output and Path(args.output).is_file():  # refused before any work
+        raise UsageError(f"Error: --output is a folder (it gets {OUTPUT_FILES[command]}); {args.output} is a file")
     import logging
 
     logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # the commands print missing databases themselves
@@ -164,6 +167,17 @@ def check_and_report(rows, *, console, data_file=None, db_root=None, workers=4, 
     return summary
 
 
+OUTPUT_FILES = {"check": "check.jsonl", "difficulty": "difficulty.json", "passrate": "passrate_kept.json"}
+
+
+def output_file(args, name: str) -> Path | None:
+    """``--output DIR``'s file ``name`` (the folder made), or None without --output."""
+    if not args.output:
+        return None
+    Path(args.output).mkdir(parents=True, exist_ok=True)
+    return Path(args.output) / name
+
+
 def _check(args) -> int:
     console = _console()
     rows = load_for_command(args)
@@ -174,7 +188,7 @@ def _check(args) -> int:
         extra_key = file_checksum(schemas) if schemas and schemas.is_file() else str(args.schemas)
     check_and_report(
         rows, console=console, data_file=data_file, db_root=rows.db_root, workers=args.workers, timeout=args.timeout,
-        use_cache=not args.no_cache, output=args.output, title=f"gold SQL check: {args.data}", extra_key=extra_key,
+        use_cache=not args.no_cache, output=output_file(args, OUTPUT_FILES["check"]), title=f"gold SQL check: {args.data}", extra_key=extra_key,
     )
     return 0
 
@@ -269,11 +283,11 @@ def _difficulty(args) -> int:
                                            keep_target=args.keep_target)
             print_figures(console, cv, f"{args.folds}-fold cross-validation of a refit on these labels (threshold "
                                        f"set to keep {args.keep_target:.0%} of simple+moderate in each training part)")
-    if args.output:
+    path = output_file(args, OUTPUT_FILES["difficulty"])
+    if path:
         out = [{**record, "difficulty_estimated": est} for record, est in zip(records, estimates)]
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(out, indent=1, ensure_ascii=False), encoding="utf-8")
-        console.print(f"rows with difficulty_estimated: {args.output}")
+        path.write_text(json.dumps(out, indent=1, ensure_ascii=False), encoding="utf-8")
+        console.print(f"rows with difficulty_estimated: {path}")
     return 0
 
 
@@ -321,10 +335,10 @@ def _passrate(args) -> int:
     counts = passrate.policy_counts(rows, args)
     kept = passrate.keep_partially_solved(rows, counts, args.k, args.min_solved, high)
     print_table(console, passrate.histogram_table(counts, args.k, args.min_solved, high))
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(kept, indent=1, ensure_ascii=False), encoding="utf-8")
-        console.print(f"{len(kept)} of {len(rows)} rows kept: {args.output}")
+    path = output_file(args, OUTPUT_FILES["passrate"])
+    if path:
+        path.write_text(json.dumps(kept, indent=1, ensure_ascii=False), encoding="utf-8")
+        console.print(f"{len(kept)} of {len(rows)} rows kept: {path}")
     return 0
 
 
