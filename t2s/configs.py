@@ -188,6 +188,9 @@ class T2SGRPOConfig(GRPOConfig):
     use_bias_correction_kl: bool = field(default=False, metadata={"help": "Plain k3 (off). Published."})
     loss_type: str = field(default="grpo", metadata={"help": "Must stay grpo: the t2s trainer replaces TRL's loss "
                                                             "aggregation with sum over tokens / loss_norm_constant."})
+    num_completions_to_print: int | None = field(
+        default=0, metadata={"help": "Completions TRL prints to the console at each log (0: none; with "
+                             "log_completions they are written to <output_dir>/completions and `t2s show` reads them)."})
 
     def __post_init__(self) -> None:
         check_groups_per_rank(self)

@@ -19,7 +19,7 @@ def _smoke_args(model_dir, output_dir, *extra):
                          "--output_dir", str(output_dir), *extra])
 
 
-def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_dir, demo_dir, tmp_path):
+def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_dir, demo_dir, tmp_path, capsys):
     from t2s.train import build_trainer, fit
 
     script_args, training_args, model_args = _smoke_args(tiny_model_dir, tmp_path / "run", "--max_steps", "2",
@@ -37,6 +37,7 @@ def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_di
 
     trainer.rollout_func = capture
     fit(trainer, counts)
+    assert " Step 1 ─" not in capsys.readouterr().out  # TRL's completions table stays off the console
     assert trainer.state.global_step == 2 and len(outputs) == 2
 
     tokenizer = trainer.processing_class
