@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("full", "withheld"), default="full",
                         help="full: the prompt shows the schema; withheld: the model discovers it with tools")
     parser.add_argument("--evidence", default="", help="a hint, as BIRD's evidence field")
-    parser.add_argument("--max-turns", type=positive_int, default=None, help="tool turns before the forced final turn (6)")
+    parser.add_argument("--max-turns", type=positive_int, default=None, help="tool turns before the forced final turn (default: 6)")
     parser.add_argument("--system-prompt-file", type=non_empty_path, default=None, help="replace the system prompt with this file's text")
     parser.add_argument("--json", action="store_true", help="print the episode record as one JSON object")
     add_model_arguments(parser)

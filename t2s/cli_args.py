@@ -65,7 +65,7 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
             return text
         if action.nargs == 0:  # a switch: off unless given
             shown = "on" if action.default else "off"
-        elif action.default is None or action.default == []:
+        elif action.default is None or action.default == [] or action.default == "":
             shown = "none"
         else:
             shown = "%(default)s"
