@@ -18,6 +18,7 @@ from t2s.errors import UsageError, error_line, user_facing
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("t2s.demo", "train the smoke recipe on data/demo on a CPU, then evaluate it"),
     "train": ("t2s.train", "GRPO training from a recipe YAML (launch with accelerate for several GPUs)"),
+    "sft": ("t2s.sft", "supervised warm start on trajectories the environment plays (gold or recorded episodes)"),
     "eval": ("t2s.evaluate", "agentic evaluation of a model, endpoint, scripted policy or predictions file"),
     "score": ("t2s.score", "score a predictions file with official EX, strict EX and Soft-F1"),
     "compare": ("t2s.compare", "paired comparison of two runs: McNemar and bootstrap CI"),

@@ -1,11 +1,16 @@
-"""`python -m t2s demo` (what `make demo` runs): real GRPO steps on a CPU, then an evaluation, in a few minutes.
+"""`python -m t2s demo` (what `make demo` runs): a tiny model learning on a CPU, in a few minutes.
 
-1. trains the ``smoke`` recipe (the tiny offline Qwen3.5 on ``data/demo``) for ``--steps`` optimiser steps through
-   the real rollout, tools, rewards, loss and KL controller, printing each step's reward components as it goes;
-2. evaluates the trained model on ``data/demo`` with ``t2s eval`` (policy ``model``), and runs the harness's gold
-   self-check, which must score 1.0.
+1. a supervised warm start (``recipes/demo_sft.yaml``, as ``bench learn`` trains it): the tiny offline Qwen3.5 with
+   four full-attention layers, on gold and runnable wrong answers played by the demo recipe's own environment. It is
+   cached under ``.cache/`` after the first run, keyed on what determines it (recipes, data, the t2s sources and the
+   library versions);
+2. GRPO steps of ``recipes/demo.yaml`` from there, through the real rollout, tools, dense reward, loss and KL
+   controller, printing each step's reward components as it goes and writing the curve to ``learn.png``;
+3. an evaluation of the trained model on the questions it trained on with ``t2s eval`` (policy ``model``), and the
+   harness's gold self-check, which must score 1.0.
 
-The tiny model has random weights, so its rewards stay near zero: the demo shows the machinery, not learning.
+What it shows is the whole chain learning: the share of right answers rises over the GRPO steps. The model learns the
+protocol and which of the database's queries answers which question; it does not learn SQL.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pathlib import Path
 
 from t2s.cli_args import add_hidden_alias
 
+DEMO_STEPS = 15
+EVAL_ARGS = ("--mode", "withheld", "--max-turns", "1", "--max-tokens-per-turn", "128", "--episode-token-budget", "4096")
 STEP_COLUMNS = (  # (log key, column title, format)
     ("reward", "reward", "{:.3f}"),
     ("rewards/dense/f1", "f1", "{:.3f}"),
@@ -36,12 +43,12 @@ STEP_COLUMNS = (  # (log key, column title, format)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=3, help="optimiser steps to train (default 3)")
+    parser.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"GRPO steps (default {DEMO_STEPS})")
     parser.add_argument("--output", default="runs/demo", help="output folder (default runs/demo)")
     parser.add_argument("--n", dest="eval_n", type=int, default=8, help="questions the trained model is evaluated on (default 8)")
     add_hidden_alias(parser, "--n", "--eval-n", type=int)
     parser.add_argument("--model", default=None,
-                        help="model folder to start from (default: the smoke recipe's tiny model, built when absent)")
+                        help="model folder to start GRPO from (default: the cached warm start, trained when absent)")
 
 
 def step_printer(console):
@@ -86,96 +93,108 @@ def step_printer(console):
 
 
 def run(args: argparse.Namespace) -> int:
+    from t2s.cpu_threads import configure_cpu_threads
     from t2s.resources import workspace
     from t2s.rich_output import console as make_console
-    from t2s.settings import RECIPES_DIR, offline_environment
+    from t2s.settings import offline_environment
 
+    configure_cpu_threads(on_cpu=True)  # before torch is imported
     offline_environment()
     console = make_console()  # printed paths are never wrapped
     started = time.perf_counter()
     output = workspace() / args.output  # an absolute output stays as it is
-    _quiet_libraries()
+    quiet_libraries()
 
-    from transformers import PrinterCallback, ProgressCallback
+    from t2s.bench.learn import grpo_run, plot_curves
+    from t2s.configs import ConfigError
 
-    from t2s.configs import ConfigError, parse_recipe
-    from t2s.train import build_trainer, fit
-
-    console.rule("[bold]t2s demo: GRPO on a CPU with the tiny Qwen3.5 and data/demo")
+    console.rule("[bold]t2s demo: a tiny Qwen3.5 learns on a CPU (warm start, then GRPO on data/demo)")
+    printer = step_printer(console)
     try:
-        script_args, training_args, model_args = parse_recipe([
-            "--config", str(RECIPES_DIR / "smoke.yaml"), "--output_dir", str(output / "model"),
-            "--max_steps", str(args.steps), "--disable_tqdm", "true",
-            *(["--model_name_or_path", str(args.model)] if args.model else []),
-        ])
-        with console.status("loading data, building the tiny model, starting the trainer"):
-            trainer, counts = build_trainer(script_args, training_args, model_args)
+        model_dir = Path(args.model) if args.model else cached_warm_start(console)
+        with console.status(f"GRPO, {args.steps} steps of 8 questions × 8 rollouts (episodes, rewards, loss, KL)"):
+            trainer = grpo_run(model_dir, output / "model", steps=args.steps, seed=0, callbacks=[printer])
     except (ConfigError, ValueError, OSError) as exc:
         message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
-        console.print(message.splitlines()[0], style="red")
+        console.print(message.splitlines()[0], style="red", highlight=False, markup=False)
         return 2
-    for callback in (PrinterCallback, ProgressCallback):
-        trainer.remove_callback(callback)
-    printer = step_printer(console)
-    trainer.add_callback(printer)
-    console.print(f"{counts['kept']} training rows of {counts['loaded']} "
-                  f"({counts.get('dropped_difficulty', 0)} challenging, {counts.get('dropped_gold_hygiene', 0)} failed "
-                  f"gold hygiene, {counts.get('dropped_prompt_too_long', 0)} prompts too long); "
-                  f"{training_args.per_device_train_batch_size // training_args.num_generations} questions × "
-                  f"{training_args.num_generations} rollouts per step")
-    with console.status(f"training {args.steps} steps (episodes, rewards, loss, KL controller)"):
-        fit(trainer, counts)
     console.print(printer.table())
-    console.print(f"trained {trainer.state.global_step} steps; beta {trainer.beta:.6f}; model in {output / 'model'}")
-
+    plot_curves(output / "learn.png", {"grpo": printer.steps}, "t2s demo: GRPO from the warm start")
+    equiv = [entry.get("tier/equivalent") or 0.0 for entry in printer.steps]
+    third = max(1, len(equiv) // 3)
+    console.print(f"equivalence rate: {sum(equiv[:third]) / third:.2f} over the first {third} steps, "
+                  f"{sum(equiv[-third:]) / third:.2f} over the last {third}; curve in {output / 'learn.png'}",
+                  highlight=False)
+    console.print(f"trained {trainer.state.global_step} steps; beta {trainer.beta:.6f}; model in {output / 'model'}",
+                  highlight=False)
+    del trainer
     code = _evaluate(console, output, args.eval_n)
     console.rule(f"[bold]demo finished in {time.perf_counter() - started:.0f} s")
     return code
 
 
+def warm_start_key() -> str:
+    """A hash of what the warm start depends on: its recipes and prompt, the demo data, the t2s sources, the libraries."""
+    import hashlib
+    from importlib.metadata import version
+
+    from t2s.settings import DEMO_DIR, RECIPES_DIR, REPO_ROOT
+
+    digest = hashlib.sha256()
+    files = [RECIPES_DIR / "demo_sft.yaml", RECIPES_DIR / "demo.yaml", RECIPES_DIR / "demo_system_prompt.txt"]
+    files += sorted(p for p in DEMO_DIR.rglob("*") if p.is_file())
+    files += sorted((REPO_ROOT / "t2s").rglob("*.py"))
+    for path in files:
+        digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    for package in ("torch", "transformers", "trl", "tokenizers"):
+        digest.update(f"{package}=={version(package)}".encode())
+    return digest.hexdigest()[:16]
+
+
+def cached_warm_start(console) -> Path:
+    """The warm-started model folder: from ``.cache/`` when its key matches, else trained there now."""
+    from t2s.bench.learn import warm_start
+    from t2s.settings import REPO_ROOT
+    from t2s.sft import SUMMARY_FILE
+
+    folder = REPO_ROOT / ".cache" / f"demo-warmstart-{warm_start_key()}"
+    if (folder / SUMMARY_FILE).is_file():
+        console.print(f"warm start: cached in {folder}", highlight=False)
+        return folder
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    began = time.perf_counter()
+    with console.status("warm start: SFT on gold and near-miss trajectories (first run only, then cached)"):
+        warm_start(partial, seed=0)
+    partial.rename(folder)
+    console.print(f"warm start: trained in {time.perf_counter() - began:.0f} s, cached in {folder}", highlight=False)
+    return folder
+
+
 def _evaluate(console, output: Path, n: int) -> int:
-    """The trained model on data/demo through ``t2s eval``, then the gold self-check (must be 1.0)."""
-    import importlib.util
+    """The trained model on its questions through ``t2s eval``, then the gold self-check (must be 1.0)."""
+    import json
 
-    from t2s.settings import DEMO_DIR
-
-    if importlib.util.find_spec("t2s.evaluate") is None:
-        return _gold_self_check(console)
     from t2s.cli import main as t2s_main
+    from t2s.settings import DEMO_DIR, RECIPES_DIR
 
-    data = str(DEMO_DIR / "dev.json")
+    questions = output / "questions.json"  # the recipe's questions (the simple ones), in BIRD's layout
+    records = json.loads((DEMO_DIR / "dev.json").read_text(encoding="utf-8"))
+    questions.write_text(json.dumps([r for r in records if r.get("difficulty") == "simple"], indent=1))
     for folder in ("eval_model", "eval_gold"):  # a fresh evaluation of this run's model, never a resumed one
         shutil.rmtree(output / folder, ignore_errors=True)
-    console.rule("evaluation of the trained model on data/demo (t2s eval --policy model)")
-    code = t2s_main(["eval", "--policy", "model", "--model", str(output / "model"), "--data", data, "--n", str(n),
-                     "--mode", "full", "--max-turns", "2", "--episode-token-budget", "4096",
-                     "--max-tokens-per-turn", "48", "--device", "cpu", "--output", str(output / "eval_model")])
+    console.rule("evaluation of the trained model on its questions (t2s eval --policy model)")
+    code = t2s_main(["eval", "--policy", "model", "--model", str(output / "model"), "--data", str(questions),
+                     "--db-root", str(DEMO_DIR / "dev_databases"), "--n", str(n), *EVAL_ARGS,
+                     "--system-prompt-file", str(RECIPES_DIR / "demo_system_prompt.txt"), "--device", "cpu",
+                     "--output", str(output / "eval_model")])
     console.rule("gold self-check of the harness (t2s eval --policy gold): must score 1.0")
-    gold = t2s_main(["eval", "--policy", "gold", "--data", data, "--output", str(output / "eval_gold")])
+    gold = t2s_main(["eval", "--policy", "gold", "--data", str(DEMO_DIR / "dev.json"),
+                     "--output", str(output / "eval_gold")])
     return code or gold
 
 
-def _gold_self_check(console) -> int:
-    """Fallback when the evaluator is absent: every demo question's gold episode must score 1.0."""
-    from t2s.backends.scripted import GoldPolicy
-    from t2s.data.loaders import load_rows
-    from t2s.databases import ref_from_row
-    from t2s.episode import EpisodeConfig, run_text_episode
-    from t2s.metrics import score_sql
-    from t2s.schema import get_schema
-    from t2s.settings import DEMO_DIR
-
-    rows = load_rows("bird", str(DEMO_DIR / "dev.json"))
-    correct = 0
-    for row in rows:
-        ref = ref_from_row(row)
-        record = run_text_episode(row, EpisodeConfig(), GoldPolicy(row, get_schema(ref)))
-        correct += bool(score_sql(ref, record.get("final_sql"), row["gold_sql"])["official"])
-    console.print(f"gold self-check: {correct}/{len(rows)} = {correct / len(rows):.3f}")
-    return 0 if correct == len(rows) else 1
-
-
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
     import logging
     import warnings
 

@@ -5,8 +5,10 @@ Used by the tests and by the CPU demo recipe. Everything that matters for the re
   and its eos defaulting to ``<|endoftext|>`` (as Qwen3.5's tokenizer does), so the trainer's eos handling is exercised;
 - the chat template is Qwen3.5-2B's own *no-think* template, read from the installed TRL, so prompts render exactly as
   they will for the real model when ``enable_thinking=True`` is passed;
-- the model is a ``Qwen3_5ForCausalLM`` (gated-delta-net plus full attention layers), saved to a folder and loaded back
-  by path, since TRL's reference model and vLLM both need a path.
+- the model is a ``Qwen3_5ForCausalLM``, saved to a folder and loaded back by path, since TRL's reference model and
+  vLLM both need a path. Two sizes (``PRESETS``): ``hybrid``, the tests' model, with a gated-delta-net and a full
+  attention layer like the target; ``attention``, the demo's and ``bench learn``'s, four full-attention layers and
+  hidden size 128, because the gated-delta-net kernels are slow on a CPU and a model that must learn needs the width.
 """
 
 from __future__ import annotations
@@ -19,6 +21,14 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</t
 TEMPLATE_NAME = "qwen3_5_nothink.jinja"
 VOCAB_SIZE = 1024
 _BUILD_VERSION = "1"  # bump when the builder changes, so cached folders are rebuilt
+# preset -> the Qwen3_5TextConfig fields that differ between the tiny models
+PRESETS = {
+    "hybrid": dict(hidden_size=64, intermediate_size=128, head_dim=16,
+                   layer_types=["linear_attention", "full_attention"]),
+    # the demo's learner: its tokenizer also learns the demo data's words, so a query is a few dozen tokens
+    "attention": dict(hidden_size=128, intermediate_size=256, head_dim=32, layer_types=["full_attention"] * 4,
+                      vocab_size=2048, demo_words=True),
+}
 
 _CORPUS_SQL = [
     "SELECT COUNT(*) FROM orders WHERE status = 'shipped';",
@@ -65,8 +75,19 @@ def chat_template_path() -> Path:
     return path
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE):
-    """Train the byte-level BPE tokenizer offline and wrap it as a ``PreTrainedTokenizerFast``."""
+def demo_corpus() -> list[str]:
+    """The embedded demo data's questions, evidence and gold SQL (``data/demo``, written by this project)."""
+    from t2s.settings import DEMO_DIR
+
+    records = json.loads((DEMO_DIR / "dev.json").read_text(encoding="utf-8"))
+    return [str(r.get(key) or "") for r in records for key in ("question", "evidence", "SQL")]
+
+
+def build_tokenizer(vocab_size: int = VOCAB_SIZE, extra_corpus: list[str] | None = None):
+    """Train the byte-level BPE tokenizer offline and wrap it as a ``PreTrainedTokenizerFast``.
+
+    ``extra_corpus`` adds texts whose words should become tokens (the ``attention`` preset adds the demo data's).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -79,7 +100,7 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = (_CORPUS_SQL + _CORPUS_TEXT + _CORPUS_JSON) * 4
+    corpus = (_CORPUS_SQL + _CORPUS_TEXT + _CORPUS_JSON) * 4 + list(extra_corpus or [])
     tok.train_from_iterator(corpus, trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -95,21 +116,24 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE):
     return fast
 
 
-def build_model(tokenizer, seed: int = 0):
+def build_model(tokenizer, seed: int = 0, preset: str = "hybrid"):
     """A random-weight ``Qwen3_5ForCausalLM`` small enough to train on a CPU in well under a second per step."""
     import torch
     from transformers import GenerationConfig, Qwen3_5ForCausalLM, Qwen3_5TextConfig
 
+    if preset not in PRESETS:
+        raise ValueError(f"Error: unknown tiny model preset {preset!r}; known: {', '.join(PRESETS)}")
+    sizes = PRESETS[preset]
     torch.manual_seed(seed)
     config = Qwen3_5TextConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        layer_types=["linear_attention", "full_attention"],
+        hidden_size=sizes["hidden_size"],
+        intermediate_size=sizes["intermediate_size"],
+        num_hidden_layers=len(sizes["layer_types"]),
+        layer_types=list(sizes["layer_types"]),
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
+        head_dim=sizes["head_dim"],
         linear_num_key_heads=2,
         linear_num_value_heads=4,
         linear_key_head_dim=16,
@@ -131,18 +155,24 @@ def build_model(tokenizer, seed: int = 0):
     return model
 
 
-def build_tiny_model(output_dir: str | Path, seed: int = 0) -> Path:
+def build_tiny_model(output_dir: str | Path, seed: int = 0, preset: str = "hybrid") -> Path:
     """Build (or reuse) the tokenizer and model in ``output_dir``; returns the folder to load by path."""
     out = Path(output_dir)
     marker = out / "t2s_tiny.json"
-    if marker.is_file() and json.loads(marker.read_text()).get("version") == _BUILD_VERSION:
+    if preset not in PRESETS:
+        raise ValueError(f"Error: unknown tiny model preset {preset!r}; known: {', '.join(PRESETS)}")
+    wanted = {"version": _BUILD_VERSION, "seed": seed}
+    if preset != "hybrid":  # the hybrid's marker predates presets
+        wanted.update(preset=preset, sizes=PRESETS[preset])
+    if marker.is_file() and json.loads(marker.read_text()) == wanted:
         return out
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer()
-    model = build_model(tokenizer, seed=seed)
+    sizes = PRESETS[preset]
+    tokenizer = build_tokenizer(sizes.get("vocab_size", VOCAB_SIZE), demo_corpus() if sizes.get("demo_words") else None)
+    model = build_model(tokenizer, seed=seed, preset=preset)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)
-    marker.write_text(json.dumps({"version": _BUILD_VERSION, "seed": seed}))
+    marker.write_text(json.dumps(wanted))
     return out
 
 

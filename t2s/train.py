@@ -287,8 +287,10 @@ def use_step_printer(trainer) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from t2s.cpu_threads import configure_cpu_threads
     from t2s.settings import offline_environment
 
+    configure_cpu_threads()  # before torch is imported
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if os.environ.get("HF_HUB_OFFLINE") == "1":

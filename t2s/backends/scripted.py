@@ -93,3 +93,42 @@ class GoldPolicy(ScriptPolicy):
             turns = [explore[i: i + size] for i in range(0, len(explore), size)]
             turns += [[call_text("run_query", sql=gold)], [call_text("submit_sql", sql=gold)]]
         super().__init__(turns, thinking="I look at the tables the question needs, check the query, then submit it.")
+
+
+class ScriptedBackend:
+    """Plays one text policy per episode through ``t2s.rollout.Rollout`` as if a model wrote its turns.
+
+    Each turn's text is tokenized the way ``episode.play`` counts it (special tokens in the text are not parsed) and
+    closed with ``<|im_end|>``, as a model ends its turn, with logprob 0.0. The rollout then builds the very token
+    stream, environment tokens and ``env_mask`` a training rollout builds. Requests are matched to episodes through
+    their seed: the rollout gives every (episode, turn) a distinct one (``SamplingSettings.request_seed``), so
+    ``sampling`` must be seeded and the one passed to the rollout.
+    """
+
+    schedule = "turnsync"
+
+    def __init__(self, tokenizer, policies: list, sampling, *, max_turns: int):
+        from t2s.backends.base import stop_token_ids
+
+        if sampling.seed is None:
+            raise ValueError("Error: a scripted backend needs seeded sampling (requests are matched by seed)")
+        self.tokenizer = tokenizer
+        self.policies = list(policies)
+        self.stop_token_ids = stop_token_ids(tokenizer)
+        self._episode_of = {sampling.request_seed(i, turn): i
+                            for i in range(len(self.policies)) for turn in range(max_turns + 2)}
+
+    def generate(self, prompts, max_tokens, sampling, seeds=None):
+        from t2s.backends.base import finish_turn
+
+        outputs = []
+        for limit, seed in zip(max_tokens, seeds or [None] * len(prompts), strict=True):
+            index = self._episode_of.get(seed)
+            if index is None:
+                raise RuntimeError(f"a scripted backend got a request it cannot place (seed {seed})")
+            text = self.policies[index](None)
+            ids = self.tokenizer(text if isinstance(text, str) else "", add_special_tokens=False,
+                                 split_special_tokens=True)["input_ids"]
+            ids = list(ids) + [self.stop_token_ids[0]]  # <|im_end|>
+            outputs.append(finish_turn(ids, [0.0] * len(ids), limit, self.stop_token_ids))
+        return outputs

@@ -8,6 +8,7 @@ import importlib
 BENCHMARKS = {
     "env": ("t2s.bench.env", "environment overhead against plain sqlite3 on a pinned workload"),
     "rollout": ("t2s.bench.rollout", "async vs turn-synchronous rollout scheduling on a simulated engine"),
+    "learn": ("t2s.bench.learn", "CPU proof that training learns: warm start, then GRPO against a permuted-reward control"),
 }
 
 

@@ -1,0 +1,221 @@
+"""`python -m t2s bench learn`: the CPU proof that training learns, GRPO against a permuted-reward control.
+
+1. **Warm start** (``recipes/demo_sft.yaml``, TRL's SFTTrainer): the tiny Qwen3.5 with four full-attention layers, on
+   gold answers plus runnable wrong ones (other questions' SQL on the same database) at weight 0.6, all played by
+   ``recipes/demo.yaml``'s own environment. The policy then answers part of the questions right and fails the others
+   with valid near misses.
+2. **GRPO** (``recipes/demo.yaml``): the real ``Text2SQLGRPOTrainer``, rollout, tools, dense reward and the published
+   loss, unchanged, for ``--steps`` steps of 8 questions × 8 rollouts.
+3. **Control**: the same run from the same warm start and seed, except that each step's rewards are permuted across
+   its episodes (seeded) before advantages are computed. That breaks the episode-reward link and nothing else.
+
+It prints a per-step table of both runs (reward, equivalence rate, KL, β), writes ``learn.png`` with both curves, and
+ends with ``learn: grpo_gain=G control_gain=C start_equiv=S seconds=T``: a gain is the mean equivalence rate over the
+last 5 steps minus the first 5; ``start_equiv`` is the GRPO run's first-5-step rate; T the wall time of it all. It exits
+non-zero, naming each target missed: ``grpo_gain >= 0.15``, ``grpo_gain - control_gain >= 0.15``,
+``0.1 <= start_equiv <= 0.6``, ``seconds <= 900``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+STEPS = 30
+WINDOW = 5  # steps averaged at each end for a gain
+TARGETS = {"grpo_gain": 0.15, "margin": 0.15, "start_low": 0.1, "start_high": 0.6, "seconds": 900.0}
+SFT_RECIPE = "demo_sft.yaml"
+RL_RECIPE = "demo.yaml"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"GRPO steps of each run (default {STEPS})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the warm start, both runs and the permutation")
+    parser.add_argument("--output", default="runs/bench-learn", help="output folder (default runs/bench-learn)")
+
+
+# ---------------------------------------------------------------------------------------------------- the parts
+
+
+def warm_start(output_dir: Path, seed: int, overrides: tuple[str, ...] = ()) -> Path:
+    """Train ``recipes/demo_sft.yaml`` into ``output_dir``; returns the folder."""
+    import gc
+
+    from t2s.settings import RECIPES_DIR
+    from t2s.sft import build_sft_trainer, fit, parse_sft_recipe
+
+    sft_args, config, model_args = parse_sft_recipe([
+        "--config", str(RECIPES_DIR / SFT_RECIPE), "--output_dir", str(output_dir), "--seed", str(seed),
+        "--disable_tqdm", "true", "--logging_steps", "1000", *overrides,
+    ])
+    trainer, counts = build_sft_trainer(sft_args, config, model_args)
+    _quiet(trainer)
+    fit(trainer, counts)
+    del trainer
+    gc.collect()
+    return output_dir
+
+
+def permuted_rewards(reward_func, seed: int):
+    """``reward_func`` with its rewards permuted across the call's episodes (a seeded permutation per call)."""
+    rng = random.Random(seed)
+
+    def permuted(*args, **kwargs):
+        rewards = list(reward_func(*args, **kwargs))
+        rng.shuffle(rewards)
+        return rewards
+
+    permuted.__name__ = getattr(reward_func, "__name__", "reward")
+    return permuted
+
+
+def grpo_run(model_dir: Path, output_dir: Path, *, steps: int, seed: int, control: bool = False, callbacks=(),
+             overrides: tuple[str, ...] = ()):
+    """``recipes/demo.yaml`` from ``model_dir`` for ``steps`` steps; returns the trainer (trained and saved).
+
+    With ``control``, every reward function's output is permuted across the step's episodes before TRL computes
+    advantages; everything else, the logged tiers included, is the real run's.
+    """
+    from t2s.configs import parse_recipe
+    from t2s.settings import RECIPES_DIR
+    from t2s.train import build_trainer, fit
+
+    script_args, training_args, model_args = parse_recipe([
+        "--config", str(RECIPES_DIR / RL_RECIPE), "--model_name_or_path", str(model_dir),
+        "--output_dir", str(output_dir), "--max_steps", str(steps), "--seed", str(seed), "--disable_tqdm", "true",
+        *overrides,
+    ])
+    from t2s.train import resolve_path
+
+    prompt = resolve_path(training_args.system_prompt_file)
+    training_args.system_prompt_file = str(prompt) if prompt is not None else training_args.system_prompt_file
+    trainer, counts = build_trainer(script_args, training_args, model_args, callbacks=list(callbacks))
+    _quiet(trainer)
+    if control:
+        trainer.reward_funcs = [permuted_rewards(f, seed) for f in trainer.reward_funcs]
+    return fit(trainer, counts)
+
+
+def _quiet(trainer) -> None:
+    from transformers import PrinterCallback, ProgressCallback
+
+    for callback in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(callback)
+
+
+def window_mean(values: list[float], last: bool) -> float:
+    part = values[-WINDOW:] if last else values[:WINDOW]
+    return sum(part) / max(1, len(part))
+
+
+def gain(values: list[float]) -> float:
+    """Mean of the last 5 values minus the mean of the first 5."""
+    return window_mean(values, True) - window_mean(values, False)
+
+
+def plot_curves(path: Path, runs: dict[str, list[dict]], title: str) -> None:
+    """Equivalence rate and mean reward per step of each run, side by side, into ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for name, steps in runs.items():
+        xs = [s["step"] for s in steps]
+        axes[0].plot(xs, [s.get("tier/equivalent", 0.0) for s in steps], marker="o", ms=3, label=name)
+        axes[1].plot(xs, [s.get("reward", 0.0) for s in steps], marker="o", ms=3, label=name)
+    axes[0].set(xlabel="step", ylabel="equivalence rate", ylim=(0, 1))
+    axes[1].set(xlabel="step", ylabel="mean reward")
+    for axis in axes:
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def missed_targets(grpo_gain: float, control_gain: float, start: float, seconds: float) -> list[str]:
+    missed = []
+    if grpo_gain < TARGETS["grpo_gain"]:
+        missed.append(f"grpo_gain {grpo_gain:.3f} < {TARGETS['grpo_gain']}")
+    if grpo_gain - control_gain < TARGETS["margin"]:
+        missed.append(f"grpo_gain - control_gain {grpo_gain - control_gain:.3f} < {TARGETS['margin']}")
+    if not TARGETS["start_low"] <= start <= TARGETS["start_high"]:
+        missed.append(f"start_equiv {start:.3f} outside [{TARGETS['start_low']}, {TARGETS['start_high']}]")
+    if seconds > TARGETS["seconds"]:
+        missed.append(f"seconds {seconds:.0f} > {TARGETS['seconds']:.0f}")
+    return missed
+
+
+# ---------------------------------------------------------------------------------------------------- the command
+
+
+def step_table(runs: dict[str, list[dict]]):
+    from rich.table import Table
+
+    table = Table(title="bench learn: per step")
+    table.add_column("step", justify="right")
+    for name in runs:
+        for column in ("reward", "equiv", "kl", "beta"):
+            table.add_column(f"{name} {column}", justify="right")
+    length = max(len(steps) for steps in runs.values())
+    for i in range(length):
+        cells = [str(i + 1)]
+        for steps in runs.values():
+            entry = steps[i] if i < len(steps) else {}
+            cells += [_fmt(entry.get("reward"), "{:.3f}"), _fmt(entry.get("tier/equivalent"), "{:.3f}"),
+                      _fmt(entry.get("kl"), "{:.2e}"), _fmt(entry.get("beta"), "{:.6f}")]
+        table.add_row(*cells)
+    return table
+
+
+def _fmt(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from t2s.cpu_threads import configure_cpu_threads
+    from t2s.settings import REPO_ROOT, offline_environment
+
+    started = time.perf_counter()
+    configure_cpu_threads(on_cpu=True)  # before torch is imported
+    offline_environment()
+    if args.steps < 2 * WINDOW:
+        print(f"Error: --steps must be at least {2 * WINDOW} (gains compare the first and last {WINDOW} steps).",
+              file=sys.stderr)
+        return 2
+    from t2s.demo import quiet_libraries, step_printer
+
+    quiet_libraries()
+    console = Console(soft_wrap=True)
+    output = Path(args.output) if Path(args.output).is_absolute() else REPO_ROOT / args.output
+    console.print(f"warm start ({SFT_RECIPE}) ...", highlight=False)
+    model_dir = warm_start(output / "warmstart", args.seed)
+    console.print(f"warm start done at {time.perf_counter() - started:.0f} s", highlight=False)
+    runs: dict[str, list[dict]] = {}
+    for name, control in (("grpo", False), ("control", True)):
+        console.rule(f"{name}: {args.steps} steps" + (" (rewards permuted within each step)" if control else ""))
+        printer = step_printer(console)
+        grpo_run(model_dir, output / name, steps=args.steps, seed=args.seed, control=control, callbacks=[printer])
+        runs[name] = printer.steps
+    console.print(step_table(runs))
+    equiv = {name: [s.get("tier/equivalent", 0.0) for s in steps] for name, steps in runs.items()}
+    grpo_gain, control_gain = gain(equiv["grpo"]), gain(equiv["control"])
+    start = window_mean(equiv["grpo"], last=False)
+    plot_curves(output / "learn.png", runs, f"GRPO vs permuted-reward control (seed {args.seed})")
+    seconds = time.perf_counter() - started
+    console.print(f"curves in {output / 'learn.png'}", highlight=False)
+    missed = missed_targets(grpo_gain, control_gain, start, seconds)
+    for line in missed:
+        console.print(f"target missed: {line}", highlight=False)
+    print(f"learn: grpo_gain={grpo_gain:.3f} control_gain={control_gain:.3f} start_equiv={start:.3f} "
+          f"seconds={seconds:.0f}", flush=True)
+    return 1 if missed else 0

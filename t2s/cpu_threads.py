@@ -1,0 +1,55 @@
+"""How many threads a CPU run gives torch, chosen in one place for ``demo``, ``bench learn``, ``sft`` and ``train``.
+
+On a CPU, torch's OpenMP pool defaults to one thread per core and spins while it waits at each parallel region. On a
+small machine with other work running, a thread that lost its core holds every region up: a tiny model's thousands
+of small ops per step then run 10-20 times slower than on one thread (``make demo``: 121-244 s against 13 s). So a
+CPU run takes half the cores it may use for torch's intra-op pool (at least one), one inter-op thread (nothing here
+runs torch ops concurrently), and asks OpenMP to sleep, not spin, while it waits. The rollout's tool threads block
+in SQLite or the GIL, run between generation rounds, and need no cores of their own.
+
+An explicit ``OMP_NUM_THREADS`` or ``T2S_TORCH_THREADS`` in the environment wins.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its CPU affinity), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def torch_threads() -> int:
+    """The intra-op thread count for a CPU run: ``T2S_TORCH_THREADS``, else ``OMP_NUM_THREADS``, else half the cores."""
+    for name in ("T2S_TORCH_THREADS", "OMP_NUM_THREADS"):
+        value = os.environ.get(name, "").strip()
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return max(1, usable_cores() // 2)
+
+
+def configure_cpu_threads(on_cpu: bool | None = None) -> int | None:
+    """Set torch's thread pools for a CPU run; returns the intra-op thread count, or None when the run is not on a CPU.
+
+    ``on_cpu`` None means "when no GPU is visible". Call it first, before torch is imported: ``OMP_WAIT_POLICY`` only
+    takes effect then (a GPU run's few CPU ops lose nothing by sleeping instead of spinning either).
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    if on_cpu is None:
+        on_cpu = not torch.cuda.is_available()
+    if not on_cpu:
+        return None
+
+    threads = torch_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set, or inter-op work already started: the pool keeps its size
+        pass
+    return threads

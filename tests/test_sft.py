@@ -1,0 +1,198 @@
+"""`t2s sft`: warm-start trajectories are the training token stream, the SFT loss mask is the RL env_mask, and the
+output folder is a model that `train`, `eval` and `export` take as it is. Real SQLite, real SFTTrainer steps."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from t2s import sft
+from t2s.episode import EpisodeConfig, run_text_episode
+from t2s.settings import RECIPES_DIR, REPO_ROOT
+
+IM_END = "<|im_end|>"
+# Several turns, so that environment tokens sit between model turns.
+EXPLORE = EpisodeConfig(mode="withheld", max_turns=4, episode_token_budget=4096, max_tokens_per_turn=256,
+                        forced_turn_reserve=64, min_episode_tokens=256)
+
+
+@pytest.fixture(scope="module")
+def demo_recipe():
+    return sft.load_rl_recipe(sft.T2SSFTArguments(rl_recipe="recipes/demo.yaml"))
+
+
+@pytest.fixture(scope="module")
+def rows(demo_recipe, tiny_tokenizer, demo_dir):
+    from t2s.train import load_training_rows
+
+    script_args, rl_args = demo_recipe
+    found, _ = load_training_rows(script_args, rl_args, tiny_tokenizer)
+    return found
+
+
+def _sft_argv(tiny_model_dir, output_dir, *extra) -> list[str]:
+    """recipes/sft_warmstart.yaml on the tiny model and recipes/demo.yaml's environment, a few CPU steps."""
+    return ["--config", str(RECIPES_DIR / "sft_warmstart.yaml"), "--model_name_or_path", str(tiny_model_dir),
+            "--rl_recipe", "recipes/demo.yaml", "--gold_style", "submit", "--dtype", "float32", "--bf16", "false",
+            "--use_cpu", "true", "--gradient_checkpointing", "false", "--max_steps", "3",
+            "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--max_length", "640",
+            "--learning_rate", "1e-3", "--output_dir", str(output_dir), "--logging_steps", "1", "--disable_tqdm", "true",
+            *extra]
+
+
+def _segments(ids: list[int], mask: list[int]) -> list[tuple[int, list[int]]]:
+    out: list[tuple[int, list[int]]] = []
+    for token, bit in zip(ids, mask, strict=True):
+        if out and out[-1][0] == bit:
+            out[-1][1].append(token)
+        else:
+            out.append((bit, [token]))
+    return out
+
+
+def test_gold_trajectories_are_the_training_token_stream(rows, tiny_tokenizer):
+    chosen = rows[:3]
+    policies = [sft.answer_policy(row, row["gold_sql"], "explore", EXPLORE) for row in chosen]
+    traces = sft.play(chosen, policies, tiny_tokenizer, EXPLORE)
+    for row, trace in zip(chosen, traces, strict=True):
+        assert trace.outcome.equivalent and trace.record["counters"]["submitted"]
+        # the same turns and observations as the text path plays for the same policy
+        text_record = run_text_episode(row, EXPLORE, sft.answer_policy(row, row["gold_sql"], "explore", EXPLORE),
+                                       tokenizer=tiny_tokenizer)
+        assert trace.record["turns"] == text_record["turns"] and len(trace.record["turns"]) == 3
+        example = sft.example(trace, "gold")
+        prompt = len(trace.prompt_ids)
+        assert example["input_ids"] == trace.prompt_ids + trace.completion_ids
+        assert example["completion_mask"] == [0] * prompt + trace.env_mask
+        segments = _segments(trace.completion_ids, trace.env_mask)
+        model_texts = [tiny_tokenizer.decode(ids) for bit, ids in segments if bit == 1]
+        assert model_texts == [text + IM_END for text in trace.assistant_texts]
+        env_texts = [tiny_tokenizer.decode(ids) for bit, ids in segments if bit == 0]
+        assert len(env_texts) == 2 and all(turn["observation"] in env for turn, env in
+                                           zip(trace.record["turns"], env_texts))
+
+
+def test_near_misses_run_and_are_wrong(rows, tiny_tokenizer, demo_recipe):
+    config = demo_recipe[1].episode_config()
+    counts: dict = {}
+    same_db = [r for r in rows if r["db_id"] == "cycling_club"][:6]
+    assert len(same_db) == 6
+    examples = sft.near_miss_examples(same_db, tiny_tokenizer, config, "submit", 2, 0, counts)
+    assert counts["near_misses"] == len(examples) == 12
+    for e in examples:
+        row = next(r for r in rows if str(r["question_id"]) == e["question_id"])
+        text = tiny_tokenizer.decode(e["input_ids"])
+        assert json.dumps(row["gold_sql"])[1:-1] not in text  # another question's SQL, not this one's
+    # the near miss the policy submits runs, and is not this question's answer
+    from t2s.rewards import execute_final
+
+    for e in examples[:4]:
+        row = next(r for r in rows if str(r["question_id"]) == e["question_id"])
+        body = tiny_tokenizer.decode([t for t, m in zip(e["input_ids"], e["completion_mask"]) if m])
+        submitted = json.loads(body[body.index("{"): body.rindex("}") + 1])["args"]["sql"]
+        outcome = execute_final(row, submitted)
+        assert outcome.executes and not outcome.equivalent
+
+
+def test_recorded_episodes_replay_only_the_correct_ones(rows, tiny_tokenizer, demo_recipe, tmp_path):
+    config = demo_recipe[1].episode_config()
+    lines = []
+    for row, sql, official in ((rows[0], rows[0]["gold_sql"], 1), (rows[1], rows[2]["gold_sql"], 0),
+                               (rows[3], rows[3]["gold_sql"], 1)):
+        record = run_text_episode(row, config, sft.answer_policy(row, sql, "submit", config))
+        lines.append(json.dumps(dict(record, official=official, sample=0)))
+    lines.append(json.dumps({"question_id": "not-in-data", "mode": "withheld", "official": 1, "turns": []}))
+    path = tmp_path / "episodes.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    counts: dict = {}
+    examples = sft.recorded_examples(path, rows, tiny_tokenizer, config, counts)
+    assert [e["question_id"] for e in examples] == [str(rows[0]["question_id"]), str(rows[3]["question_id"])]
+    assert counts["recorded_correct"] == 3 and counts["recorded_not_in_data"] == 1 and counts["recorded"] == 2
+
+
+def test_sft_trainer_labels_are_the_env_mask_and_it_trains(tiny_model_dir, tmp_path):
+    sft_args, config, model_args = sft.parse_sft_recipe(_sft_argv(tiny_model_dir, tmp_path / "out",
+                                                                  "--near_misses", "1"))
+    trainer, counts = sft.build_sft_trainer(sft_args, config, model_args)
+    assert counts["gold"] > 0 and counts["near_misses"] > 0
+    assert counts["examples"] == counts["gold"] * 5 + counts["near_misses"] * 3  # weight 0.6 in fifths
+    prepared = trainer.train_dataset
+    assert len(prepared) == counts["examples"]
+    for item in prepared.select(range(8)):
+        labels = item["labels"]
+        # the prepared labels keep exactly the model's own tokens: rebuild the mask from the trajectory itself
+        assert len(labels) == len(item["input_ids"])
+        trained = [label != -100 for label in labels]
+        assert any(trained) and not trained[0]
+        assert [t for t, keep in zip(item["input_ids"], trained) if keep][-1] == trainer.processing_class.convert_tokens_to_ids(IM_END)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    sft.fit(trainer, counts)
+    assert trainer.state.global_step == 3
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    assert losses and all(loss == loss and loss > 0 for loss in losses)
+    assert any(not (before[n] == p.detach()).all() for n, p in trainer.model.named_parameters())
+    summary = json.loads((tmp_path / "out" / sft.SUMMARY_FILE).read_text())
+    assert summary["global_step"] == 3 and summary["trajectories"]["gold"] == counts["gold"]
+
+
+def test_sft_examples_mask_matches_rollout_env_mask(rows, tiny_tokenizer, demo_recipe):
+    """The mask SFT trains on is the env_mask the RL rollout returns for the same episode (``to_trl``)."""
+    from t2s.rollout import to_trl
+
+    config = demo_recipe[1].episode_config()
+    chosen = rows[:4]
+    traces = sft.play(chosen, [sft.answer_policy(r, r["gold_sql"], "submit", config) for r in chosen],
+                      tiny_tokenizer, config)
+    trl_output = to_trl(traces, tiny_tokenizer.convert_tokens_to_ids(IM_END))
+    counts: dict = {}
+    examples = sft.gold_examples(chosen, tiny_tokenizer, config, "submit", counts)
+    for example, prompt, completion, env_mask in zip(examples, trl_output["prompt_ids"], trl_output["completion_ids"],
+                                                     trl_output["env_mask"], strict=True):
+        assert example["input_ids"] == prompt + completion
+        assert example["completion_mask"][len(prompt):] == env_mask and not any(example["completion_mask"][:len(prompt)])
+
+
+def _run(*args, timeout=600):
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([sys.executable, "-m", "t2s", *args], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO_ROOT, env=env)
+
+
+def test_sft_command_output_is_taken_by_train_eval_and_export(tiny_model_dir, tmp_path):
+    out = tmp_path / "warm"
+    done = _run("sft", *_sft_argv(tiny_model_dir, out))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+    assert json.loads((out / sft.SUMMARY_FILE).read_text())["global_step"] == 3
+    # GRPO from the folder, as it is
+    train = _run("train", "--config", str(RECIPES_DIR / "demo.yaml"), "--model_name_or_path", str(out),
+                 "--max_steps", "1", "--per_device_train_batch_size", "4", "--num_generations", "2",
+                 "--output_dir", str(tmp_path / "grpo"))
+    assert train.returncode == 0, train.stderr[-2000:]
+    assert json.loads((tmp_path / "grpo" / "train_summary.json").read_text())["global_step"] == 1
+    # evaluation with the model policy
+    evaluated = _run("eval", "--policy", "model", "--model", str(out), "--data", str(REPO_ROOT / "data/demo/dev.json"),
+                     "--n", "2", "--mode", "withheld", "--max-turns", "1", "--max-tokens-per-turn", "64",
+                     "--episode-token-budget", "4096", "--device", "cpu", "--output", str(tmp_path / "eval"))
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    assert json.loads((tmp_path / "eval" / "summary.json").read_text())
+    exported = _run("export", "--checkpoint", str(out), "--output", str(tmp_path / "export"))
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert (tmp_path / "export" / "config.json").is_file()
+
+
+@pytest.mark.parametrize("override, message", [
+    (("--rl_recipe", "recipes/missing.yaml"), "rl_recipe 'recipes/missing.yaml' not found"),
+    (("--trajectories", "no/such/episodes.jsonl"), "neither 'gold' nor an episodes file"),
+    (("--max_length", "16"), "max_length 16 would cut trajectories"),
+])
+def test_sft_bad_input_is_one_error_line(tiny_model_dir, tmp_path, override, message):
+    done = _run("sft", *_sft_argv(tiny_model_dir, tmp_path / "out", *override), timeout=300)
+    assert done.returncode == 2
+    lines = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr
+    assert not (tmp_path / "out" / "config.json").exists()
