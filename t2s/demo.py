@@ -22,7 +22,11 @@ from pathlib import Path
 
 from t2s.cli_args import add_hidden_alias
 
-DEMO_STEPS = 15
+DEMO_STEPS = 12
+# The demo is bench learn's experiment made shorter: 8 of its 16 questions, so that every GRPO step sees each of them
+# and the warm start needs fewer steps.
+WARM_START_OVERRIDES = ("--questions", "8", "--max_steps", "80")
+GRPO_OVERRIDES = ("--max_train_rows", "8")
 EVAL_ARGS = ("--mode", "withheld", "--max-turns", "1", "--max-tokens-per-turn", "128", "--episode-token-budget", "4096")
 STEP_COLUMNS = (  # (log key, column title, format)
     ("reward", "reward", "{:.3f}"),
@@ -113,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         model_dir = Path(args.model) if args.model else cached_warm_start(console)
         with console.status(f"GRPO, {args.steps} steps of 8 questions × 8 rollouts (episodes, rewards, loss, KL)"):
-            trainer = grpo_run(model_dir, output / "model", steps=args.steps, seed=0, callbacks=[printer])
+            trainer = grpo_run(model_dir, output / "model", steps=args.steps, seed=0, callbacks=[printer],
+                               overrides=GRPO_OVERRIDES)
     except (ConfigError, ValueError, OSError) as exc:
         message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
         console.print(message.splitlines()[0], style="red", highlight=False, markup=False)
@@ -127,8 +132,9 @@ def run(args: argparse.Namespace) -> int:
                   highlight=False)
     console.print(f"trained {trainer.state.global_step} steps; beta {trainer.beta:.6f}; model in {output / 'model'}",
                   highlight=False)
+    rows = list(trainer.train_dataset)
     del trainer
-    code = _evaluate(console, output, args.eval_n)
+    code = _evaluate(console, output, args.eval_n, rows)
     console.rule(f"[bold]demo finished in {time.perf_counter() - started:.0f} s")
     return code
 
@@ -141,11 +147,12 @@ def warm_start_key() -> str:
     from t2s.settings import DEMO_DIR, RECIPES_DIR, REPO_ROOT
 
     digest = hashlib.sha256()
-    files = [RECIPES_DIR / "demo_sft.yaml", RECIPES_DIR / "demo.yaml", RECIPES_DIR / "demo_system_prompt.txt"]
-    files += sorted(p for p in DEMO_DIR.rglob("*") if p.is_file())
-    files += sorted((REPO_ROOT / "t2s").rglob("*.py"))
-    for path in files:
-        digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    groups = [(RECIPES_DIR, [RECIPES_DIR / n for n in ("demo_sft.yaml", "demo.yaml", "demo_system_prompt.txt")]),
+              (DEMO_DIR, sorted(p for p in DEMO_DIR.rglob("*") if p.is_file())),
+              (REPO_ROOT / "t2s", sorted((REPO_ROOT / "t2s").rglob("*.py")))]
+    for root, files in groups:
+        for path in files:
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     for package in ("torch", "transformers", "trl", "tokenizers"):
         digest.update(f"{package}=={version(package)}".encode())
     return digest.hexdigest()[:16]
@@ -165,22 +172,23 @@ def cached_warm_start(console) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     began = time.perf_counter()
     with console.status("warm start: SFT on gold and near-miss trajectories (first run only, then cached)"):
-        warm_start(partial, seed=0)
+        warm_start(partial, seed=0, overrides=WARM_START_OVERRIDES)
     partial.rename(folder)
     console.print(f"warm start: trained in {time.perf_counter() - began:.0f} s, cached in {folder}", highlight=False)
     return folder
 
 
-def _evaluate(console, output: Path, n: int) -> int:
+def _evaluate(console, output: Path, n: int, train_rows: list[dict]) -> int:
     """The trained model on its questions through ``t2s eval``, then the gold self-check (must be 1.0)."""
     import json
 
     from t2s.cli import main as t2s_main
     from t2s.settings import DEMO_DIR, RECIPES_DIR
 
-    questions = output / "questions.json"  # the recipe's questions (the simple ones), in BIRD's layout
+    trained = {str(row["question_id"]) for row in train_rows}
+    questions = output / "questions.json"  # the questions GRPO trained on, in BIRD's layout
     records = json.loads((DEMO_DIR / "dev.json").read_text(encoding="utf-8"))
-    questions.write_text(json.dumps([r for r in records if r.get("difficulty") == "simple"], indent=1))
+    questions.write_text(json.dumps([r for r in records if str(r.get("question_id")) in trained], indent=1))
     for folder in ("eval_model", "eval_gold"):  # a fresh evaluation of this run's model, never a resumed one
         shutil.rmtree(output / folder, ignore_errors=True)
     console.rule("evaluation of the trained model on its questions (t2s eval --policy model)")

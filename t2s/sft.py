@@ -72,6 +72,11 @@ class T2SSFTArguments:
                   "at model_name_or_path when it is absent. For the CPU demo and `bench learn`."},
     )
     trajectory_seed: int = field(default=0, metadata={"help": "Seed of the near-miss choice."})
+    questions: int | None = field(
+        default=None,
+        metadata={"help": "Use only the first N of the GRPO recipe's training rows (after its filters and shuffle): "
+                  "the questions a GRPO run with max_train_rows N trains on."},
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -280,6 +285,8 @@ def build_sft_trainer(sft_args: T2SSFTArguments, config, model_args, *, callback
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision,
                                               trust_remote_code=config.trust_remote_code)
     rows, data_counts = load_training_rows(script_args, rl_args, tokenizer)
+    if sft_args.questions is not None:
+        rows = rows[: sft_args.questions]
     examples, counts = build_examples(sft_args, rows, tokenizer, rl_args.episode_config())
     counts["data"] = data_counts
     longest = max(len(e["input_ids"]) for e in examples)

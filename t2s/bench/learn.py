@@ -186,12 +186,12 @@ def run(args: argparse.Namespace) -> int:
     from t2s.settings import REPO_ROOT, offline_environment
 
     started = time.perf_counter()
-    configure_cpu_threads(on_cpu=True)  # before torch is imported
-    offline_environment()
     if args.steps < 2 * WINDOW:
         print(f"Error: --steps must be at least {2 * WINDOW} (gains compare the first and last {WINDOW} steps).",
               file=sys.stderr)
         return 2
+    configure_cpu_threads(on_cpu=True)  # before torch is imported
+    offline_environment()
     from t2s.demo import quiet_libraries, step_printer
 
     quiet_libraries()

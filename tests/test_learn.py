@@ -1,0 +1,110 @@
+"""bench learn's parts (the permuted-reward control, gains, targets), the demo's warm-start cache key, the tiny model
+presets and the CPU thread policy. The experiment itself runs with `python -m t2s bench learn` (minutes, not a test)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from t2s.bench import learn
+
+
+def test_control_permutes_rewards_within_the_call_and_keeps_everything_else():
+    seen = {}
+
+    def dense(prompts, completions, completion_ids=None, **kwargs):
+        seen.update(kwargs)
+        return [float(i) for i in range(len(prompts))]
+
+    permuted = learn.permuted_rewards(dense, seed=0)
+    assert permuted.__name__ == "dense"  # TRL logs rewards under the function's name
+    first = permuted(prompts=list("abcdefgh"), completions=list("abcdefgh"), outcome="x")
+    second = permuted(prompts=list("abcdefgh"), completions=list("abcdefgh"), outcome="x")
+    assert sorted(first) == sorted(second) == [float(i) for i in range(8)]  # the same rewards, moved
+    assert first != [float(i) for i in range(8)] and first != second  # a new permutation at every step
+    assert seen == {"outcome": "x"}
+    again = learn.permuted_rewards(dense, seed=0)
+    assert again(prompts=list("abcdefgh"), completions=list("abcdefgh")) == first  # seeded
+
+
+def test_gain_compares_the_last_five_steps_with_the_first_five():
+    values = [0.1] * 5 + [0.3] * 20 + [0.5] * 5
+    assert learn.gain(values) == pytest.approx(0.4)
+    assert learn.window_mean(values, last=False) == pytest.approx(0.1)
+
+
+def test_missed_targets_name_each_one():
+    assert learn.missed_targets(0.3, 0.0, 0.3, 600) == []
+    missed = learn.missed_targets(0.1, 0.0, 0.05, 1000)
+    assert len(missed) == 4
+    assert missed[0].startswith("grpo_gain 0.100 < 0.15") and missed[1].startswith("grpo_gain - control_gain")
+    assert missed[2].startswith("start_equiv 0.050 outside") and missed[3] == "seconds 1000 > 900"
+    assert learn.missed_targets(0.2, 0.1, 0.3, 100) == ["grpo_gain - control_gain 0.100 < 0.15"]
+
+
+def test_bench_learn_rejects_too_few_steps(capsys):
+    from t2s.cli import main
+
+    assert main(["bench", "learn", "--steps", "6"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("Error: --steps must be at least 10")
+
+
+def test_plot_writes_both_curves(tmp_path):
+    steps = [{"step": i + 1, "tier/equivalent": i / 10, "reward": i / 5} for i in range(6)]
+    learn.plot_curves(tmp_path / "learn.png", {"grpo": steps, "control": steps[::-1]}, "test")
+    assert (tmp_path / "learn.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_warm_start_key_follows_what_determines_it(tmp_path, monkeypatch):
+    import t2s.settings as settings
+    from t2s.demo import warm_start_key
+
+    first = warm_start_key()
+    assert warm_start_key() == first and len(first) == 16
+    recipes = tmp_path / "recipes"
+    shutil.copytree(settings.RECIPES_DIR, recipes)
+    monkeypatch.setattr(settings, "RECIPES_DIR", recipes)
+    assert warm_start_key() == first  # the same files, found elsewhere
+    path = recipes / "demo_sft.yaml"
+    path.write_text(path.read_text().replace("max_steps: ", "max_steps: 1"))
+    assert warm_start_key() != first
+
+
+def test_attention_preset_is_four_full_attention_layers_with_demo_words(tmp_path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from t2s.tiny_model import build_tiny_model
+
+    folder = build_tiny_model(tmp_path / "attn", preset="attention")
+    config = AutoConfig.from_pretrained(folder)
+    assert config.layer_types == ["full_attention"] * 4 and config.hidden_size == 128
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert tokenizer.tokenize(" bikes") == ["Ġbikes"]
+    assert build_tiny_model(tmp_path / "attn", preset="attention") == folder  # reused
+    with pytest.raises(ValueError, match="Error: unknown tiny model preset 'wide'"):
+        build_tiny_model(tmp_path / "wide", preset="wide")
+
+
+def test_cpu_threads_take_half_the_cores_unless_told(monkeypatch):
+    import torch
+
+    from t2s import cpu_threads
+
+    monkeypatch.delenv("T2S_TORCH_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(cpu_threads, "usable_cores", lambda: 8)
+    assert cpu_threads.torch_threads() == 4
+    monkeypatch.setattr(cpu_threads, "usable_cores", lambda: 1)
+    assert cpu_threads.torch_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert cpu_threads.torch_threads() == 3
+    monkeypatch.setenv("T2S_TORCH_THREADS", "2")
+    assert cpu_threads.torch_threads() == 2
+    before = torch.get_num_threads()
+    try:
+        assert cpu_threads.configure_cpu_threads(on_cpu=True) == 2 and torch.get_num_threads() == 2
+        assert cpu_threads.configure_cpu_threads(on_cpu=False) is None
+    finally:
+        torch.set_num_threads(before)
