@@ -99,7 +99,7 @@ def step_printer(console):
 def run(args: argparse.Namespace) -> int:
     from t2s.cpu_threads import configure_cpu_threads
     from t2s.resources import workspace
-    from t2s.rich_output import console as make_console
+    from t2s.rich_output import console as make_console, print_table
     from t2s.settings import offline_environment
 
     configure_cpu_threads(on_cpu=True)  # before torch is imported
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
         console.print(message.splitlines()[0], style="red", highlight=False, markup=False)
         return 2
-    console.print(printer.table())
+    print_table(console, printer.table())
     plot_curves(output / "learn.png", {"grpo": printer.steps}, "t2s demo: GRPO from the warm start")
     equiv = [entry.get("tier/equivalent") or 0.0 for entry in printer.steps]
     third = max(1, len(equiv) // 3)
@@ -144,12 +144,13 @@ def warm_start_key() -> str:
     import hashlib
     from importlib.metadata import version
 
-    from t2s.settings import DEMO_DIR, RECIPES_DIR, REPO_ROOT
+    from t2s.resources import PACKAGE_DIR
+    from t2s.settings import DEMO_DIR, RECIPES_DIR
 
     digest = hashlib.sha256()
     groups = [(RECIPES_DIR, [RECIPES_DIR / n for n in ("demo_sft.yaml", "demo.yaml", "demo_system_prompt.txt")]),
               (DEMO_DIR, sorted(p for p in DEMO_DIR.rglob("*") if p.is_file())),
-              (REPO_ROOT / "t2s", sorted((REPO_ROOT / "t2s").rglob("*.py")))]
+              (PACKAGE_DIR, sorted(PACKAGE_DIR.rglob("*.py")))]
     for root, files in groups:
         for path in files:
             digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
@@ -161,10 +162,10 @@ def warm_start_key() -> str:
 def cached_warm_start(console) -> Path:
     """The warm-started model folder: from ``.cache/`` when its key matches, else trained there now."""
     from t2s.bench.learn import warm_start
-    from t2s.settings import REPO_ROOT
+    from t2s.resources import workspace
     from t2s.sft import SUMMARY_FILE
 
-    folder = REPO_ROOT / ".cache" / f"demo-warmstart-{warm_start_key()}"
+    folder = workspace() / ".cache" / f"demo-warmstart-{warm_start_key()}"
     if (folder / SUMMARY_FILE).is_file():
         console.print(f"warm start: cached in {folder}", highlight=False)
         return folder

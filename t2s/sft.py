@@ -242,7 +242,7 @@ def build_examples(sft_args: T2SSFTArguments, rows: list[dict], tokenizer, episo
 def prepare_model(sft_args: T2SSFTArguments, model_args) -> str:
     """The model folder (the tiny preset built there when asked and absent) or hub id to start from."""
     from t2s.configs import ConfigError
-    from t2s.settings import REPO_ROOT
+    from t2s.resources import workspace
     from t2s.train import resolve_path
 
     name = model_args.model_name_or_path
@@ -251,7 +251,7 @@ def prepare_model(sft_args: T2SSFTArguments, model_args) -> str:
     if sft_args.tiny_model:
         from t2s.tiny_model import build_tiny_model
 
-        target = Path(name) if Path(name).is_absolute() else REPO_ROOT / name
+        target = workspace() / name  # an absolute name stays as it is
         return str(build_tiny_model(target, preset=sft_args.tiny_model))
     local = resolve_path(name)
     return str(local) if local is not None else name
@@ -266,9 +266,11 @@ def load_rl_recipe(sft_args: T2SSFTArguments):
     if path is None or not path.is_file():
         raise ConfigError(f"Error: rl_recipe {sft_args.rl_recipe!r} not found.")
     script_args, training_args, _ = parse_recipe(["--config", str(path)])
-    if training_args.system_prompt_file:
+    if training_args.system_prompt_file:  # as `train` reads it: a shipped file such as recipes/prompt.txt
         prompt = resolve_path(training_args.system_prompt_file)
-        training_args.system_prompt_file = str(prompt) if prompt is not None else training_args.system_prompt_file
+        if prompt is None:
+            raise ConfigError(f"Error: system_prompt_file {training_args.system_prompt_file!r} not found.")
+        training_args.system_prompt_file = str(prompt)
     return script_args, training_args
 
 

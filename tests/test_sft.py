@@ -3,6 +3,7 @@ output folder is a model that `train`, `eval` and `export` take as it is. Real S
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -23,6 +24,11 @@ EXPLORE = EpisodeConfig(mode="withheld", max_turns=4, episode_token_budget=4096,
 @pytest.fixture(scope="module")
 def demo_recipe():
     return sft.load_rl_recipe(sft.T2SSFTArguments(rl_recipe="recipes/demo.yaml"))
+
+
+def roomy(demo_recipe) -> EpisodeConfig:
+    """demo.yaml's episode settings with room for the test tokenizer's longer turns (it lacks the demo's words)."""
+    return dataclasses.replace(demo_recipe[1].episode_config(), max_tokens_per_turn=160)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +83,7 @@ def test_gold_trajectories_are_the_training_token_stream(rows, tiny_tokenizer):
 
 
 def test_near_misses_run_and_are_wrong(rows, tiny_tokenizer, demo_recipe):
-    config = demo_recipe[1].episode_config()
+    config = roomy(demo_recipe)
     counts: dict = {}
     same_db = [r for r in rows if r["db_id"] == "cycling_club"][:6]
     assert len(same_db) == 6
@@ -99,10 +105,11 @@ def test_near_misses_run_and_are_wrong(rows, tiny_tokenizer, demo_recipe):
 
 
 def test_recorded_episodes_replay_only_the_correct_ones(rows, tiny_tokenizer, demo_recipe, tmp_path):
-    config = demo_recipe[1].episode_config()
+    config = roomy(demo_recipe)
     lines = []
+    # correct; wrong and marked so; correct; marked correct but wrong when replayed here
     for row, sql, official in ((rows[0], rows[0]["gold_sql"], 1), (rows[1], rows[2]["gold_sql"], 0),
-                               (rows[3], rows[3]["gold_sql"], 1)):
+                               (rows[3], rows[3]["gold_sql"], 1), (rows[4], rows[5]["gold_sql"], 1)):
         record = run_text_episode(row, config, sft.answer_policy(row, sql, "submit", config))
         lines.append(json.dumps(dict(record, official=official, sample=0)))
     lines.append(json.dumps({"question_id": "not-in-data", "mode": "withheld", "official": 1, "turns": []}))
@@ -111,7 +118,8 @@ def test_recorded_episodes_replay_only_the_correct_ones(rows, tiny_tokenizer, de
     counts: dict = {}
     examples = sft.recorded_examples(path, rows, tiny_tokenizer, config, counts)
     assert [e["question_id"] for e in examples] == [str(rows[0]["question_id"]), str(rows[3]["question_id"])]
-    assert counts["recorded_correct"] == 3 and counts["recorded_not_in_data"] == 1 and counts["recorded"] == 2
+    assert counts["recorded_correct"] == 4 and counts["recorded_not_in_data"] == 1 and counts["recorded"] == 2
+    assert counts["recorded_not_correct_on_replay"] == 1
 
 
 def test_sft_trainer_labels_are_the_env_mask_and_it_trains(tiny_model_dir, tmp_path):
@@ -143,7 +151,7 @@ def test_sft_examples_mask_matches_rollout_env_mask(rows, tiny_tokenizer, demo_r
     """The mask SFT trains on is the env_mask the RL rollout returns for the same episode (``to_trl``)."""
     from t2s.rollout import to_trl
 
-    config = demo_recipe[1].episode_config()
+    config = roomy(demo_recipe)
     chosen = rows[:4]
     traces = sft.play(chosen, [sft.answer_policy(r, r["gold_sql"], "submit", config) for r in chosen],
                       tiny_tokenizer, config)

@@ -88,10 +88,6 @@ def grpo_run(model_dir: Path, output_dir: Path, *, steps: int, seed: int, contro
         "--output_dir", str(output_dir), "--max_steps", str(steps), "--seed", str(seed), "--disable_tqdm", "true",
         *overrides,
     ])
-    from t2s.train import resolve_path
-
-    prompt = resolve_path(training_args.system_prompt_file)
-    training_args.system_prompt_file = str(prompt) if prompt is not None else training_args.system_prompt_file
     trainer, counts = build_trainer(script_args, training_args, model_args, callbacks=list(callbacks))
     _quiet(trainer)
     if control:
@@ -180,10 +176,10 @@ def _fmt(value, fmt: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from t2s.cpu_threads import configure_cpu_threads
-    from t2s.settings import REPO_ROOT, offline_environment
+    from t2s.resources import workspace
+    from t2s.rich_output import console as make_console, print_table
+    from t2s.settings import offline_environment
 
     started = time.perf_counter()
     if args.steps < 2 * WINDOW:
@@ -195,8 +191,8 @@ def run(args: argparse.Namespace) -> int:
     from t2s.demo import quiet_libraries, step_printer
 
     quiet_libraries()
-    console = Console(soft_wrap=True)
-    output = Path(args.output) if Path(args.output).is_absolute() else REPO_ROOT / args.output
+    console = make_console()  # printed paths are never wrapped
+    output = workspace() / args.output  # an absolute output stays as it is
     console.print(f"warm start ({SFT_RECIPE}) ...", highlight=False)
     model_dir = warm_start(output / "warmstart", args.seed)
     console.print(f"warm start done at {time.perf_counter() - started:.0f} s", highlight=False)
@@ -206,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         printer = step_printer(console)
         grpo_run(model_dir, output / name, steps=args.steps, seed=args.seed, control=control, callbacks=[printer])
         runs[name] = printer.steps
-    console.print(step_table(runs))
+    print_table(console, step_table(runs))
     equiv = {name: [s.get("tier/equivalent", 0.0) for s in steps] for name, steps in runs.items()}
     grpo_gain, control_gain = gain(equiv["grpo"]), gain(equiv["control"])
     start = window_mean(equiv["grpo"], last=False)
