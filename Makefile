@@ -21,7 +21,7 @@ TRAIN_ARGS ?=
 .PHONY: install install-gpu test demo train serve data bench-env bench-rollout clean help
 
 help:
-	@echo "make demo      train the smoke recipe on data/demo (CPU), then evaluate it"
+	@echo "make demo      a tiny model learns on data/demo (CPU): warm start, GRPO steps, eval"
 	@echo "make test      run the test suite (offline, CPU)"
 	@echo "make train RECIPE=bird [ACCELERATE=multi_gpu] [NUM_GPUS=3]"
 	@echo "make serve MODEL=...   vLLM server for server-mode rollouts"

@@ -26,9 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import random
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -196,10 +194,9 @@ def recorded_examples(path: Path, rows, tokenizer, episode_config, counts: dict)
     counts["recorded_correct"] = len(episodes)
     chosen = [(by_id[str(e.get("question_id"))], e) for e in episodes if str(e.get("question_id")) in by_id]
     counts["recorded_not_in_data"] = len(episodes) - len(chosen)
-    mode = episode_config.mode
-    other_mode = [pair for pair in chosen if pair[1].get("mode") not in (None, mode)]
-    counts["recorded_other_mode"] = len(other_mode)
-    chosen = [pair for pair in chosen if pair[1].get("mode") in (None, mode)]
+    same_mode = [pair for pair in chosen if pair[1].get("mode") in (None, episode_config.mode)]
+    counts["recorded_other_mode"] = len(chosen) - len(same_mode)
+    chosen = same_mode
     policies = [ReplayPolicy([str(turn.get("assistant") or "") for turn in e["turns"]]) for _, e in chosen]
     traces = play([row for row, _ in chosen], policies, tokenizer, episode_config)
     kept = [example(t, "recorded") for t in traces if _equivalent(t)]
@@ -212,6 +209,8 @@ def build_examples(sft_args: T2SSFTArguments, rows: list[dict], tokenizer, episo
     """The warm-start examples, repeated by weight, and the counts of what was kept and left out."""
     from t2s.configs import ConfigError
 
+    if sft_args.near_misses < 0 or sft_args.near_miss_weight < 0:
+        raise ConfigError("Error: near_misses and near_miss_weight must be >= 0.")
     counts: dict = {"questions": len(rows)}
     if sft_args.trajectories == "gold":
         base = gold_examples(rows, tokenizer, episode_config, sft_args.gold_style, counts)
@@ -224,8 +223,6 @@ def build_examples(sft_args: T2SSFTArguments, rows: list[dict], tokenizer, episo
         base = recorded_examples(path, rows, tokenizer, episode_config, counts)
     if not base:
         raise ConfigError(f"Error: no correct trajectory to train on ({counts}).")
-    if sft_args.near_misses < 0 or not 0 <= sft_args.near_miss_weight:
-        raise ConfigError("Error: near_misses and near_miss_weight must be >= 0.")
     near = []
     if sft_args.near_misses:
         near = near_miss_examples(rows, tokenizer, episode_config, sft_args.gold_style, sft_args.near_misses,
@@ -322,30 +319,16 @@ def fit(trainer, counts: dict):
 def run(args: argparse.Namespace) -> int:
     import gc
 
-    from t2s.cpu_threads import configure_cpu_threads
-    from t2s.settings import offline_environment
+    from t2s.train import setup_error, start_command
 
-    configure_cpu_threads()  # before torch is imported
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        offline_environment()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    if not Path(args.config).is_file():
-        print(f"Error: recipe {args.config} not found.", file=sys.stderr)
+    config_path = start_command(args.config)
+    if config_path is None:
         return 2
-    from t2s.configs import ConfigError
-
     try:
-        sft_args, config, model_args = parse_sft_recipe(["--config", args.config, *args.overrides])
+        sft_args, config, model_args = parse_sft_recipe(["--config", str(config_path), *args.overrides])
         trainer, counts = build_sft_trainer(sft_args, config, model_args)
-    except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as exc:  # TRL/transformers config errors, unreadable data: one line, no traceback
-        message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
-        print(message.splitlines()[0], file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as exc:  # ConfigError, TRL/transformers config errors, unreadable data
+        return setup_error(exc)
     log.info("warm-start trajectories: %s", counts)
     fit(trainer, counts)
     del trainer

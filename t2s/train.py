@@ -286,34 +286,53 @@ def use_step_printer(trainer) -> None:
         trainer.add_callback(step_printer(console()))
 
 
-def run(args: argparse.Namespace) -> int:
+def start_command(config: str) -> Path | None:
+    """What ``train`` and ``sft`` do first: CPU threads (before torch is imported), quiet offline settings, logging.
+
+    Returns the recipe's path, or None after one ``Error:`` line when it is not found.
+    """
     from t2s.cpu_threads import configure_cpu_threads
     from t2s.settings import offline_environment
 
-    configure_cpu_threads()  # before torch is imported
+    configure_cpu_threads()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         offline_environment()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    config = resolve_path(args.config)
-    if config is None or not config.is_file():
-        print(f"Error: recipe {args.config} not found.", file=sys.stderr)
+    path = resolve_path(config)
+    if path is None or not path.is_file():
+        print(f"Error: recipe {config} not found.", file=sys.stderr)
+        return None
+    return path
+
+
+def setup_error(exc: Exception) -> int:
+    """A recipe, config or data error at start-up on stderr (a ConfigError as it is, any other as its first line,
+    prefixed ``Error:``); returns the exit code (2)."""
+    from t2s.configs import ConfigError
+
+    if isinstance(exc, ConfigError):
+        print(str(exc), file=sys.stderr)
         return 2
-    from t2s.configs import ConfigError, parse_recipe
+    message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
+    print(message.splitlines()[0], file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    config = start_command(args.config)
+    if config is None:
+        return 2
+    from t2s.configs import parse_recipe
     from t2s.run_lock import rank_zero_lock
 
     try:
         script_args, training_args, model_args = parse_recipe(["--config", str(config), *args.overrides])
         checkpoint = resume_checkpoint(training_args)
         trainer, counts = build_trainer(script_args, training_args, model_args)
-    except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
-        return 2
-    except (ValueError, OSError) as exc:  # TRL/transformers config errors, unreadable data: one line, no traceback
-        message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
-        print(message.splitlines()[0], file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as exc:  # ConfigError, TRL/transformers config errors, unreadable data
+        return setup_error(exc)
     use_step_printer(trainer)
     with rank_zero_lock(training_args.output_dir):  # one run per output_dir; a second stops with one Error: line
         fit(trainer, counts, checkpoint)
