@@ -122,7 +122,9 @@ def test_demo_trains_three_steps_prints_reward_components_and_evaluates(tiny_mod
         assert part in out
     summary = json.loads((tmp_path / "demo" / "model" / "train_summary.json").read_text())
     assert summary["global_step"] == 3
-    evaluated = json.loads((tmp_path / "demo" / "eval_model" / "summary.json").read_text())["modes"]["full"]
+    assert (tmp_path / "demo" / "learn.png").read_bytes()[:4] == b"\x89PNG"  # the curve
+    # the trained model on the questions it trained on, with the demo recipe's episode settings
+    evaluated = json.loads((tmp_path / "demo" / "eval_model" / "summary.json").read_text())["modes"]["withheld"]
     assert evaluated["n"] == 2
     gold = json.loads((tmp_path / "demo" / "eval_gold" / "summary.json").read_text())["modes"]["full"]
     assert gold["execution_accuracy_official"] == 1.0 and gold["n"] == 63
