@@ -11,12 +11,18 @@ RECIPE_ORDER = ("bird.yaml",)  # read first: its groups and keys set the order
 OTHER_GROUP = "other"
 
 
-def recipe_groups() -> dict[str, list[str]]:
-    """{group: [keys in first-seen order]} over the shipped recipes/*.yaml."""
+def train_recipes() -> list:
+    """The shipped recipes/*.yaml that ``train`` takes: all but the warm-start recipes of ``t2s sft`` (those naming an
+    ``rl_recipe``)."""
     from t2s.resources import shipped
 
-    folder = shipped("recipes")
-    files = sorted(folder.glob("*.yaml"), key=lambda p: (p.name not in RECIPE_ORDER, p.name))
+    return [path for path in shipped("recipes").glob("*.yaml")
+            if not any(line.startswith("rl_recipe:") for line in path.read_text(encoding="utf-8").splitlines())]
+
+
+def recipe_groups() -> dict[str, list[str]]:
+    """{group: [keys in first-seen order]} over the shipped recipes ``train`` takes."""
+    files = sorted(train_recipes(), key=lambda p: (p.name not in RECIPE_ORDER, p.name))
     groups: dict[str, list[str]] = {}
     seen: set[str] = set()
     for path in files:

@@ -70,18 +70,27 @@ class T2SSFTArguments:
                   "at model_name_or_path when it is absent. For the CPU demo and `bench learn`."},
     )
     trajectory_seed: int = field(default=0, metadata={"help": "Seed of the near-miss choice."})
-    questions: int | None = field(
-        default=None,
-        metadata={"help": "Use only the first N of the GRPO recipe's training rows (after its filters and shuffle): "
-                  "the questions a GRPO run with max_train_rows N trains on."},
-    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    import dataclasses
+    import textwrap
+
     from t2s.train import add_arguments as train_arguments
 
     train_arguments(parser)  # --config RECIPE plus recipe-key overrides, as `train` takes them
-    parser.description = "supervised warm start on trajectories the environment plays (gold or recorded episodes)"
+    parser.epilog = ("Any other flag overrides a recipe key: those below, or any field of trl.SFTConfig or "
+                     "trl.ModelConfig, e.g. --max-steps 50 --learning-rate 1e-5")
+    plain_help = argparse.ArgumentParser.format_help.__get__(parser)
+
+    def help_with_keys() -> str:
+        lines = ["warm-start keys:"]
+        for spec in dataclasses.fields(T2SSFTArguments):
+            lines.append(f"  --{spec.name.replace('_', '-')} (default: {spec.default})")
+            lines += textwrap.wrap(spec.metadata["help"], 100, initial_indent=" " * 6, subsequent_indent=" " * 6)
+        return plain_help() + "\n" + "\n".join(lines) + "\n"
+
+    parser.format_help = help_with_keys
 
 
 def parse_sft_recipe(argv: list[str]):
@@ -284,8 +293,6 @@ def build_sft_trainer(sft_args: T2SSFTArguments, config, model_args, *, callback
     tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision,
                                               trust_remote_code=config.trust_remote_code)
     rows, data_counts = load_training_rows(script_args, rl_args, tokenizer)
-    if sft_args.questions is not None:
-        rows = rows[: sft_args.questions]
     examples, counts = build_examples(sft_args, rows, tokenizer, rl_args.episode_config())
     counts["data"] = data_counts
     longest = max(len(e["input_ids"]) for e in examples)

@@ -94,8 +94,7 @@ def test_the_help_shows_defaults():
 
 
 def test_train_help_lists_every_recipe_key_grouped_as_the_recipes():
-    from t2s.recipe_help import recipe_groups
-    from t2s.resources import shipped
+    from t2s.recipe_help import recipe_groups, train_recipes
 
     done = subprocess.run([sys.executable, "-m", "t2s", "train", "--help"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
@@ -105,7 +104,7 @@ def test_train_help_lists_every_recipe_key_grouped_as_the_recipes():
     headings = [text.index(f"\n{group}:\n") for group in groups]
     assert headings == sorted(headings)
     keys = set()
-    for recipe in shipped("recipes").glob("*.yaml"):
+    for recipe in train_recipes():  # the warm-start recipes are `t2s sft`'s
         keys |= {m.group(1) for m in re.finditer(r"^([a-z_0-9]+):", recipe.read_text(), re.M)}
     for key in keys:
         entry = re.search(rf"^  --{key.replace('_', '-')} \(default: [^\n]*\)\n {{6}}\S", text, re.M)
