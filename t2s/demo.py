@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
     from t2s.bench.learn import grpo_run, plot_curves
     from t2s.configs import ConfigError
 
-    console.rule("[bold]t2s demo: a tiny Qwen3.5 learns on a CPU (warm start, then GRPO on data/demo)")
+    console.rule("[bold]t2s demo: a tiny Qwen3.5 learns on a CPU")  # fits 80 columns
     printer = step_printer(console)
     try:
         model_dir = Path(args.model) if args.model else cached_warm_start(console)
