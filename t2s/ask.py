@@ -28,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-turns", type=positive_int, default=None, help="tool turns before the forced final turn (default: 6)")
     parser.add_argument("--system-prompt-file", type=non_empty_path, default=None, help="replace the system prompt with this file's text")
     parser.add_argument("--json", action="store_true", help="print the episode record as one JSON object")
+    from t2s.evaluate import add_tool_arguments
+
+    add_tool_arguments(parser)
     add_model_arguments(parser)
 
 
@@ -93,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
             read_system_prompt(args.system_prompt_file)
         except EvalError as exc:
             return _fail(str(exc))
-    config = EpisodeConfig(mode=args.mode, system_prompt_file=args.system_prompt_file)
+    config = EpisodeConfig(mode=args.mode, system_prompt_file=args.system_prompt_file, dialect=args.dialect,
+                           tool_format=args.tool_format)
     if args.max_turns is not None:
         config.max_turns = args.max_turns
     row = ask_row(args.question, args.evidence, db)
@@ -175,7 +179,7 @@ def _endpoint_policy(args, row: dict, config, db) -> dict:
         tokenizer = load_tokenizer(args.tokenizer, required=False)
         policy = ChatEndpointPolicy(client, sampling, seed=args.seed)
         if not args.json:
-            policy = LiveTextPolicy(policy)
+            policy = LiveTextPolicy(policy, tool_format=config.tool_format)
             args.shown_live = True
         return play(Episode(row, config, db), policy, tokenizer).record()
     except (EvalError, EndpointError) as exc:
@@ -187,7 +191,7 @@ def _rollout_episode(args, backend, tokenizer, row: dict, config, sampling, db) 
     from t2s import rollout
 
     if not args.json:
-        backend = LiveBackend(backend, tokenizer)
+        backend = LiveBackend(backend, tokenizer, tool_format=config.tool_format)
         args.shown_live = True
     trace = rollout.Rollout(
         backend, tokenizer, config, sampling=sampling, score=False, tool_workers=1, db=db
@@ -197,12 +201,13 @@ def _rollout_episode(args, backend, tokenizer, row: dict, config, sampling, db) 
     return trace.record
 
 
-def _show_turn(console, text: str) -> None:
+def _show_turn(console, text: str, tool_format: str = "json") -> None:
     from rich.text import Text
 
+    from t2s.native_calls import parse_turn as parse_native
     from t2s.protocol import parse_turn
 
-    parsed = parse_turn(text)
+    parsed = parse_native(text) if tool_format == "native" else parse_turn(text)
     shown = Text("assistant\n", style="bold")
     if parsed.thinking:
         shown.append(parsed.thinking.strip() + "\n", style="dim italic")
@@ -224,10 +229,11 @@ def _show_observation(console, observation: str) -> None:
 class LiveTextPolicy:
     """Shows each observation and assistant turn of a text policy as it happens."""
 
-    def __init__(self, policy, console=None):
+    def __init__(self, policy, console=None, tool_format: str = "json"):
         from t2s.rich_output import console as make_console
 
         self.policy = policy
+        self.tool_format = tool_format
         self.console = console or make_console()
         self.finish_reasons = getattr(policy, "finish_reasons", [])
 
@@ -235,17 +241,18 @@ class LiveTextPolicy:
         if episode.turns:
             _show_observation(self.console, episode.turns[-1]["observation"])
         text = self.policy(episode)
-        _show_turn(self.console, text if isinstance(text, str) else "")
+        _show_turn(self.console, getattr(text, "text", text) if not isinstance(text, str) else text, self.tool_format)
         return text
 
 
 class LiveBackend:
     """Wraps a generation backend for one episode and shows each turn and observation as the tokens arrive."""
 
-    def __init__(self, backend, tokenizer, console=None):
+    def __init__(self, backend, tokenizer, console=None, tool_format: str = "json"):
         from t2s.rich_output import console as make_console
 
         self.backend = backend
+        self.tool_format = tool_format
         self.tokenizer = tokenizer
         self.console = console or make_console()
         self.schedule = getattr(backend, "schedule", "turnsync")
@@ -264,7 +271,7 @@ class LiveBackend:
             self.console.print(str(out.error), style="red", highlight=False, markup=False)
             return
         ids = out.token_ids[:-1] if out.stop_token_id is not None else out.token_ids
-        _show_turn(self.console, self.tokenizer.decode(ids, skip_special_tokens=False))
+        _show_turn(self.console, self.tokenizer.decode(ids, skip_special_tokens=False), self.tool_format)
 
     def generate(self, prompts, max_tokens, sampling, seeds=None):
         for prompt in prompts:

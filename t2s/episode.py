@@ -12,8 +12,8 @@ import contextlib
 import functools
 from dataclasses import asdict, dataclass
 
-from t2s import protocol
-from t2s.protocol import ToolCall, budget_line, forced_message, parse_turn, render_observation
+from t2s import native_calls, protocol, tool_schemas
+from t2s.protocol import ParsedTurn, ToolCall, budget_line, forced_message, parse_turn, render_observation
 from t2s.tools import ToolResult, Toolbox
 
 RECORD_KEYS = ("question_id", "db_id", "mode", "turns", "final_sql", "final_sql_source", "submitted_sql", "counters")
@@ -39,7 +39,8 @@ def row_database(row: dict):
 @dataclass
 class EpisodeConfig:
     mode: str = "full"
-    dialect: str = "exec_plan"
+    dialect: str = "exec_plan"  # the tool set: exec_plan or sibling
+    tool_format: str = "json"  # the call format: json (DESIGN §3) or native (the chat template's own tool calling)
     max_turns: int = 6
     max_calls_per_turn: int = 8
     max_failed_queries: int = 4
@@ -66,6 +67,8 @@ class Episode:
         self.row = row
         self.env_tokens = env_tokens
         self.config = config or EpisodeConfig()
+        self.native = tool_schemas.check_tool_format(self.config.tool_format) == "native"
+        self.tools = tool_schemas.function_schemas(self.config.dialect) if self.native else None  # for tools=
         self.db = db if db is not None else row_database(row)
         self.toolbox = Toolbox(
             self.db,
@@ -146,9 +149,12 @@ class Episode:
 
     # -- turns ------------------------------------------------------------------------------------------------------
 
-    def step(self, text: str, *, n_tokens: int = 0, cut_off: bool = False) -> str | None:
+    def step(self, text: str, *, n_tokens: int = 0, cut_off: bool = False, parsed: ParsedTurn | None = None) -> str | None:
         """One assistant turn; returns the next observation, or None when the episode is over. Never raises: a turn
-        the environment fails on counts as a tool error, and the episode goes on."""
+        the environment fails on counts as a tool error, and the episode goes on.
+
+        ``parsed``: the turn's calls as a server already read them (``--endpoint-mode tools``); otherwise the turn is
+        read in the episode's call format. A native observation is a ``native_calls.Observation``."""
         if self.done:
             return None
         text = protocol.valid_text(text) if isinstance(text, str) else ""
@@ -157,7 +163,8 @@ class Episode:
         counters = self.counters
         if cut_off:
             counters["turn_cutoffs"] += 1
-        parsed = parse_turn(text, self.config.enable_thinking)
+        if parsed is None:
+            parsed = self.parse(text)
         counters["format_deviations"] += parsed.deviations
         counters["turns"] += 1
         turns_recorded = len(self.turns)
@@ -169,6 +176,21 @@ class Episode:
             del self.turns[turns_recorded:]
             return self._failed_step(text, exc)
 
+    def parse(self, text: str) -> ParsedTurn:
+        """Read an assistant turn's calls in the episode's call format."""
+        if self.native:
+            return native_calls.parse_turn(text, self.config.enable_thinking, self.tools)
+        return parse_turn(text, self.config.enable_thinking)
+
+    def _observation(self, results: list, tail: str, n_calls: int = 0) -> str:
+        """The observation of a turn: results of the calls that ran (``ToolResult``) and the environment's own lines
+        (``("", text)`` pairs), then ``tail``; in the native format, one tool message per call and a user message."""
+        if not self.native:
+            return render_observation(results, tail)
+        ran = [r for r in results if isinstance(r, ToolResult)]
+        notes = [r[1] for r in results if not isinstance(r, ToolResult)]
+        return native_calls.observation(ran, notes, tail, n_calls)
+
     def _failed_step(self, text: str, exc: Exception) -> str | None:
         """The turn the environment failed on: a tool error, then the next turn (or the end, if none is left)."""
         self.counters["tool_errors"] += 1
@@ -178,7 +200,7 @@ class Episode:
             self._record_turn(text, [], "")
             self._finish(self.end_reason or "max_turns")
             return None
-        observation = render_observation([("", error)], budget_line(tool_turns_left))
+        observation = self._observation([("", error)], budget_line(tool_turns_left))
         self._record_turn(text, [], observation)
         return observation
 
@@ -238,22 +260,25 @@ class Episode:
         if not calls:
             results.extend(("", err) for err in parsed.errors)
             submit = self.toolbox.submit_tool
-            results.append(
-                (
-                    "",
-                    "Error: no tool call found. After your thinking, write one JSON object such as "
-                    f'{{"tool": "{submit}", "args": {{"sql": "SELECT ..."}}}}.',
+            if self.native:
+                results.append(("", native_calls.no_call_error(submit)))
+            else:
+                results.append(
+                    (
+                        "",
+                        "Error: no tool call found. After your thinking, write one JSON object such as "
+                        f'{{"tool": "{submit}", "args": {{"sql": "SELECT ..."}}}}.',
+                    )
                 )
-            )
         if stop_reason is None and self.tool_turns >= cfg.max_turns:
             stop_reason = "max_turns"
         if stop_reason is None:
-            observation = render_observation(results, budget_line(cfg.max_turns - self.tool_turns))
+            observation = self._observation(results, budget_line(cfg.max_turns - self.tool_turns), len(calls))
             if self._room_after(observation) - cfg.forced_turn_reserve > 0:
                 self._record_turn(text, ran, observation)
                 return observation
             stop_reason = "token_budget"  # a normal turn would eat into the forced-turn reserve
-        observation = render_observation(results, self._forced_message(stop_reason))
+        observation = self._observation(results, self._forced_message(stop_reason), len(calls))
         self._start_forced_turn(stop_reason)
         if self._room_after(observation) <= 0:  # not even the forced turn fits: the episode ends here
             self.counters["truncated"] = 1
@@ -405,7 +430,12 @@ class EnvTokenCounter:
         return len(self.suffix_ids(observation, needs_im_end=True))
 
     def suffix_ids(self, observation: str, *, needs_im_end: bool) -> list[int]:
-        """The environment's tokens between two model turns carrying ``observation`` (``protocol.env_suffix_ids``)."""
+        """The environment's tokens between two model turns carrying ``observation`` (``protocol.env_suffix_ids``;
+        a native observation's messages as the chat template renders them, ``native_calls.suffix_ids``)."""
+        if isinstance(observation, native_calls.Observation):
+            with self.lock:
+                return native_calls.suffix_ids(self.tokenizer, observation.messages, needs_im_end=needs_im_end,
+                                               enable_thinking=self.enable_thinking)
         last, body = self._last
         with self.lock:
             if last != observation:
@@ -422,7 +452,9 @@ def env_token_counter(tokenizer, enable_thinking: bool = True) -> EnvTokenCounte
 
 
 def play(episode: Episode, policy, tokenizer=None) -> Episode:
-    """Drive ``episode`` to its end with ``policy``; returns the episode."""
+    """Drive ``episode`` to its end with ``policy``; returns the episode.
+
+    ``policy(episode)`` returns a turn's text, or a ``ParsedTurn`` when a server already read its calls."""
     cfg = episode.config
     if tokenizer is not None:
         if episode.env_tokens is None:
@@ -430,7 +462,7 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
         counter = episode.env_tokens  # the suffixes added are the ones counted, when the counter is ours
         if not isinstance(counter, EnvTokenCounter):
             counter = env_token_counter(tokenizer, cfg.enable_thinking)
-        prompt = protocol.generation_prompt_ids(tokenizer, episode.messages, cfg.enable_thinking)
+        prompt = protocol.generation_prompt_ids(tokenizer, episode.messages, cfg.enable_thinking, episode.tools)
         episode.start(len(prompt))
     else:
         episode.start(0)
@@ -439,9 +471,16 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
         if episode.done:
             break
         text = policy(episode)
+        parsed = None
+        if isinstance(text, ParsedTurn):  # a turn a server read already (endpoint mode tools): counted, never cut
+            parsed, text = text, text.text
         text = protocol.valid_text(text) if isinstance(text, str) else ""
         n_tokens, cut_off = 0, False
-        if tokenizer is not None:
+        if parsed is not None:
+            cut_off = getattr(policy, "finish_reasons", [""])[-1:] == ["length"]
+            if tokenizer is not None:
+                n_tokens = len(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]) + 1
+        elif tokenizer is not None:
             ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
             if len(ids) + 1 > max_tokens:  # +1: the <|im_end|> that closes the turn
                 ids = ids[:max_tokens]
@@ -449,7 +488,7 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
                 n_tokens, cut_off = len(ids), True
             else:
                 n_tokens = len(ids) + 1
-        observation = episode.step(text, n_tokens=n_tokens, cut_off=cut_off)
+        observation = episode.step(text, n_tokens=n_tokens, cut_off=cut_off, parsed=parsed)
         if observation is None:
             break
         if tokenizer is not None:

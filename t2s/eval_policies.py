@@ -28,6 +28,8 @@ def episode_config(args, mode: str):
 
     return EpisodeConfig(
         mode=mode if mode != "single" else "full",
+        dialect=getattr(args, "dialect", "exec_plan"),
+        tool_format=getattr(args, "tool_format", "json"),
         max_turns=args.max_turns,
         episode_token_budget=args.episode_token_budget,
         max_tokens_per_turn=args.max_tokens_per_turn,
@@ -277,7 +279,9 @@ class Runner:
             schema = get_schema(ref_from_row(row))
         except Exception as exc:  # noqa: BLE001 - an unreadable database scores 0 with the reason recorded
             return {**single_turn_record(row, None), "mode": mode, "error": f"Error: cannot read the database: {exc}"}
-        return run_text_episode(row, episode_config(self.args, mode), GoldPolicy(row, schema), tokenizer=self.tokenizer)
+        config = episode_config(self.args, mode)
+        policy = GoldPolicy(row, schema, dialect=config.dialect, tool_format=config.tool_format)
+        return run_text_episode(row, config, policy, tokenizer=self.tokenizer)
 
     def _scripted_record(self, row: dict, sample: int, mode: str) -> dict:
         from t2s.episode import run_text_episode

@@ -246,9 +246,9 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
     if mode == "single":
         system_prompt = SINGLE_TURN_SYSTEM_PROMPT
     elif system_prompt is None:
-        from t2s.protocol import system_prompt as default_prompt
+        from t2s.protocol import default_system_prompt
 
-        system_prompt = default_prompt("exec_plan")
+        system_prompt = default_system_prompt(getattr(args, "dialect", "exec_plan"), getattr(args, "tool_format", "json"))
     config = {
         "policy": args.policy,
         "mode": mode,
@@ -278,6 +278,9 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
         "skip_missing_dbs": bool(args.skip_missing_dbs),
         "comparable": bool(generative and not chat and mode != "single" and args.enable_thinking),
     }
+    for key, default in (("dialect", "exec_plan"), ("tool_format", "json")):  # recorded when not the default, so
+        if getattr(args, key, default) != default:  # folders of earlier default runs still resume
+            config[key] = getattr(args, key)
     return config
 
 

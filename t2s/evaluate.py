@@ -47,6 +47,16 @@ def add_sampling_arguments(p) -> None:
                    help="render prompts with thinking on (default: on)")
 
 
+def add_tool_arguments(p) -> None:
+    """The tool set and the call format (shared with ``ask`` and ``bench``): defaults exec_plan and json."""
+    from t2s.tool_schemas import DIALECTS, TOOL_FORMATS
+
+    p.add_argument("--dialect", default="exec_plan", choices=DIALECTS,
+                   help="tool set: exec_plan (8 tools) or sibling (inspect_schema, sample_rows, run_sql, submit)")
+    p.add_argument("--tool-format", default="json", choices=TOOL_FORMATS,
+                   help="call format: json (one JSON object per call) or native (the chat template's tool calling)")
+
+
 def add_endpoint_arguments(p) -> None:
     """How to reach an OpenAI-compatible server (shared with ``ask``)."""
     p.add_argument("--endpoint", default=None, help="base URL of an OpenAI-compatible server, e.g. http://localhost:8000")
@@ -71,6 +81,7 @@ def add_policy_arguments(p) -> None:
     p.add_argument("--max-turns", type=positive_int, default=6, help="tool turns before the forced final turn")
     p.add_argument("--episode-token-budget", type=positive_int, default=12288, help="tokens an episode may use, prompt and observations included")
     p.add_argument("--max-tokens-per-turn", type=positive_int, default=2048, help="tokens one model turn may generate")
+    add_tool_arguments(p)
     p.add_argument("--system-prompt-file", type=non_empty_path, default=None, help="replace the exec_plan system prompt with this file's text")
     p.add_argument("--model", default=None, help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
     add_endpoint_arguments(p)

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from t2s import tool_schemas
+
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 IM_START = "<|im_start|>"
@@ -25,48 +27,55 @@ MAX_FAILED_DECODES = 64  # JSON decode attempts that may fail in one turn before
 MAX_JSON_DEPTH = 32  # deeper JSON containers in a call are replaced by a note (no tool argument nests so deep)
 TOO_DEEP = "(nested too deeply)"
 
-EXEC_PLAN_SYSTEM_PROMPT = """\
-You answer questions about a SQLite database by writing one SQL query. You may explore the database with tools \
-before you answer, and you see the real results of every tool call.
-
-Tools:
-- list_tables: {} -> the names of the tables
-- describe_table: {"table_name": TEXT} -> the table's CREATE TABLE statement
-- foreign_keys: {"table_name": TEXT} -> the foreign keys from and to the table, as a.col -> b.col
-- join_path: {"table_a": TEXT, "table_b": TEXT} -> the join conditions that link two tables through foreign keys
-- sample_rows: {"table_name": TEXT, "limit": INTEGER (default 5, at most 20)} -> some rows of the table
-- distinct_values: {"table_name": TEXT, "column_name": TEXT, "limit": INTEGER (default 20, at most 50)} -> the \
-column's values, most frequent first, with counts
-- run_query: {"sql": TEXT} -> the header and first 5 rows of a read-only SELECT query
-- submit_sql: {"sql": TEXT} -> submits your final query and ends the episode
-
+_INTRO = {
+    "exec_plan": "You answer questions about a SQLite database by writing one SQL query. You may explore the database "
+    "with tools before you answer, and you see the real results of every tool call.",
+    "sibling": "You answer questions about a SQLite database by writing one SQL query. Use the tools to look at the "
+    "database, test your queries, and then submit your answer.",
+}
+_JSON_RULES = {  # how to call a tool in the json format, and how the episode ends
+    "exec_plan": """\
 How to call a tool: think first, close your thinking with </think>, then write the call as one JSON object:
 {"tool": "run_query", "args": {"sql": "SELECT COUNT(*) FROM orders"}}
 Write exactly one such JSON object per turn, and nothing else after your thinking. The result comes back in the \
 next message. You have a limited number of tool turns; the remaining count is shown after each result.
 
 When you are confident, call submit_sql with your final query. submit_sql ends the episode at once: nothing after \
-it runs. The database is read-only; only SELECT queries work."""
-
-SIBLING_SYSTEM_PROMPT = """\
-You answer questions about a SQLite database by writing one SQL query. Use the tools to look at the database, \
-test your queries, and then submit your answer.
-
-Tools:
-- inspect_schema: {} or {"table_name": TEXT} -> CREATE TABLE statements of every table, or of one table
-- sample_rows: {"table_name": TEXT, "limit": INTEGER (default 5, at most 20)} -> some rows of the table
-- run_sql: {"sql": TEXT} -> the header and first 5 rows of a read-only query
-- submit: {"sql": TEXT} -> submits your final query and ends the episode
-
+it runs. The database is read-only; only SELECT queries work.""",
+    "sibling": """\
 After your thinking, write one call per turn as one JSON object, for example:
 {"tool": "run_sql", "args": {"sql": "SELECT COUNT(*) FROM orders"}}
-submit ends the episode at once. The database is read-only."""
+submit ends the episode at once. The database is read-only.""",
+}
+_NATIVE_RULES = {  # the same in the native format: the chat template declares the tools and the call syntax
+    "exec_plan": """\
+Think first, close your thinking with </think>, then call the tools you need; several calls in one turn run in \
+order. The results come back in the next message. You have a limited number of tool turns; the remaining count is \
+shown after each result.
 
-SYSTEM_PROMPTS = {"exec_plan": EXEC_PLAN_SYSTEM_PROMPT, "sibling": SIBLING_SYSTEM_PROMPT}
-SUBMIT_TOOLS = {"exec_plan": "submit_sql", "sibling": "submit"}
+When you are confident, call submit_sql with your final query. submit_sql ends the episode at once: nothing after \
+it runs. The database is read-only; only SELECT queries work.""",
+    "sibling": """\
+After your thinking, call the tools you need; several calls in one turn run in order. submit ends the episode at \
+once. The database is read-only.""",
+}
 
 
-def system_prompt(dialect: str = "exec_plan", path: str | Path | None = None) -> str:
+def default_system_prompt(dialect: str = "exec_plan", tool_format: str = "json") -> str:
+    """The built-in tool instructions. In the json format they list every tool (from ``tool_schemas``) and the call
+    syntax; in the native format the chat template renders the tools, so the prompt holds only the task and rules."""
+    tool_schemas.check_dialect(dialect)
+    if tool_schemas.check_tool_format(tool_format) == "native":
+        return f"{_INTRO[dialect]}\n\n{_NATIVE_RULES[dialect]}"
+    return f"{_INTRO[dialect]}\n\nTools:\n{tool_schemas.prompt_lines(dialect)}\n\n{_JSON_RULES[dialect]}"
+
+
+EXEC_PLAN_SYSTEM_PROMPT = default_system_prompt("exec_plan")
+SIBLING_SYSTEM_PROMPT = default_system_prompt("sibling")
+SUBMIT_TOOLS = tool_schemas.SUBMIT_TOOLS
+
+
+def system_prompt(dialect: str = "exec_plan", path: str | Path | None = None, tool_format: str = "json") -> str:
     """The tool instructions; ``path`` replaces them with a file's text.
 
     The published checkpoints are sensitive to the exact wording, which is not public: hence the file.
@@ -79,9 +88,7 @@ def system_prompt(dialect: str = "exec_plan", path: str | Path | None = None) ->
         if not text.strip():
             raise ValueError(f"Error: the system prompt file {path} is empty")
         return text.strip()
-    if dialect not in SYSTEM_PROMPTS:
-        raise ValueError(f"Error: unknown tool dialect {dialect!r}; expected one of {sorted(SYSTEM_PROMPTS)}")
-    return SYSTEM_PROMPTS[dialect]
+    return default_system_prompt(dialect, tool_format)
 
 
 def user_prompt(row: dict, mode: str, schema=None) -> str:
@@ -116,7 +123,7 @@ def schema_block(schema) -> str:
 
 def initial_messages(row: dict, config, schema=None) -> list[dict]:
     """The chat messages the episode starts from: ``[system, user]``."""
-    system = system_prompt(config.dialect, config.system_prompt_file)
+    system = system_prompt(config.dialect, config.system_prompt_file, getattr(config, "tool_format", "json"))
     return [{"role": "system", "content": system}, {"role": "user", "content": user_prompt(row, config.mode, schema)}]
 
 
@@ -158,11 +165,11 @@ def split_thinking(text: str, expect_think: bool = True) -> tuple[str, str, list
 
     ``expect_think``: thinking is on, so a turn without ``</think>`` is a deviation.
     """
-    end, body, kinds = _split(text, expect_think)
+    end, body, kinds = split_body(text, expect_think)
     return (_thinking(text[:end]) if end >= 0 else ""), body, kinds
 
 
-def _split(text: str, expect_think: bool) -> tuple[int, str, list[str]]:
+def split_body(text: str, expect_think: bool = True) -> tuple[int, str, list[str]]:
     """(where the last ``</think>`` starts or -1, the body after it, deviation kinds); the thinking is not copied."""
     end = text.rfind(THINK_CLOSE)
     if end < 0:
@@ -253,7 +260,7 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
 
 
 def _parse_turn(text: str, expect_think: bool) -> ParsedTurn:
-    end, body, kinds = _split(text, expect_think)
+    end, body, kinds = split_body(text, expect_think)
     objects = None if "```" in body else _object_lines(body)
     if objects is not None and not kinds:  # the usual turn: thinking, then calls one per line and nothing else
         calls = []
@@ -528,10 +535,13 @@ def env_suffix_ids(
     return _ids(tokenizer, head, literal=False) + body + _ids(tokenizer, tail, literal=False)
 
 
-def generation_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = True) -> list[int]:
-    """The prompt tokens for the first turn, rendered with thinking explicitly on (or off)."""
+def generation_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = True,
+                          tools: list[dict] | None = None) -> list[int]:
+    """The prompt tokens for the first turn, rendered with thinking explicitly on (or off); ``tools`` (function
+    schemas, the native format) are declared through the chat template."""
+    extra = {"tools": tools} if tools else {}
     text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking
+        messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **extra
     )
     if enable_thinking and not text.endswith(f"{IM_START}assistant\n{THINK_OPEN}\n"):
         raise AssertionError(

@@ -139,7 +139,8 @@ class _Run:
     def begin(self) -> None:  # driving thread
         tok = self.rollout.tokenizer
         with self.rollout.tokenizer_lock:
-            prompt = protocol.generation_prompt_ids(tok, self.episode.messages, self.rollout.config.enable_thinking)
+            prompt = protocol.generation_prompt_ids(tok, self.episode.messages, self.rollout.config.enable_thinking,
+                                                    self.episode.tools)
         self.trace = EpisodeTrace(self.index, prompt)
         self.episode.start(len(prompt))
 

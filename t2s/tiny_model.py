@@ -18,9 +18,10 @@ import json
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]  # ordinary added tokens
 TEMPLATE_NAME = "qwen3_5_nothink.jinja"
 VOCAB_SIZE = 1024
-_BUILD_VERSION = "1"  # bump when the builder changes, so cached folders are rebuilt
+_BUILD_VERSION = "2"  # bump when the builder changes, so cached folders are rebuilt
 # preset -> the Qwen3_5TextConfig fields that differ between the tiny models
 PRESETS = {
     "hybrid": dict(hidden_size=64, intermediate_size=128, head_dim=16,
@@ -83,10 +84,11 @@ def demo_corpus() -> list[str]:
     return [str(r.get(key) or "") for r in records for key in ("question", "evidence", "SQL")]
 
 
-def build_tokenizer(vocab_size: int = VOCAB_SIZE, extra_corpus: list[str] | None = None):
+def build_tokenizer(vocab_size: int = VOCAB_SIZE, extra_corpus: list[str] | None = None, tool_call_tokens: bool = True):
     """Train the byte-level BPE tokenizer offline and wrap it as a ``PreTrainedTokenizerFast``.
 
     ``extra_corpus`` adds texts whose words should become tokens (the ``attention`` preset adds the demo data's).
+    ``tool_call_tokens`` adds Qwen3.5's native tool-calling tags as tokens.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -112,6 +114,8 @@ def build_tokenizer(vocab_size: int = VOCAB_SIZE, extra_corpus: list[str] | None
     )
     # <think> and </think> are ordinary added tokens in Qwen3.5 (not "special"): decoding keeps them.
     fast.add_tokens(["<think>", "</think>"], special_tokens=False)
+    if tool_call_tokens:
+        fast.add_tokens(TOOL_CALL_TOKENS, special_tokens=False)  # likewise the native tool-calling tags
     fast.chat_template = chat_template_path().read_text()
     return fast
 
@@ -168,7 +172,9 @@ def build_tiny_model(output_dir: str | Path, seed: int = 0, preset: str = "hybri
         return out
     out.mkdir(parents=True, exist_ok=True)
     sizes = PRESETS[preset]
-    tokenizer = build_tokenizer(sizes.get("vocab_size", VOCAB_SIZE), demo_corpus() if sizes.get("demo_words") else None)
+    # the demo's learner keeps the vocabulary its figures were measured with; the test model has the tool-call tags
+    tokenizer = build_tokenizer(sizes.get("vocab_size", VOCAB_SIZE), demo_corpus() if sizes.get("demo_words") else None,
+                                tool_call_tokens=preset == "hybrid")
     model = build_model(tokenizer, seed=seed, preset=preset)
     tokenizer.save_pretrained(out)
     model.save_pretrained(out)

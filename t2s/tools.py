@@ -12,14 +12,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from t2s import databases
+from t2s import databases, tool_schemas
 from t2s.protocol import LABEL_SQL_CHARS, OBSERVATION_CHAR_CAP, cap_text, shorten
 from t2s.schema import get_schema, quote_identifier, read_descriptions
 
 CELL_CHARS = 200
 QUERY_ROWS = 5
-SAMPLE_LIMIT = (5, 20)  # (default, max)
-DISTINCT_LIMIT = (20, 50)
+SAMPLE_LIMIT = tool_schemas.limit_bounds("exec_plan", "sample_rows")  # (default, max)
+DISTINCT_LIMIT = tool_schemas.limit_bounds("exec_plan", "distinct_values")
 MIN_TOOL_TIMEOUT = 0.05  # seconds: a call near the end of the tool-time budget still gets this much
 _clock = time.perf_counter
 
@@ -181,38 +181,21 @@ def _limit(tool: str, value, bounds: tuple[int, int]) -> tuple[int, str]:
 # The toolbox
 
 
-_TABLE = {"table_name": (_STR, True)}
-_SQL = {"sql": (_STR, True)}
-_SAMPLE = {"table_name": (_STR, True), "limit": (_INT, False)}
+_METHODS = {  # tool -> the Toolbox method that runs it (arguments and descriptions: t2s.tool_schemas)
+    "list_tables": "_list_tables", "describe_table": "_describe_table", "foreign_keys": "_foreign_keys",
+    "join_path": "_join_path", "sample_rows": "_sample_rows", "distinct_values": "_distinct_values",
+    "run_query": "_run_query", "submit_sql": "_submit",
+    "inspect_schema": "_inspect_schema", "run_sql": "_run_query", "submit": "_submit",
+}  # fmt: skip
 
 # dialect -> {tool: (method, argument spec {name: (type, required)})}, the query tool, the submit tool
 DIALECTS: dict[str, tuple[dict[str, tuple[str, dict]], str, str]] = {
-    "exec_plan": (
-        {
-            "list_tables": ("_list_tables", {}),
-            "describe_table": ("_describe_table", _TABLE),
-            "foreign_keys": ("_foreign_keys", _TABLE),
-            "join_path": ("_join_path", {"table_a": (_STR, True), "table_b": (_STR, True)}),
-            "sample_rows": ("_sample_rows", _SAMPLE),
-            "distinct_values": (
-                "_distinct_values", {"table_name": (_STR, True), "column_name": (_STR, True), "limit": (_INT, False)}
-            ),
-            "run_query": ("_run_query", _SQL),
-            "submit_sql": ("_submit", _SQL),
-        },
-        "run_query",
-        "submit_sql",
-    ),
-    "sibling": (
-        {
-            "inspect_schema": ("_inspect_schema", {"table_name": (_STR, False)}),
-            "sample_rows": ("_sample_rows", _SAMPLE),
-            "run_sql": ("_run_query", _SQL),
-            "submit": ("_submit", _SQL),
-        },
-        "run_sql",
-        "submit",
-    ),
+    dialect: (
+        {tool.name: (_METHODS[tool.name], tool_schemas.argument_spec(tool)) for tool in tools},
+        tool_schemas.QUERY_TOOLS[dialect],
+        tool_schemas.SUBMIT_TOOLS[dialect],
+    )
+    for dialect, tools in tool_schemas.TOOLS.items()
 }
 
 

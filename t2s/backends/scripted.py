@@ -3,7 +3,7 @@
 - ``ReplayPolicy`` plays recorded assistant turns (``ask --replay TURNS.jsonl``); once they run out it produces empty
   turns, and the episode ends by its own rules.
 - ``GoldPolicy`` lists the tables, describes each table the gold SQL reads, runs the gold SQL and submits it: an
-  episode that must score 1.0 (the evaluator's self-check).
+  episode that must score 1.0 (the evaluator's self-check), in either call format.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from t2s.native_calls import render_call
 from t2s.protocol import THINK_CLOSE
 
 
@@ -55,7 +56,16 @@ class ReplayPolicy:
 
 
 def call_text(tool: str, **args) -> str:
+    """One call in the json format."""
     return json.dumps({"tool": tool, "args": args}, ensure_ascii=False)
+
+
+def native_call_text(tool: str, **args) -> str:
+    """One call in the native format (Qwen3.5's ``<tool_call>`` XML)."""
+    return render_call(tool, args)
+
+
+json_call_text = call_text
 
 
 def turn_text(thinking: str, calls: list[str]) -> str:
@@ -81,9 +91,11 @@ def gold_tables(gold_sql: str, schema) -> list[str]:
 class GoldPolicy(ScriptPolicy):
     """list_tables and describe_table of the gold's tables, then run_query gold, then submit_sql gold."""
 
-    def __init__(self, row: dict, schema, *, dialect: str = "exec_plan", max_calls_per_turn: int = 8):
+    def __init__(self, row: dict, schema, *, dialect: str = "exec_plan", max_calls_per_turn: int = 8,
+                 tool_format: str = "json"):
         gold = row["gold_sql"]
         tables = gold_tables(gold, schema)
+        call_text = native_call_text if tool_format == "native" else json_call_text
         if dialect == "sibling":
             explore = [call_text("inspect_schema")]
             turns = [explore, [call_text("run_sql", sql=gold)], [call_text("submit", sql=gold)]]
