@@ -307,7 +307,7 @@ def test_a_hostile_result_stays_plain_text(tiny_tokenizer):
 @pytest.mark.parametrize("dataset", ["demo_dir", "bird_superhero_dir"])
 def test_gold_policy_in_native_format_scores_one(dataset, request, tmp_path):
     from t2s.cli import build_parser
-    from t2s.evaluate import evaluate
+    from t2s.eval_runner import evaluate
 
     data_dir = request.getfixturevalue(dataset)
     argv = ["eval", "--policy", "gold", "--data", str(data_dir), "--mode", "full", "withheld", "--dialect", "sibling",
