@@ -1,7 +1,7 @@
 """`python -m t2s ask --db FILE.sqlite QUESTION`: one agentic episode against any SQLite file, read-only.
 
 The policy comes from the command line: ``--replay TURNS.jsonl`` plays recorded assistant turns (DESIGN §10),
-``--model`` a transformers checkpoint, ``--endpoint`` a server (completions or chat mode, as in ``eval``). Each entry
+``--model`` a transformers checkpoint, ``--endpoint`` a server (completions, chat or tools mode, as in ``eval``). Each entry
 of ``POLICIES`` takes the parsed arguments, the row, the episode config and the database, and returns the record. The user's file opens ``mode=ro`` (never ``immutable``).
 """
 
@@ -177,7 +177,13 @@ def _endpoint_policy(args, row: dict, config, db) -> dict:
             backend = completions_backend(args, tokenizer, client.model)
             return _rollout_episode(args, backend, tokenizer, row, config, sampling, db)
         tokenizer = load_tokenizer(args.tokenizer, required=False)
-        policy = ChatEndpointPolicy(client, sampling, seed=args.seed)
+        if args.endpoint_mode == "tools":  # the server's function calling: the native call format
+            from t2s.backends.tools_endpoint import ToolsEndpointPolicy
+
+            config.tool_format = "native"
+            policy = ToolsEndpointPolicy(client, sampling, seed=args.seed)
+        else:
+            policy = ChatEndpointPolicy(client, sampling, seed=args.seed)
         if not args.json:
             policy = LiveTextPolicy(policy, tool_format=config.tool_format)
             args.shown_live = True

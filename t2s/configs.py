@@ -150,6 +150,8 @@ class T2SGRPOConfig(GRPOConfig):
     mode: str = field(default="full", metadata={"help": "full (CREATE TABLEs in the prompt) or withheld (schema "
                                                         "discovered through tools)."})
     dialect: str = field(default="exec_plan", metadata={"help": "Tool dialect: exec_plan or sibling."})
+    tool_format: str = field(default="json", metadata={"help": "Call format: json (one JSON object per call) or "
+                                                                "native (the chat template's tool calling, tools=)."})
     max_turns: int = field(default=6, metadata={"help": "Tool turns per episode before the forced final turn. "
                                                         "Published: 6."})
     max_calls_per_turn: int = field(default=8, metadata={"help": "Tool calls run per turn; more get an error line."})
@@ -277,6 +279,13 @@ def validate_training_config(args, reward_names=None) -> None:
                           f"{', '.join(ROLLOUT_BACKENDS)}.")
     if args.old_logprobs not in OLD_LOGPROBS_MODES:
         raise ConfigError(f"Error: old_logprobs {args.old_logprobs!r} is unknown; use 'sampler' or 'recompute'.")
+    from t2s import tool_schemas
+
+    try:
+        tool_schemas.check_dialect(args.dialect)
+        tool_schemas.check_tool_format(args.tool_format)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     filters = _sampling_filters(args)
     if filters:
         raise ConfigError(

@@ -235,7 +235,7 @@ class Runner:
                 emit(row, sample, single_turn_record(row, None, sql=self.predictions.sql.get(row["question_id"])) | {"mode": mode})
         elif policy == "gold":
             self._play_threads(jobs, mode, emit, self._gold_record)
-        elif policy == "endpoint" and self.args.endpoint_mode == "chat":
+        elif policy == "endpoint" and self.args.endpoint_mode in ("chat", "tools"):
             self._play_threads(jobs, mode, emit, self._chat_record, workers=self.args.concurrency)
         elif mode == "single":
             self._play_single(jobs, emit)
@@ -291,6 +291,7 @@ class Runner:
 
     def _chat_record(self, row: dict, sample: int, mode: str) -> dict:
         from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
+        from t2s.backends.tools_endpoint import ToolsEndpointPolicy
         from t2s.episode import Episode, play
 
         sampling = sampling_settings(self.args)
@@ -309,7 +310,8 @@ class Runner:
                     return {**single_turn_record(row, None), "error": "Error: the prompt does not fit the episode token budget"}
                 text, finish, _ = self.chat_client.complete(messages, limit, sampling, seed)
                 return single_turn_record(row, text, cut_off=finish == "length")
-            policy = ChatEndpointPolicy(self.chat_client, sampling, seed=seed)
+            chat_policy = ToolsEndpointPolicy if self.args.endpoint_mode == "tools" else ChatEndpointPolicy
+            policy = chat_policy(self.chat_client, sampling, seed=seed)
             episode = play(Episode(row, episode_config(self.args, mode)), policy, self.tokenizer)
         except EndpointError as exc:
             raise EvalError(str(exc)) from None

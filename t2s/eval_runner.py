@@ -241,7 +241,7 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
 def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: int) -> dict:
     tokenizer_hash, template_hash = tokenizer_fingerprint(runner.tokenizer)
     generative = args.policy in ("model", "vllm", "endpoint")
-    chat = args.policy == "endpoint" and args.endpoint_mode == "chat"
+    chat = args.policy == "endpoint" and args.endpoint_mode in ("chat", "tools")
     system_prompt = read_system_prompt(args.system_prompt_file) if args.system_prompt_file else None
     if mode == "single":
         system_prompt = SINGLE_TURN_SYSTEM_PROMPT

@@ -6,7 +6,8 @@ Agentic evaluation with the same episode, tools and metrics code as training. Po
 - ``endpoint``: an OpenAI-compatible server. ``--endpoint-mode completions`` (vLLM) sends token-id prompts with
   ``return_token_ids`` through ``backends.vllm_server``: the same token stream as training. ``chat`` works with any
   server through ``backends.chat_endpoint``; it re-renders history and drops earlier thinking, so its results are
-  marked not comparable;
+  marked not comparable. ``tools`` is the same with the server's own function calling (``backends.tools_endpoint``:
+  ``tools=``, ``tool_calls``, ``role: "tool"``), so the call format is native;
 - ``gold``: the scripted self-check (``backends.scripted.GoldPolicy``), which must score 1.0;
 - ``predictions``: a file of predicted SQL in the formats ``score`` reads.
 
@@ -30,7 +31,7 @@ from t2s.errors import T2SError
 
 POLICIES = ("model", "vllm", "endpoint", "gold", "predictions")
 MODES = ("full", "withheld", "single")
-ENDPOINT_MODES = ("completions", "chat")
+ENDPOINT_MODES = ("completions", "chat", "tools")
 
 
 class EvalError(T2SError):
@@ -61,7 +62,8 @@ def add_endpoint_arguments(p) -> None:
     """How to reach an OpenAI-compatible server (shared with ``ask``)."""
     p.add_argument("--endpoint", default=None, help="base URL of an OpenAI-compatible server, e.g. http://localhost:8000")
     p.add_argument("--endpoint-mode", default="completions", choices=ENDPOINT_MODES,
-                   help="completions: token ids on a vLLM server (comparable); chat: any server (not comparable)")
+                   help="completions: token ids on a vLLM server (comparable); chat: any server (not comparable); "
+                   "tools: any server's function calling (native format, not comparable)")
     p.add_argument("--served-model", default=None, help="model name on the server (default: the first of /v1/models)")
     p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: --model, else the served name)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)")
@@ -146,6 +148,8 @@ def check_policy_args(args) -> None:
         raise EvalError("Error: --k must be at least 1")
     if args.system_prompt_file:
         read_system_prompt(args.system_prompt_file)
+    if getattr(args, "policy", None) == "endpoint" and getattr(args, "endpoint_mode", None) == "tools":
+        args.tool_format = "native"  # the server's function calling is the native format
 
 
 def read_system_prompt(path) -> str:

@@ -66,9 +66,8 @@ def render_call(name: str, args: dict | None = None) -> str:
 
 
 def no_call_error(submit_tool: str) -> str:
-    """The error a turn without any call gets, with an example call."""
-    example = render_call(submit_tool, {"sql": "SELECT ..."})
-    return f"Error: no tool call found. After your thinking, call a tool, for example:\n{example}"
+    """The error a turn without any call gets (the call syntax is the template's or the server's to show)."""
+    return f"Error: no tool call found. After your thinking, call one of the tools; {submit_tool} with your final SQL ends the episode."
 
 
 # ----------------------------------------------------------------------------------------------------------------

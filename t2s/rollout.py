@@ -5,7 +5,9 @@ The token stream is accumulated raw and never re-rendered through the chat templ
 - prompt = ``protocol.generation_prompt_ids(tokenizer, episode.messages)`` (ends in ``<|im_start|>assistant\\n<think>\\n``);
 - each model turn's tokens are appended as sampled (a sampled stop token included), ``env_mask`` 1, sampler logprobs;
 - the environment's suffix (``protocol.env_suffix_ids``: an ``<|im_end|>`` when the turn did not end on one, the
-  observation as a user turn, the next generation prompt) is appended with ``env_mask`` 0 and logprob 0.0;
+  observation as a user turn, the next generation prompt; in the native call format ``native_calls.suffix_ids``: the
+  turn's tool messages and user message as the chat template renders them) is appended with ``env_mask`` 0 and
+  logprob 0.0;
 - a finished trajectory ends on ``<|im_end|>``: when the last model turn stopped on ``<|endoftext|>`` or was cut off,
   one ``<|im_end|>`` is appended as an environment token.
 

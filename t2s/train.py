@@ -149,7 +149,8 @@ def drop_long_prompts(rows: list[dict], tokenizer, training_args) -> tuple[list[
     kept = []
     for row in rows:
         episode = Episode(row, config)
-        prompt_tokens = len(protocol.generation_prompt_ids(tokenizer, episode.messages, config.enable_thinking))
+        prompt_tokens = len(protocol.generation_prompt_ids(tokenizer, episode.messages, config.enable_thinking,
+                                                           episode.tools))
         if config.episode_token_budget - prompt_tokens >= config.min_episode_tokens:
             kept.append(row)
     dropped = len(rows) - len(kept)

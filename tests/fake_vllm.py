@@ -7,6 +7,11 @@ included. The engines cut it at ``max_tokens`` (finish "length", no stop token) 
 
 The server also answers ``/v1/chat/completions`` with ``chat_reply`` (reasoning split off, as vLLM's reasoning parser
 does), and lists its model in ``/v1/models`` with the ``max_model_len`` it was started with, as vLLM does.
+``chat_reply`` may instead be a function ``body -> message``: the assistant message to answer, ``tool_calls``
+included (OpenAI's and vLLM's function-calling wire format: ``finish_reason`` is then ``"tool_calls"``). Requests
+that break that format's rules are answered 400 as OpenAI does: a ``tool`` message must answer a ``tool_call_id`` of
+the assistant message before it, every call of that message must be answered, ``tools`` must be function
+declarations.
 
 The server's bad days are scripted per request with ``faults``: a status such as ``"500"``, ``"slow"`` (answers after
 ``slow_seconds``), ``"garbage"`` (a 200 with no choices). A refused connection is ``refused_url()``.
@@ -153,10 +158,14 @@ class FakeVLLMServer:
         return {"id": "cmpl-fake", "object": "text_completion", "model": self.model, "choices": choices}
 
     def chat_completions(self, body: dict) -> dict:
-        reasoning, content = self.chat_reply
-        message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+        if callable(self.chat_reply):
+            message = {"role": "assistant", **self.chat_reply(body)}
+        else:
+            reasoning, content = self.chat_reply
+            message = {"role": "assistant", "content": content, "reasoning_content": reasoning}
+        finish = "tool_calls" if message.get("tool_calls") else "stop"
         return {"id": "chatcmpl-fake", "object": "chat.completion", "model": self.model,
-                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}], "usage": {}}
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}], "usage": {}}
 
     def models(self) -> dict:
         entry = {"id": self.model, "object": "model", "owned_by": "vllm", "root": self.model}
@@ -204,9 +213,35 @@ class FakeVLLMServer:
                     time.sleep(fake.slow_seconds)
                 if fault == "garbage":
                     return self._send(200, {"unexpected": True})
+                problem = tool_conversation_problem(body) if chat else None
+                if problem:
+                    return self._send(400, {"error": {"message": problem, "type": "invalid_request_error"}})
                 self._send(200, fake.chat_completions(body) if chat else fake.completions(body))
 
         return Handler
+
+
+def tool_conversation_problem(body: dict) -> str | None:
+    """What makes a chat request invalid under the function-calling rules, or None."""
+    for tool in body.get("tools") or []:
+        if tool.get("type") != "function" or not isinstance(tool.get("function", {}).get("name"), str):
+            return "tools must be function declarations with a name"
+    pending: list[str] = []
+    for message in body.get("messages", []):
+        role = message.get("role")
+        if role == "tool":
+            if message.get("tool_call_id") not in pending:
+                return f"a tool message answers no pending tool call: {message.get('tool_call_id')!r}"
+            pending.remove(message["tool_call_id"])
+            continue
+        if pending:
+            return f"tool calls without answers: {pending}"
+        if role == "assistant":
+            pending = [call["id"] for call in message.get("tool_calls") or []]
+            for call in message.get("tool_calls") or []:
+                if not isinstance(call.get("function", {}).get("arguments"), str):
+                    return "tool call arguments must be a string"
+    return f"tool calls without answers: {pending}" if pending else None
 
 
 def refused_url() -> str:

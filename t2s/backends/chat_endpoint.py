@@ -65,10 +65,12 @@ class ChatEndpointClient:
                 raise EndpointError(f"Error: {self.base_url}/v1/models lists no model") from None
         return self.model
 
-    def request_body(self, messages: list[dict], max_tokens: int, sampling: SamplingSettings, seed=None) -> dict:
+    def request_body(self, messages: list[dict], max_tokens: int, sampling: SamplingSettings, seed=None,
+                     tools: list[dict] | None = None) -> dict:
         body = {
             "model": self.model_name(),
             "messages": messages,
+            **({"tools": tools} if tools else {}),
             "max_tokens": max(1, int(max_tokens)),
             **sampling.engine_fields(),
             "chat_template_kwargs": {"enable_thinking": self.enable_thinking},
@@ -81,13 +83,22 @@ class ChatEndpointClient:
 
     def complete(self, messages: list[dict], max_tokens: int, sampling: SamplingSettings, seed=None) -> tuple[str, str, dict]:
         """(assistant text as the model produced it after the generation prompt, finish reason, usage)."""
-        answer = self._call("POST", "/v1/chat/completions", self.request_body(messages, max_tokens, sampling, seed))
+        message, finish, usage = self.complete_message(messages, max_tokens, sampling, seed)
+        return assistant_text(message, self.enable_thinking), finish, usage
+
+    def complete_message(self, messages: list[dict], max_tokens: int, sampling: SamplingSettings, seed=None,
+                         tools: list[dict] | None = None) -> tuple[dict, str, dict]:
+        """(``choices[0].message`` as the server answered it, finish reason, usage); ``tools`` declares functions."""
+        body = self.request_body(messages, max_tokens, sampling, seed, tools)
+        answer = self._call("POST", "/v1/chat/completions", body)
         try:
             choice = answer["choices"][0]
             message = choice.get("message") or {}
-        except (KeyError, IndexError, TypeError):
+        except (KeyError, IndexError, TypeError, AttributeError):
             raise EndpointError(f"Error: {self.base_url}/v1/chat/completions answered without choices") from None
-        return assistant_text(message, self.enable_thinking), choice.get("finish_reason") or "stop", answer.get("usage") or {}
+        if not isinstance(message, dict):
+            raise EndpointError(f"Error: {self.base_url}/v1/chat/completions answered a message that is no object")
+        return message, choice.get("finish_reason") or "stop", answer.get("usage") or {}
 
 
 def assistant_text(message: dict, enable_thinking: bool = True) -> str:
@@ -120,10 +131,14 @@ class ChatEndpointPolicy:
         self.turn_index = 0
         self.finish_reasons: list[str] = []
 
-    def __call__(self, episode) -> str:
-        max_tokens = episode.next_max_tokens() or 1
+    def next_request(self, episode) -> tuple[int, int | None]:
+        """(max_tokens, seed) of the next turn's request: each turn gets its own seed."""
         seed = None if self.seed is None else self.seed * 1009 + self.turn_index
         self.turn_index += 1
+        return episode.next_max_tokens() or 1, seed
+
+    def __call__(self, episode) -> str:
+        max_tokens, seed = self.next_request(episode)
         text, finish, _ = self.client.complete(history_messages(episode), max_tokens, self.sampling, seed)
         self.finish_reasons.append(finish)
         return text

@@ -17,11 +17,13 @@ POLICIES = (*SCRIPTED_POLICIES, "model", "endpoint", "vllm")
 WRONG_SQL = "SELECT 'scripted wrong answer' AS answer"
 
 
-def submit_only(sql: str):
-    """A scripted policy that submits ``sql`` in its first turn."""
-    from t2s.backends.scripted import ScriptPolicy, call_text
+def submit_only(sql: str, dialect: str = "exec_plan", tool_format: str = "json"):
+    """A scripted policy that submits ``sql`` in its first turn (with the dialect's submit tool, in its call format)."""
+    from t2s.backends.scripted import ScriptPolicy, call_text, native_call_text
+    from t2s.tool_schemas import SUBMIT_TOOLS
 
-    return ScriptPolicy([[call_text("submit_sql", sql=sql)]])
+    write = native_call_text if tool_format == "native" else call_text
+    return ScriptPolicy([[write(SUBMIT_TOOLS[dialect], sql=sql)]])
 
 
 def mix_solved(question_id: str, k: int) -> int:
@@ -29,7 +31,7 @@ def mix_solved(question_id: str, k: int) -> int:
     return int(hashlib.sha256(str(question_id).encode()).hexdigest(), 16) % (k + 1)
 
 
-def scripted_policy_factory(name: str, k: int) -> Callable:
+def scripted_policy_factory(name: str, k: int, dialect: str = "exec_plan", tool_format: str = "json") -> Callable:
     """``policy_factory(row, sample) -> policy`` for a scripted policy name.
 
     - ``gold``: the gold policy (explores, runs and submits the gold SQL): solves every sample;
@@ -41,9 +43,11 @@ def scripted_policy_factory(name: str, k: int) -> Callable:
         from t2s.databases import ref_from_row
         from t2s.schema import get_schema
 
-        return lambda row, sample: GoldPolicy(row, get_schema(ref_from_row(row)))
+        return lambda row, sample: GoldPolicy(row, get_schema(ref_from_row(row)), dialect=dialect,
+                                              tool_format=tool_format)
     if name == "scripted-mix":
-        return lambda row, sample: submit_only(row["gold_sql"] if sample < mix_solved(row["question_id"], k) else WRONG_SQL)
+        return lambda row, sample: submit_only(
+            row["gold_sql"] if sample < mix_solved(row["question_id"], k) else WRONG_SQL, dialect, tool_format)
     raise ValueError(f"Error: unknown scripted policy {name!r} (expected one of {', '.join(SCRIPTED_POLICIES)})")
 
 
@@ -69,7 +73,9 @@ def policy_counts(rows: Sequence[dict], args) -> list[int]:
     from t2s.eval_runner import solve_counts as play_counts
     from t2s.evaluate import EvalError
 
-    factory = scripted_policy_factory(args.policy, args.k) if args.policy == "scripted-mix" else None
+    factory = None
+    if args.policy == "scripted-mix":
+        factory = scripted_policy_factory(args.policy, args.k, args.dialect, args.tool_format)
     try:
         return play_counts(list(rows), args, policy_factory=factory)
     except EvalError as exc:
