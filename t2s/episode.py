@@ -272,13 +272,14 @@ class Episode:
                 )
         if stop_reason is None and self.tool_turns >= cfg.max_turns:
             stop_reason = "max_turns"
+        n_answered = min(len(calls), cfg.max_calls_per_turn)  # native: a tool message each (past the cap, a note)
         if stop_reason is None:
-            observation = self._observation(results, budget_line(cfg.max_turns - self.tool_turns), len(calls))
+            observation = self._observation(results, budget_line(cfg.max_turns - self.tool_turns), n_answered)
             if self._room_after(observation) - cfg.forced_turn_reserve > 0:
                 self._record_turn(text, ran, observation)
                 return observation
             stop_reason = "token_budget"  # a normal turn would eat into the forced-turn reserve
-        observation = self._observation(results, self._forced_message(stop_reason), len(calls))
+        observation = self._observation(results, self._forced_message(stop_reason), n_answered)
         self._start_forced_turn(stop_reason)
         if self._room_after(observation) <= 0:  # not even the forced turn fits: the episode ends here
             self.counters["truncated"] = 1

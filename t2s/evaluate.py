@@ -49,7 +49,8 @@ def add_sampling_arguments(p) -> None:
 
 
 def add_tool_arguments(p) -> None:
-    """The tool set and the call format (shared with ``ask`` and ``bench``): defaults exec_plan and json."""
+    """The tool set and the call format (shared with ``ask``, ``data passrate`` and ``bench env``): defaults exec_plan
+    and json."""
     from t2s.tool_schemas import DIALECTS, TOOL_FORMATS
 
     p.add_argument("--dialect", default="exec_plan", choices=DIALECTS,

@@ -238,8 +238,9 @@ def _read_json_call(body: str, finder: _Finder, pos: int, calls: list, kinds: li
 
 
 def observation(results: list, notes: list[str], tail: str, n_calls: int) -> Observation:
-    """The native observation of a turn with ``n_calls`` calls: ``results`` are the tool results of the calls that ran
-    (in order), ``notes`` the environment's lines not tied to a call, ``tail`` the budget line or forced message.
+    """The native observation of a turn whose first ``n_calls`` calls get a tool message (the calls a turn may run):
+    ``results`` are the tool results of the calls that ran (in order), ``notes`` the environment's lines not tied to a
+    call (the calls past the cap among them), ``tail`` the budget line or forced message.
 
     Calls that did not run get ``NOT_RUN``. Tool messages share the observation cap: each keeps at least
     ``MIN_RESULT_CHARS``. The text (for records) is the json format's rendering of the same results.
@@ -265,7 +266,7 @@ def _suffix_pieces(tokenizer, roles: tuple[str, ...], enable_thinking: bool) -> 
     """The template's text between an assistant turn's ``<|im_end|>`` and the next generation prompt's end, for
     messages of these roles, rendered once per shape: a list of message slots (int) and ``(text, is an added token)``
     pieces of the template's own text."""
-    key = (id(tokenizer), tokenizer.chat_template, roles, enable_thinking)
+    key = (id(tokenizer), len(tokenizer), tokenizer.chat_template, roles, enable_thinking)
     pieces = _SUFFIX_SHAPES.get(key)
     if pieces is not None:
         return pieces

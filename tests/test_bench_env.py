@@ -99,3 +99,29 @@ def test_a_timed_pass_that_ends_otherwise_is_reported_not_fatal(demo_dir, monkey
     out = capsys.readouterr()
     assert "Warning: up to 1 of " in out.err and "episodes ended otherwise" in out.err
     assert LAST_LINE.match(out.out.strip().splitlines()[-1])
+
+
+def test_the_sibling_in_native_calls_plays_the_same_workload(bird_superhero_dir):
+    """bench env --dialect sibling --tool-format native: the same work through the sibling's tools and native calls,
+    each one a call the episode reads and runs without error."""
+    from t2s.episode import Episode, EpisodeConfig, play
+    from t2s.backends.scripted import ScriptPolicy
+
+    row = next(r for r in load_json_rows(bird_superhero_dir / "dev.json") if "JOIN" in r["gold_sql"].upper())
+    schema = get_schema(databases.ref_from_row(row))
+    turns = workload_turns(row, schema, "sibling", "native")
+    episode = play(Episode(row, EpisodeConfig(dialect="sibling", tool_format="native")), ScriptPolicy(turns))
+    record = episode.record()
+    assert [c["tool"] for t in record["turns"] for c in t["calls"]] == [
+        "inspect_schema", "inspect_schema", "inspect_schema", "sample_rows", "run_sql", "run_sql", "run_sql", "run_sql",
+        "submit"]
+    assert record["counters"]["tool_errors"] == 0 and record["counters"]["format_deviations"] == 0
+    assert record["final_sql"] == row["gold_sql"] and record["final_sql_source"] == "submitted"
+    distinct = record["turns"][0]["calls"][4]["args"]["sql"]
+    assert "GROUP BY" in distinct and distinct.endswith("LIMIT 21")
+
+
+def test_bench_env_takes_the_tool_set_and_format(demo_dir):
+    result = bench("--data", demo_dir / "dev.json", "--repeats", "1", "--dialect", "sibling", "--tool-format", "native")
+    assert result.returncode == 0, result.stderr
+    assert LAST_LINE.match(result.stdout.strip().splitlines()[-1])

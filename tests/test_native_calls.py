@@ -191,11 +191,10 @@ def test_malformed_native_calls_count_as_json_ones_do(rows):
     assert counters["calls"] == 2 and counters["tool_errors"] == 2  # an unknown tool, a failing query
     first = episode.turns[0]["observation"]
     assert isinstance(first, native_calls.Observation)
-    assert [m["role"] for m in first.messages] == ["tool", "tool", "tool", "user"]
+    assert [m["role"] for m in first.messages] == ["tool", "tool", "user"]  # calls past the cap: a note, not a message
     assert first.messages[0]["content"].startswith("Error: unknown tool 'drop_table'")
-    assert first.messages[2]["content"] == native_calls.NOT_RUN
-    assert "only the first 2 calls of a turn run" in first.messages[3]["content"]
-    assert first.messages[3]["content"].endswith("[1 tool turn left before you must answer]")
+    assert "only the first 2 calls of a turn run" in first.messages[2]["content"]
+    assert first.messages[2]["content"].endswith("[1 tool turn left before you must answer]")
     second = episode.turns[1]["observation"]
     assert second.messages[-1]["content"].startswith(native_calls.no_call_error("submit"))
     assert "Your exploration budget is spent" in second.messages[-1]["content"]

@@ -45,19 +45,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"reported (default: {REPEATS}, or fewer but at least {MIN_REPEATS} once the timed passes "
                              f"have taken {REPEAT_SECONDS:g} s)")
     parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
+    from t2s.evaluate import add_tool_arguments
+
+    add_tool_arguments(parser)
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # The workload
 
 
-def workload_turns(row: dict, schema) -> list[list[str]]:
+def workload_turns(row: dict, schema, dialect: str = "exec_plan", tool_format: str = "json") -> list[list[str]]:
     """The pinned calls of one episode, as three assistant turns (exploration, queries, submit).
 
     The first table is the first one the gold SQL reads (its outer FROM), as a model exploring for the question would
-    pick; a gold SQL that reads no table of the schema falls back on the schema's first tables.
+    pick; a gold SQL that reads no table of the schema falls back on the schema's first tables. Other tool sets and
+    call formats play the same work (``call_writer``).
     """
-    from t2s.backends.scripted import call_text, gold_tables
+    from t2s.backends.scripted import gold_tables
+
+    call_text = call_writer(dialect, tool_format)
 
     gold = row["gold_sql"]
     tables = gold_tables(gold, schema) or list(schema.tables)
@@ -80,6 +86,30 @@ def workload_turns(row: dict, schema) -> list[list[str]]:
         call_text("run_query", sql=gold),
     ]
     return [explore, queries, [call_text("submit_sql", sql=gold)]]
+
+
+_SIBLING_TWINS = {"list_tables": "inspect_schema", "describe_table": "inspect_schema", "sample_rows": "sample_rows",
+                  "run_query": "run_sql", "submit_sql": "submit"}
+
+
+def call_writer(dialect: str = "exec_plan", tool_format: str = "json"):
+    """``write(tool, **args) -> call text`` for the pinned exec_plan calls in a dialect and call format: the sibling
+    runs ``inspect_schema`` for list_tables and describe_table, ``run_sql`` for run_query, and distinct_values' own
+    query through ``run_sql``."""
+    from t2s.backends.scripted import call_text, native_call_text
+
+    write = native_call_text if tool_format == "native" else call_text
+    if dialect == "exec_plan":
+        return write
+
+    def sibling(tool: str, **args) -> str:
+        if tool == "distinct_values":
+            column, table = _quote(args["column_name"]), _quote(args["table_name"])
+            return write("run_sql", sql=f"SELECT {column}, COUNT(*) AS count FROM {table} GROUP BY {column} "
+                                        f"ORDER BY count DESC, {column} LIMIT {args['limit'] + 1}")
+        return write(_SIBLING_TWINS[tool], **args)
+
+    return sibling
 
 
 def _quote(name: str) -> str:
@@ -306,9 +336,10 @@ def run(args: argparse.Namespace) -> int:
     refs = {databases.ref_from_row(r) for r in chosen}
     schemas = {ref: get_schema(ref) for ref in refs}
     # the policy stands in for the model: its turn texts are written before the clock starts
-    plans = [(row, ScriptPolicy(workload_turns(row, schemas[databases.ref_from_row(row)])).turns) for row in chosen]
+    plans = [(row, ScriptPolicy(workload_turns(row, schemas[databases.ref_from_row(row)], args.dialect,
+                                               args.tool_format)).turns) for row in chosen]
     episodes = [plan for plan in plans for _ in range(ROLLOUTS)]
-    config = EpisodeConfig(mode="full")
+    config = EpisodeConfig(mode="full", dialect=args.dialect, tool_format=args.tool_format)
 
     env_times, raw_times = [], []
     drift = 0  # the most episodes of a timed pass that ended otherwise than in the recorded pass
