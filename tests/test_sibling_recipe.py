@@ -19,9 +19,9 @@ def test_passrate_in_the_native_sibling_format(demo_dir, tmp_path, capsys):
     from t2s.data import passrate
     from t2s.data.loaders import load_json_rows
 
-    output = tmp_path / "kept.json"
     code = main(["data", "passrate", "--data", str(demo_dir / "dev.json"), "--policy", "scripted-mix", "--k", "4",
-                 "--dialect", "sibling", "--tool-format", "native", "--output", str(output), "--quiet"])
+                 "--dialect", "sibling", "--tool-format", "native", "--output", str(tmp_path), "--quiet"])
+    output = tmp_path / "passrate_kept.json"
     assert code == 0
     rows = load_json_rows(demo_dir / "dev.json")
     expected = [r["question_id"] for r in rows if 1 <= passrate.mix_solved(r["question_id"], 4) <= 3]
