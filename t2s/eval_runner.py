@@ -235,6 +235,9 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
         skipped["unusable_questions"] = sum(r["db_id"] in unusable for r in selected)
         skipped["unusable_dbs"] = unusable
         selected = [r for r in selected if r["db_id"] not in unusable]
+    if not selected:  # an average over no question would print EX 0.000 as if it were a result
+        raise EvalError(f"Error: every selected question was skipped ({skipped['questions']} with a missing database, "
+                        f"{skipped.get('unusable_questions', 0)} with an unreadable one): nothing to evaluate")
     return list(rows), selected, skipped, data_file
 
 

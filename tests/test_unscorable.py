@@ -94,6 +94,19 @@ def test_eval_refuses_unreadable_databases_then_skips_and_counts_them(demo_dir, 
     assert "skipped (unreadable databases) | 8" in (out / "summary.md").read_text()
 
 
+def test_eval_with_every_question_skipped_is_an_error_not_ex_zero(demo_dir, tmp_path, capsys):
+    data = _bird_with_broken_databases(demo_dir, tmp_path / "bird")
+    rows = [r for r in json.loads((data / "dev.json").read_text()) if r["db_id"] in BROKEN]
+    (data / "dev.json").write_text(json.dumps(rows))
+    out = tmp_path / "out"
+    assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(out), "--quiet",
+                 "--skip-missing-dbs"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: every selected question was skipped")
+    assert "8 with an unreadable one" in err[0]
+    assert not (out / "summary.json").exists()
+
+
 def test_score_does_not_blame_predictions_for_broken_databases_or_gold(demo_dir, tmp_path, capsys):
     data = _bird_with_broken_databases(demo_dir, tmp_path / "bird") / "dev.json"
     records = json.loads(data.read_text())
