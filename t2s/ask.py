@@ -174,7 +174,7 @@ def _endpoint_policy(args, row: dict, config, db) -> dict:
         client = endpoint_client(args)
         if args.endpoint_mode == "completions":
             tokenizer = load_tokenizer(args.tokenizer or client.model, required=True)
-            backend = completions_backend(args, tokenizer, client.model)
+            backend = completions_backend(args, tokenizer, client.model, config.episode_token_budget)
             return _rollout_episode(args, backend, tokenizer, row, config, sampling, db)
         tokenizer = load_tokenizer(args.tokenizer, required=False)
         if args.endpoint_mode == "tools":  # the server's function calling: the native call format

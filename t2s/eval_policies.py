@@ -136,14 +136,22 @@ def endpoint_client(args):
     return client
 
 
-def completions_backend(args, tokenizer, served: str):
-    """The vLLM server backend (token-id prompts, ``return_token_ids``): the same token stream as training."""
-    from t2s.backends.vllm_server import VLLMServerBackend
+def completions_backend(args, tokenizer, served: str, episode_token_budget: int):
+    """The vLLM server backend (token-id prompts, ``return_token_ids``): the same token stream as training. A server
+    whose ``max_model_len`` cannot hold ``episode_token_budget`` tokens is refused here, before any episode."""
+    from t2s.backends.vllm_server import VLLMServerBackend, context_error
 
-    return VLLMServerBackend(
+    backend = VLLMServerBackend(
         args.endpoint, tokenizer, model=served, max_concurrency=args.concurrency, request_timeout=args.request_timeout,
         retries=args.retries, backoff=args.backoff, api_key=args.api_key,
     )  # fmt: skip
+    try:
+        problem = context_error(backend.base_url, backend.served_max_model_len(), episode_token_budget)
+    except RuntimeError as exc:
+        raise EvalError(str(exc)) from None
+    if problem is not None:
+        raise EvalError(problem)
+    return backend
 
 
 class Runner:
@@ -193,7 +201,7 @@ class Runner:
         names = [args.tokenizer or args.model] if (args.tokenizer or args.model) else [served]
         self.tokenizer = load_tokenizer(names[0], required=args.endpoint_mode == "completions")
         if args.endpoint_mode == "completions":
-            self.backend = completions_backend(args, self.tokenizer, served)
+            self.backend = completions_backend(args, self.tokenizer, served, args.episode_token_budget)
         self.target = {"endpoint": self.chat_client.base_url, "endpoint_mode": args.endpoint_mode, "served_model": served,
                        "model": args.model}
 

@@ -506,7 +506,7 @@ def server_url(args) -> str:
 def check_server_context(args) -> None:
     """The server's ``max_model_len`` must hold a whole episode (``episode_token_budget``), or late turns are refused
     with HTTP 400 and their episodes end as errors. Waits up to ``vllm_server_timeout`` for a server still starting."""
-    from t2s.backends.vllm_server import VLLMServerBackend
+    from t2s.backends.vllm_server import VLLMServerBackend, context_error
 
     url = server_url(args)
     try:
@@ -516,10 +516,8 @@ def check_server_context(args) -> None:
     if length is None:
         log.warning("the server at %s reports no max_model_len; cannot check it against episode_token_budget %d",
                     url, args.episode_token_budget)
-    elif length < args.episode_token_budget:
-        raise ConfigError(f"Error: the vLLM server at {url} has max_model_len {length}, below episode_token_budget "
-                          f"{args.episode_token_budget}: late turns would be refused. Restart it with --max-model-len "
-                          f"{args.episode_token_budget} or more (make serve MAX_MODEL_LEN=...).")
+    elif (problem := context_error(url, length, args.episode_token_budget)) is not None:
+        raise ConfigError(problem)
 
 
 def build_backend(trainer):

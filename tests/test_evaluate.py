@@ -497,6 +497,24 @@ def test_completions_endpoint_failing_midway(tiny_model_dir, tiny_tokenizer, dem
     assert len(lines) == 2 and all(line["official"] == 1 for line in lines)  # finished results are kept
 
 
+def test_completions_endpoint_refuses_a_server_too_short_for_an_episode(tiny_model_dir, tiny_tokenizer, demo_dir,
+                                                                       tmp_path, capsys):
+    from t2s.cli import main
+    from tests.fake_vllm import FakeVLLMServer
+
+    agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
+    argv = ["eval", "--policy", "endpoint", "--model", str(tiny_model_dir), "--data", str(demo_dir), "--n", "2",
+            "--output", str(tmp_path / "out"), "--quiet"]
+    with FakeVLLMServer(agent, max_model_len=8192) as server:
+        assert main([*argv, "--endpoint", server.base_url]) == 1
+        assert not server.requests  # refused before any episode
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "max_model_len 8192, below episode_token_budget 12288" in err[0]
+    with FakeVLLMServer(agent, max_model_len=8192) as server:  # a budget the server holds plays as usual
+        assert main([*argv, "--endpoint", server.base_url, "--episode-token-budget", "8192"]) == 0
+        assert server.requests
+
+
 def test_vllm_policy_wiring(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, monkeypatch):
     """--policy vllm builds vllm.LLM and plays through the colocate backend (here an object shaped like vLLM's)."""
     import sys

@@ -24,6 +24,17 @@ from t2s.backends.base import SamplingSettings, TurnOutput, engine_turn, stop_to
 from t2s.backends.http_retry import RequestFailed, asend, normalise_base_url, timeouts
 
 
+
+def context_error(base_url: str, max_model_len: int | None, episode_token_budget: int) -> str | None:
+    """An ``Error:`` line when a served ``max_model_len`` cannot hold a whole episode (late turns would get HTTP 400
+    and their episodes would end as errors), else None. A server that reports no length passes."""
+    if max_model_len is None or max_model_len >= episode_token_budget:
+        return None
+    return (f"Error: the vLLM server at {base_url} has max_model_len {max_model_len}, below episode_token_budget "
+            f"{episode_token_budget}: late turns would be refused. Restart it with --max-model-len "
+            f"{episode_token_budget} or more (make serve MAX_MODEL_LEN=...).")
+
+
 class VLLMServerBackend:
     """An httpx client for a vLLM server's completions endpoint; usable from any event loop, one at a time."""
 
