@@ -16,7 +16,7 @@ from t2s.errors import UsageError, error_line, user_facing
 
 # name -> (module, one-line help). Only commands whose module exists are offered.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("t2s.demo", "train the smoke recipe on data/demo on a CPU, then evaluate it"),
+    "demo": ("t2s.demo", "CPU: warm-start a tiny model on data/demo, run GRPO steps whose reward rises, evaluate it"),
     "train": ("t2s.train", "GRPO training from a recipe YAML (launch with accelerate for several GPUs)"),
     "sft": ("t2s.sft", "supervised warm start on trajectories the environment plays (gold or recorded episodes)"),
     "eval": ("t2s.evaluate", "agentic evaluation of a model, endpoint, scripted policy or predictions file"),
