@@ -27,13 +27,20 @@ class RunFolderBusy(T2SError):
     """Another live run holds the output folder."""
 
 
-def _holder_text(raw: str) -> str:
-    try:
-        holder = json.loads(raw)
-        return (f"pid {holder['pid']} on {holder['host']}, started {holder['started_at']}: "
-                f"{holder['command']}")
-    except (ValueError, KeyError, TypeError):
-        return "its details are not written yet"
+def _holder_text(handle, wait: float = 2.0) -> str:
+    """The holder's details from the lock file. A holder writes them just after it takes the lock, so a run that
+    meets the lock in between reads again for up to ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    while True:
+        handle.seek(0)
+        try:
+            holder = json.loads(handle.read())
+            return (f"pid {holder['pid']} on {holder['host']}, started {holder['started_at']}: "
+                    f"{holder['command']}")
+        except (ValueError, KeyError, TypeError):
+            if time.monotonic() >= deadline:
+                return "its details are not written yet"
+            time.sleep(0.05)
 
 
 def _this_command() -> str:
@@ -62,8 +69,7 @@ def run_folder_lock(folder, command: str | None = None):
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            handle.seek(0)
-            raise RunFolderBusy(f"Error: {folder} is in use by another run ({_holder_text(handle.read())}); wait for "
+            raise RunFolderBusy(f"Error: {folder} is in use by another run ({_holder_text(handle)}); wait for "
                                 "it to finish, or choose another output folder") from None
         holder = {
             "pid": os.getpid(),

@@ -115,3 +115,32 @@ def test_a_second_training_into_an_output_dir_in_use_stops(tiny_model_dir, holde
     assert code == 1 and err[-1].startswith(f"Error: {out} is in use by another run"), err
     assert f"pid {holder.pid}" in err[-1]
     assert not list(out.glob("checkpoint-*")) and not (out / "data_summary.json").exists()
+
+
+def test_a_run_that_meets_the_lock_before_its_details_waits_for_them(tmp_path):
+    """The holder writes its details just after taking the lock; a run arriving in between still names it."""
+    import fcntl
+    import threading
+
+    from t2s.run_lock import LOCK_NAME, RunFolderBusy, run_folder_lock
+
+    folder = tmp_path / "out"
+    folder.mkdir()
+    holder = open(folder / LOCK_NAME, "a+", encoding="utf-8")
+    fcntl.flock(holder, fcntl.LOCK_EX | fcntl.LOCK_NB)  # taken, details not written yet
+
+    def write_details():
+        holder.write(json.dumps({"pid": 4242, "host": "h", "command": "t2s eval --output out",
+                                 "started_at": "2026-01-01T00:00:00+0000"}) + "\n")
+        holder.flush()
+
+    timer = threading.Timer(0.3, write_details)
+    timer.start()
+    try:
+        with pytest.raises(RunFolderBusy) as refused:
+            with run_folder_lock(folder):
+                pass
+    finally:
+        timer.join()
+        holder.close()
+    assert "pid 4242 on h" in str(refused.value) and "t2s eval --output out" in str(refused.value)
