@@ -211,6 +211,7 @@ def published_differences(config: dict) -> list[str]:
         return ["no settings recorded"]
     sampling = config.get("sampling") or {}
     values = {k: config.get(k) for k in ("n", "max_turns", "episode_token_budget", "enable_thinking")}
+    values["n"] = config.get("questions", values["n"])  # the number played (``--n 0`` asks for every question)
     if sampling:  # a scripted policy or a predictions file samples nothing
         values.update({k: sampling.get(k) for k in ("temperature", "top_p", "top_k")})
     differences = [f"{key} {values[key]} (published {wanted})" for key, wanted in PUBLISHED_SETTINGS.items()

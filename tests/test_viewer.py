@@ -175,6 +175,8 @@ def test_comparable_only_with_the_published_settings():
     changed = {**published, "n": 50, "max_turns": 4, "sampling": {"temperature": 1.0, "top_p": 0.95, "top_k": 20}}
     assert comparability_line(changed) == ("not comparable with the published figures: n 50 (published 300); "
                                            "max_turns 4 (published 6); temperature 1.0 (published 0.6)")
+    every = {**published, "n": 0, "questions": 63}  # --n 0: every question of a 63-question file
+    assert comparability_line(every) == "not comparable with the published figures: n 63 (published 300)"
     chat = {**published, "comparable": False, "endpoint_mode": "chat", "policy": "endpoint"}
     assert comparability_line(chat) == ("not comparable with the published figures: a chat endpoint does not play "
                                         "the training token stream")
