@@ -452,6 +452,12 @@ def env_token_counter(tokenizer, enable_thinking: bool = True) -> EnvTokenCounte
     return EnvTokenCounter(tokenizer, enable_thinking)
 
 
+def first_prompt_ids(tokenizer, episode: Episode) -> list[int]:
+    """The first generation prompt as a rollout sends it: the episode's messages (and, in the native format, its
+    tools) rendered by the chat template."""
+    return protocol.generation_prompt_ids(tokenizer, episode.messages, episode.config.enable_thinking, episode.tools)
+
+
 def play(episode: Episode, policy, tokenizer=None) -> Episode:
     """Drive ``episode`` to its end with ``policy``; returns the episode.
 
@@ -463,8 +469,7 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
         counter = episode.env_tokens  # the suffixes added are the ones counted, when the counter is ours
         if not isinstance(counter, EnvTokenCounter):
             counter = env_token_counter(tokenizer, cfg.enable_thinking)
-        prompt = protocol.generation_prompt_ids(tokenizer, episode.messages, cfg.enable_thinking, episode.tools)
-        episode.start(len(prompt))
+        episode.start(len(first_prompt_ids(tokenizer, episode)))
     else:
         episode.start(0)
     while not episode.done:
@@ -499,5 +504,5 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
 
 __all__ = [
     "Episode", "EpisodeConfig", "EnvTokenCounter", "RECORD_KEYS", "COUNTER_KEYS", "ToolCall", "env_token_counter",
-    "play", "run_text_episode",
+    "first_prompt_ids", "play", "run_text_episode",
 ]  # fmt: skip

@@ -2,7 +2,7 @@
 
 The token stream is accumulated raw and never re-rendered through the chat template:
 
-- prompt = ``protocol.generation_prompt_ids(tokenizer, episode.messages)`` (ends in ``<|im_start|>assistant\\n<think>\\n``);
+- prompt = ``episode.first_prompt_ids(tokenizer, episode)`` (ends in ``<|im_start|>assistant\\n<think>\\n``);
 - each model turn's tokens are appended as sampled (a sampled stop token included), ``env_mask`` 1, sampler logprobs;
 - the environment's suffix (``protocol.env_suffix_ids``: an ``<|im_end|>`` when the turn did not end on one, the
   observation as a user turn, the next generation prompt; in the native call format ``native_calls.suffix_ids``: the
@@ -38,9 +38,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-from t2s import protocol
 from t2s.backends.base import SamplingSettings, TurnOutput
-from t2s.episode import COUNTER_KEYS, Episode, EpisodeConfig, EnvTokenCounter
+from t2s.episode import COUNTER_KEYS, Episode, EpisodeConfig, EnvTokenCounter, first_prompt_ids
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +140,7 @@ class _Run:
     def begin(self) -> None:  # driving thread
         tok = self.rollout.tokenizer
         with self.rollout.tokenizer_lock:
-            prompt = protocol.generation_prompt_ids(tok, self.episode.messages, self.rollout.config.enable_thinking,
-                                                    self.episode.tools)
+            prompt = first_prompt_ids(tok, self.episode)
         self.trace = EpisodeTrace(self.index, prompt)
         self.episode.start(len(prompt))
 

@@ -142,15 +142,12 @@ def pass_rate_ids(path: Path) -> set[str]:
 
 def drop_long_prompts(rows: list[dict], tokenizer, training_args) -> tuple[list[dict], int]:
     """Drop rows whose rendered prompt leaves less than ``min_episode_tokens`` of the episode budget."""
-    from t2s import protocol
-    from t2s.episode import Episode
+    from t2s.episode import Episode, first_prompt_ids
 
     config = training_args.episode_config()
     kept = []
     for row in rows:
-        episode = Episode(row, config)
-        prompt_tokens = len(protocol.generation_prompt_ids(tokenizer, episode.messages, config.enable_thinking,
-                                                           episode.tools))
+        prompt_tokens = len(first_prompt_ids(tokenizer, Episode(row, config)))
         if config.episode_token_budget - prompt_tokens >= config.min_episode_tokens:
             kept.append(row)
     dropped = len(rows) - len(kept)

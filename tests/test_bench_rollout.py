@@ -75,3 +75,40 @@ def test_bench_rollout_rejects_bad_episodes(capsys):
     rollout.add_arguments(parser)
     assert rollout.run(parser.parse_args(["--episodes", "0"])) != 0
     assert capsys.readouterr().out.startswith("Error:")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("dialect, tool_format", [("sibling", "native"), ("exec_plan", "native"), ("sibling", "json")])
+def test_bench_rollout_in_each_tool_set_and_call_format(capsys, monkeypatch, demo_dir, dialect, tool_format):
+    """The engine serves the prompts the rollout really sends in each tool set and call format: every planned turn
+    is served, every episode submits the gold SQL and scores correct, and the last line keeps its format."""
+    import argparse
+
+    from t2s.bench import rollout
+    from t2s.tiny_model import build_tokenizer
+
+    measured = []
+    real_measure = rollout.measure
+
+    def keep(*args, **kwargs):
+        measured.append(real_measure(*args, **kwargs))
+        return measured[-1]
+
+    monkeypatch.setattr(rollout, "measure", keep)
+    parser = argparse.ArgumentParser()
+    rollout.add_arguments(parser)
+    assert rollout.run(parser.parse_args(["--n", "16", "--dialect", dialect, "--tool-format", tool_format])) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"async_over_critical=\d+\.\d+ turnsync_over_critical=\d+\.\d+", last), last
+    async_r, turnsync_r, _, _, plans = measured[0]
+    assert len(plans) == 16
+    for result in (async_r, turnsync_r):
+        assert result.turns == sum(len(p.turns) for p in plans)
+        assert result.submitted == result.equivalent == 16
+    tokenizer = build_tokenizer()
+    prompt = tokenizer.decode(list(plans[0].first_prompt))
+    written = "".join(tokenizer.decode(turn) for turn in plans[0].turns)
+    native = tool_format == "native"
+    assert ("<tools>" in prompt) == native and ("<tool_call>" in written) == native  # the template declares the tools
+    assert ("inspect_schema" in written) == (dialect == "sibling")
+    assert ('"tool": "submit"' in written) == (dialect == "sibling" and not native)

@@ -10,7 +10,13 @@ The engine is a discrete-event model of a vLLM server, run on a **virtual clock*
   sequence's previous context, or past a first prompt already seen, are prefilled;
 - per-turn lengths come from a seeded log-normal (median 300 tokens, sigma 0.75, capped at 2048), with 2 to 6 turns
   per episode. Turn *k* writes filler thinking up to its length, then real tool calls (the pinned calls of
-  ``bench env``, spread over the turns); the last turn submits the gold SQL.
+  ``bench env``, spread over the turns, in the ``--dialect`` and ``--tool-format`` played); the last turn submits
+  the gold SQL, so every episode should score correct.
+
+The engine knows an episode by its prompt, as a prefix cache would: a first request is the episode's first prompt
+exactly as the rollout renders it (the chat template's ``tools=`` included in the native format), and every later
+request of that episode extends it with the episode's first turn. Its turn index is the number of turns the engine
+has served that episode, so neither depends on how the environment's segments are rendered.
 
 Everything else is real: the rollout code (``t2s.rollout.Rollout``, both schedules), Episode, tools, SQLite on
 ``data/demo`` and scoring. Wall-clock time spent outside the engine - tool calls, tokenisation, bookkeeping -
@@ -61,6 +67,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="a BIRD-style JSON file (default: data/demo/dev.json)")
     parser.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt token on every turn")
     parser.add_argument("--workers", type=int, default=None, help="tool worker threads (default: the core count)")
+    from t2s.evaluate import add_tool_arguments
+
+    add_tool_arguments(parser)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -76,22 +85,23 @@ class EpisodePlan:
     first_prompt: tuple[int, ...] = ()
 
 
-def plan_turns(row: dict, n_turns: int, lengths: list[int], tokenizer, marker: str) -> list[list[int]]:
+def plan_turns(row: dict, n_turns: int, lengths: list[int], tokenizer, marker: str, dialect: str = "exec_plan",
+               tool_format: str = "json") -> list[list[int]]:
     """``n_turns`` assistant turns: the pinned bench-env calls spread over ``n_turns - 1`` tool turns, then submit.
 
-    Each turn is filler thinking up to its sampled length, then ``</think>`` and its calls; a turn whose calls need
-    more tokens than sampled is longer.
+    The calls are written in the dialect and call format the episodes play (``bench env``'s ``call_writer``). Each
+    turn is filler thinking up to its sampled length, then ``</think>`` and its calls; a turn whose calls need more
+    tokens than sampled is longer.
     """
-    from t2s.bench.env import workload_turns
-    from t2s.backends.scripted import call_text
+    from t2s.bench.env import call_writer, workload_turns
     from t2s.databases import ref_from_row
     from t2s.schema import get_schema
 
-    pinned = workload_turns(row, get_schema(ref_from_row(row)))
+    pinned = workload_turns(row, get_schema(ref_from_row(row)), dialect, tool_format)
     calls = [c for turn in pinned[:-1] for c in turn]
     tool_turns = n_turns - 1
     while len(calls) < tool_turns:
-        calls.append(call_text("run_query", sql=row["gold_sql"]))
+        calls.append(call_writer(dialect, tool_format)("run_query", sql=row["gold_sql"]))
     per_turn = [calls[round(i * len(calls) / tool_turns) : round((i + 1) * len(calls) / tool_turns)] for i in range(tool_turns)]
     per_turn.append(pinned[-1])
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
@@ -106,8 +116,9 @@ def plan_turns(row: dict, n_turns: int, lengths: list[int], tokenizer, marker: s
 
 
 def build_plans(rows: list[dict], tokenizer, config, seed: int, lengths: LengthModel) -> list[EpisodePlan]:
-    from t2s.episode import Episode
-    from t2s.protocol import generation_prompt_ids
+    """One plan per row; its first prompt is the one the rollout sends (``episode.first_prompt_ids``: in the native
+    format the chat template declares the tools too)."""
+    from t2s.episode import Episode, first_prompt_ids
 
     rng = random.Random(seed)
     plans = []
@@ -115,9 +126,8 @@ def build_plans(rows: list[dict], tokenizer, config, seed: int, lengths: LengthM
         n_turns = rng.randint(lengths.min_turns, lengths.max_turns)
         sampled = [min(lengths.cap, max(1, round(rng.lognormvariate(math.log(lengths.median), lengths.sigma))))
                    for _ in range(n_turns)]  # fmt: skip
-        plan = EpisodePlan(row, plan_turns(row, n_turns, sampled, tokenizer, f"e{index}"))
-        plan.first_prompt = tuple(generation_prompt_ids(tokenizer, Episode(row, config).messages, config.enable_thinking))
-        plans.append(plan)
+        turns = plan_turns(row, n_turns, sampled, tokenizer, f"e{index}", config.dialect, config.tool_format)
+        plans.append(EpisodePlan(row, turns, tuple(first_prompt_ids(tokenizer, Episode(row, config)))))
     return plans
 
 
@@ -389,8 +399,10 @@ def pick_rows(rows: list[dict], episodes: int, seed: int) -> list[dict]:
     return repeated[:episodes]
 
 
-def measure(episodes: int = 144, seed: int = 0, data=None, prefix_caching: bool = True, workers=None, console=None):
-    """Run the three measurements; returns (async, turnsync, critical seconds, critical index, plans)."""
+def measure(episodes: int = 144, seed: int = 0, data=None, prefix_caching: bool = True, workers=None, console=None,
+            dialect: str = "exec_plan", tool_format: str = "json"):
+    """Run the three measurements in a tool set and call format; returns (async, turnsync, critical seconds,
+    critical index, plans)."""
     from rich.progress import Progress
 
     from t2s.data.loaders import load_json_rows
@@ -400,7 +412,7 @@ def measure(episodes: int = 144, seed: int = 0, data=None, prefix_caching: bool 
 
     tokenizer = build_tokenizer()
     rows = pick_rows(load_json_rows(data or DEMO_DIR / "dev.json"), episodes, seed)
-    config = EpisodeConfig()
+    config = EpisodeConfig(dialect=dialect, tool_format=tool_format)
     spec = EngineSpec(prefix_caching=prefix_caching)
     plans = build_plans(rows, tokenizer, config, seed, LengthModel())
     with Progress(console=console, transient=True) as progress:
@@ -429,26 +441,29 @@ def run(args: argparse.Namespace) -> int:
     console = make_console()
     try:
         async_r, turnsync_r, critical, where, plans = measure(
-            args.episodes, args.seed, args.data, not args.no_prefix_cache, args.workers, console
+            args.episodes, args.seed, args.data, not args.no_prefix_cache, args.workers, console, args.dialect,
+            args.tool_format,
         )
     except (OSError, ValueError) as exc:
         message = str(exc)
         print(message if message.startswith("Error:") else f"Error: {message}")
         return 1
     table = Table(
-        title=f"Rollout scheduling: {len(plans)} episodes, simulated engine (virtual clock)",
+        title=f"Rollout scheduling: {len(plans)} episodes, {args.dialect} tools in {args.tool_format} calls, "
+        "simulated engine (virtual clock)",
         caption="critical path: the longest episode run alone. seconds: virtual engine time plus the real time episodes "
         "spent outside the engine (outside s: summed over episodes)",
     )
-    for column in ("schedule", "seconds", "x critical", "turns", "submitted", "steps", "mean running", "outside s"):
+    for column in ("schedule", "seconds", "x critical", "turns", "submitted", "correct", "steps", "mean running",
+                   "outside s"):
         table.add_column(column, justify="right" if column != "schedule" else "left")
-    table.add_row("critical path", f"{critical:.2f}", "1.000", "", "", "", "", "")
+    table.add_row("critical path", f"{critical:.2f}", "1.000", "", "", "", "", "", "")
     for result in (async_r, turnsync_r):
         occupancy = result.stats.busy_seq_steps / max(1, result.stats.steps)
         table.add_row(
             result.name, f"{result.seconds:.2f}", f"{result.seconds / critical:.3f}", str(result.turns),
-            f"{result.submitted}/{len(plans)}", str(result.stats.steps), f"{occupancy:.1f}",
-            f"{result.stats.outside_seconds:.2f}",
+            f"{result.submitted}/{len(plans)}", f"{result.equivalent}/{len(plans)}", str(result.stats.steps),
+            f"{occupancy:.1f}", f"{result.stats.outside_seconds:.2f}",
         )  # fmt: skip
     print_table(console, table)
     longest = plans[where]
