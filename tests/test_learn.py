@@ -87,7 +87,7 @@ def test_attention_preset_is_four_full_attention_layers_with_demo_words(tmp_path
         build_tiny_model(tmp_path / "wide", preset="wide")
 
 
-def test_cpu_threads_take_half_the_cores_unless_told(monkeypatch):
+def test_cpu_threads_take_every_usable_core_unless_told(monkeypatch):
     import torch
 
     from t2s import cpu_threads
@@ -95,7 +95,7 @@ def test_cpu_threads_take_half_the_cores_unless_told(monkeypatch):
     monkeypatch.delenv("T2S_TORCH_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(cpu_threads, "usable_cores", lambda: 8)
-    assert cpu_threads.torch_threads() == 4
+    assert cpu_threads.torch_threads() == 8
     monkeypatch.setattr(cpu_threads, "usable_cores", lambda: 1)
     assert cpu_threads.torch_threads() == 1
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
