@@ -42,6 +42,10 @@ STEP_COLUMNS = (  # (log key, column title, format)
     ("kl", "kl", "{:.2e}"),
     ("beta", "beta", "{:.6f}"),
     ("step_time", "s/step", "{:.1f}"),
+    ("time/generation", "s gen", "{:.1f}"),
+    ("time/environment", "s env", "{:.2f}"),
+    ("time/reward", "s reward", "{:.2f}"),
+    ("time/forward_backward", "s fwd/bwd", "{:.1f}"),
 )
 
 
@@ -55,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def step_printer(console):
-    """A TrainerCallback that prints each step's reward components, episode rates, KL and beta as it ends."""
+    """A TrainerCallback that prints each step's reward components, episode rates, KL, beta and time split as it ends."""
     from transformers import TrainerCallback
 
     class StepPrinter(TrainerCallback):
@@ -77,7 +81,10 @@ def step_printer(console):
                 f"  tiers: equivalent {show('tier/equivalent')}  executable {show('tier/executable')}  parsable "
                 f"{show('tier/parsable')}  invalid {show('tier/invalid')}\n"
                 f"  turns {show('episodes/turns_mean')}  submit {show('episodes/submit_rate')}  forced "
-                f"{show('episodes/forced_rate')}  kl {show('kl')}  beta {show('beta')}  {show('step_time')}s",
+                f"{show('episodes/forced_rate')}  kl {show('kl')}  beta {show('beta')}\n"
+                f"  time {show('step_time')} s: generation {show('time/generation')}  environment "
+                f"{show('time/environment')}  reward {show('time/reward')}  forward/backward "
+                f"{show('time/forward_backward')}",
                 highlight=False,
             )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -98,6 +99,9 @@ def test_train_command_runs_the_smoke_recipe(tiny_model_dir, demo_dir, tmp_path,
     printed = capsys.readouterr()
     # the step printer of `make demo`, not the transformers callbacks' dict of every logged key
     assert "step 1/1  reward " in printed.out and "tiers: equivalent" in printed.out
+    # the step's time split, every part measured: generation, environment, reward, forward and backward passes
+    assert re.search(r"time \d+\.\d s: generation \d+\.\d  environment \d+\.\d\d  reward \d+\.\d\d  "
+                     r"forward/backward \d+\.\d", printed.out), printed.out
     assert "'frac_reward_zero_std'" not in printed.out + printed.err
     summary = json.loads((output / "train_summary.json").read_text())
     assert summary["global_step"] == 1 and 0 < summary["beta"] <= 1.0
