@@ -25,7 +25,6 @@ from t2s.cli_args import add_hidden_alias
 DEMO_STEPS = 12
 # The demo is bench learn's experiment made shorter: its warm start, then GRPO on 8 of its 16 questions, so that
 # every step sees each of them. (A warm start on those 8 alone, 80 steps, started at 0.05 equivalence with 40% invalid.)
-GRPO_OVERRIDES = ("--max_train_rows", "8")
 EVAL_ARGS = ("--mode", "withheld", "--max-turns", "1", "--max-tokens-per-turn", "128", "--episode-token-budget", "4096")
 STEP_COLUMNS = (  # (log key, column title, format)
     ("reward", "reward", "{:.3f}"),
@@ -123,8 +122,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         model_dir = Path(args.model) if args.model else cached_warm_start(console)
         with console.status(f"GRPO, {args.steps} steps of 8 questions × 8 rollouts (episodes, rewards, loss, KL)"):
-            trainer = grpo_run(model_dir, output / "model", steps=args.steps, seed=0, callbacks=[printer],
-                               overrides=GRPO_OVERRIDES)
+            trainer = grpo_run(model_dir, output / "model", steps=args.steps, seed=0, callbacks=[printer])
     except (ConfigError, ValueError, OSError) as exc:
         message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
         console.print(message.splitlines()[0], style="red", highlight=False, markup=False)
