@@ -21,12 +21,13 @@ SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</t
 TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]  # ordinary added tokens
 TEMPLATE_NAME = "qwen3_5_nothink.jinja"
 VOCAB_SIZE = 1024
-_BUILD_VERSION = "2"  # bump when the builder changes, so cached folders are rebuilt
+_BUILD_VERSION = "3"  # bump when the builder changes, so cached folders are rebuilt
 # preset -> the Qwen3_5TextConfig fields that differ between the tiny models
 PRESETS = {
     "hybrid": dict(hidden_size=64, intermediate_size=128, head_dim=16,
                    layer_types=["linear_attention", "full_attention"]),
-    # the demo's learner: its tokenizer also learns the demo data's words, so a query is a few dozen tokens
+    # the demo's learner: its tokenizer also learns the demo's prompts and SQL, so a query is a few dozen tokens and a
+    # prompt about 100
     "attention": dict(hidden_size=128, intermediate_size=256, head_dim=32, layer_types=["full_attention"] * 4,
                       vocab_size=2048, demo_words=True),
 }
@@ -77,11 +78,14 @@ def chat_template_path() -> Path:
 
 
 def demo_corpus() -> list[str]:
-    """The embedded demo data's questions, evidence and gold SQL (``data/demo``, written by this project)."""
-    from t2s.settings import DEMO_DIR
+    """The demo's prompt texts and gold SQL: its system prompt, then per ``data/demo`` question (written by this project)
+    the withheld-mode user message (question, evidence, the note on the schema) and the SQL."""
+    from t2s.protocol import user_prompt
+    from t2s.settings import DEMO_DIR, RECIPES_DIR
 
     records = json.loads((DEMO_DIR / "dev.json").read_text(encoding="utf-8"))
-    return [str(r.get(key) or "") for r in records for key in ("question", "evidence", "SQL")]
+    system = (RECIPES_DIR / "demo_system_prompt.txt").read_text(encoding="utf-8")
+    return [system] * 4 + [text for r in records for text in (user_prompt(r, "withheld"), str(r.get("SQL") or ""))]
 
 
 def build_tokenizer(vocab_size: int = VOCAB_SIZE, extra_corpus: list[str] | None = None, tool_call_tokens: bool = True):

@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from t2s.bench import learn
+from t2s.settings import RECIPES_DIR
 
 
 def test_control_permutes_rewards_within_the_call_and_keeps_everything_else():
@@ -82,6 +83,9 @@ def test_attention_preset_is_four_full_attention_layers_with_demo_words(tmp_path
     assert config.layer_types == ["full_attention"] * 4 and config.hidden_size == 128
     tokenizer = AutoTokenizer.from_pretrained(folder)
     assert tokenizer.tokenize(" bikes") == ["Ġbikes"]
+    # the demo's system prompt is learnt too: short prompts make the warm start and each GRPO step cheap
+    system = (RECIPES_DIR / "demo_system_prompt.txt").read_text()
+    assert len(tokenizer.tokenize(system)) < 2 * len(system.split())
     assert build_tiny_model(tmp_path / "attn", preset="attention") == folder  # reused
     with pytest.raises(ValueError, match="Error: unknown tiny model preset 'wide'"):
         build_tiny_model(tmp_path / "wide", preset="wide")
