@@ -19,6 +19,16 @@ What the subclass changes, and where:
   proportionally toward ``target_kl`` (Ziegler et al. 2019), within [β_min, β_max]. β is saved in every checkpoint
   (``t2s_kl_controller.json``, before HF's ``trainer_state.json``) and restored on resume; a checkpoint without it
   resumes with the last β its ``trainer_state.json`` logged (``restored_beta``), with a warning.
+- **Log-prob passes run in length groups** (``_get_per_token_logps_and_entropies``: the reference pass, the
+  old-logprob pass and the loss's forward). Completions are right-padded to the batch's longest, so a batch with a few
+  long episodes is mostly padding. The rows are sorted by their last real token and split into contiguous groups
+  (``length_groups``: at most ``batch_size`` rows each, chosen to minimise padded tokens plus ``GROUP_OVERHEAD_TOKENS``
+  per forward call); each group runs TRL's pass cut after its last real column, and the results are put back full
+  width, in the rows' order, 0 at the cut columns as TRL gives padding. Left padding is never cut (positions stay), and
+  under causal attention a real token sees the same tokens. The values equal the whole-batch pass up to float
+  rounding: a parameter's gradient sums the rows in another order (as TRL's own ``batch_size`` chunks do), and CPU
+  attention kernels pick block sizes by sequence length. A batch that forms one group with nothing to cut runs TRL's
+  pass itself.
 - **EOS**: generation stops on ``<|im_end|>`` and ``<|endoftext|>``; both are in ``trainer.eos_token_ids``.
 - **Step metrics** besides TRL's: episode counters (``EPISODE_METRICS``); ``sampling/logp_gap/{mean,max}``, the
   |log π_θ − log π_sampler| over model tokens in the loss's forward pass (≈ 0 when the sampler is the policy); and
@@ -45,6 +55,7 @@ log = logging.getLogger(__name__)
 EOS_TOKENS = STOP_TOKENS  # ("<|im_end|>", "<|endoftext|>")
 KL_STATE_FILE = "t2s_kl_controller.json"
 ERROR_BAND = 0.2  # the controller's proportional error is clipped to ±0.2
+GROUP_OVERHEAD_TOKENS = 1024  # a forward call's fixed cost in padded tokens, for length_groups: tiny groups don't pay
 
 # Episode counters (DESIGN §10) summarised per step: metric name -> (numerator counter, denominator).
 # Denominator "episodes" divides by the number of episodes, otherwise by the sum of that counter.
@@ -87,6 +98,31 @@ def k3(ref_logps: torch.Tensor, logps: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimator of KL(π_θ ‖ π_ref): ``exp(ref − logp) − (ref − logp) − 1``."""
     delta = ref_logps - logps
     return torch.exp(delta) - delta - 1.0
+
+
+def length_groups(lengths: list[int], max_rows: int | None = None,
+                  overhead: int = GROUP_OVERHEAD_TOKENS) -> list[list[int]]:
+    """Rows split into groups of similar length, each in its original order, for the log-prob passes.
+
+    Over the rows sorted by length, a dynamic programme picks contiguous groups of at most ``max_rows`` (no limit when
+    None) minimising Σ (rows × longest length) + ``overhead`` per group: the tokens the forward passes really process,
+    padding included, plus a fixed cost per call. One group holding every row means no grouping.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    limit = max_rows or len(order) or 1
+    best = [0] + [math.inf] * len(order)  # best[j]: the cost of the j shortest rows
+    start_of = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        width = lengths[order[end - 1]]
+        for start in range(max(0, end - limit), end):
+            cost = best[start] + (end - start) * width + overhead
+            if cost < best[end]:
+                best[end], start_of[end] = cost, start
+    groups, end = [], len(order)
+    while end > 0:
+        groups.append(sorted(order[start_of[end]:end]))
+        end = start_of[end]
+    return groups[::-1]
 
 
 def check_eos_ids(eos_token_ids, tokenizer) -> None:
@@ -342,6 +378,49 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
                 torch.exp(diff), min=self.args.vllm_importance_sampling_clip_min,
                 max=self.args.vllm_importance_sampling_clip_max,
             )
+
+    # ------------------------------------------------------------------------------------------------ log-prob passes
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, pixel_values=None,
+                                           image_grid_thw=None, num_images=None, pixel_attention_mask=None,
+                                           spatial_shapes=None, num_tiles=None, image_sizes=None, token_type_ids=None,
+                                           mm_token_type_ids=None, image_position_ids=None):
+        """TRL's pass, run once per length group (``length_groups``) on the group's rows cut after their last real
+        column; results come back full width, in the rows' order, 0 at the cut columns as TRL gives padding.
+
+        Only right padding is cut, so every real token keeps its position, and under causal attention it sees the
+        same tokens. Groups hold at most ``batch_size`` rows, each one forward call (TRL's chunk); an MoE aux loss is
+        the mean over the calls, as TRL averages its chunks. Multimodal inputs go to TRL's pass unchanged.
+        """
+        multimodal = dict(pixel_values=pixel_values, image_grid_thw=image_grid_thw, num_images=num_images,
+                          pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes, num_tiles=num_tiles,
+                          image_sizes=image_sizes, token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids,
+                          image_position_ids=image_position_ids)
+        width = input_ids.size(1)
+        columns = torch.arange(1, width + 1, device=attention_mask.device)
+        # a row's length: up to its last real token, and at least the prompt plus one completion column
+        ends = (attention_mask.bool() * columns).amax(dim=1).clamp(min=width - logits_to_keep + 1).tolist()
+        groups = length_groups(ends, batch_size)
+        if any(value is not None for value in multimodal.values()) or (len(groups) == 1 and max(ends) == width):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **multimodal)
+        logps, entropies, aux_losses = [], [], []
+        for group in groups:
+            end = max(ends[i] for i in group)
+            rows = torch.tensor(group, device=input_ids.device)
+            group_logps, group_entropies, aux_loss = super()._get_per_token_logps_and_entropies(
+                model, input_ids[rows, :end], attention_mask[rows, :end], logits_to_keep - (width - end),
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss)
+            logps.append(torch.nn.functional.pad(group_logps, (0, width - end)))
+            if compute_entropy:
+                entropies.append(torch.nn.functional.pad(group_entropies, (0, width - end)))
+            aux_losses.append(aux_loss)
+        order = torch.tensor([i for group in groups for i in group])
+        back = torch.empty_like(order).scatter_(0, order, torch.arange(len(order))).to(input_ids.device)
+        return (torch.cat(logps)[back], torch.cat(entropies)[back] if compute_entropy else None,
+                torch.stack(aux_losses).mean() if compute_aux_loss else None)
 
     # ------------------------------------------------------------------------------------------------ loss
 
