@@ -7,7 +7,9 @@
 - ``sampler`` runs no old-logprob forward pass, ``recompute`` runs one;
 - against stock TRL (``dr_grpo``, ``max_completion_length`` 1024, plain k3, the sampler's logprobs as its old
   logprobs): equal loss and bit-identical gradients for token and sequence ratios, β 0 and > 0, gradient
-  accumulation 1 and 2, and recompute mode, on ragged completions with environment tokens;
+  accumulation 1 and 2, and recompute mode, on ragged completions with environment tokens (a few tokens apart, so
+  each batch is one length group and runs TRL's own log-prob pass; how length groups compare with one pass over the
+  padded batch is tests/test_trainer_length_groups.py's);
 - d loss / d logits is exactly zero at environment tokens and padding.
 """
 
