@@ -100,8 +100,8 @@ def plan_turns(row: dict, n_turns: int, lengths: list[int], tokenizer, marker: s
     pinned = workload_turns(row, get_schema(ref_from_row(row)), dialect, tool_format)
     calls = [c for turn in pinned[:-1] for c in turn]
     tool_turns = n_turns - 1
-    while len(calls) < tool_turns:
-        calls.append(call_writer(dialect, tool_format)("run_query", sql=row["gold_sql"]))
+    if len(calls) < tool_turns:
+        calls += [call_writer(dialect, tool_format)("run_query", sql=row["gold_sql"])] * (tool_turns - len(calls))
     per_turn = [calls[round(i * len(calls) / tool_turns) : round((i + 1) * len(calls) / tool_turns)] for i in range(tool_turns)]
     per_turn.append(pinned[-1])
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
