@@ -2,7 +2,7 @@
 
 Every ``recipes/*.yaml`` and ``recipes/*.txt`` and everything in ``data/demo`` are installed under ``t2s/bundled/``
 with their repository paths (``t2s/bundled/recipes/smoke.yaml``, ``t2s/bundled/data/demo/dev.json``), where
-``t2s.resources.shipped`` finds them in a non-editable install.
+``t2s.settings.shipped`` finds them in a non-editable install.
 """
 
 from setuptools import find_packages, setup

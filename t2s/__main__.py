@@ -1,3 +1,3 @@
-from t2s.cli import main
+from t2s.commands import main
 
 raise SystemExit(main())

@@ -1,6 +1,6 @@
 """The project's user-facing failures, and how ``python -m t2s`` turns any of them into one ``Error:`` line.
 
-Commands raise :class:`T2SError` (or a subclass) for bad input they can name. ``cli.main`` also maps the failures no
+Commands raise :class:`T2SError` (or a subclass) for bad input they can name. ``t2s.commands.main`` also maps the failures no
 command should let through as a traceback: ``OSError`` (a missing, read-only or full disk; an output path that is a
 file), ``UnicodeDecodeError`` and YAML syntax errors. Each becomes one line on stderr and exit status 1
 (2 for a :class:`UsageError`).
@@ -31,6 +31,10 @@ def writing(path):
         if exc.filename is not None or isinstance(exc, T2SError):
             raise
         raise type(exc)(exc.errno, exc.strerror or str(exc), str(path)) from exc
+
+
+class EvalError(T2SError):
+    """A user-facing failure of an evaluation or an episode's options (``eval``, ``ask``, ``data passrate``)."""
 
 
 def _one_line(text: str) -> str:

@@ -67,7 +67,6 @@ class ScriptedEpisodes:
         self.seen: list[list[str]] = []  # question ids per call
 
     def __call__(self, rows: list[dict], trainer) -> dict:
-        import torch
 
         self.seen.append([row["question_id"] for row in rows])
         group = trainer.num_generations
@@ -114,7 +113,7 @@ def scripted_reward(prompts, completions, scripted_reward=None, **kwargs):
 
 def make_config(output_dir, **overrides):
     """A CPU-friendly T2SGRPOConfig: 2 questions × 4 rollouts per step, fp32, no checkpointing, logging each step."""
-    from t2s.configs import T2SGRPOConfig
+    from t2s.training.configs import T2SGRPOConfig
 
     values = dict(
         output_dir=str(output_dir),
@@ -143,7 +142,7 @@ def build_trainer(model_dir, output_dir, n_rows: int = 4, runner=None, **overrid
     from datasets import Dataset
     from transformers import AutoTokenizer
 
-    from t2s.trainer import Text2SQLGRPOTrainer
+    from t2s.training.trainer import Text2SQLGRPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
     runner = runner or ScriptedEpisodes(tokenizer)
@@ -160,7 +159,7 @@ def main(argv: list[str]) -> int:
     import os
 
     from t2s.settings import offline_environment
-    from t2s.train import fit
+    from t2s.training.pipeline import fit
 
     offline_environment()
     model_dir, output_dir = argv[0], Path(argv[1])

@@ -74,7 +74,7 @@ install_network_guard()
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """The tiny Qwen3.5 model and tokenizer, built once per test session and saved to a folder."""
-    from t2s.tiny_model import build_tiny_model
+    from t2s.training.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-qwen3.5"))
 

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from t2s import databases
-from t2s.episode import COUNTER_KEYS, RECORD_KEYS
+from t2s.env import databases
+from t2s.env.episode import COUNTER_KEYS, RECORD_KEYS
 from t2s.settings import REPO_ROOT
 
 

@@ -7,9 +7,9 @@ import sqlite3
 
 import pytest
 
-from t2s import databases
-from t2s.cli import main
-from t2s.episode import RECORD_KEYS
+from t2s.env import databases
+from t2s.commands import main
+from t2s.env.episode import RECORD_KEYS
 from tests.fake_vllm import FakeVLLMServer, ScriptedAgent, refused_url
 from tests.test_ask import wal_db as wal_db_with_connection  # noqa: F401 - a fixture
 from tests.test_evaluate import ChatFake, chat_answer
@@ -97,9 +97,9 @@ def test_ask_endpoint_errors(wal_db, tiny_model_dir, capsys):
 
 
 def test_rollout_episodes_open_the_user_file_mode_ro(tmp_path, tiny_tokenizer):
-    from t2s import rollout
-    from t2s.ask import ask_row
-    from t2s.episode import EpisodeConfig
+    from t2s.training import rollout
+    from t2s.commands.ask import ask_row
+    from t2s.env.episode import EpisodeConfig
 
     path = tmp_path / "plain.sqlite"  # not WAL: a benchmark opening would be immutable
     with sqlite3.connect(path) as conn:

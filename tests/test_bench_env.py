@@ -7,10 +7,10 @@ import re
 import subprocess
 import sys
 
-from t2s import databases
+from t2s.env import databases
 from t2s.bench.env import workload_turns
 from t2s.data.loaders import load_json_rows
-from t2s.schema import get_schema
+from t2s.env.schema import get_schema
 from t2s.settings import REPO_ROOT
 
 LAST_LINE = re.compile(r"^env_step_seconds=(\d+\.\d+) overhead_ratio=(\d+\.\d+)$")
@@ -68,7 +68,9 @@ def test_default_repeats_stop_after_the_minimum_once_the_time_budget_is_spent(de
 
     monkeypatch.setattr(env, "REPEAT_SECONDS", 0.0)  # every pass counts as a slow one
     parser = argparse.ArgumentParser()
-    env.add_arguments(parser)
+    from t2s.commands.bench import env_arguments
+
+    env_arguments(parser)
     assert env.run(parser.parse_args(["--data", str(demo_dir / "dev.json"), "--workers", "1"])) == 0
     out = capsys.readouterr()
     assert f"best of {env.MIN_REPEATS}" in out.err
@@ -93,7 +95,9 @@ def test_a_timed_pass_that_ends_otherwise_is_reported_not_fatal(demo_dir, monkey
 
     monkeypatch.setattr(env, "_env_pass", drifting)
     parser = argparse.ArgumentParser()
-    env.add_arguments(parser)
+    from t2s.commands.bench import env_arguments
+
+    env_arguments(parser)
     args = parser.parse_args(["--data", str(demo_dir / "dev.json"), "--workers", "1", "--repeats", "2"])
     assert env.run(args) == 0
     out = capsys.readouterr()
@@ -104,7 +108,8 @@ def test_a_timed_pass_that_ends_otherwise_is_reported_not_fatal(demo_dir, monkey
 def test_the_sibling_in_native_calls_plays_the_same_workload(bird_superhero_dir):
     """bench env --dialect sibling --tool-format native: the same work through the sibling's tools and native calls,
     each one a call the episode reads and runs without error."""
-    from t2s.episode import Episode, EpisodeConfig, play
+    from t2s.env.episode import Episode, EpisodeConfig
+    from t2s.env.play import play
     from t2s.backends.scripted import ScriptPolicy
 
     row = next(r for r in load_json_rows(bird_superhero_dir / "dev.json") if "JOIN" in r["gold_sql"].upper())

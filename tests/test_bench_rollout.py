@@ -56,7 +56,9 @@ def test_bench_rollout_last_line_and_async_bound(capsys, demo_dir):
     from t2s.bench import rollout
 
     parser = argparse.ArgumentParser()
-    rollout.add_arguments(parser)
+    from t2s.commands.bench import rollout_arguments
+
+    rollout_arguments(parser)
     assert rollout.run(parser.parse_args(["--n", "24", "--seed", "1"])) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     match = re.fullmatch(r"async_over_critical=(\d+\.\d+) turnsync_over_critical=(\d+\.\d+)", lines[-1])
@@ -72,7 +74,9 @@ def test_bench_rollout_rejects_bad_episodes(capsys):
     from t2s.bench import rollout
 
     parser = argparse.ArgumentParser()
-    rollout.add_arguments(parser)
+    from t2s.commands.bench import rollout_arguments
+
+    rollout_arguments(parser)
     assert rollout.run(parser.parse_args(["--episodes", "0"])) != 0
     assert capsys.readouterr().out.startswith("Error:")
 
@@ -85,7 +89,7 @@ def test_bench_rollout_in_each_tool_set_and_call_format(capsys, monkeypatch, dem
     import argparse
 
     from t2s.bench import rollout
-    from t2s.tiny_model import build_tokenizer
+    from t2s.training.tiny_model import build_tokenizer
 
     measured = []
     real_measure = rollout.measure
@@ -96,7 +100,9 @@ def test_bench_rollout_in_each_tool_set_and_call_format(capsys, monkeypatch, dem
 
     monkeypatch.setattr(rollout, "measure", keep)
     parser = argparse.ArgumentParser()
-    rollout.add_arguments(parser)
+    from t2s.commands.bench import rollout_arguments
+
+    rollout_arguments(parser)
     assert rollout.run(parser.parse_args(["--n", "16", "--dialect", dialect, "--tool-format", tool_format])) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert re.fullmatch(r"async_over_critical=\d+\.\d+ turnsync_over_critical=\d+\.\d+", last), last

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from t2s.cli import main
+from t2s.commands import main
 from t2s.settings import REPO_ROOT
 
 
@@ -72,7 +72,7 @@ def test_a_usage_error_through_the_command_line_is_one_line(tmp_path):
 
 
 def test_the_types_themselves():
-    from t2s.cli_args import non_empty_path, non_negative_int, positive_float, positive_int, unit_float
+    from t2s.ui.args import non_empty_path, non_negative_int, positive_float, positive_int, unit_float
 
     assert positive_int("3") == 3 and non_negative_int("0") == 0 and positive_float("0.5") == 0.5
     assert unit_float("1") == 1.0 and non_empty_path("a/b") == "a/b"

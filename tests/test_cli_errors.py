@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from t2s.cli import main
+from t2s.commands import main
 from t2s.settings import REPO_ROOT
 
 
@@ -176,23 +176,23 @@ def test_bench_env_on_a_file_that_is_not_a_database(tmp_path, capsys):
 
 
 def test_any_oserror_from_a_command_is_one_line(monkeypatch, capsys):
-    import t2s.compare
+    import t2s.commands.compare
 
     def broken(args):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), "/some/where")
 
-    monkeypatch.setattr(t2s.compare, "run", broken)
+    monkeypatch.setattr(t2s.commands.compare, "run", broken)
     assert main(["compare", "a", "b"]) == 1
     assert _one_error_line(capsys) == "Error: Is a directory: /some/where"
 
 
 def test_a_bug_keeps_its_traceback(monkeypatch):
-    import t2s.compare
+    import t2s.commands.compare
 
     def buggy(args):
         raise KeyError("a bug")
 
-    monkeypatch.setattr(t2s.compare, "run", buggy)
+    monkeypatch.setattr(t2s.commands.compare, "run", buggy)
     with pytest.raises(KeyError):
         main(["compare", "a", "b"])
 

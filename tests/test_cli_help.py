@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from t2s.cli import available_commands, build_parser, main
-from t2s.cli_args import DefaultsHelpFormatter
+from t2s.commands import available_commands, build_parser, main
+from t2s.ui.args import DefaultsHelpFormatter
 
 COMMON_SPELLINGS = {"--n", "--quiet", "--max-turns", "--output"}
 RETIRED = {"--limit", "--eval-n", "--episodes", "--no-progress", "--max_turns"}
@@ -94,7 +94,7 @@ def test_the_help_shows_defaults():
 
 
 def test_train_help_lists_every_recipe_key_grouped_as_the_recipes():
-    from t2s.recipe_help import recipe_groups, train_recipes
+    from t2s.training.recipe_help import recipe_groups, train_recipes
 
     done = subprocess.run([sys.executable, "-m", "t2s", "train", "--help"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

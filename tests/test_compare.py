@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from t2s.cli import main
-from t2s.compare import compare_runs
-from t2s.metrics import mcnemar_exact
+from t2s.commands import main
+from t2s.evaluation.compare import compare_runs
+from t2s.scoring.metrics import mcnemar_exact
 
 REPORT_KEYS = {"n", "acc_a", "acc_b", "delta", "ci_low", "ci_high", "mcnemar_p", "only_a", "only_b"}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from t2s.cli import main
+from t2s.commands import main
 from t2s.data import hygiene
 from t2s.data.loaders import load_json_rows, load_rows
 

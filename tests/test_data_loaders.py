@@ -8,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from t2s import databases
+from t2s.env import databases
 from t2s.data import loaders
-from t2s.data.loaders import ROW_KEYS, DataError, SqaleColumns, load_json_rows, load_rows
+from t2s.data.loaders import load_json_rows, load_rows
+from t2s.data.sqale import SqaleColumns
+from t2s.data.rows import ROW_KEYS, DataError
 
 
 def _query(row: dict, sql: str):
@@ -153,7 +155,7 @@ def test_not_a_list_and_missing_file(tmp_path):
 
 
 def test_cli_reports_malformed_data_in_one_line(tmp_path, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
 
     bad = tmp_path / "dev.json"
     bad.write_text("[{")

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from t2s import databases
+from t2s.env import databases
 from t2s.settings import REPO_ROOT
-from t2s.databases import (
+from t2s.env.databases import (
     DatabaseRef,
     build_payload_image,
     QueryResult,

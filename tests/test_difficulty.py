@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from t2s.cli import main
+from t2s.commands import main
 from t2s.data import difficulty
 from t2s.data.loaders import load_json_rows
 

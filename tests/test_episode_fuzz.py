@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from t2s.backends.scripted import ReplayPolicy
-from t2s.episode import COUNTER_KEYS, RECORD_KEYS, Episode, EpisodeConfig, play
-from t2s.tools import Toolbox
+from t2s.env.episode import COUNTER_KEYS, RECORD_KEYS, Episode, EpisodeConfig
+from t2s.env.play import play
+from t2s.env.tools import Toolbox
 
 TOOLS = ["list_tables", "describe_table", "foreign_keys", "join_path", "sample_rows", "distinct_values", "run_query",
          "submit_sql", "nope", ""]

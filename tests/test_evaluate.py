@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from t2s.cli import build_parser
-from t2s.eval_policies import Runner, single_turn_sql
-from t2s.eval_runner import EpisodeLog, evaluate, select_rows
-from t2s.evaluate import EvalError
+from t2s.commands import build_parser
+from t2s.evaluation.policies import Runner, single_turn_sql
+from t2s.evaluation.runner import EpisodeLog, evaluate, select_rows
+from t2s.errors import EvalError
 
 
 def eval_args(*argv):
@@ -77,7 +77,7 @@ def test_summary_keys(demo_dir, tmp_path):
 def test_commands_leave_the_hub_online_unless_told(monkeypatch):
     import os
 
-    from t2s.evaluate import command_environment
+    from t2s.settings import command_environment
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
@@ -153,7 +153,7 @@ def test_resume_after_interruption_keeps_each_question_once(demo_dir, tmp_path, 
 
 
 def test_resume_refuses_changed_config(demo_dir, tmp_path, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
 
     out = tmp_path / "out"
     assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3", "--output", str(out), "--quiet"]) == 0
@@ -189,7 +189,7 @@ def _data_with_missing_db(demo_dir, tmp_path) -> Path:
 
 
 def test_missing_databases_fail_at_once_or_are_skipped(demo_dir, tmp_path, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
 
     data = _data_with_missing_db(demo_dir, tmp_path)
     assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(tmp_path / "o1"), "--quiet"]) == 1
@@ -344,7 +344,7 @@ def test_vote_at_k_on_a_scripted_policy(demo_dir, tmp_path):
 
 
 def test_dead_endpoint_fails_with_a_clear_message(demo_dir, tmp_path, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
 
     url = f"http://127.0.0.1:{free_port()}"
     for mode in ("chat", "completions"):
@@ -381,7 +381,7 @@ def test_an_answer_cut_off_mid_body_is_retried_then_reported(capsys):
 
 
 def test_endpoint_dying_midway_keeps_finished_results(demo_dir, tmp_path, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
 
     gold = gold_by_question(demo_dir)
     healthy = good_agent(gold)
@@ -482,7 +482,7 @@ def test_completions_endpoint_good_agent_and_garbage(tiny_model_dir, tiny_tokeni
 
 
 def test_completions_endpoint_failing_midway(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
     from tests.fake_vllm import FakeVLLMServer
 
     agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
@@ -499,7 +499,7 @@ def test_completions_endpoint_failing_midway(tiny_model_dir, tiny_tokenizer, dem
 
 def test_completions_endpoint_refuses_a_server_too_short_for_an_episode(tiny_model_dir, tiny_tokenizer, demo_dir,
                                                                        tmp_path, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
     from tests.fake_vllm import FakeVLLMServer
 
     agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))

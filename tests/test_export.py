@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from t2s.export import ExportError, export_model, read_safetensors
+from t2s.evaluation.export import ExportError, export_model, read_safetensors
 
 
 def _logits(folder, text="SELECT name FROM customers"):
@@ -133,7 +133,7 @@ def test_export_refuses_mismatched_base_and_bad_inputs(tiny_model_dir, tiny_toke
 
 
 def test_export_cli_error_line(tmp_path, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
 
     assert main(["export", "--checkpoint", str(tmp_path / "missing"), "--output", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
@@ -141,8 +141,8 @@ def test_export_cli_error_line(tmp_path, capsys):
 
 
 def test_export_model_card_holds_the_eval_summary(tiny_model_dir, demo_dir, tmp_path):
-    from t2s.cli import build_parser
-    from t2s.eval_runner import evaluate
+    from t2s.commands import build_parser
+    from t2s.evaluation.runner import evaluate
 
     evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4",
                                               "--output", str(tmp_path / "eval"), "--quiet"]))
@@ -152,8 +152,8 @@ def test_export_model_card_holds_the_eval_summary(tiny_model_dir, demo_dir, tmp_
 
 
 def test_export_model_card_takes_a_several_mode_eval_folder(tiny_model_dir, demo_dir, tmp_path):
-    from t2s.cli import build_parser
-    from t2s.eval_runner import evaluate
+    from t2s.commands import build_parser
+    from t2s.evaluation.runner import evaluate
 
     evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3",
                                               "--mode", "full", "withheld", "--output", str(tmp_path / "eval"),
@@ -182,8 +182,8 @@ def test_export_model_card_metadata_and_usage_snippet(tiny_model_dir, demo_dir, 
     import huggingface_hub
     from huggingface_hub import ModelCard
 
-    from t2s.cli import build_parser
-    from t2s.eval_runner import evaluate
+    from t2s.commands import build_parser
+    from t2s.evaluation.runner import evaluate
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     _hub_cached(tiny_model_dir, tmp_path / "hub", "t2s-test/tiny-base")
@@ -217,7 +217,7 @@ def test_export_model_card_metadata_and_usage_snippet(tiny_model_dir, demo_dir, 
 
 
 def test_export_shards_with_huggingface_hub(tiny_model_dir, tiny_tokenizer, tmp_path, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
 
     out = export_model(tiny_model_dir, tmp_path / "export", max_shard_size="200KB")  # verified: reloads and generates
     shards = sorted(path.name for path in out.glob("*.safetensors"))

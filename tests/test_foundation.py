@@ -14,7 +14,7 @@ from t2s.settings import REPO_ROOT
 
 def test_help_is_fast_and_imports_no_torch():
     code = (
-        "import sys, time; t = time.time(); from t2s.cli import main\n"
+        "import sys, time; t = time.time(); from t2s.commands import main\n"
         "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
         "assert 'torch' not in sys.modules and 'trl' not in sys.modules and 'transformers' not in sys.modules, "
         "sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'trl', 'transformers'))\n"
@@ -29,7 +29,7 @@ def test_help_is_fast_and_imports_no_torch():
 def test_help_lists_commands():
     out = subprocess.run([sys.executable, "-m", "t2s", "--help"], capture_output=True, text=True, cwd=REPO_ROOT)
     assert out.returncode == 0
-    from t2s.cli import available_commands
+    from t2s.commands import available_commands
 
     for name in available_commands():
         assert name in out.stdout
@@ -85,7 +85,7 @@ def test_generation_prompt_opens_think_block_only_with_enable_thinking(tiny_toke
 
 
 def test_chat_template_is_qwen35_nothink_from_trl(tiny_tokenizer):
-    from t2s.tiny_model import chat_template_path
+    from t2s.training.tiny_model import chat_template_path
 
     assert chat_template_path().name == "qwen3_5_nothink.jinja"
     assert tiny_tokenizer.chat_template == chat_template_path().read_text()

@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from t2s.bench import learn
+from t2s.training import learning
 from t2s.settings import RECIPES_DIR
 
 
@@ -18,14 +19,14 @@ def test_control_permutes_rewards_within_the_call_and_keeps_everything_else():
         seen.update(kwargs)
         return [float(i) for i in range(len(prompts))]
 
-    permuted = learn.permuted_rewards(dense, seed=0)
+    permuted = learning.permuted_rewards(dense, seed=0)
     assert permuted.__name__ == "dense"  # TRL logs rewards under the function's name
     first = permuted(prompts=list("abcdefgh"), completions=list("abcdefgh"), outcome="x")
     second = permuted(prompts=list("abcdefgh"), completions=list("abcdefgh"), outcome="x")
     assert sorted(first) == sorted(second) == [float(i) for i in range(8)]  # the same rewards, moved
     assert first != [float(i) for i in range(8)] and first != second  # a new permutation at every step
     assert seen == {"outcome": "x"}
-    again = learn.permuted_rewards(dense, seed=0)
+    again = learning.permuted_rewards(dense, seed=0)
     assert again(prompts=list("abcdefgh"), completions=list("abcdefgh")) == first  # seeded
 
 
@@ -45,7 +46,7 @@ def test_missed_targets_name_each_one():
 
 
 def test_bench_learn_rejects_too_few_steps(capsys):
-    from t2s.cli import main
+    from t2s.commands import main
 
     assert main(["bench", "learn", "--steps", "6"]) == 2
     err = capsys.readouterr().err
@@ -54,13 +55,13 @@ def test_bench_learn_rejects_too_few_steps(capsys):
 
 def test_plot_writes_both_curves(tmp_path):
     steps = [{"step": i + 1, "tier/equivalent": i / 10, "reward": i / 5} for i in range(6)]
-    learn.plot_curves(tmp_path / "learn.png", {"grpo": steps, "control": steps[::-1]}, "test")
+    learning.plot_curves(tmp_path / "learn.png", {"grpo": steps, "control": steps[::-1]}, "test")
     assert (tmp_path / "learn.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_warm_start_key_follows_what_determines_it(tmp_path, monkeypatch):
     import t2s.settings as settings
-    from t2s.demo import warm_start_key
+    from t2s.commands.demo import warm_start_key
 
     first = warm_start_key()
     assert warm_start_key() == first and len(first) == 16
@@ -76,7 +77,7 @@ def test_warm_start_key_follows_what_determines_it(tmp_path, monkeypatch):
 def test_attention_preset_is_four_full_attention_layers_with_demo_words(tmp_path):
     from transformers import AutoConfig, AutoTokenizer
 
-    from t2s.tiny_model import build_tiny_model
+    from t2s.training.tiny_model import build_tiny_model
 
     folder = build_tiny_model(tmp_path / "attn", preset="attention")
     config = AutoConfig.from_pretrained(folder)
@@ -94,7 +95,7 @@ def test_attention_preset_is_four_full_attention_layers_with_demo_words(tmp_path
 def test_cpu_threads_take_every_usable_core_unless_told(monkeypatch):
     import torch
 
-    from t2s import cpu_threads
+    from t2s.training import cpu_threads
 
     monkeypatch.delenv("T2S_TORCH_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -34,7 +34,7 @@ CASES = {
         assert not result.write_attempt and result.error.startswith("Error:"), result
     """,
     "only comments": """
-        from t2s.databases.sqltext import only_comments
+        from t2s.env.databases.sqltext import only_comments
         for n in (12_000, 50_000):  # 12,000 repeats fit in one statement; 50,000 are read by the scan alone
             for sql in ("/* a */" * n, "-- a\\n" * n + ";" * 1000, "/*" + " " * 7 * n):
                 assert only_comments(sql) and not only_comments("x" + sql)
@@ -43,7 +43,7 @@ CASES = {
                     assert result.error == "Error: empty SQL", (sql[:20], result)
     """,
     "an unclosed code fence with a long run of spaces": """
-        from t2s.protocol import bare_sql, parse_turn
+        from t2s.env.turns import bare_sql, parse_turn
         assert bare_sql("```" + " " * 200_000) is None
         assert bare_sql("```sql" + " " * 200_000 + "\\nSELECT 1\\n```") == "SELECT 1"
         assert bare_sql("```sqlite\\n" + " " * 200_000 + "SELECT 2```") == "SELECT 2"
@@ -51,12 +51,12 @@ CASES = {
         assert parse_turn("</think>```" + " " * 200_000).calls == []
     """,
     "a bare query after a long text": """
-        from t2s.protocol import bare_sql
+        from t2s.env.turns import bare_sql
         assert bare_sql("selected " * 50_000 + "WITH x AS (SELECT 1) SELECT * FROM x").startswith("WITH x")
         assert bare_sql("selectwith" * 50_000) is None
     """,
     "printf formats with long flag and digit runs": """
-        from t2s.databases import printf_too_wide
+        from t2s.env.databases import printf_too_wide
         assert printf_too_wide("%" + "5" * 200_000 + "d", ())
         assert printf_too_wide("%" + "-" * 200_000 + "0" * 200_000 + "d", ()) is False
         assert printf_too_wide("%.*c", (" " * 100_000 + "9" * 100_000, "x"))
@@ -65,12 +65,12 @@ CASES = {
         assert "width or precision above" in result.error, result
     """,
     "tables of a very long query": """
-        from t2s.schema import tables_in_sql
+        from t2s.env.schema import tables_in_sql
         assert tables_in_sql("SELECT * FROM t" + " JOIN t USING (a)" * 20_000) == set()
         assert tables_in_sql("SELECT * FROM a JOIN b USING (x)") == {"a", "b"}
     """,
     "DDL whose statements never end": """
-        from t2s.databases import _ddl_statements
+        from t2s.env.databases import _ddl_statements
         trigger = "CREATE TRIGGER t AFTER INSERT ON x BEGIN SELECT 1;"
         assert len(_ddl_statements(trigger * 20_000)) == 20_000  # 1 MB; each piece is taken alone
         statements = _ddl_statements("CREATE TABLE t (a DEFAULT '" + ";" * 200_000 + "');")
@@ -81,7 +81,7 @@ CASES = {
 
 PRELUDE = """
 import sqlite3, sys, tempfile
-from t2s.databases import DatabaseRef, run_tool_query
+from t2s.env.databases import DatabaseRef, run_tool_query
 path = tempfile.mkdtemp() + "/d.sqlite"
 sqlite3.connect(path).executescript("CREATE TABLE t (a); CREATE INDEX t_a ON t (a);")
 def run(sql):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from t2s.metrics import mcnemar_exact, official_match, paired_bootstrap, soft_f1, strict_match, vote
+from t2s.scoring.metrics import mcnemar_exact, official_match, paired_bootstrap, soft_f1, strict_match, vote
 
 # ------------------------------------------------------------------------------------------------ official / strict
 

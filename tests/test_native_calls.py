@@ -9,11 +9,13 @@ import json
 
 import pytest
 
-from t2s import native_calls, protocol, tool_schemas
+from t2s.env import native_calls, protocol, tool_schemas
+from t2s.env import turns
 from t2s.backends.scripted import GoldPolicy, ReplayPolicy
-from t2s.episode import Episode, EpisodeConfig, play
-from t2s.native_calls import parse_turn, render_call
-from t2s.tools import DIALECTS, Toolbox
+from t2s.env.episode import Episode, EpisodeConfig
+from t2s.env.play import play
+from t2s.env.native_calls import parse_turn, render_call
+from t2s.env.tools import DIALECTS, Toolbox
 
 NATIVE_SIBLING = EpisodeConfig(dialect="sibling", tool_format="native", max_tokens_per_turn=512)
 
@@ -123,7 +125,7 @@ def test_agrees_with_transformers_qwen35_response_parser(text):
     expected = [(c["function"]["name"], c["function"]["arguments"]) for c in theirs.get("tool_calls", [])]
     ours = parse_turn(text, tools=tools)
     assert [(c.tool, c.args) for c in ours.calls] == expected
-    assert protocol.split_thinking(text)[0] == theirs["reasoning_content"]
+    assert turns.split_thinking(text)[0] == theirs["reasoning_content"]
 
 
 @pytest.mark.timeout(60)
@@ -232,7 +234,7 @@ def test_sibling_native_episode_is_token_exact(rows, tiny_tokenizer):
     """Every environment segment is what the chat template renders for that turn's tool messages (text and ids),
     env_mask covers exactly those segments, and the model segments are the scripted turns."""
     from t2s.backends.vllm_server import VLLMServerBackend
-    from t2s.rollout import Rollout
+    from t2s.training.rollout import Rollout
     from tests.fake_vllm import FakeVLLMServer
 
     tok = tiny_tokenizer
@@ -277,15 +279,15 @@ def test_sibling_native_episode_is_token_exact(rows, tiny_tokenizer):
 
 
 def _schema(row):
-    from t2s.databases import ref_from_row
-    from t2s.schema import get_schema
+    from t2s.env.databases import ref_from_row
+    from t2s.env.schema import get_schema
 
     return get_schema(ref_from_row(row))
 
 
 def tool_messages(row, turn) -> list[dict]:
     """A turn's tool messages, each call run again on its own toolbox, and the budget line as a user message."""
-    from t2s.databases import ref_from_row
+    from t2s.env.databases import ref_from_row
 
     toolbox = Toolbox(ref_from_row(row), dialect="sibling")
     results = [toolbox.call(call["tool"], call["args"]).text for call in turn["calls"]]
@@ -305,8 +307,8 @@ def test_a_hostile_result_stays_plain_text(tiny_tokenizer):
 # --------------------------------------------------------------------------------------------------- evaluation
 @pytest.mark.parametrize("dataset", ["demo_dir", "bird_superhero_dir"])
 def test_gold_policy_in_native_format_scores_one(dataset, request, tmp_path):
-    from t2s.cli import build_parser
-    from t2s.eval_runner import evaluate
+    from t2s.commands import build_parser
+    from t2s.evaluation.runner import evaluate
 
     data_dir = request.getfixturevalue(dataset)
     argv = ["eval", "--policy", "gold", "--data", str(data_dir), "--mode", "full", "withheld", "--dialect", "sibling",

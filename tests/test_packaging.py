@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from t2s.resources import REPO_ROOT
+from t2s.settings import REPO_ROOT
 from t2s.settings import DEMO_DIR, RECIPES_DIR
 
 # what `pip install .` reads from a checkout
@@ -19,9 +19,9 @@ SOURCES = ("t2s", "recipes", "data/demo", "setup.py", "pyproject.toml", "README.
 
 PROBE = """
 import json, t2s
-from t2s.resources import installed_from_wheel, workspace
+from t2s.settings import installed_from_wheel, workspace
 from t2s.settings import DEMO_DIR, RECIPES_DIR
-from t2s.train import resolve_path
+from t2s.training.pipeline import resolve_path
 print(json.dumps({
     "package": t2s.__file__, "installed": installed_from_wheel(), "workspace": str(workspace()),
     "recipes_dir": str(RECIPES_DIR), "recipes": sorted(p.name for p in RECIPES_DIR.iterdir()),

@@ -7,16 +7,9 @@ import json
 
 import pytest
 
-from t2s import protocol
-from t2s.protocol import (
-    bare_sql,
-    budget_line,
-    env_suffix_ids,
-    forced_message,
-    generation_prompt_ids,
-    parse_turn,
-    render_observation,
-)
+from t2s.env import protocol
+from t2s.env.protocol import budget_line, env_suffix_ids, forced_message, generation_prompt_ids, render_observation
+from t2s.env.turns import bare_sql, parse_turn
 
 
 def call(tool, **args):

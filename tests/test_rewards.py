@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from t2s import databases
-from t2s.rewards import (
+from t2s.env import databases
+from t2s.scoring.rewards import (
     MAX_F1_CELLS,
     REWARD_FUNCS,
     ExecutionOutcome,

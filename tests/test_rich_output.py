@@ -7,7 +7,7 @@ import json
 import pytest
 from rich.table import Table
 
-from t2s.cli import main
+from t2s.commands import main
 
 LONG_PATH = "/data/" + "a-rather-long-folder-name/" * 8 + "dev.json"
 SQL = "SELECT T1.name, COUNT(*) FROM members AS T1 INNER JOIN rides AS T2 ON T1.id = T2.member_id GROUP BY T1.name"
@@ -19,7 +19,7 @@ def test_tables_and_lines_keep_paths_and_sql_whole(capsys, monkeypatch, columns)
         monkeypatch.delenv("COLUMNS", raising=False)
     else:
         monkeypatch.setenv("COLUMNS", columns)
-    from t2s.rich_output import console, print_table
+    from t2s.ui.console import console, print_table
 
     out = console()
     table = Table(title=f"gold SQL check: {LONG_PATH}")

@@ -10,8 +10,8 @@ import pytest
 from t2s.backends.base import SamplingSettings, stop_token_ids
 from t2s.backends.vllm_colocate import VLLMColocateBackend
 from t2s.backends.vllm_server import VLLMServerBackend
-from t2s.episode import EpisodeConfig
-from t2s.rollout import Rollout, to_trl
+from t2s.env.episode import EpisodeConfig
+from t2s.training.rollout import Rollout, to_trl
 from tests.fake_vllm import FakeLLM, FakeSamplingParams, FakeVLLMServer, RandomAgent, ScriptedAgent, refused_url
 
 SMALL = EpisodeConfig(max_turns=3, max_tokens_per_turn=24)
@@ -164,7 +164,7 @@ def test_fake_server_good_agent_submits(rows, tiny_tokenizer, stop):
 
 @pytest.mark.timeout(120)
 def test_each_observation_is_tokenized_once(rows, tiny_tokenizer, monkeypatch):
-    from t2s import protocol
+    from t2s.env import protocol
 
     tokenized = []
     observation_ids = protocol.observation_ids
@@ -210,8 +210,8 @@ def test_budget_cutoffs_and_forced_turn(rows, tiny_tokenizer, seed):
     """A tight token budget: turns are cut (finish length) and the episode is truncated or forced, still well-formed."""
     llm = FakeLLM(RandomAgent(tiny_tokenizer, seed=seed, stop_prob=0.0))
     backend = VLLMColocateBackend(llm, tiny_tokenizer, sampling_params_cls=FakeSamplingParams)
-    from t2s.protocol import generation_prompt_ids
-    from t2s.episode import Episode
+    from t2s.env.protocol import generation_prompt_ids
+    from t2s.env.episode import Episode
 
     prompt = len(generation_prompt_ids(tiny_tokenizer, Episode(rows[0], EpisodeConfig()).messages))
     config = EpisodeConfig(episode_token_budget=prompt + 700, min_episode_tokens=100, max_tokens_per_turn=200,
@@ -248,7 +248,7 @@ def test_server_rollouts_wait_for_rank_zeros_weight_sync(tiny_tokenizer, rows):
     from types import SimpleNamespace
 
     from t2s.backends.base import TurnOutput
-    from t2s.trainer import Text2SQLGRPOTrainer
+    from t2s.training.trainer import Text2SQLGRPOTrainer
 
     events = []
 
@@ -286,7 +286,7 @@ def test_a_hostile_turn_does_not_stop_the_rollout(rows, tiny_tokenizer, monkeypa
         assert trace.record["final_sql"] == row["gold_sql"] and trace.record["counters"]["format_deviations"] >= 1
         assert trace.outcome.equivalent
 
-    from t2s.episode import Episode
+    from t2s.env.episode import Episode
 
     real_step = Episode.step
 

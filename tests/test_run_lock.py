@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from t2s.cli import main
+from t2s.commands import main
 from t2s.settings import REPO_ROOT
 
 HOLDER = textwrap.dedent("""

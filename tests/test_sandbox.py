@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from t2s import databases
-from t2s.databases import (
+from t2s.env import databases
+from t2s.env.databases import (
     benchmark_db,
     file_checksum,
     run_scoring_query,

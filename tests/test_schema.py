@@ -5,8 +5,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from t2s.databases import benchmark_db, file_checksum, run_tool_query
-from t2s.schema import (
+from t2s.env.databases import benchmark_db, file_checksum, run_tool_query
+from t2s.env.schema import (
     Schema, get_schema, one_line_ddl, read_descriptions, tables_in_reading_order, tables_in_sql,
 )
 

@@ -7,10 +7,10 @@ import sqlite3
 
 import pytest
 
-from t2s import databases
-from t2s.cli import main
-from t2s.metrics import score_sql
-from t2s.score import score_files
+from t2s.env import databases
+from t2s.commands import main
+from t2s.scoring.metrics import score_sql
+from t2s.evaluation.score import score_files
 
 SEP = "\t----- bird -----\t"
 LINE_KEYS = {"question_id", "db_id", "difficulty", "official", "strict", "soft_f1", "error", "unscored"}

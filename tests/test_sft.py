@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from t2s import sft
-from t2s.episode import EpisodeConfig, run_text_episode
+from t2s.training import warm_start as sft
+from t2s.env.episode import EpisodeConfig
+from t2s.env.play import run_text_episode
 from t2s.settings import RECIPES_DIR, REPO_ROOT
 
 IM_END = "<|im_end|>"
@@ -33,7 +34,7 @@ def roomy(demo_recipe) -> EpisodeConfig:
 
 @pytest.fixture(scope="module")
 def rows(demo_recipe, tiny_tokenizer, demo_dir):
-    from t2s.train import load_training_rows
+    from t2s.training.pipeline import load_training_rows
 
     script_args, rl_args = demo_recipe
     found, _ = load_training_rows(script_args, rl_args, tiny_tokenizer)
@@ -94,7 +95,7 @@ def test_near_misses_run_and_are_wrong(rows, tiny_tokenizer, demo_recipe):
         text = tiny_tokenizer.decode(e["input_ids"])
         assert json.dumps(row["gold_sql"])[1:-1] not in text  # another question's SQL, not this one's
     # the near miss the policy submits runs, and is not this question's answer
-    from t2s.rewards import execute_final
+    from t2s.scoring.rewards import execute_final
 
     for e in examples[:4]:
         row = next(r for r in rows if str(r["question_id"]) == e["question_id"])
@@ -149,7 +150,7 @@ def test_sft_trainer_labels_are_the_env_mask_and_it_trains(tiny_model_dir, tmp_p
 
 def test_sft_examples_mask_matches_rollout_env_mask(rows, tiny_tokenizer, demo_recipe):
     """The mask SFT trains on is the env_mask the RL rollout returns for the same episode (``to_trl``)."""
-    from t2s.rollout import to_trl
+    from t2s.training.rollout import to_trl
 
     config = roomy(demo_recipe)
     chosen = rows[:4]

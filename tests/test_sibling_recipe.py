@@ -15,8 +15,8 @@ pytestmark = pytest.mark.slow
 
 def test_passrate_in_the_native_sibling_format(demo_dir, tmp_path, capsys):
     """scripted-mix submits through the sibling's own submit tool, in native calls: its known spread is recovered."""
-    from t2s.cli import main
-    from t2s.data import passrate
+    from t2s.commands import main
+    from t2s.evaluation import passrate
     from t2s.data.loaders import load_json_rows
 
     code = main(["data", "passrate", "--data", str(demo_dir / "dev.json"), "--policy", "scripted-mix", "--k", "4",
@@ -29,8 +29,8 @@ def test_passrate_in_the_native_sibling_format(demo_dir, tmp_path, capsys):
 
 
 def test_bird_tools_recipe_trains_two_steps_in_native_format(tiny_model_dir, demo_dir, tmp_path):
-    from t2s.configs import parse_recipe
-    from t2s.train import build_trainer, fit
+    from t2s.training.configs import parse_recipe
+    from t2s.training.pipeline import build_trainer, fit
 
     rows = json.loads((demo_dir / "dev.json").read_text())
     kept = tmp_path / "kept.json"

@@ -11,8 +11,9 @@ import pytest
 from t2s.backends.base import SamplingSettings
 from t2s.backends.chat_endpoint import ChatEndpointClient
 from t2s.backends.tools_endpoint import ToolsEndpointPolicy
-from t2s.episode import Episode, EpisodeConfig, play
-from t2s.native_calls import NOT_RUN
+from t2s.env.episode import Episode, EpisodeConfig
+from t2s.env.play import play
+from t2s.env.native_calls import NOT_RUN
 from tests.fake_vllm import FakeVLLMServer
 
 
@@ -41,8 +42,8 @@ def gold_replies(gold_by_question: dict[str, str]):
 
 @pytest.mark.timeout(300)
 def test_eval_tools_mode_submits_gold_and_scores_one(demo_dir, tmp_path):
-    from t2s.cli import build_parser
-    from t2s.eval_runner import evaluate
+    from t2s.commands import build_parser
+    from t2s.evaluation.runner import evaluate
 
     gold = {r["question"]: r["SQL"] for r in json.loads((demo_dir / "dev.json").read_text())}
     with FakeVLLMServer(None, chat_reply=gold_replies(gold)) as server:
@@ -123,7 +124,7 @@ def test_calls_that_did_not_run_are_still_answered(demo_dir):
 
 
 def test_ask_through_a_tools_endpoint(demo_dir, tmp_path, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
 
     db = next((demo_dir / "dev_databases").glob("*/*.sqlite"))
     replies = [{"content": "", "tool_calls": [call(0, "submit", {"sql": "SELECT 1"})]}]

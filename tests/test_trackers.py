@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 def test_report_to_tensorboard_writes_event_files(tiny_model_dir, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from t2s.train import fit
+    from t2s.training.pipeline import fit
 
     trainer, _ = build_trainer(tiny_model_dir, tmp_path / "run", max_steps=1, report_to="tensorboard")
     fit(trainer, {"rows": 4})

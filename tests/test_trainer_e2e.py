@@ -8,20 +8,20 @@ import re
 import pytest
 
 from t2s.settings import RECIPES_DIR
-from t2s.trainer import TIME_METRICS
+from t2s.training.trainer import TIME_METRICS
 
 pytestmark = pytest.mark.slow
 
 
 def _smoke_args(model_dir, output_dir, *extra):
-    from t2s.configs import parse_recipe
+    from t2s.training.configs import parse_recipe
 
     return parse_recipe(["--config", str(RECIPES_DIR / "smoke.yaml"), "--model_name_or_path", str(model_dir),
                          "--output_dir", str(output_dir), *extra])
 
 
 def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_dir, demo_dir, tmp_path, capsys):
-    from t2s.train import build_trainer, fit
+    from t2s.training.pipeline import build_trainer, fit
 
     script_args, training_args, model_args = _smoke_args(tiny_model_dir, tmp_path / "run", "--max_steps", "2",
                                                          "--log_completions", "true")
@@ -79,8 +79,8 @@ def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_di
     assert len(table) == 8 and set(table["tier"]) <= {"equivalent", "executable", "parsable", "invalid"}
     assert list(table["turns"]) == [json.loads(e)["counters"]["turns"] for e in table["episode"]]
     # ... and `t2s show` reads them
-    from t2s.cli import main
-    from t2s.show import run_episodes
+    from t2s.commands import main
+    from t2s.evaluation.browse import run_episodes
 
     episodes = run_episodes(tmp_path / "run")
     assert len(episodes) == 16 and {e["step"] for e in episodes} == {1, 2}
@@ -90,7 +90,7 @@ def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_di
 
 
 def test_train_command_runs_the_smoke_recipe(tiny_model_dir, demo_dir, tmp_path, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
 
     output = tmp_path / "cli"
     code = main(["train", "--config", str(RECIPES_DIR / "smoke.yaml"), "--model_name_or_path", str(tiny_model_dir),
@@ -115,7 +115,7 @@ def test_train_command_runs_the_smoke_recipe(tiny_model_dir, demo_dir, tmp_path,
 def test_demo_trains_three_steps_prints_reward_components_and_evaluates(tiny_model_dir, demo_dir, tmp_path, capsys):
     import argparse
 
-    from t2s import demo
+    from t2s.commands import demo
 
     code = demo.run(argparse.Namespace(steps=3, output=str(tmp_path / "demo"), eval_n=2, model=str(tiny_model_dir)))
     out = capsys.readouterr().out

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from _train_script import build_trainer
-from t2s.trainer import KL_STATE_FILE, kl_controller_update
+from t2s.training.trainer import KL_STATE_FILE
+from t2s.training.loss_math import kl_controller_update
 
 BOUNDS = dict(target=0.005, horizon=10000.0, beta_min=1e-4, beta_max=1.0)
 
@@ -96,8 +97,8 @@ def _write_complete_checkpoint(folder, step: int) -> None:
 
 def test_resume_from_checkpoint_latest_picks_the_newest_checkpoint(tmp_path):
     from _train_script import make_config
-    from t2s.configs import ConfigError
-    from t2s.train import resume_checkpoint
+    from t2s.training.configs import ConfigError
+    from t2s.training.pipeline import resume_checkpoint
 
     for step in (2, 10, 4):
         _write_complete_checkpoint(tmp_path / f"checkpoint-{step}", step)

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from _train_script import build_trainer
-from t2s.trainer import length_groups
+from t2s.training.loss_math import length_groups
 
 PROMPT_WIDTH = 7
 PROMPT_LENGTHS = [7, 5, 6, 7, 3, 7, 6, 4, 7, 5, 7, 6]  # left padding, as TRL pads prompts

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from _train_script import build_trainer
-from t2s import rollout as rollout_module
-from t2s.rollout import BusyClock
-from t2s.trainer import TIME_METRICS
+from t2s.training import rollout as rollout_module
+from t2s.training.rollout import BusyClock
+from t2s.training.trainer import TIME_METRICS
 
 
 def _logged(trainer, key: str) -> list[float]:

@@ -10,11 +10,11 @@ import shutil
 import pytest
 
 from _train_script import build_trainer, make_config
-from t2s.checkpoints import checkpoint_problem
-from t2s.configs import ConfigError
+from t2s.training.checkpoints import checkpoint_problem
+from t2s.training.configs import ConfigError
 from t2s.settings import RECIPES_DIR
-from t2s.train import resume_checkpoint
-from t2s.trainer import KL_STATE_FILE, restored_beta
+from t2s.training.pipeline import resume_checkpoint
+from t2s.training.trainer import KL_STATE_FILE, restored_beta
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +67,7 @@ def test_latest_passes_over_an_incomplete_newest_checkpoint_with_one_warning(run
     spoil, problem = DAMAGE[damage]
     spoil(output / "checkpoint-3")
     assert problem in checkpoint_problem(output / "checkpoint-3")
-    with caplog.at_level(logging.WARNING, logger="t2s.train"):
+    with caplog.at_level(logging.WARNING, logger="t2s.training.pipeline"):
         found = resume_checkpoint(make_config(output, resume_from_checkpoint="latest"))
     assert found == str(output / "checkpoint-2")
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -90,7 +90,7 @@ def test_training_resumes_from_the_complete_checkpoint(tiny_model_dir, run_copy,
 
 
 def test_only_incomplete_checkpoints_is_one_error_line(run_copy, tiny_model_dir, capsys):
-    from t2s.cli import main
+    from t2s.commands import main
 
     output, _ = run_copy
     for step in (1, 2, 3):
@@ -114,7 +114,7 @@ def test_beta_without_controller_file_comes_from_the_logged_history(tiny_model_d
     output, betas = run_copy
     checkpoint = output / "checkpoint-2"
     (checkpoint / KL_STATE_FILE).unlink()
-    with caplog.at_level(logging.WARNING, logger="t2s.trainer"):
+    with caplog.at_level(logging.WARNING, logger="t2s.training.trainer"):
         assert restored_beta(str(checkpoint), 0.01) == pytest.approx(betas[1], rel=1e-12) != 0.01
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert KL_STATE_FILE in warning and "is missing" in warning and "step 2" in warning
@@ -132,7 +132,7 @@ def test_beta_without_controller_file_or_logged_beta_restarts_with_a_warning(run
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     state["log_history"] = [{k: v for k, v in entry.items() if k != "beta"} for entry in state["log_history"]]
     (checkpoint / "trainer_state.json").write_text(json.dumps(state))
-    with caplog.at_level(logging.WARNING, logger="t2s.trainer"):
+    with caplog.at_level(logging.WARNING, logger="t2s.training.trainer"):
         assert restored_beta(str(checkpoint), 0.01) == 0.01
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert "logs no beta" in warning and "initial 0.01" in warning

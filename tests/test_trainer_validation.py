@@ -8,9 +8,9 @@ import sys
 import pytest
 
 from _train_script import build_trainer, make_config
-from t2s.configs import ConfigError, validate_training_config
+from t2s.training.configs import ConfigError, validate_training_config
 from t2s.settings import REPO_ROOT
-from t2s.trainer import check_eos_ids, check_think_prompt, policy_init_kwargs
+from t2s.training.startup import check_eos_ids, check_think_prompt, policy_init_kwargs
 
 CHATML_NO_THINK = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -99,7 +99,7 @@ def test_trainer_rejects_a_template_that_does_not_open_a_think_block(tiny_model_
     from transformers import AutoTokenizer
 
     from _train_script import make_rows, scripted_reward
-    from t2s.trainer import Text2SQLGRPOTrainer
+    from t2s.training.trainer import Text2SQLGRPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
     tokenizer.chat_template = CHATML_NO_THINK
@@ -134,7 +134,7 @@ def test_trainer_stops_on_both_eos_ids(tiny_model_dir, tmp_path):
 def test_model_without_a_path_is_rejected(tiny_model_dir, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from t2s.trainer import Text2SQLGRPOTrainer
+    from t2s.training.trainer import Text2SQLGRPOTrainer
 
     model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny_model_dir))
     model.config._name_or_path = ""
@@ -181,7 +181,7 @@ def _rollout_dict(**changes):
     ],
 )
 def test_rollout_output_shapes_are_asserted(changes, needle):
-    from t2s.trainer import check_rollout_output
+    from t2s.training.startup import check_rollout_output
 
     check_rollout_output(_rollout_dict(), 2)
     with pytest.raises(RuntimeError, match=__import__("re").escape(needle)):
@@ -219,7 +219,7 @@ def _server_config(tmp_path, url, **overrides):
 
 def test_server_context_must_hold_the_episode_budget(tmp_path, caplog):
     from tests.fake_vllm import FakeVLLMServer, refused_url
-    from t2s.trainer import check_server_context
+    from t2s.training.engines import check_server_context
 
     never = lambda prompt, max_tokens: []  # noqa: E731 - no completion is requested
     with FakeVLLMServer(never, max_model_len=12288) as server:
@@ -239,7 +239,7 @@ def test_server_context_must_hold_the_episode_budget(tmp_path, caplog):
 @pytest.mark.slow
 def test_train_cli_short_server_context_is_one_clear_line(tiny_model_dir, demo_dir, tmp_path, capsys):
     from tests.fake_vllm import FakeVLLMServer
-    from t2s.cli import main
+    from t2s.commands import main
     from t2s.settings import RECIPES_DIR
 
     with FakeVLLMServer(lambda prompt, max_tokens: [], max_model_len=1024) as server:

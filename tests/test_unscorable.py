@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from t2s.cli import main
-from t2s.data.loaders import DataError, load_json_rows, load_rows
+from t2s.commands import main
+from t2s.data.loaders import load_json_rows, load_rows
+from t2s.data.rows import DataError
 from t2s.settings import REPO_ROOT
 
 BROKEN = ("not_sqlite", "truncated", "damaged", "half_written")

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from t2s.cli import main
+from t2s.commands import main
 
 TOP_FILES = {"summary.json", "summary.md", "summary.png", "report.html"}
 MODE_FILES = {"episodes.jsonl", "scores.jsonl", "eval_config.json"}
@@ -166,7 +166,7 @@ def test_show_reads_training_episodes(tmp_path, capsys):
 
 # ----------------------------------------------------------------------------------------------- comparability
 def test_comparable_only_with_the_published_settings():
-    from t2s.eval_report import comparability_line
+    from t2s.evaluation.report import comparability_line
 
     published = {"policy": "model", "mode": "full", "comparable": True, "n": 300, "seed": 0, "max_turns": 6,
                  "episode_token_budget": 12288, "enable_thinking": True,

@@ -18,7 +18,8 @@ import httpx
 
 from t2s.backends.base import SamplingSettings
 from t2s.backends.http_retry import RequestFailed, normalise_base_url, send, timeouts
-from t2s.protocol import THINK_CLOSE, split_thinking
+from t2s.env.protocol import THINK_CLOSE
+from t2s.env.turns import split_thinking
 
 
 class EndpointError(RuntimeError):
@@ -122,7 +123,7 @@ def history_messages(episode) -> list[dict]:
 
 
 class ChatEndpointPolicy:
-    """``policy(episode) -> str`` for ``episode.play``: one chat request per turn, earlier thinking dropped."""
+    """``policy(episode) -> str`` for ``play.play``: one chat request per turn, earlier thinking dropped."""
 
     def __init__(self, client: ChatEndpointClient, sampling: SamplingSettings, *, seed: int | None = None):
         self.client = client

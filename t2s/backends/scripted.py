@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from t2s.native_calls import render_call
-from t2s.protocol import THINK_CLOSE
+from t2s.env.native_calls import render_call
+from t2s.env.protocol import THINK_CLOSE
 
 
 def read_turns(path: str | Path) -> list[str]:
@@ -82,7 +82,7 @@ class ScriptPolicy(ReplayPolicy):
 
 def gold_tables(gold_sql: str, schema) -> list[str]:
     """The tables the gold SQL reads, as the schema spells them, in the order the SQL names them (outer query first)."""
-    from t2s.schema import tables_in_reading_order
+    from t2s.env.schema import tables_in_reading_order
 
     spelled = {name.lower(): name for name in schema.tables}
     return [spelled[name] for name in tables_in_reading_order(gold_sql) if name in spelled]  # never raises
@@ -108,9 +108,9 @@ class GoldPolicy(ScriptPolicy):
 
 
 class ScriptedBackend:
-    """Plays one text policy per episode through ``t2s.rollout.Rollout`` as if a model wrote its turns.
+    """Plays one text policy per episode through ``t2s.training.rollout.Rollout`` as if a model wrote its turns.
 
-    Each turn's text is tokenized the way ``episode.play`` counts it (special tokens in the text are not parsed) and
+    Each turn's text is tokenized the way ``play.play`` counts it (special tokens in the text are not parsed) and
     closed with ``<|im_end|>``, as a model ends its turn, with logprob 0.0. The rollout then builds the very token
     stream, environment tokens and ``env_mask`` a training rollout builds. Requests are matched to episodes through
     their seed: the rollout gives every (episode, turn) a distinct one (``SamplingSettings.request_seed``), so

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 
-from t2s import protocol
+from t2s.env import turns
 from t2s.backends.base import SamplingSettings
 from t2s.backends.chat_endpoint import ChatEndpointClient, ChatEndpointPolicy, assistant_text
-from t2s.native_calls import NOT_RUN, Observation
-from t2s.protocol import ParsedTurn, ToolCall
+from t2s.env.native_calls import NOT_RUN, Observation
+from t2s.env.turns import ParsedTurn, ToolCall
 
 
 def read_message(message: dict, enable_thinking: bool = True) -> tuple[ParsedTurn, list[dict]]:
@@ -31,7 +31,7 @@ def read_message(message: dict, enable_thinking: bool = True) -> tuple[ParsedTur
     server's ``{"name", "arguments"}`` (its arguments exactly as sent), so records show what the model asked for.
     """
     text = assistant_text(message, enable_thinking)
-    end, body, kinds = protocol.split_body(text, enable_thinking)
+    end, body, kinds = turns.split_body(text, enable_thinking)
     raw_calls = message.get("tool_calls") or []
     if not isinstance(raw_calls, list):
         raw_calls = []
@@ -84,7 +84,7 @@ def history_messages(episode, assistant_messages: list[dict]) -> list[dict]:
 
 
 class ToolsEndpointPolicy(ChatEndpointPolicy):
-    """``policy(episode) -> ParsedTurn`` for ``episode.play``: one chat request per turn with ``tools=``."""
+    """``policy(episode) -> ParsedTurn`` for ``play.play``: one chat request per turn with ``tools=``."""
 
     def __init__(self, client: ChatEndpointClient, sampling: SamplingSettings, *, seed: int | None = None):
         super().__init__(client, sampling, seed=seed)

@@ -23,10 +23,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from t2s import metrics, rich_output
+from t2s.scoring import metrics
+
+from t2s.ui import console as consoles
 from t2s.backends.scripted import ReplayPolicy, ScriptPolicy
-from t2s.cli_args import non_empty_path, positive_int
-from t2s.episode import Episode, play
+from t2s.env.episode import Episode
+from t2s.env.play import play
 
 QUESTIONS = 18
 ROLLOUTS = 8
@@ -34,20 +36,6 @@ SEED = 0
 GPU_STEP_SECONDS = 104.0  # the published step time the environment should stay well under
 REPEATS = 15  # passes per side by default: on a shared machine the best of many is the stable figure ...
 MIN_REPEATS, REPEAT_SECONDS = 3, 20.0  # ... but past 20 s of timed passes (large databases) it stops, after at least 3
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", required=True, type=non_empty_path, help="a BIRD/Spider-style JSON file, e.g. dev.json")
-    parser.add_argument("--db-root", type=non_empty_path, default=None, help="folder with one sub-folder per db_id (default: beside --data)")
-    parser.add_argument("--workers", type=positive_int, default=None, help="worker threads (default: the core count)")
-    parser.add_argument("--repeats", type=positive_int, default=None,
-                        help=f"timed repetitions, each on fresh connections and a cold gold cache; the best is "
-                             f"reported (default: {REPEATS}, or fewer but at least {MIN_REPEATS} once the timed passes "
-                             f"have taken {REPEAT_SECONDS:g} s)")
-    parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
-    from t2s.evaluate import add_tool_arguments
-
-    add_tool_arguments(parser)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -113,7 +101,7 @@ def call_writer(dialect: str = "exec_plan", tool_format: str = "json"):
 
 
 def _quote(name: str) -> str:
-    from t2s.schema import quote_identifier
+    from t2s.env.schema import quote_identifier
 
     return quote_identifier(name)
 
@@ -153,7 +141,7 @@ class _Recorder:
         self.local = threading.local()
 
     def install(self):
-        from t2s import databases
+        from t2s.env import databases
 
         local = self.local
         self.original, self.original_fetch = original, original_fetch = databases.execute, databases._fetch
@@ -184,7 +172,7 @@ class _Recorder:
         databases._fetch = logging_fetch
 
     def uninstall(self):
-        from t2s import databases
+        from t2s.env import databases
 
         databases.execute = self.original
         databases._fetch = self.original_fetch
@@ -237,7 +225,7 @@ def _raw_replay(statements, local):
 
 def _clear_gold_cache() -> None:
     """Each repetition computes gold results afresh, as a training step with new questions does."""
-    from t2s import databases
+    from t2s.env import databases
 
     clear = getattr(databases, "clear_gold_cache", None)
     if clear is not None:
@@ -251,7 +239,7 @@ def _env_pass(pool, workers, refs, episodes, config, recorder=None):
 
     With a recorder the statements sent (and their fetches) are noted, else ``statements`` is None.
     """
-    from t2s import databases
+    from t2s.env import databases
 
     def warm():
         databases.close_thread_connections()
@@ -281,7 +269,7 @@ def _raw_pass(pool, workers, refs, statements) -> float:
     """The same statements with plain sqlite3, on fresh, warmed connections of the same kind: one per database and
     purpose, as the environment has (its tool and scoring connections are separate), so both sides prepare the
     same statements on the same number of connections."""
-    from t2s import databases
+    from t2s.env import databases
 
     local = threading.local()
     purposes = sorted({purpose for episode in statements for purpose, *_ in episode})
@@ -309,13 +297,13 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
-    from t2s import databases
+    from t2s.env import databases
     from t2s.data.db_probe import database_problems, problems_text
     from t2s.data.loaders import load_json_rows
-    from t2s.episode import EpisodeConfig
-    from t2s.schema import get_schema
+    from t2s.env.episode import EpisodeConfig
+    from t2s.env.schema import get_schema
 
-    console = rich_output.console(stderr=True)
+    console = consoles.console(stderr=True)
     workers = args.workers or os.cpu_count() or 1
     try:
         rows = load_json_rows(args.data, args.db_root)
@@ -381,7 +369,7 @@ def run(args: argparse.Namespace) -> int:
         f"{ratio:.2f}", f"{1000 * env_seconds / len(results):.2f}", f"{100 * env_seconds / GPU_STEP_SECONDS:.2f}",
         f"{correct}/{len(results)}",
     )
-    rich_output.print_table(console, table)
+    consoles.print_table(console, table)
     console.print("env s per repetition: " + ", ".join(f"{t:.3f}" for t in env_times)
                   + "; sqlite3 s: " + ", ".join(f"{t:.3f}" for t in raw_times), style="dim")
     if drift:  # e.g. a query close to its time limit finished in one pass and not in another

@@ -20,91 +20,15 @@ non-zero, naming each target missed: ``grpo_gain >= 0.15``, ``grpo_gain - contro
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import time
-from pathlib import Path
 
 STEPS = 30
 WINDOW = 5  # steps averaged at each end for a gain
 TARGETS = {"grpo_gain": 0.15, "margin": 0.15, "start_low": 0.1, "start_high": 0.6, "seconds": 900.0}
-SFT_RECIPE = "demo_sft.yaml"
-RL_RECIPE = "demo.yaml"
-# GRPO plays 8 of the 16 questions the warm start learnt, so every step sees each of them. With all 16 (each question
-# every other step) seed 1 gained about 0.1 in 20 steps; with 8 it gained 0.35 in 30.
-GRPO_OVERRIDES = ("--max_train_rows", "8")
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--steps", type=int, default=STEPS, help=f"GRPO steps of each run (default {STEPS})")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the warm start, both runs and the permutation")
-    parser.add_argument("--output", default="runs/bench-learn", help="output folder (default runs/bench-learn)")
 
 
 # ---------------------------------------------------------------------------------------------------- the parts
-
-
-def warm_start(output_dir: Path, seed: int, overrides: tuple[str, ...] = ()) -> Path:
-    """Train ``recipes/demo_sft.yaml`` into ``output_dir``; returns the folder."""
-    import gc
-
-    from t2s.settings import RECIPES_DIR
-    from t2s.sft import build_sft_trainer, fit, parse_sft_recipe
-
-    sft_args, config, model_args = parse_sft_recipe([
-        "--config", str(RECIPES_DIR / SFT_RECIPE), "--output_dir", str(output_dir), "--seed", str(seed),
-        "--disable_tqdm", "true", "--logging_steps", "1000", *overrides,
-    ])
-    trainer, counts = build_sft_trainer(sft_args, config, model_args)
-    _quiet(trainer)
-    fit(trainer, counts)
-    del trainer
-    gc.collect()
-    return output_dir
-
-
-def permuted_rewards(reward_func, seed: int):
-    """``reward_func`` with its rewards permuted across the call's episodes (a seeded permutation per call)."""
-    rng = random.Random(seed)
-
-    def permuted(*args, **kwargs):
-        rewards = list(reward_func(*args, **kwargs))
-        rng.shuffle(rewards)
-        return rewards
-
-    permuted.__name__ = getattr(reward_func, "__name__", "reward")
-    return permuted
-
-
-def grpo_run(model_dir: Path, output_dir: Path, *, steps: int, seed: int, control: bool = False, callbacks=(),
-             overrides: tuple[str, ...] = ()):
-    """``recipes/demo.yaml`` on 8 of its questions (``GRPO_OVERRIDES``) from ``model_dir`` for ``steps`` steps; returns
-    the trainer (trained and saved).
-
-    With ``control``, every reward function's output is permuted across the step's episodes before TRL computes
-    advantages; everything else, the logged tiers included, is the real run's.
-    """
-    from t2s.configs import parse_recipe
-    from t2s.settings import RECIPES_DIR
-    from t2s.train import build_trainer, fit
-
-    script_args, training_args, model_args = parse_recipe([
-        "--config", str(RECIPES_DIR / RL_RECIPE), "--model_name_or_path", str(model_dir),
-        "--output_dir", str(output_dir), "--max_steps", str(steps), "--seed", str(seed), "--disable_tqdm", "true",
-        *GRPO_OVERRIDES, *overrides,
-    ])
-    trainer, counts = build_trainer(script_args, training_args, model_args, callbacks=list(callbacks))
-    _quiet(trainer)
-    if control:
-        trainer.reward_funcs = [permuted_rewards(f, seed) for f in trainer.reward_funcs]
-    return fit(trainer, counts)
-
-
-def _quiet(trainer) -> None:
-    from transformers import PrinterCallback, ProgressCallback
-
-    for callback in (PrinterCallback, ProgressCallback):
-        trainer.remove_callback(callback)
 
 
 def window_mean(values: list[float], last: bool) -> float:
@@ -115,30 +39,6 @@ def window_mean(values: list[float], last: bool) -> float:
 def gain(values: list[float]) -> float:
     """Mean of the last 5 values minus the mean of the first 5."""
     return window_mean(values, True) - window_mean(values, False)
-
-
-def plot_curves(path: Path, runs: dict[str, list[dict]], title: str) -> None:
-    """Equivalence rate and mean reward per step of each run, side by side, into ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name, steps in runs.items():
-        xs = [s["step"] for s in steps]
-        axes[0].plot(xs, [s.get("tier/equivalent", 0.0) for s in steps], marker="o", ms=3, label=name)
-        axes[1].plot(xs, [s.get("reward", 0.0) for s in steps], marker="o", ms=3, label=name)
-    axes[0].set(xlabel="step", ylabel="equivalence rate", ylim=(0, 1))
-    axes[1].set(xlabel="step", ylabel="mean reward")
-    for axis in axes:
-        axis.grid(alpha=0.3)
-        axis.legend()
-    fig.suptitle(title)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def missed_targets(grpo_gain: float, control_gain: float, start: float, seconds: float) -> list[str]:
@@ -181,9 +81,9 @@ def _fmt(value, fmt: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from t2s.cpu_threads import configure_cpu_threads
-    from t2s.resources import workspace
-    from t2s.rich_output import console as make_console, print_table
+    from t2s.training.cpu_threads import configure_cpu_threads
+    from t2s.settings import workspace
+    from t2s.ui.console import console as make_console, print_table
     from t2s.settings import offline_environment
 
     started = time.perf_counter()
@@ -193,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     configure_cpu_threads(on_cpu=True)  # before torch is imported
     offline_environment()
-    from t2s.demo import quiet_libraries, step_printer
+    from t2s.training.learning import SFT_RECIPE, grpo_run, plot_curves, warm_start
+    from t2s.training.progress import quiet_libraries, step_printer
 
     quiet_libraries()
     console = make_console()  # printed paths are never wrapped

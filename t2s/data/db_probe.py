@@ -40,8 +40,8 @@ def _declared_size_problem(path: str) -> str | None:
 
 
 def _probe(ref) -> str | None:
-    from t2s import databases
-    from t2s.schema import quote_identifier
+    from t2s.env import databases
+    from t2s.env.schema import quote_identifier
 
     problem = databases.database_problem(ref) or _declared_size_problem(ref.path)
     if problem:
@@ -67,7 +67,7 @@ def _probe(ref) -> str | None:
 def database_problems(rows: Iterable[dict]) -> dict[str, str]:
     """db_id -> why its database cannot be used, over the distinct database files the rows name (absent files and
     row-payload databases are left out)."""
-    from t2s import databases
+    from t2s.env import databases
 
     problems: dict[str, str] = {}
     seen = set()

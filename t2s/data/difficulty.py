@@ -185,7 +185,7 @@ def read_model(path) -> DifficultyModel:
     """A model JSON written by ``data difficulty --save-model``; DataError naming the file when it is not one."""
     import json
 
-    from t2s.data.loaders import DataError, read_text_file
+    from t2s.data.rows import DataError, read_text_file
 
     text = read_text_file(path, what="difficulty model")
     try:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Sequence
 
-from t2s.resources import workspace
+from t2s.settings import workspace
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def cache_key(
 
     ``extra`` adds anything else the outcomes depend on (e.g. the hash of a SQaLe schema table).
     """
-    from t2s import databases
+    from t2s.env import databases
 
     if data_file is not None:
         data = databases.file_checksum(data_file)
@@ -99,7 +99,7 @@ def write_cache(key: str, outcomes: Sequence[dict]) -> Path | None:
 
 def check_row(row: dict, timeout: float | None = None) -> dict:
     """Run one row's gold SQL; returns {question_id, db_id, outcome, rows, seconds, error}."""
-    from t2s import databases
+    from t2s.env import databases
 
     record = {"question_id": row["question_id"], "db_id": row["db_id"], "outcome": "ok", "rows": 0, "seconds": 0.0,
               "error": None}

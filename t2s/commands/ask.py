@@ -1,0 +1,301 @@
+"""`python -m t2s ask --db FILE.sqlite QUESTION`: one agentic episode against any SQLite file, read-only.
+
+The policy comes from the command line: ``--replay TURNS.jsonl`` plays recorded assistant turns (DESIGN §10),
+``--model`` a transformers checkpoint, ``--endpoint`` a server (completions, chat or tools mode, as in ``eval``). Each entry
+of ``POLICIES`` takes the parsed arguments, the row, the episode config and the database, and returns the record. The user's file opens ``mode=ro`` (never ``immutable``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+from t2s.ui.args import non_empty_path, positive_int
+
+RESULT_ROWS = 20  # rows of the final SQL's result shown in the readable view
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("question", help="the question to answer")
+    parser.add_argument("--db", required=True, type=non_empty_path, help="the SQLite file to ask (opened read-only)")
+    parser.add_argument("--replay", metavar="TURNS.jsonl", help="play recorded assistant turns: one JSON string a line")
+    parser.add_argument("--mode", choices=("full", "withheld"), default="full",
+                        help="full: the prompt shows the schema; withheld: the model discovers it with tools")
+    parser.add_argument("--evidence", default="", help="a hint, as BIRD's evidence field")
+    parser.add_argument("--max-turns", type=positive_int, default=None, help="tool turns before the forced final turn (default: 6)")
+    parser.add_argument("--system-prompt-file", type=non_empty_path, default=None, help="replace the system prompt with this file's text")
+    parser.add_argument("--json", action="store_true", help="print the episode record as one JSON object")
+    from t2s.evaluation.options import add_tool_arguments
+
+    add_tool_arguments(parser)
+    add_model_arguments(parser)
+
+
+def _replay_policy(args, row: dict, config, db) -> dict:
+    from t2s.backends.scripted import ReplayPolicy
+    from t2s.env.play import run_text_episode
+
+    return run_text_episode(row, config, ReplayPolicy.from_file(args.replay), db=db)
+
+
+# name -> (is it chosen by these args?, play it); exactly one must be chosen.
+POLICIES: dict[str, tuple[Callable, Callable]] = {
+    "replay": (lambda args: bool(getattr(args, "replay", None)), _replay_policy),
+    "model": (lambda args: bool(getattr(args, "model", None)), lambda *a: _model_policy(*a)),
+    "endpoint": (lambda args: bool(getattr(args, "endpoint", None)), lambda *a: _endpoint_policy(*a)),
+}
+
+
+def ask_row(question: str, evidence: str, db) -> dict:
+    """A data row for a free-form question (no gold SQL)."""
+    return {
+        "question_id": "ask",
+        "question": question,
+        "evidence": evidence or "",
+        "gold_sql": None,
+        "db_id": db.db_id,
+        "db_path": db.path,
+        "schema_id": None,
+        "difficulty": None,
+        "source": "ask",
+    }
+
+
+def _fail(message: str) -> int:
+    print(message if message.startswith("Error:") else f"Error: {message}", file=sys.stderr)
+    return 2
+
+
+def run(args: argparse.Namespace) -> int:
+    from t2s.env import databases
+    from t2s.env.episode import EpisodeConfig
+
+    path = Path(args.db).expanduser()
+    if not path.is_file():
+        return _fail(f"Error: database file not found: {args.db}")
+    db = databases.user_db(path)
+    try:
+        databases.tool_connection(db).execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+    except Exception as exc:  # not a database, unreadable, ...
+        return _fail(f"Error: cannot open {args.db} as a SQLite database: {exc}")
+    if not str(args.question).strip():
+        return _fail("Error: the question is empty")
+    chosen = [name for name, (wanted, _) in POLICIES.items() if wanted(args)]
+    if not chosen:
+        return _fail("Error: choose a policy: --replay TURNS.jsonl" + "".join(
+            f" or --{name}" for name in POLICIES if name != "replay"))
+    if len(chosen) > 1:
+        return _fail(f"Error: choose one policy, got {', '.join(chosen)}")
+    if args.system_prompt_file:
+        from t2s.errors import EvalError
+        from t2s.evaluation.options import read_system_prompt
+
+        try:
+            read_system_prompt(args.system_prompt_file)
+        except EvalError as exc:
+            return _fail(str(exc))
+    config = EpisodeConfig(mode=args.mode, system_prompt_file=args.system_prompt_file, dialect=args.dialect,
+                           tool_format=args.tool_format)
+    if args.max_turns is not None:
+        config.max_turns = args.max_turns
+    row = ask_row(args.question, args.evidence, db)
+    try:
+        record = POLICIES[chosen[0]][1](args, row, config, db)
+    except ValueError as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps(record, ensure_ascii=False))
+    elif getattr(args, "shown_live", False):  # the turns were shown as they happened: only the final SQL now
+        show_trajectory({**record, "turns": []}, db)
+    else:
+        show_trajectory(record, db)
+    return 0
+
+
+def show_trajectory(record: dict, db, console=None) -> None:
+    """The episode, readably (``t2s.evaluation.transcript``), with the first rows of its final SQL's result on ``db``."""
+    from t2s.env import databases
+    from t2s.evaluation.records import result_preview
+    from t2s.ui.console import console as make_console
+    from t2s.evaluation.transcript import print_transcript
+
+    sql = record.get("final_sql")
+    result = databases.run_tool_query(db, sql, max_rows=RESULT_ROWS) if sql else None
+    print_transcript({**record, "pred_result": result_preview(result, rows=RESULT_ROWS)}, console or make_console(),
+                     fold_thinking=False)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model-backed policies: a transformers checkpoint (--model) or a server (--endpoint), through the same rollout code
+# as training and evaluation (token-id prompts, raw token stream). The trajectory is shown as it happens.
+
+
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    from t2s.evaluation.options import add_endpoint_arguments, add_sampling_arguments
+
+    parser.add_argument("--model", default=None, help="a transformers model folder or hub id (runs locally)")
+    parser.add_argument("--device", default=None, help="--model: cpu, cuda, ... (default: cuda when available)")
+    parser.add_argument("--max-tokens-per-turn", type=positive_int, default=2048, help="tokens one model turn may generate")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: unseeded)")
+    add_sampling_arguments(parser)
+    add_endpoint_arguments(parser)
+
+
+def _model_config(args, config):
+    from t2s.backends.base import SamplingSettings
+
+    config.enable_thinking = args.enable_thinking
+    config.max_tokens_per_turn = args.max_tokens_per_turn
+    return SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+
+
+def _model_policy(args, row: dict, config, db) -> dict:
+    from t2s.evaluation.policies import model_backend
+    from t2s.errors import EvalError
+
+    sampling = _model_config(args, config)
+    try:
+        backend, tokenizer, _ = model_backend(args.model, args.tokenizer, args.device)
+    except EvalError as exc:
+        raise ValueError(str(exc)) from None
+    return _rollout_episode(args, backend, tokenizer, row, config, sampling, db)
+
+
+def _endpoint_policy(args, row: dict, config, db) -> dict:
+    from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
+    from t2s.env.episode import Episode
+    from t2s.env.play import play
+    from t2s.evaluation.policies import completions_backend, endpoint_client, load_tokenizer
+    from t2s.errors import EvalError
+
+    sampling = _model_config(args, config)
+    try:
+        client = endpoint_client(args)
+        if args.endpoint_mode == "completions":
+            tokenizer = load_tokenizer(args.tokenizer or client.model, required=True)
+            backend = completions_backend(args, tokenizer, client.model, config.episode_token_budget)
+            return _rollout_episode(args, backend, tokenizer, row, config, sampling, db)
+        tokenizer = load_tokenizer(args.tokenizer, required=False)
+        if args.endpoint_mode == "tools":  # the server's function calling: the native call format
+            from t2s.backends.tools_endpoint import ToolsEndpointPolicy
+
+            config.tool_format = "native"
+            policy = ToolsEndpointPolicy(client, sampling, seed=args.seed)
+        else:
+            policy = ChatEndpointPolicy(client, sampling, seed=args.seed)
+        if not args.json:
+            policy = LiveTextPolicy(policy, tool_format=config.tool_format)
+            args.shown_live = True
+        return play(Episode(row, config, db), policy, tokenizer).record()
+    except (EvalError, EndpointError) as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _rollout_episode(args, backend, tokenizer, row: dict, config, sampling, db) -> dict:
+    """One episode through ``rollout.Rollout`` on the user's database (``mode=ro``)."""
+    from t2s.training import rollout
+
+    if not args.json:
+        backend = LiveBackend(backend, tokenizer, tool_format=config.tool_format)
+        args.shown_live = True
+    trace = rollout.Rollout(
+        backend, tokenizer, config, sampling=sampling, score=False, tool_workers=1, db=db
+    ).run([row])[0]
+    if trace.error:
+        raise ValueError(f"{trace.error} (the episode stopped)")
+    return trace.record
+
+
+def _show_turn(console, text: str, tool_format: str = "json") -> None:
+    from rich.text import Text
+
+    from t2s.env.native_calls import parse_turn as parse_native
+    from t2s.env.turns import parse_turn
+
+    parsed = parse_native(text) if tool_format == "native" else parse_turn(text)
+    shown = Text("assistant\n", style="bold")
+    if parsed.thinking:
+        shown.append(parsed.thinking.strip() + "\n", style="dim italic")
+    for call in parsed.calls:
+        shown.append(json.dumps(call.as_dict(), ensure_ascii=False) + "\n", style="bold cyan")
+    if not parsed.calls:
+        shown.append((parsed.body.strip() or "(empty turn)") + "\n", style="" if parsed.body.strip() else "dim")
+    console.print(shown)
+
+
+def _show_observation(console, observation: str) -> None:
+    from rich.text import Text
+
+    if observation.strip():
+        console.rule("observation", align="left", style="green")
+        console.print(Text(observation.strip(), style="green"))
+
+
+class LiveTextPolicy:
+    """Shows each observation and assistant turn of a text policy as it happens."""
+
+    def __init__(self, policy, console=None, tool_format: str = "json"):
+        from t2s.ui.console import console as make_console
+
+        self.policy = policy
+        self.tool_format = tool_format
+        self.console = console or make_console()
+        self.finish_reasons = getattr(policy, "finish_reasons", [])
+
+    def __call__(self, episode) -> str:
+        if episode.turns:
+            _show_observation(self.console, episode.turns[-1]["observation"])
+        text = self.policy(episode)
+        _show_turn(self.console, getattr(text, "text", text) if not isinstance(text, str) else text, self.tool_format)
+        return text
+
+
+class LiveBackend:
+    """Wraps a generation backend for one episode and shows each turn and observation as the tokens arrive."""
+
+    def __init__(self, backend, tokenizer, console=None, tool_format: str = "json"):
+        from t2s.ui.console import console as make_console
+
+        self.backend = backend
+        self.tool_format = tool_format
+        self.tokenizer = tokenizer
+        self.console = console or make_console()
+        self.schedule = getattr(backend, "schedule", "turnsync")
+        self.stop_token_ids = backend.stop_token_ids
+        self.seen = 0  # prompt tokens already shown
+
+    def _before(self, prompt_ids) -> None:
+        if self.seen:  # the environment's suffix since the last turn holds the observation
+            text = self.tokenizer.decode(list(prompt_ids[self.seen:]), skip_special_tokens=False)
+            observation = text.partition("<|im_start|>user\n")[2].rpartition("<|im_end|>")[0]
+            _show_observation(self.console, observation)
+
+    def _after(self, prompt_ids, out) -> None:
+        self.seen = len(prompt_ids) + len(out.token_ids)
+        if out.finish_reason == "error":
+            self.console.print(str(out.error), style="red", highlight=False, markup=False)
+            return
+        ids = out.token_ids[:-1] if out.stop_token_id is not None else out.token_ids
+        _show_turn(self.console, self.tokenizer.decode(ids, skip_special_tokens=False), self.tool_format)
+
+    def generate(self, prompts, max_tokens, sampling, seeds=None):
+        for prompt in prompts:
+            self._before(prompt)
+        outputs = self.backend.generate(prompts, max_tokens, sampling, seeds)
+        for prompt, out in zip(prompts, outputs):
+            self._after(prompt, out)
+        return outputs
+
+    async def agenerate(self, prompt_ids, max_tokens, sampling, seed=None):
+        self._before(prompt_ids)
+        out = await self.backend.agenerate(prompt_ids, max_tokens, sampling, seed)
+        self._after(prompt_ids, out)
+        return out
+
+    async def aclose(self) -> None:
+        close = getattr(self.backend, "aclose", None)
+        if close is not None:
+            await close()

@@ -1,0 +1,62 @@
+"""`python -m t2s bench <name>`: performance benchmarks (DESIGN §11) and the CPU learning proof; the library is
+``t2s.bench``. Each prints its figures as ratios measured in one run."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from t2s.evaluation.options import add_tool_arguments
+from t2s.ui.args import add_hidden_alias, non_empty_path, positive_int
+
+
+def env_arguments(parser: argparse.ArgumentParser) -> None:
+    from t2s.bench.env import MIN_REPEATS, REPEAT_SECONDS, REPEATS, SEED
+
+    parser.add_argument("--data", required=True, type=non_empty_path, help="a BIRD/Spider-style JSON file, e.g. dev.json")
+    parser.add_argument("--db-root", type=non_empty_path, default=None, help="folder with one sub-folder per db_id (default: beside --data)")
+    parser.add_argument("--workers", type=positive_int, default=None, help="worker threads (default: the core count)")
+    parser.add_argument("--repeats", type=positive_int, default=None,
+                        help=f"timed repetitions, each on fresh connections and a cold gold cache; the best is "
+                             f"reported (default: {REPEATS}, or fewer but at least {MIN_REPEATS} once the timed passes "
+                             f"have taken {REPEAT_SECONDS:g} s)")
+    parser.add_argument("--seed", type=int, default=SEED, help=argparse.SUPPRESS)
+    add_tool_arguments(parser)
+
+
+def rollout_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n", dest="episodes", type=int, default=144, help="episodes (groups of 8 rollouts per question)")
+    add_hidden_alias(parser, "--n", "--episodes", type=int)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the questions and the turn lengths")
+    parser.add_argument("--data", default=None, help="a BIRD-style JSON file (default: data/demo/dev.json)")
+    parser.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt token on every turn")
+    parser.add_argument("--workers", type=int, default=None, help="tool worker threads (default: the core count)")
+    add_tool_arguments(parser)
+
+
+def learn_arguments(parser: argparse.ArgumentParser) -> None:
+    from t2s.bench.learn import STEPS
+
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"GRPO steps of each run (default {STEPS})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the warm start, both runs and the permutation")
+    parser.add_argument("--output", default="runs/bench-learn", help="output folder (default runs/bench-learn)")
+
+
+
+BENCHMARKS = {
+    "env": ("t2s.bench.env", env_arguments, "environment overhead against plain sqlite3 on a pinned workload"),
+    "rollout": ("t2s.bench.rollout", rollout_arguments,
+                "async vs turn-synchronous rollout scheduling on a simulated engine"),
+    "learn": ("t2s.bench.learn", learn_arguments,
+              "CPU proof that training learns: warm start, then GRPO against a permuted-reward control"),
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="benchmark", metavar="BENCHMARK", required=True)
+    for name, (_, arguments, help_text) in BENCHMARKS.items():
+        arguments(sub.add_parser(name, help=help_text, description=help_text))
+
+
+def run(args: argparse.Namespace) -> int:
+    return int(importlib.import_module(BENCHMARKS[args.benchmark][0]).run(args) or 0)

@@ -1,0 +1,61 @@
+"""`python -m t2s compare RUN_A RUN_B`: a paired comparison of two runs over the same questions (exact McNemar, paired
+bootstrap CI, the questions that flipped); the library is ``t2s.evaluation.compare``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from t2s.errors import writing
+from t2s.ui.args import non_empty_path
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("run_a", metavar="RUN_A", help="eval folder (or one of its mode folders), score folder, or the "
+                        "per-question file")
+    parser.add_argument("run_b", metavar="RUN_B", help="a run of the same questions, compared against RUN_A")
+    parser.add_argument("--metric", choices=("official", "strict"), default="official",
+                        help="the per-question score compared (default: official)")
+    parser.add_argument("--output", type=non_empty_path, default=None,
+                        help="folder for compare.json (and compare.html with --html) (default: print only)")
+    parser.add_argument("--html", action="store_true",
+                        help="also write compare.html: the questions that flipped, both transcripts side by side "
+                        "(needs --output and episodes.jsonl in both runs) (default: off)")
+
+
+def run(args) -> int:
+    from rich.table import Table
+
+    from t2s.errors import UsageError
+    from t2s.evaluation.compare import CompareError, compare_runs, write_html
+
+    if args.html and not args.output:
+        raise UsageError("Error: compare: --html writes compare.html into --output DIR; pass --output")
+    report = compare_runs(args.run_a, args.run_b, args.metric)  # a CompareError is one Error: line in t2s.commands.main
+    table = Table(title=f"compare ({args.metric})")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    for key in ("n", "acc_a", "acc_b", "delta", "ci_low", "ci_high", "mcnemar_p", "only_a", "only_b"):
+        value = report[key]
+        shown = f"{value:.3g}" if key == "mcnemar_p" else f"{value:.4f}"  # a tiny p-value is not printed as 0
+        table.add_row(key, shown if isinstance(value, float) else str(value))
+    from t2s.ui.console import console as make_console, print_table
+
+    console = make_console()
+    print_table(console, table)
+    if report["not_scored"]:
+        console.print(f"{report['not_scored']} questions are not scored in one or both runs and were left out")
+    text = json.dumps({k: v for k, v in report.items() if k != "not_scored"}, indent=2)
+    print(text)
+    if args.output:
+        out = Path(args.output)
+        if out.is_file():
+            raise CompareError(f"Error: --output must be a folder; {out} is a file")
+        out.mkdir(parents=True, exist_ok=True)
+        with writing(out / "compare.json"):
+            (out / "compare.json").write_text(text + "\n", encoding="utf-8")
+        written = [out / "compare.json"]
+        if args.html:
+            written.append(write_html(args.run_a, args.run_b, report, out))
+        console.print("wrote " + ", ".join(map(str, written)), markup=False, highlight=False)
+    return 0

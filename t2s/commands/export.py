@@ -1,0 +1,49 @@
+"""`python -m t2s export`: write a model folder that vLLM loads directly from a trained checkpoint (LoRA merged, the
+base's architecture and weight names, both stop tokens, a model card); the library is ``t2s.evaluation.export``."""
+
+from __future__ import annotations
+
+from t2s.evaluation.export import MAX_SHARD_SIZE, shard_size
+from t2s.ui.args import non_empty_path
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--checkpoint", required=True, type=non_empty_path, help="trained model folder, or a LoRA adapter folder")
+    parser.add_argument("--output", required=True, type=non_empty_path, help="folder to write (must be empty or absent)")
+    parser.add_argument(
+        "--base",
+        default=None,
+        help="base checkpoint (folder or hub id) whose architecture and weight names the export keeps; needed for "
+        "LoRA adapters without a readable base path, and for Qwen3.5 to carry the vision tower and MTP head over",
+    )
+    parser.add_argument("--eval", default=None, help="an `eval` output folder whose summary goes in the model card")
+    parser.add_argument("--repo-id", default=None, help="the hub id the folder will be published as, for the model "
+                        "card's title and usage snippet (default: the output folder's name)")
+    parser.add_argument("--max-shard-size", type=shard_size, default=MAX_SHARD_SIZE,
+                        help="largest safetensors shard, e.g. 5GB or 500MB (default: %(default)s)")
+    parser.add_argument("--recipe", default=None, help="the recipe YAML the model was trained with, for the model card")
+    parser.add_argument("--no-verify", action="store_true", help="skip reloading the export and generating")
+    parser.add_argument("--force", action="store_true", help="write into a non-empty output folder")
+
+
+def run(args) -> int:
+    from t2s.settings import command_environment
+
+    command_environment()
+    from t2s.evaluation.export import export_model
+
+    out = export_model(  # an ExportError is one Error: line in t2s.commands.main
+        args.checkpoint,
+        args.output,
+        base=args.base,
+        eval_dir=args.eval,
+        recipe=args.recipe,
+        verify=not args.no_verify,
+        force=args.force,
+        repo_id=args.repo_id,
+        max_shard_size=args.max_shard_size,
+    )
+    print(f"Exported to {out}")
+    return 0
+
+

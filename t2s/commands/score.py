@@ -1,0 +1,47 @@
+"""`python -m t2s score`: score a predictions file with official EX, strict EX and BIRD's Soft-F1
+(``t2s.evaluation.score`` says what is read, written and counted)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from t2s.ui.args import add_hidden_alias, non_empty_path, positive_int
+
+
+# ---------------------------------------------------------------------------------------------------- scoring
+
+
+# ---------------------------------------------------------------------------------------------------- command
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider-style JSON data file (or its folder)")
+    parser.add_argument("--predictions", required=True, type=non_empty_path,
+                        help="BIRD predict_dev.json, or JSONL of {\"question_id\": ..., \"sql\": ...}")
+    parser.add_argument("--db-root", type=non_empty_path, default=None,
+                        help="folder with one sub-folder per db_id (default: the data file's sibling folder)")
+    parser.add_argument("--output", required=True, type=non_empty_path, help="folder for scores.jsonl, summary.json and problems.json")
+    parser.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1), help="parallel scoring threads")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_hidden_alias(parser, "--quiet", "--no-progress", action="store_true")
+
+
+def run(args) -> int:
+    """Bad input raises (PredictionsError, DataError, OSError): ``t2s.commands.main`` reports it as one ``Error:`` line."""
+    import logging
+
+    from t2s.evaluation.score import score_files, score_table, score_warnings
+    from t2s.ui.console import console as make_console, print_table
+
+    console = make_console()
+    logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # unscorable questions are reported below
+    result = score_files(args.data, args.predictions, args.output, db_root=args.db_root, workers=args.workers,
+                         progress=not args.quiet)
+    summary, problem_report = result["summary"], result["problems"]
+    print_table(console, score_table(summary, result["lines"]))
+    for warning in score_warnings(summary, problem_report, result["lines"]):
+        console.print(f"Warning: {warning}", style="yellow", markup=False, highlight=False)
+    console.print(f"missing {summary['missing']}, errors {summary['errors']}; wrote {Path(args.output) / 'scores.jsonl'}"
+                  f" and {Path(args.output) / 'summary.json'}")
+    return 0

@@ -1,0 +1,52 @@
+"""`python -m t2s sft --config recipes/sft_warmstart.yaml`: a supervised warm start on trajectories the environment
+plays (the gold policy, recorded correct episodes and near misses), loss on the model's own tokens only; the library is
+``t2s.training.warm_start``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from t2s.ui.args import add_recipe_arguments
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_recipe_arguments(parser, "Any other flag overrides a recipe key: those below, or any field of trl.SFTConfig or "
+                         "trl.ModelConfig, e.g. --max-steps 50 --learning-rate 1e-5", warm_start_keys_help)
+
+
+def warm_start_keys_help() -> str:
+    import dataclasses
+    import textwrap
+
+    from t2s.training.warm_start import T2SSFTArguments
+
+    lines = ["warm-start keys:"]
+    for spec in dataclasses.fields(T2SSFTArguments):
+        lines.append(f"  --{spec.name.replace('_', '-')} (default: {spec.default})")
+        lines += textwrap.wrap(spec.metadata["help"], 100, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return "\n".join(lines) + "\n"
+
+
+def run(args: argparse.Namespace) -> int:
+    import gc
+
+    from t2s.training.pipeline import setup_error, start_command
+    from t2s.training.warm_start import build_sft_trainer, fit, parse_sft_recipe
+
+    config_path = start_command(args.config)
+    if config_path is None:
+        return 2
+    try:
+        sft_args, config, model_args = parse_sft_recipe(["--config", str(config_path), *args.overrides])
+        trainer, counts = build_sft_trainer(sft_args, config, model_args)
+    except (ValueError, OSError) as exc:  # ConfigError, TRL/transformers config errors, unreadable data
+        return setup_error(exc)
+    log.info("warm-start trajectories: %s", counts)
+    fit(trainer, counts)
+    del trainer
+    gc.collect()  # as in `train`: free the model and any process group while Python is fully alive
+    return 0

@@ -1,0 +1,67 @@
+"""`python -m t2s show RUN [RUN_B]`: read the episodes of a run in a terminal.
+
+RUN is an eval folder (every mode, or ``--mode``), one of its mode folders, an episodes file, or a training run's
+output_dir (the episodes it logged with ``log_completions: true``, ``t2s.evaluation.run_folders.read_training_episodes``). With RUN_B the two runs are paired on
+question_id (sample 0) and only the questions that flipped are listed: ``only_a`` (A right, B wrong) and ``only_b``.
+
+Without ``--id`` the matching episodes are listed one a line; with ``--id`` (or when one episode matches) its
+transcript is printed (``t2s.evaluation.transcript``), for a pair both runs' transcripts.
+"""
+
+from __future__ import annotations
+
+from t2s.errors import UsageError
+from t2s.ui.args import non_empty_path, non_negative_int
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("run", metavar="RUN", type=non_empty_path,
+                        help="eval folder, one of its mode folders, a training output_dir or an episodes.jsonl file")
+    parser.add_argument("run_b", metavar="RUN_B", nargs="?", default=None, type=non_empty_path,
+                        help="a second run: list only the questions that flipped between RUN and RUN_B (default: none)")
+    parser.add_argument("--mode", nargs="+", default=None, help="eval modes to read (default: every mode)")
+    parser.add_argument("--wrong", action="store_true", help="only episodes that did not answer (default: all)")
+    parser.add_argument("--tier", default=None, help="only training episodes of this reward tier (default: any)")
+    parser.add_argument("--db", default=None, help="only episodes on this db_id (default: any)")
+    parser.add_argument("--id", nargs="+", default=None, help="question ids: print their transcripts (default: list)")
+    parser.add_argument("--sample", type=non_negative_int, default=None,
+                        help="only this sample of each question (default: every sample)")
+    parser.add_argument("--thinking", action="store_true", help="print thinking in full (default: folded)")
+
+
+def run(args) -> int:
+    from t2s.ui.console import console as make_console
+    from t2s.evaluation.browse import flipped, print_list, run_episodes, select
+    from t2s.evaluation.transcript import print_transcript
+
+    if args.tier and args.run_b:
+        raise UsageError("Error: show: --tier reads training episodes; it does not apply to a pair of runs")
+    console = make_console()
+    filters = dict(wrong=args.wrong, tier=args.tier, db=args.db, ids=args.id)
+    lines = run_episodes(args.run, args.mode)
+    if args.sample is not None:
+        lines = [line for line in lines if int(line.get("sample") or 0) == args.sample]
+    if args.run_b:
+        pairs = flipped(lines, run_episodes(args.run_b, args.mode))
+        pairs = [p for p in pairs if select([p[1]], **filters) or select([p[2]], **filters)]
+        if args.id or len(pairs) == 1:
+            for label, line_a, line_b in pairs:
+                for name, line in (("A", line_a), ("B", line_b)):
+                    console.rule(f"{label}: run {name}", style="bold")
+                    print_transcript(line, console, fold_thinking=not args.thinking)
+        else:
+            only_a = sum(label == "only_a" for label, _, _ in pairs)
+            print_list(console, [p[1] for p in pairs], f"flipped: only_a {only_a}, only_b {len(pairs) - only_a}",
+                       labels=[p[0] for p in pairs])
+        return 0
+    chosen = select(lines, **filters)
+    if not chosen:
+        console.print(f"no episode of {len(lines)} matches", markup=False, highlight=False)
+        return 0
+    if args.id or len(chosen) == 1:
+        for line in chosen:
+            print_transcript(line, console, fold_thinking=not args.thinking)
+    else:
+        print_list(console, chosen, f"{len(chosen)} of {len(lines)} episodes (--id ID prints a transcript)")
+    return 0
+

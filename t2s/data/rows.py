@@ -1,0 +1,198 @@
+"""The one row shape that training and evaluation share, and reading the data files rows come from.
+
+Every loader yields plain dicts with exactly these keys (DESIGN §2, §9)::
+
+    {question_id, question, evidence, gold_sql, db_id, db_path, schema_id, difficulty, source}
+
+A data file is read as a JSON list, a JSON object holding one, or JSONL; a bad file is one ``DataError`` naming the
+file and the place.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from t2s.errors import T2SError
+
+
+ROW_KEYS = ("question_id", "question", "evidence", "gold_sql", "db_id", "db_path", "schema_id", "difficulty", "source")
+DIFFICULTIES = ("simple", "moderate", "challenging")
+
+
+class DataError(T2SError, ValueError):
+    """A data file that cannot be loaded; the message begins with ``Error:`` and names the file (and row)."""
+
+
+class RowList(list):
+    """The loaded rows, plus what was found missing while loading.
+
+    ``missing_databases``: db_id -> number of questions whose database file is absent.
+    ``db_root``: the folder searched for databases (None for row-payload data).
+    ``repeated_ids``: question ids whose rows appear more than once, word for word (see ``refuse_duplicate_ids``).
+    """
+
+    def __init__(self, rows: Iterable[dict] = (), missing_databases: dict[str, int] | None = None, db_root=None,
+                 repeated_ids: list[str] | None = None):
+        super().__init__(rows)
+        self.repeated_ids: list[str] = list(repeated_ids or [])
+        self.missing_databases: dict[str, int] = dict(missing_databases or {})
+        self.db_root: str | None = str(db_root) if db_root is not None else None
+
+    @property
+    def missing_questions(self) -> int:
+        return sum(self.missing_databases.values())
+
+    def missing_summary(self) -> str:
+        """One line naming the missing databases and their question counts ('' when none are missing)."""
+        if not self.missing_databases:
+            return ""
+        items = sorted(self.missing_databases.items())
+        names = ", ".join(f"{db} ({n} question{'s' if n != 1 else ''})" for db, n in items[:8])
+        if len(items) > 8:
+            names += f" and {len(items) - 8} more"
+        if self.db_root is None:  # row payloads: those questions were left out
+            return (f"{self.missing_questions} questions left out, their schemas absent from the schema table "
+                    f"or impossible to build: {names}")
+        return f"{self.missing_questions} of {len(self)} questions point at databases missing under {self.db_root}: {names}"
+
+
+def make_row(
+    *,
+    question_id: str,
+    question: str,
+    gold_sql: str,
+    db_id: str,
+    source: str,
+    evidence: str = "",
+    db_path: str | None = None,
+    schema_id: str | None = None,
+    difficulty: str | None = None,
+) -> dict:
+    """One row in the common shape (every key present, plain strings or None)."""
+    return {
+        "question_id": str(question_id),
+        "question": question,
+        "evidence": evidence or "",
+        "gold_sql": gold_sql,
+        "db_id": db_id,
+        "db_path": db_path,
+        "schema_id": schema_id,
+        "difficulty": difficulty,
+        "source": source,
+    }
+
+
+def read_text_file(path: str | Path, what: str = "data file") -> str:
+    """A file's UTF-8 text (a byte-order mark dropped); DataError naming ``what`` when it is absent or not UTF-8."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"Error: {what} not found: {path}")
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"Error: {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """A JSON list of objects, or JSONL (one object a line). Errors name the file and the line or row."""
+    return parse_records(read_text_file(path), path)
+
+
+def parse_records(text: str, path: str | Path) -> list[dict]:
+    """:func:`read_records` on text already read from ``path`` (``path`` names the file in errors, and a ``.jsonl``
+    suffix means JSONL)."""
+    path = Path(path)
+    stripped = text.lstrip()
+    if path.suffix == ".jsonl" or (stripped.startswith("{") and not _is_single_json_object(stripped)):
+        records = [value for _, value in jsonl_values(text, path)]
+    else:
+        try:
+            records = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DataError(
+                f"Error: {path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+            ) from None
+        if isinstance(records, dict):  # a single object holding the list, e.g. {"data": [...]}
+            lists = [v for v in records.values() if isinstance(v, list)]
+            if len(lists) != 1:
+                raise DataError(f"Error: {path}: expected a JSON list of questions, found an object")
+            records = lists[0]
+        if not isinstance(records, list):
+            raise DataError(f"Error: {path}: expected a JSON list of questions, found {type(records).__name__}")
+    for position, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise DataError(
+                f"Error: {path}: row {position} (0-based) is {type(record).__name__}, expected a JSON object"
+            )
+    return records
+
+
+def jsonl_values(text: str, path: str | Path) -> Iterator[tuple[int, Any]]:
+    """(line number, value) of each non-blank line of JSONL text; DataError naming the file and the line."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(f"Error: {path}: line {number} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+
+
+def _is_single_json_object(text: str) -> bool:
+    try:
+        json.loads(text)
+        return True
+    except json.JSONDecodeError:
+        return False
+
+
+def _require(record: dict, fields: Iterable[str], path, position: int) -> None:
+    """Raise naming the file and row when a required field is missing or not a non-empty string."""
+    missing = [f for f in fields if not isinstance(record.get(f), str) or not record.get(f).strip()]
+    if missing:
+        names = ", ".join(repr(f) for f in missing)
+        raise DataError(f"Error: {path}: row {position} (0-based) is missing required field(s) {names}")
+
+
+def refuse_duplicate_ids(rows: Iterable[dict], where) -> list[str]:
+    """DataError naming the question ids that two different rows share: ``score``, ``eval``, ``compare`` and resume
+    key on them. Returns the ids whose rows repeat word for word (BIRD mini-dev repeats two questions so), which are
+    kept: positions in the file stay as they are for BIRD's position-keyed predictions."""
+    first: dict[str, dict] = {}
+    conflicting: dict[str, int] = {}
+    repeated: list[str] = []
+    for row in rows:
+        question_id = row["question_id"]
+        if question_id not in first:
+            first[question_id] = row
+        elif row != first[question_id]:
+            conflicting[question_id] = conflicting.get(question_id, 1) + 1
+        elif question_id not in repeated:
+            repeated.append(question_id)
+    if conflicting:
+        named = ", ".join(f"{question_id} ({n} rows)" for question_id, n in list(conflicting.items())[:10])
+        more = f" and {len(conflicting) - 10} more" if len(conflicting) > 10 else ""
+        raise DataError(f"Error: {where}: {len(conflicting)} question_id(s) name different questions: {named}{more}; "
+                        "each question needs its own id")
+    return repeated
+
+
+def _pick(record: dict, names: Iterable[str]) -> str | None:
+    for name in names:
+        if name in record:
+            return name
+    return None
+
+
+def _difficulty(value: Any) -> str | None:
+    if not isinstance(value, str):
+        return None
+    value = value.strip().lower()
+    return value if value in DIFFICULTIES else None
+
+
+def _bird_difficulty(record: dict) -> str | None:
+    """The labelled difficulty; a file written by `data difficulty` supplies its estimate where no label exists."""
+    return _difficulty(record.get("difficulty")) or _difficulty(record.get("difficulty_estimated"))

@@ -1,0 +1,174 @@
+"""Running one statement on a sandboxed connection under a deadline: :func:`execute` and its tool/scoring forms.
+
+:func:`execute` never raises; every failure comes back as a :class:`QueryResult` whose ``error`` starts ``Error:``.
+Before a statement runs, the work of one of its rows is bounded (:mod:`t2s.env.databases.rowcost`). Invalid UTF-8 in text
+cells is decoded with replacement characters.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+
+from t2s.env.databases import deadlines, fetching, limits, rowcost
+from t2s.env.databases.connections import _connection
+from t2s.env.databases.opening import DatabaseOpenError, DatabaseRef
+from t2s.env.databases.sandbox import SandboxConnection
+from t2s.env.databases.sqltext import only_comments, starts_with_reindex
+
+_WRITE_ERROR_MARKERS = (
+    "attempt to write a readonly database",
+    "may not be modified",
+    "too many attached databases",
+)
+
+
+@dataclass(slots=True)
+class QueryResult:
+    columns: list[str] = field(default_factory=list)
+    rows: list[tuple] = field(default_factory=list)
+    more: bool = False  # more rows existed beyond those fetched
+    error: str | None = None
+    timed_out: bool = False
+    write_attempt: bool = False
+    over_cap: bool = False
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _tolerant_text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _error_text(exc: Exception, conn: SandboxConnection, timeout: float) -> tuple[str, bool, bool]:
+    """(message, timed_out, write_attempt) for an exception raised while running a statement."""
+    message = str(exc)
+    lowered = message.lower()
+    if conn.timed_out:
+        return f"Error: query timed out after {timeout:g} s", True, False
+    if conn.udf_error:
+        return conn.udf_error, False, False
+    if isinstance(exc, sqlite3.ProgrammingError) and "one statement at a time" in lowered:
+        return "Error: only one SQL statement per call is allowed", False, False
+    if isinstance(exc, (sqlite3.Warning, sqlite3.ProgrammingError)) and "one statement" in lowered:
+        return "Error: only one SQL statement per call is allowed", False, False
+    if conn.write_denied or any(marker in lowered for marker in _WRITE_ERROR_MARKERS):
+        return f"Error: the database is read-only; writes are not allowed ({conn.denied or message})", False, True
+    if conn.denied is not None:
+        return f"Error: not allowed in the read-only sandbox: {conn.denied}", False, False
+    return f"Error: {message}", False, False
+
+
+_clock, _monotonic = time.perf_counter, time.monotonic
+
+
+def execute(
+    conn: sqlite3.Connection,
+    sql: str,
+    *,
+    timeout: float,
+    max_rows: int | None,
+    max_cells: int | None = None,
+    max_bytes: int | None = None,
+) -> QueryResult:
+    """Run one statement under the sandbox and a wall-clock deadline. Never raises.
+
+    ``max_rows`` bounds the fetch (``fetchmany(max_rows + 1)``, then ``more`` tells whether rows were left);
+    ``None`` fetches everything, stopping with ``over_cap`` past ``max_cells`` cells or about ``max_bytes`` bytes.
+    """
+    started = _clock()
+    if not isinstance(sql, str) or not sql or sql.isspace():
+        return QueryResult(error="Error: empty SQL")
+    if not isinstance(conn, SandboxConnection):
+        return QueryResult(
+            error="Error: queries run only on sandboxed connections (tool_connection / scoring_connection)"
+        )
+    # A REINDEX of a database without indexes never reaches the authorizer. A statement that starts with a letter
+    # other than r cannot be one (the pattern allows only whitespace and comments before the keyword).
+    first = sql[0]
+    if (first in "rR" or not first.isalpha()) and starts_with_reindex(sql):
+        return QueryResult(
+            error="Error: the database is read-only; writes are not allowed (REINDEX)", write_attempt=True
+        )
+    try:
+        ticket = [_monotonic() + max(0.0, float(timeout))]  # this statement's alone (see t2s.env.databases.deadlines)
+    except (TypeError, ValueError):
+        return QueryResult(error=f"Error: the timeout must be a number of seconds, got {timeout!r}")
+    if len(sql) > limits.MAX_SQL_LENGTH:
+        return QueryResult(error=f"Error: the SQL is longer than {limits.MAX_SQL_LENGTH} characters")
+    lowered = sql.lower()
+    amplified = rowcost.names_amplifier(lowered)
+    try:
+        conn.timed_out = conn.write_denied = False
+        conn.denied = conn.udf_error = None
+        deadlines.start_watching(conn, ticket)
+        if amplified:  # values this statement builds stay short enough for one row's work to stay small
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.AMPLIFIED_MAX_LENGTH)
+        refusal = rowcost.too_heavy(rowcost.heavy_calls(conn, sql, lowered))
+        if refusal is not None:
+            result = QueryResult(error=refusal)
+        else:
+            result = _run(conn, sql, max_rows, max_cells, max_bytes)
+    except Exception as exc:  # noqa: BLE001 - a query must never raise into the rollout
+        error, timed_out, write_attempt = _error_text(exc, conn, timeout)
+        result = QueryResult(error=error, timed_out=timed_out, write_attempt=write_attempt)
+    finally:
+        deadlines.stop_watching(conn, ticket)
+        if amplified:
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.MAX_VALUE_LENGTH)
+    result.seconds = _clock() - started
+    return result
+
+
+def _run(conn, sql, max_rows, max_cells, max_bytes) -> QueryResult:
+    """Run and fetch the statement (raises what SQLite raises)."""
+    try:
+        columns, rows, more, over_cap = fetching.run_statement(conn, sql, max_rows, max_cells, max_bytes)
+    except sqlite3.OperationalError as exc:
+        if not str(exc).startswith("Could not decode to UTF-8"):
+            raise
+        conn.text_factory = _tolerant_text  # rare: run it again, decoding invalid UTF-8 with replacement
+        try:
+            columns, rows, more, over_cap = fetching.run_statement(conn, sql, max_rows, max_cells, max_bytes)
+        finally:
+            conn.text_factory = str
+    error = "Error: empty SQL" if not columns and only_comments(sql) else None
+    return QueryResult(columns, rows, more, error, False, False, over_cap)
+
+
+def _failed(message: str) -> QueryResult:
+    return QueryResult(error=message)
+
+
+def run_tool_query(ref: DatabaseRef, sql: str, *, max_rows: int, timeout: float | None = None) -> QueryResult:
+    """A model's query on this thread's tool connection, fetching at most ``max_rows`` (+1 to see if more exist).
+
+    ``timeout`` defaults to ``TOOL_TIMEOUT``.
+    """
+    try:
+        conn = _connection(ref, "tool")
+    except DatabaseOpenError as exc:
+        return _failed(str(exc))
+    return execute(conn, sql, timeout=limits.TOOL_TIMEOUT if timeout is None else timeout, max_rows=max_rows)
+
+
+def run_scoring_query(ref: DatabaseRef, sql: str, *, timeout: float) -> QueryResult:
+    """A query to score, on this thread's scoring connection: the full result, under the scoring caps."""
+    try:
+        conn = _connection(ref, "scoring")
+    except DatabaseOpenError as exc:
+        return _failed(str(exc))
+    return execute(
+        conn, sql, timeout=timeout, max_rows=None, max_cells=limits.SCORING_MAX_CELLS, max_bytes=limits.SCORING_MAX_BYTES
+    )
+
+
+def scoring_timeout(gold_seconds: float) -> float:
+    """The prediction's deadline: max(SCORING_MIN_TIMEOUT, SCORING_GOLD_FACTOR x gold time), capped."""
+    return min(
+        limits.SCORING_MAX_TIMEOUT, max(limits.SCORING_MIN_TIMEOUT, limits.SCORING_GOLD_FACTOR * float(gold_seconds))
+    )

@@ -1,0 +1,65 @@
+"""Bounding the work of one result row, which no deadline can interrupt.
+
+SQLite checks for interrupts (and runs the progress handler) only when a statement jumps: between rows and loop
+iterations, never between the function calls that compute one row. One select list holding many calls on values near
+the length limit would run far past any deadline. So the work of a row is bounded before it starts:
+
+* ``instr`` and ``replace`` are linear (:mod:`t2s.env.databases.functions`; SQLite's compare at every position, seconds
+  for one call on two long values), and every function of ours stops a statement that is past its deadline;
+* statements are at most ``MAX_SQL_LENGTH`` characters and LIKE/GLOB patterns at most ``MAX_LIKE_PATTERN`` characters;
+* a statement that names a function able to build long values (``AMPLIFIERS``) runs with values capped at
+  ``AMPLIFIED_MAX_LENGTH`` instead of ``MAX_VALUE_LENGTH``;
+* a statement that names a function that builds or scans long values (``HEAVY_FUNCTIONS``) is compiled with
+  ``EXPLAIN`` first, and refused when its program calls them more than ``MAX_HEAVY_CALLS`` times (a subquery's
+  expressions copied into its outer query count at each copy).
+
+Long values read from the database itself are not capped: its data is trusted.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections import Counter
+
+from t2s.env.databases import limits
+
+AMPLIFIERS = ("zeroblob", "randomblob", "hex", "quote", "printf", "format", "char", "concat", "json_quote", "unistr",
+              "replace")
+HEAVY_FUNCTIONS = frozenset(AMPLIFIERS + ("concat_ws", "instr", "like", "glob"))
+_NAMES = tuple(sorted(HEAVY_FUNCTIONS - {"concat_ws"}))  # every name in HEAVY_FUNCTIONS contains one of these
+
+
+def names_amplifier(lowered_sql: str) -> bool:
+    """Whether the (lowercased) SQL text names a function able to build long values (a superset: any substring)."""
+    return any(name in lowered_sql for name in AMPLIFIERS)
+
+
+def heavy_calls(conn: sqlite3.Connection, sql: str, lowered_sql: str) -> Counter:
+    """The calls to ``HEAVY_FUNCTIONS`` in the statement's program, by name; none when its text names none, or when
+    it does not compile (running it reports why)."""
+    count: Counter = Counter()
+    if not any(name in lowered_sql for name in _NAMES):
+        return count
+    try:
+        program = conn.execute("EXPLAIN " + sql).fetchall()
+    except (sqlite3.Error, sqlite3.Warning, ValueError):
+        return count
+    finally:  # compiling ran the authorizer: what it noted belongs to the statement itself
+        conn.denied, conn.denied_internal, conn.write_denied = None, False, False
+    for row in program:
+        if row[1] in ("Function", "PureFunc") and isinstance(row[5], str):  # p4 names the function: "instr(2)"
+            name = row[5].partition("(")[0].lower()
+            if name in HEAVY_FUNCTIONS:
+                count[name] += 1
+    return count
+
+
+def too_heavy(calls: Counter) -> str | None:
+    """The refusal of a statement whose program makes more than ``MAX_HEAVY_CALLS`` heavy calls, else None."""
+    total = sum(calls.values())
+    if total <= limits.MAX_HEAVY_CALLS:
+        return None
+    return (
+        f"Error: the query calls functions that build or scan long values {total} times per row "
+        f"({', '.join(sorted(calls))}); at most {limits.MAX_HEAVY_CALLS} such calls are allowed"
+    )

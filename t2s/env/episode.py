@@ -1,0 +1,411 @@
+"""The per-question episode: a model-agnostic state machine over the tools (DESIGN §3, §10).
+
+The caller feeds assistant turns (text) and its own token counts; the episode runs the calls, enforces every
+budget, renders the next observation and finally picks the final SQL:
+1. the submitted SQL, if it executes;  2. else the forced answer, if it executes;
+3. else the last ``run_query`` that ran without error (fallback);  4. else the submitted/forced SQL as written, or none.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+
+from t2s.env import native_calls, protocol, tool_schemas
+from t2s.env import turns
+from t2s.env.protocol import budget_line, forced_message, render_observation
+from t2s.env.turns import ParsedTurn, ToolCall, parse_turn
+from t2s.env.tools import ToolResult, Toolbox
+
+RECORD_KEYS = ("question_id", "db_id", "mode", "turns", "final_sql", "final_sql_source", "submitted_sql", "counters")
+COUNTER_KEYS = (
+    "turns", "calls", "tool_errors", "format_deviations", "write_attempts", "turn_cutoffs",
+    "submitted", "forced", "fallback_used", "truncated",
+)  # fmt: skip
+ENV_CHARS_PER_TOKEN = 2  # conservative guess of an observation's size in tokens, when no counter is given
+
+
+@functools.lru_cache(maxsize=4096)
+def _database(db_path, db_id, schema_id):
+    from t2s.env.databases import ref_from_row
+
+    return ref_from_row({"db_path": db_path, "db_id": db_id, "schema_id": schema_id})
+
+
+def row_database(row: dict):
+    """The row's DatabaseRef, looked up once per database (resolving a path reads the file's header)."""
+    return _database(row.get("db_path"), row.get("db_id"), row.get("schema_id"))
+
+
+@dataclass
+class EpisodeConfig:
+    mode: str = "full"
+    dialect: str = "exec_plan"  # the tool set: exec_plan or sibling
+    tool_format: str = "json"  # the call format: json (DESIGN §3) or native (the chat template's own tool calling)
+    max_turns: int = 6
+    max_calls_per_turn: int = 8
+    max_failed_queries: int = 4
+    episode_tool_seconds: float = 30.0
+    episode_token_budget: int = 12288
+    max_tokens_per_turn: int = 2048
+    forced_turn_reserve: int = 512
+    min_episode_tokens: int = 2048
+    tool_timeout: float = 5.0
+    column_descriptions: bool = False
+    system_prompt_file: str | None = None
+    enable_thinking: bool = True
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Episode:
+    """One question's episode. ``start`` -> (``next_max_tokens`` -> ``step`` -> ``add_env_tokens``)* -> ``record``."""
+
+    def __init__(self, row: dict, config: EpisodeConfig | None = None, db=None, *, schema=None, env_tokens=None):
+        """``env_tokens(observation) -> int`` counts the environment suffix that will carry an observation (the
+        rollout passes the exact count from the tokenizer); without it, a conservative estimate from its length."""
+        self.row = row
+        self.env_tokens = env_tokens
+        self.config = config or EpisodeConfig()
+        self.native = tool_schemas.check_tool_format(self.config.tool_format) == "native"
+        self.tools = tool_schemas.function_schemas(self.config.dialect) if self.native else None  # for tools=
+        self.db = db if db is not None else row_database(row)
+        self.toolbox = Toolbox(
+            self.db,
+            dialect=self.config.dialect,
+            tool_timeout=self.config.tool_timeout,
+            column_descriptions=self.config.column_descriptions,
+        )
+        self.setup_error: str | None = None
+        if schema is None and self.config.mode == "full":
+            try:
+                schema = self.toolbox.schema
+            except Exception as exc:  # a missing or unreadable database: the tools will say so too
+                self.setup_error = f"Error: cannot read the database schema: {exc}"
+        self._schema = schema
+        self._messages: list[dict] | None = None
+        self.turns: list[dict] = []
+        self.counters = dict.fromkeys(COUNTER_KEYS, 0)
+        self.done = False
+        self.forced_turn = False  # the next turn is the forced final turn
+        self.end_reason: str | None = None  # submitted, max_turns, failed_queries, tool_time, token_budget, ...
+        self.prompt_too_long = False
+        self.tool_seconds = 0.0
+        self.tool_turns = 0
+        self.failed_streak = 0
+        self.tokens_used = 0
+        self.started = False
+        self.submitted_sql: str | None = None
+        self.forced_sql: str | None = None
+        self.last_working_sql: str | None = None
+        self.final_sql: str | None = None
+        self.final_sql_source = "none"
+        self._runs: dict[str, bool] = {}  # SQL -> ran without error (tool connection), to avoid re-running it
+        self._finalized = False
+
+    @property
+    def messages(self) -> list[dict]:
+        """The chat messages the episode starts from, ``[system, user]`` (built on first use)."""
+        if self._messages is None:
+            self._messages = protocol.initial_messages(self.row, self.config, self._schema)
+        return self._messages
+
+    # -- tokens -----------------------------------------------------------------------------------------------------
+
+    @property
+    def tokens_left(self) -> int:
+        return self.config.episode_token_budget - self.tokens_used
+
+    def start(self, prompt_tokens: int = 0) -> None:
+        """Account the prompt; a prompt leaving less than ``min_episode_tokens`` ends the episode at once."""
+        self.started = True
+        self.tokens_used = int(prompt_tokens)
+        if prompt_tokens and self.tokens_left < self.config.min_episode_tokens:
+            self.prompt_too_long = True
+            self._finish("prompt_too_long")
+
+    def next_max_tokens(self) -> int:
+        """Tokens the next generation call may use; 0 means the budget is spent and the episode is over.
+
+        One token of the budget is always left for the ``<|im_end|>`` that closes a turn cut off by its limit.
+        """
+        if self.done:
+            return 0
+        cfg = self.config
+        left = cfg.episode_token_budget - self.tokens_used  # tokens_left, read without the property call
+        if self.forced_turn:
+            allowed = min(cfg.max_tokens_per_turn, left - 1)
+        else:
+            allowed = min(cfg.max_tokens_per_turn, left - 1 - cfg.forced_turn_reserve)
+        if allowed <= 0:
+            self.counters["truncated"] = 1
+            self._finish("token_budget")
+            return 0
+        return allowed
+
+    def add_env_tokens(self, n: int) -> None:
+        """The caller's count of the environment suffix tokens that followed the last observation."""
+        self.tokens_used += int(n or 0)
+
+    # -- turns ------------------------------------------------------------------------------------------------------
+
+    def step(self, text: str, *, n_tokens: int = 0, cut_off: bool = False, parsed: ParsedTurn | None = None) -> str | None:
+        """One assistant turn; returns the next observation, or None when the episode is over. Never raises: a turn
+        the environment fails on counts as a tool error, and the episode goes on.
+
+        ``parsed``: the turn's calls as a server already read them (``--endpoint-mode tools``); otherwise the turn is
+        read in the episode's call format. A native observation is a ``native_calls.Observation``."""
+        if self.done:
+            return None
+        text = turns.valid_text(text) if isinstance(text, str) else ""
+        if n_tokens:
+            self.tokens_used += int(n_tokens)
+        counters = self.counters
+        if cut_off:
+            counters["turn_cutoffs"] += 1
+        if parsed is None:
+            parsed = self.parse(text)
+        counters["format_deviations"] += parsed.deviations
+        counters["turns"] += 1
+        turns_recorded = len(self.turns)
+        try:
+            if self.forced_turn:
+                return self._forced_step(text, parsed)
+            return self._tool_step(text, parsed)
+        except Exception as exc:  # noqa: BLE001 - nothing a model writes may stop the run
+            del self.turns[turns_recorded:]
+            return self._failed_step(text, exc)
+
+    def parse(self, text: str) -> ParsedTurn:
+        """Read an assistant turn's calls in the episode's call format."""
+        if self.native:
+            return native_calls.parse_turn(text, self.config.enable_thinking, self.tools)
+        return parse_turn(text, self.config.enable_thinking)
+
+    def _observation(self, results: list, tail: str, n_calls: int = 0) -> str:
+        """The observation of a turn: results of the calls that ran (``ToolResult``) and the environment's own lines
+        (``("", text)`` pairs), then ``tail``; in the native format, one tool message per call and a user message."""
+        if not self.native:
+            return render_observation(results, tail)
+        ran = [r for r in results if isinstance(r, ToolResult)]
+        notes = [r[1] for r in results if not isinstance(r, ToolResult)]
+        return native_calls.observation(ran, notes, tail, n_calls)
+
+    def _failed_step(self, text: str, exc: Exception) -> str | None:
+        """The turn the environment failed on: a tool error, then the next turn (or the end, if none is left)."""
+        self.counters["tool_errors"] += 1
+        error = f"Error: the environment failed on this turn ({type(exc).__name__}); nothing of it ran."
+        tool_turns_left = self.config.max_turns - self.tool_turns
+        if self.done or self.forced_turn or tool_turns_left <= 0:
+            self._record_turn(text, [], "")
+            self._finish(self.end_reason or "max_turns")
+            return None
+        observation = self._observation([("", error)], budget_line(tool_turns_left))
+        self._record_turn(text, [], observation)
+        return observation
+
+    def _tool_step(self, text: str, parsed) -> str | None:
+        cfg = self.config
+        counters = self.counters
+        call_tool = self.toolbox.call
+        self.tool_turns += 1
+        results: list[ToolResult] = []
+        ran: list[dict] = []
+        calls = parsed.calls
+        stop_reason = None
+        tool_budget = cfg.episode_tool_seconds
+        used = self.tool_seconds
+        for index, call in enumerate(calls[: cfg.max_calls_per_turn]):
+            tool, args = call.tool, call.args
+            ran.append({"tool": tool, "args": args})
+            result = call_tool(tool, args, timeout=tool_budget - used)
+            self.tool_seconds = used = used + result.seconds
+            error = result.error
+            if error:
+                counters["tool_errors"] += 1
+                if result.write_attempt:  # only a refused statement is a write attempt
+                    counters["write_attempts"] += 1
+            role = result.role
+            if role != "other":
+                if role == "submit":
+                    if not error:
+                        counters["calls"] += len(ran)
+                        self.submitted_sql = result.sql
+                        counters["submitted"] = 1
+                        self._record_turn(text, ran, "")
+                        self._finish("submitted")
+                        return None
+                elif error:
+                    self.failed_streak += 1
+                    if self.failed_streak >= cfg.max_failed_queries:
+                        stop_reason = "failed_queries"
+                else:
+                    self.failed_streak = 0
+                    self.last_working_sql = result.sql
+                    self._runs[result.sql] = True
+            results.append(result)
+            if used >= tool_budget and stop_reason is None:
+                stop_reason = "tool_time"
+            if stop_reason:
+                skipped = min(len(calls), cfg.max_calls_per_turn) - index - 1
+                if skipped > 0:
+                    results.append(("", f"Error: {skipped} later call(s) in this turn were not run."))
+                break
+        counters["calls"] += len(ran)
+        if len(calls) > cfg.max_calls_per_turn and stop_reason is None:
+            extra = len(calls) - cfg.max_calls_per_turn
+            results.append(
+                ("", f"Error: only the first {cfg.max_calls_per_turn} calls of a turn run; {extra} more were ignored.")
+            )
+        if not calls:
+            results.extend(("", err) for err in parsed.errors)
+            submit = self.toolbox.submit_tool
+            if self.native:
+                results.append(("", native_calls.no_call_error(submit)))
+            else:
+                results.append(
+                    (
+                        "",
+                        "Error: no tool call found. After your thinking, write one JSON object such as "
+                        f'{{"tool": "{submit}", "args": {{"sql": "SELECT ..."}}}}.',
+                    )
+                )
+        if stop_reason is None and self.tool_turns >= cfg.max_turns:
+            stop_reason = "max_turns"
+        n_answered = min(len(calls), cfg.max_calls_per_turn)  # native: a tool message each (past the cap, a note)
+        if stop_reason is None:
+            observation = self._observation(results, budget_line(cfg.max_turns - self.tool_turns), n_answered)
+            if self._room_after(observation) - cfg.forced_turn_reserve > 0:
+                self._record_turn(text, ran, observation)
+                return observation
+            stop_reason = "token_budget"  # a normal turn would eat into the forced-turn reserve
+        observation = self._observation(results, self._forced_message(stop_reason), n_answered)
+        self._start_forced_turn(stop_reason)
+        if self._room_after(observation) <= 0:  # not even the forced turn fits: the episode ends here
+            self.counters["truncated"] = 1
+            self._record_turn(text, ran, "")
+            self._finish("token_budget")
+            return None
+        self._record_turn(text, ran, observation)
+        return observation
+
+    def _room_after(self, observation: str) -> float:
+        """Tokens a model turn could still use once ``observation`` is shown (one kept for a closing ``<|im_end|>``)."""
+        if not self.started or self.tokens_used == 0:  # no token accounting (scripted play without a tokenizer)
+            return float("inf")
+        if self.env_tokens is not None:
+            cost = self.env_tokens(observation)
+        else:
+            cost = len(observation) // ENV_CHARS_PER_TOKEN + 32
+        return self.tokens_left - cost - 1
+
+    def _forced_message(self, reason: str) -> str:
+        why = {
+            "max_turns": "You have used all your tool turns.",
+            "failed_queries": f"{self.config.max_failed_queries} queries in a row failed.",
+            "tool_time": "The tool time budget is used up.",
+            "token_budget": "The token budget is nearly used up.",
+        }[reason]
+        return forced_message(self.last_working_sql, why, self.toolbox.submit_tool)
+
+    def _start_forced_turn(self, reason: str) -> None:
+        self.forced_turn = True
+        self.end_reason = reason
+        self.counters["forced"] = 1
+        if reason == "token_budget":
+            self.counters["truncated"] = 1
+
+    def _forced_step(self, text: str, parsed) -> None:
+        ran: list[dict] = []
+        for call in parsed.calls:
+            if call.tool == self.toolbox.submit_tool:
+                ran.append(call.as_dict())
+                self.counters["calls"] += 1
+                sql = call.args.get("sql") if isinstance(call.args, dict) else None
+                if isinstance(sql, str) and sql.strip():
+                    self.forced_sql = sql
+                else:
+                    self.counters["tool_errors"] += 1
+                break
+        if self.forced_sql is None and not parsed.calls:
+            self.forced_sql = turns.bare_sql(parsed.body)
+        self._record_turn(text, ran, "")
+        self._finish(self.end_reason or "forced")
+        return None
+
+    def _record_turn(self, text: str, calls: list[dict], observation: str) -> None:
+        self.turns.append({"assistant": text, "calls": calls, "observation": observation})
+
+    # -- the end ----------------------------------------------------------------------------------------------------
+
+    def finish(self, reason: str = "stopped") -> None:
+        """End the episode now (e.g. the generation backend failed); the final-SQL rule still applies."""
+        self._finish(reason)
+
+    def end_with_error(self, text: str) -> None:
+        """End the episode on a turn that ``step`` raised on (a caller's last resort): the turn is recorded with a
+        tool error, and the final-SQL rule applies."""
+        if self.done:
+            return
+        self.counters["tool_errors"] += 1
+        self.counters["turns"] = len(self.turns) + 1
+        self._record_turn(turns.valid_text(text) if isinstance(text, str) else "", [], "")
+        self._finish("environment_error")
+
+    def _finish(self, reason: str) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.forced_turn = False
+        if self.end_reason is None or reason in ("submitted", "token_budget", "prompt_too_long"):
+            self.end_reason = reason
+        self._choose_final_sql()
+
+    def _executes(self, sql: str | None) -> bool:
+        if not isinstance(sql, str) or not sql.strip():
+            return False
+        if sql not in self._runs:
+            ok, write = self.toolbox.executes(sql)
+            self.counters["write_attempts"] += int(write)
+            self._runs[sql] = ok
+        return self._runs[sql]
+
+    def _choose_final_sql(self) -> None:
+        if self._finalized:
+            return
+        self._finalized = True
+        if self._executes(self.submitted_sql):
+            self.final_sql, self.final_sql_source = self.submitted_sql, "submitted"
+        elif self._executes(self.forced_sql):
+            self.final_sql, self.final_sql_source = self.forced_sql, "forced"
+        elif self.last_working_sql is not None:
+            self.final_sql, self.final_sql_source = self.last_working_sql, "fallback"
+            self.counters["fallback_used"] = 1
+        elif self.submitted_sql is not None:
+            self.final_sql, self.final_sql_source = self.submitted_sql, "submitted"
+        elif self.forced_sql is not None:
+            self.final_sql, self.final_sql_source = self.forced_sql, "forced"
+        else:
+            self.final_sql, self.final_sql_source = None, "none"
+
+    def record(self) -> dict:
+        """The DESIGN §10 episode record (ends the episode first if it is still running)."""
+        if not self.done:
+            self._finish("stopped")
+        counters = dict(self.counters)  # COUNTER_KEYS in order: the dict is made from them and its values only change
+        for flag in ("submitted", "forced", "fallback_used", "truncated"):
+            counters[flag] = bool(counters[flag])
+        return {
+            "question_id": self.row.get("question_id"),
+            "db_id": self.row.get("db_id", getattr(self.db, "db_id", None)),
+            "mode": self.config.mode,
+            "turns": [dict(turn) for turn in self.turns],
+            "final_sql": self.final_sql,
+            "final_sql_source": self.final_sql_source,
+            "submitted_sql": self.submitted_sql,
+            "counters": counters,
+        }
+
+
+__all__ = ["Episode", "EpisodeConfig", "RECORD_KEYS", "COUNTER_KEYS", "ToolCall"]

@@ -1,0 +1,124 @@
+"""A paired comparison of two runs over the same questions.
+
+Each run is an ``eval`` folder of one mode, one mode folder of an eval, a ``score`` folder (``scores.jsonl``), or the
+per-question file itself (``t2s.evaluation.run_folders``).
+Questions are paired on ``question_id``; with several samples per question, sample 0 is used. The report holds ``n``,
+``acc_a``, ``acc_b``, ``delta`` (acc_b - acc_a), the seeded paired-bootstrap 95% CI ``ci_low`` / ``ci_high``, the exact
+McNemar ``mcnemar_p``, and the discordant counts ``only_a`` (A right, B wrong) and ``only_b``. ``--output DIR`` writes
+``DIR/compare.json``; ``--html`` adds ``DIR/compare.html``, the questions that flipped with both transcripts.
+Questions that one run could not score (a null metric, e.g. a missing database) are left out of both, and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from t2s.errors import T2SError
+
+RUN_FILES = ("scores.jsonl", "episodes.jsonl")
+
+
+class CompareError(T2SError, ValueError):
+    """Runs that cannot be compared; the message begins with ``Error:``."""
+
+
+def run_file(path) -> Path:
+    """The per-question file of a run: the path itself, or scores.jsonl / episodes.jsonl of its (mode) folder."""
+    from t2s.evaluation.run_folders import RunFolderError, mode_folder
+
+    path = Path(path)
+    if path.is_file():
+        return path
+    try:
+        folder = mode_folder(path)
+    except RunFolderError as exc:
+        raise CompareError(str(exc)) from None
+    return next(folder / name for name in RUN_FILES if (folder / name).is_file())
+
+
+def _typed(value, kind, file, number: int, key: str):
+    """``value`` as an int or float; a CompareError naming the file, line and key for a string, list or bool."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
+        raise CompareError(f"Error: {file}: line {number}: {key!r} must be a number, got {json.dumps(value)[:60]}")
+    return kind(value)
+
+
+def read_run(path, metric: str = "official") -> dict[str, float | None]:
+    """question_id -> the metric of the lowest-numbered sample (normally sample 0); None when not scored."""
+    from t2s.data.rows import DataError, jsonl_values, read_text_file
+
+    file = run_file(path)
+    chosen: dict[str, tuple[int, float | None]] = {}
+    try:
+        lines = list(jsonl_values(read_text_file(file, what="run"), file))
+    except DataError as exc:
+        raise CompareError(str(exc)) from None
+    for number, record in lines:
+        if not isinstance(record, dict) or "question_id" not in record:
+            raise CompareError(f"Error: {file}: line {number} has no question_id")
+        if metric not in record:
+            raise CompareError(f"Error: {file}: line {number} has no {metric!r} score")
+        question_id = str(record["question_id"])
+        sample = _typed(record.get("sample") or 0, int, file, number, "sample")
+        if question_id in chosen and chosen[question_id][0] == sample:
+            raise CompareError(f"Error: {file}: question {question_id} appears twice as sample {sample}")
+        if question_id not in chosen or sample < chosen[question_id][0]:
+            value = record[metric]
+            chosen[question_id] = (sample, None if value is None else _typed(value, float, file, number, metric))
+    if not chosen:
+        raise CompareError(f"Error: {file} holds no questions")
+    return {question_id: value for question_id, (_, value) in chosen.items()}
+
+
+def compare_runs(run_a, run_b, metric: str = "official") -> dict:
+    """The paired report of two runs (see the module docstring)."""
+    from t2s.scoring.metrics import mcnemar_exact, paired_bootstrap
+
+    scores_a, scores_b = read_run(run_a, metric), read_run(run_b, metric)
+    missing_from_a = set(scores_b) - set(scores_a)
+    missing_from_b = set(scores_a) - set(scores_b)
+    if missing_from_a or missing_from_b:
+        raise CompareError(
+            f"Error: the runs cover different questions: {len(missing_from_a)} of B's questions are missing from A "
+            f"and {len(missing_from_b)} of A's are missing from B"
+        )
+    paired = [q for q in scores_a if scores_a[q] is not None and scores_b[q] is not None]
+    if not paired:
+        raise CompareError("Error: no question is scored in both runs")
+    a = [1.0 if scores_a[q] >= 1.0 else 0.0 for q in paired]
+    b = [1.0 if scores_b[q] >= 1.0 else 0.0 for q in paired]
+    only_a = sum(1 for x, y in zip(a, b) if x and not y)
+    only_b = sum(1 for x, y in zip(a, b) if y and not x)
+    low, high = paired_bootstrap(a, b)
+    acc_a, acc_b = sum(a) / len(a), sum(b) / len(b)
+    return {
+        "n": len(paired),
+        "acc_a": acc_a,
+        "acc_b": acc_b,
+        "delta": acc_b - acc_a,
+        "ci_low": low,
+        "ci_high": high,
+        "mcnemar_p": mcnemar_exact(only_a, only_b),
+        "only_a": only_a,
+        "only_b": only_b,
+        "not_scored": len(scores_a) - len(paired),
+    }
+
+
+def write_html(run_a, run_b, report: dict, out: Path) -> Path:
+    """compare.html of the two runs' flipped questions (their episodes.jsonl)."""
+    from t2s.evaluation.report_html import write_compare_report
+    from t2s.evaluation.run_folders import EPISODES, read_jsonl
+    from t2s.evaluation.browse import flipped
+
+    lines = []
+    for run in (run_a, run_b):
+        file = run_file(run)
+        episodes = file if file.name == EPISODES else file.with_name(EPISODES)
+        if not episodes.is_file():
+            raise CompareError(f"Error: --html needs the episodes of each run; {run} has no {EPISODES} (a score "
+                               "folder holds scores only)")
+        lines.append(read_jsonl(episodes))
+    pairs = flipped(lines[0], lines[1])
+    return write_compare_report(out / "compare.html", report, pairs, (str(run_a), str(run_b)))

@@ -1,0 +1,442 @@
+"""Exporting (``t2s export``): a model folder that vLLM loads directly, from a trained checkpoint.
+
+What the folder holds:
+- the weights, with LoRA adapters merged (peft), under the base checkpoint's architecture and weight names. Training
+  loads Qwen3.5 as the text-only ``Qwen3_5ForCausalLM``; when the base checkpoint is the multimodal
+  ``Qwen3_5ForConditionalGeneration``, the trained language-model tensors are renamed to the base's names and every
+  tensor training never saw (the vision tower, the MTP head) is copied unchanged from the base's safetensors, so
+  vLLM serves the same architecture the base shipped with. A checkpoint with no composite base keeps its own
+  architecture (the tiny test model does);
+- ``generation_config.json`` stopping on both ``<|im_end|>`` and ``<|endoftext|>``, ids read from the tokenizer;
+- the tokenizer and chat template;
+- the weights written by ``huggingface_hub.save_torch_state_dict``: one ``model.safetensors``, or shards of at most
+  ``--max-shard-size`` plus ``model.safetensors.index.json``;
+- a model card (``README.md``, a ``huggingface_hub.ModelCard``) whose metadata names the ``base_model`` (a hub id)
+  and, given an eval folder, a ``model-index`` of its scores; its body holds a usage snippet that runs as written, the
+  recipe and the eval summary table. It names no local paths.
+
+The export is verified by reloading it with transformers and generating a few tokens from a chat prompt.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from t2s.errors import T2SError
+
+
+STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+
+
+MAX_SHARD_SIZE = "5GB"
+
+
+EVAL_METRICS = (("execution_accuracy_official", "official EX"), ("strict", "strict EX"), ("soft_f1", "Soft-F1"))
+
+
+# Files of the base checkpoint that describe its (multimodal) architecture and are kept as they are.
+_BASE_CONFIG_FILES = ("config.json", "preprocessor_config.json", "video_preprocessor_config.json")
+
+
+class ExportError(T2SError):
+    """A problem with the inputs, reported as one ``Error:`` line."""
+
+
+def shard_size(text: str) -> str:
+    """An argparse type: a size as ``huggingface_hub`` reads it (``5GB``, ``500MB``, a number of bytes)."""
+    import argparse
+
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    try:
+        if parse_size_to_int(text) > 0:
+            return text
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 5GB, 500MB or 1000000")
+
+
+# ----------------------------------------------------------------------------------------------------------- inputs
+def resolve_model_dir(name_or_path: str) -> Path:
+    """A local folder for a path or hub id (the hub cache is used; offline runs need it cached)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name_or_path))
+    except Exception as exc:  # noqa: BLE001 - any hub failure is one user-facing line
+        raise ExportError(f"cannot find model {name_or_path!r} locally or in the hub cache ({exc})") from exc
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def is_adapter(folder: Path) -> bool:
+    return (folder / "adapter_config.json").is_file()
+
+
+def base_name(checkpoint: Path, base: str | None) -> str | None:
+    """The base as given: ``--base``, else the base path or hub id a LoRA adapter recorded."""
+    if base or not is_adapter(checkpoint):
+        return base
+    return _read_json(checkpoint / "adapter_config.json").get("base_model_name_or_path") or None
+
+
+def hub_id(name_or_path: str | None) -> str | None:
+    """The hub repo id of a base given as one, or as a snapshot folder of the hub cache; None for another folder."""
+    if not name_or_path:
+        return None
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        return name_or_path  # resolve_model_dir found it in the hub cache under this id
+    snapshots = path.resolve().parent
+    if snapshots.name == "snapshots" and snapshots.parent.name.startswith("models--"):
+        return snapshots.parent.name[len("models--") :].replace("--", "/")
+    return None
+
+
+def load_merged_model(checkpoint: Path, base: str | None):
+    """The trained model with any LoRA adapter merged, in float32 for an exact merge; plus the base folder used."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if not is_adapter(checkpoint):
+        model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+        return model, (resolve_model_dir(base) if base else None)
+    from peft import PeftModel
+
+    base_name_ = base_name(checkpoint, base)
+    if not base_name_:
+        raise ExportError(f"{checkpoint} is a LoRA adapter with no base model recorded; pass --base")
+    base_dir = resolve_model_dir(base_name_)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(model, checkpoint).merge_and_unload()
+    return model, base_dir
+
+
+def load_tokenizer(checkpoint: Path, base_dir: Path | None):
+    from transformers import AutoTokenizer
+
+    for folder in (checkpoint, base_dir):
+        if folder is not None and ((folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()):
+            return AutoTokenizer.from_pretrained(folder)
+    raise ExportError(f"no tokenizer in {checkpoint}" + (f" or {base_dir}" if base_dir else ""))
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    ids = []
+    for token in STOP_TOKENS:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise ExportError(f"the tokenizer has no {token} token")
+        ids.append(int(token_id))
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------------------- weights
+def read_safetensors(folder: Path) -> dict:
+    """Every tensor of a folder's safetensors files, by name."""
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ExportError(f"{folder} has no .safetensors weights")
+    tensors = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    return tensors
+
+
+def text_relative_name(name: str) -> str:
+    """A language-model weight name with its container prefix removed (``model.language_model.`` or ``model.``)."""
+    for prefix in ("model.language_model.", "model."):
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
+
+
+def map_to_base_names(trained: dict, base_names: list[str]) -> dict[str, str]:
+    """trained name -> base name. Names match exactly, or after removing the language-model container prefix."""
+    by_relative: dict[str, str] = {}
+    for name in base_names:
+        if name.startswith("model.visual.") or name.startswith("mtp."):
+            continue
+        by_relative.setdefault(text_relative_name(name), name)
+    mapping, unknown = {}, []
+    base_set = set(base_names)
+    for name in trained:
+        if name in base_set:
+            mapping[name] = name
+        elif text_relative_name(name) in by_relative:
+            mapping[name] = by_relative[text_relative_name(name)]
+        else:
+            unknown.append(name)
+    if unknown:
+        raise ExportError(
+            f"{len(unknown)} trained weights have no counterpart in the base checkpoint (e.g. {unknown[:3]}); "
+            "is --base the model this checkpoint was trained from?"
+        )
+    return mapping
+
+
+def compose_with_base(trained: dict, base_dir: Path) -> tuple[dict, dict]:
+    """Tensors under the base's names: trained language-model weights plus the base's untouched ones.
+
+    Returns (tensors, report) where report counts replaced and carried-over tensors by top-level prefix.
+    """
+    base = read_safetensors(base_dir)
+    mapping = map_to_base_names(trained, list(base))
+    combined = dict(base)
+    for name, base_name in mapping.items():
+        tensor, reference = trained[name], base[base_name]
+        if tuple(tensor.shape) != tuple(reference.shape):
+            raise ExportError(
+                f"weight {name} has shape {tuple(tensor.shape)} but the base's {base_name} has {tuple(reference.shape)}"
+            )
+        combined[base_name] = tensor.to(reference.dtype).contiguous()
+    replaced = set(mapping.values())
+    carried: dict[str, int] = {}
+    for name in base:
+        if name not in replaced:
+            key = ".".join(name.split(".")[:2]) if name.startswith("model.") else name.split(".")[0]
+            carried[key] = carried.get(key, 0) + 1
+    untouched_text = [n for n in base if n not in replaced and not (n.startswith("model.visual.") or n.startswith("mtp."))]
+    tied = [n for n in untouched_text if n == "lm_head.weight"]
+    missing = [n for n in untouched_text if n not in tied]
+    if missing:
+        raise ExportError(
+            f"the checkpoint lacks {len(missing)} language-model weights of the base (e.g. {missing[:3]}); "
+            "is --base the model this checkpoint was trained from?"
+        )
+    return combined, {"replaced": len(replaced), "carried_over": carried}
+
+
+def write_safetensors(tensors: dict, out: Path, max_shard_size: int | str = MAX_SHARD_SIZE) -> list[str]:
+    """Write tensors with ``huggingface_hub.save_torch_state_dict``: one ``model.safetensors``, or shards of at most
+    ``max_shard_size`` plus ``model.safetensors.index.json``. Returns the weight files written."""
+    from huggingface_hub import save_torch_state_dict
+
+    save_torch_state_dict(tensors, out, max_shard_size=max_shard_size)
+    return sorted(path.name for path in out.glob("model*.safetensors"))
+
+
+def _is_composite(base_dir: Path | None) -> bool:
+    if base_dir is None:
+        return False
+    config = _read_json(base_dir / "config.json")
+    return "text_config" in config and any(a.endswith("ForConditionalGeneration") for a in config.get("architectures", []))
+
+
+# ------------------------------------------------------------------------------------------------------- model card
+def model_card(*, repo_id: str, checkpoint: Path, base: str | None, architecture: str, stop_ids: list[int],
+               recipe: str | None, eval_dir: str | None, adapter: bool):
+    """The export's ``huggingface_hub.ModelCard``: ``base_model`` and ``model-index`` metadata, then the text."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    base_id = hub_id(base)
+    data = ModelCardData(
+        library_name="transformers", pipeline_tag="text-generation", tags=["text-to-sql", "agentic", "grpo", "t2s"],
+        base_model=base_id, model_name=repo_id, eval_results=eval_results(eval_dir) if eval_dir else None,
+    )
+    base_line = f"`{base_id}`" if base_id else (f"a local folder, `{Path(base).name}`" if base else "not given")
+    lines = [
+        f"# {repo_id}",
+        "",
+        "An agentic text-to-SQL model trained with GRPO on the t2s exec_plan protocol: it explores a SQLite database "
+        "through tools (`list_tables`, `describe_table`, `run_query`, ...) and submits a final query with `submit_sql`.",
+        "",
+        f"- architecture: `{architecture}`",
+        f"- base model: {base_line}",
+        f"- trained checkpoint: `{checkpoint.name}`" + (" (LoRA adapter, merged)" if adapter else ""),
+        f"- generation stops on `<|im_end|>` and `<|endoftext|>` (ids {stop_ids})",
+        "- prompts must be rendered with `enable_thinking=True` (the generation prompt ends in `<think>\\n`)",
+        "",
+        "## Use",
+        "",
+        "Serve it with vLLM (by its hub id, or from the folder above this one), then evaluate it on BIRD-style data or "
+        "ask any SQLite file with t2s:",
+        "",
+        "```bash",
+        *usage_commands(repo_id),
+        "```",
+    ]
+    if recipe:
+        recipe_path = Path(recipe)
+        if not recipe_path.is_file():
+            raise ExportError(f"recipe file not found: {recipe}")
+        lines += ["", f"## Recipe (`{recipe_path.name}`)", "", "```yaml", recipe_path.read_text().rstrip(), "```"]
+    if eval_dir:
+        lines += ["", "## Evaluation", "", eval_markdown(eval_dir).rstrip()]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+
+
+def usage_commands(repo_id: str) -> list[str]:
+    """The card's shell commands: serve the model with vLLM, then ``t2s eval`` and ``t2s ask`` against it."""
+    import shlex
+
+    return [
+        f"vllm serve {shlex.quote(repo_id)} --enable-prefix-caching",
+        "python -m t2s eval --policy endpoint --endpoint http://localhost:8000 --data bird/dev.json "
+        "--output runs/eval-endpoint",
+        "python -m t2s ask --db my.sqlite --endpoint http://localhost:8000 \"How many orders shipped in 2023?\"",
+    ]
+
+
+def eval_results(eval_dir) -> list:
+    """The ``model-index`` entries of an eval folder: official EX, strict EX and Soft-F1 for each mode."""
+    from huggingface_hub import EvalResult
+
+    results = []
+    for mode, summary in eval_summaries(eval_dir).items():
+        config = summary.get("config") or {}
+        mode = mode or config.get("mode") or "full"
+        data_file = Path(config.get("data_file") or "data/dev.json")
+        for key, name in EVAL_METRICS:
+            if isinstance(summary.get(key), (int, float)):
+                results.append(EvalResult(
+                    task_type="text-generation", task_name=f"agentic text-to-SQL ({mode} schema, n={summary.get('n')})",
+                    dataset_type=data_file.parent.name, dataset_name=f"{data_file.parent.name}/{data_file.name}",
+                    dataset_split=data_file.stem, metric_type=key, metric_name=name, metric_value=float(summary[key]),
+                ))  # fmt: skip
+    return results
+
+
+def eval_summaries(eval_dir) -> dict[str, dict]:
+    """{mode: summary} of an `eval` output folder (its summary.json)."""
+    from t2s.evaluation.run_folders import RunFolderError, read_summaries
+
+    try:
+        return read_summaries(eval_dir)
+    except RunFolderError as exc:
+        raise ExportError(str(exc).removeprefix("Error: ")) from None
+
+
+def eval_markdown(eval_dir) -> str:
+    from t2s.evaluation.report import modes_markdown
+
+    return modes_markdown(eval_summaries(eval_dir))
+
+
+# ---------------------------------------------------------------------------------------------------------- export
+def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, verify=True, force=False,
+                 repo_id=None, max_shard_size=MAX_SHARD_SIZE) -> Path:
+    """Write the export folder; returns its path."""
+    checkpoint = Path(checkpoint).expanduser().resolve()
+    out = Path(output).expanduser().resolve()
+    if not checkpoint.is_dir():
+        raise ExportError(f"checkpoint folder not found: {checkpoint}")
+    if not any((checkpoint / name).is_file() for name in ("config.json", "adapter_config.json")):
+        raise ExportError(f"{checkpoint} holds no model: neither config.json nor adapter_config.json (is the "
+                          "checkpoint complete?)")
+    if out.exists() and any(out.iterdir()) and not force:
+        raise ExportError(f"output folder {out} is not empty (pass --force to write into it)")
+    if recipe and not Path(recipe).is_file():
+        raise ExportError(f"recipe file not found: {recipe}")
+    if eval_dir:
+        eval_summaries(eval_dir)  # fails early when the folder holds no summary
+    out.mkdir(parents=True, exist_ok=True)
+
+    model, base_dir = load_merged_model(checkpoint, base)
+    tokenizer = load_tokenizer(checkpoint, base_dir)
+    stop_ids = stop_token_ids(tokenizer)
+    composite = _is_composite(base_dir)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp)  # the canonical on-disk names of the trained (merged) model
+        trained = read_safetensors(Path(tmp))
+        if composite:
+            tensors, report = compose_with_base(trained, base_dir)
+            for name in _BASE_CONFIG_FILES:
+                if (base_dir / name).is_file():
+                    shutil.copy2(base_dir / name, out / name)
+            architecture = _read_json(base_dir / "config.json").get("architectures", ["?"])[0]
+        else:
+            dtype = getattr(model.config, "dtype", None) or getattr(model.config, "torch_dtype", None)
+            source_config = _read_json((base_dir or checkpoint) / "config.json")
+            target = source_config.get("dtype") or source_config.get("torch_dtype") or str(dtype or "float32")
+            tensors = {k: v.to(_torch_dtype(target)) for k, v in trained.items()}
+            report = {"replaced": len(tensors), "carried_over": {}}
+            config = json.loads((Path(tmp) / "config.json").read_text())
+            config["dtype"] = target
+            (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+            architecture = config.get("architectures", ["?"])[0]
+    for stale in list(out.glob("*.safetensors")) + list(out.glob("*.safetensors.index.json")):
+        stale.unlink()
+    write_safetensors(tensors, out, max_shard_size)
+    del tensors, trained
+
+    write_generation_config(out, checkpoint, base_dir, tokenizer, stop_ids)
+    tokenizer.save_pretrained(out)
+    for folder in (checkpoint, base_dir):
+        if folder is not None and (folder / "chat_template.jinja").is_file():
+            if not (out / "chat_template.jinja").is_file():
+                shutil.copy2(folder / "chat_template.jinja", out / "chat_template.jinja")
+            break
+    card = model_card(repo_id=repo_id or out.name, checkpoint=checkpoint, base=base_name(checkpoint, base),
+                      architecture=architecture, stop_ids=stop_ids, recipe=recipe, eval_dir=eval_dir,
+                      adapter=is_adapter(checkpoint))
+    card.save(out / "README.md")
+    print(f"weights: {report['replaced']} trained tensors" + (
+        ", carried over from the base: " + ", ".join(f"{k} ({n})" for k, n in sorted(report["carried_over"].items()))
+        if report["carried_over"] else ""))
+    if verify:
+        verify_export(out, model, stop_ids)
+    return out
+
+
+def _torch_dtype(name: str):
+    import torch
+
+    name = str(name).replace("torch.", "")
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(name, torch.float32)
+
+
+def write_generation_config(out: Path, checkpoint: Path, base_dir: Path | None, tokenizer, stop_ids: list[int]) -> None:
+    config = {}
+    for folder in (checkpoint, base_dir):
+        if folder is not None and (folder / "generation_config.json").is_file():
+            config = _read_json(folder / "generation_config.json")
+            break
+    config["eos_token_id"] = stop_ids
+    if tokenizer.pad_token_id is not None:
+        config["pad_token_id"] = int(tokenizer.pad_token_id)
+    config.setdefault("do_sample", True)
+    (out / "generation_config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+
+def verify_export(out: Path, trained_model, stop_ids: list[int]) -> None:
+    """Reload the folder with transformers, check the trained weights came back, and generate a few tokens."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    expected = trained_model.state_dict()
+    got = reloaded.state_dict()
+    for name, tensor in expected.items():
+        if name not in got:
+            raise ExportError(f"verification failed: {name} missing after reload")
+        if not torch.allclose(got[name].float(), tensor.float().to(got[name].dtype).float(), atol=1e-2, rtol=1e-2):
+            raise ExportError(f"verification failed: {name} differs after reload")
+    if sorted(reloaded.generation_config.eos_token_id or []) != sorted(stop_ids):
+        raise ExportError("verification failed: generation_config does not stop on both stop tokens")
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "List the tables."}], add_generation_prompt=True, tokenize=False,
+        enable_thinking=True,
+    )
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        generated = reloaded.generate(**ids, max_new_tokens=8, do_sample=False)
+    new_tokens = generated.shape[1] - ids["input_ids"].shape[1]
+    if new_tokens < 1:
+        raise ExportError("verification failed: the reloaded model generated nothing")
+    print(f"verified: reloaded with transformers and generated {new_tokens} tokens")

@@ -1,0 +1,132 @@
+"""How a policy plays episodes, as the command line states it: the option groups of ``eval`` (shared with ``ask``,
+``data passrate`` and the benchmarks), their defaults as a namespace, and the checks every run makes on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from t2s.errors import EvalError
+from t2s.ui.args import (add_hidden_alias, non_empty_path, non_negative_float, non_negative_int, positive_float,
+                         positive_int, unit_float)
+
+POLICIES = ("model", "vllm", "endpoint", "gold", "predictions")
+MODES = ("full", "withheld", "single")
+ENDPOINT_MODES = ("completions", "chat", "tools")
+
+
+def add_sampling_arguments(p) -> None:
+    """Sampling and thinking (shared with ``ask``): evaluation defaults T 0.6, top-p 0.95, top-k 20, thinking on."""
+    p.add_argument("--temperature", type=non_negative_float, default=0.6, help="sampling temperature")
+    p.add_argument("--top-p", type=unit_float, default=0.95, help="nucleus sampling share")
+    p.add_argument("--top-k", type=int, default=20, help="sample from the k likeliest tokens (0: off)")
+    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=True,
+                   help="render prompts with thinking on (default: on)")
+
+
+def add_tool_arguments(p) -> None:
+    """The tool set and the call format (shared with ``ask``, ``data passrate`` and ``bench env``): defaults exec_plan
+    and json."""
+    from t2s.env.tool_schemas import DIALECTS, TOOL_FORMATS
+
+    p.add_argument("--dialect", default="exec_plan", choices=DIALECTS,
+                   help="tool set: exec_plan (8 tools) or sibling (inspect_schema, sample_rows, run_sql, submit)")
+    p.add_argument("--tool-format", default="json", choices=TOOL_FORMATS,
+                   help="call format: json (one JSON object per call) or native (the chat template's tool calling)")
+
+
+def add_endpoint_arguments(p) -> None:
+    """How to reach an OpenAI-compatible server (shared with ``ask``)."""
+    p.add_argument("--endpoint", default=None, help="base URL of an OpenAI-compatible server, e.g. http://localhost:8000")
+    p.add_argument("--endpoint-mode", default="completions", choices=ENDPOINT_MODES,
+                   help="completions: token ids on a vLLM server (comparable); chat: any server (not comparable); "
+                   "tools: any server's function calling (native format, not comparable)")
+    p.add_argument("--served-model", default=None, help="model name on the server (default: the first of /v1/models)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: --model, else the served name)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)")
+    p.add_argument("--retries", type=non_negative_int, default=3, help="endpoint retries, with exponential backoff")
+    p.add_argument("--backoff", type=non_negative_float, default=2.0, help="first endpoint retry delay in seconds")
+    p.add_argument("--request-timeout", type=positive_float, default=600.0, help="seconds before one request is abandoned")
+    p.add_argument("--concurrency", type=positive_int, default=64, help="endpoint requests in flight")
+
+
+def add_policy_arguments(p) -> None:
+    """How a policy plays episodes: the model, endpoint or vLLM to use, sampling, episode limits and threads.
+
+    Shared by ``eval`` and ``data passrate`` (whose episodes run through :func:`solve_counts`).
+    """
+    p.add_argument("--seed", type=int, default=0, help="seeds sampling (eval: also picks the --n questions)")
+    add_sampling_arguments(p)
+    p.add_argument("--max-turns", type=positive_int, default=6, help="tool turns before the forced final turn")
+    p.add_argument("--episode-token-budget", type=positive_int, default=12288, help="tokens an episode may use, prompt and observations included")
+    p.add_argument("--max-tokens-per-turn", type=positive_int, default=2048, help="tokens one model turn may generate")
+    add_tool_arguments(p)
+    p.add_argument("--system-prompt-file", type=non_empty_path, default=None, help="replace the exec_plan system prompt with this file's text")
+    p.add_argument("--model", default=None, help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
+    add_endpoint_arguments(p)
+    p.add_argument("--batch-size", type=non_negative_int, default=0, help="episodes per rollout batch (default: 64, 256 for endpoints)")
+    p.add_argument("--device", default=None, help="policy model: cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--gpu-memory-utilization", type=unit_float, default=0.85, help="share of GPU memory vLLM may take (policy vllm)")
+    p.add_argument("--workers", type=positive_int, default=4, help="threads for scripted episodes and scoring")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_hidden_alias(p, "--quiet", "--no-progress", action="store_true")
+
+
+def policy_args(**values) -> argparse.Namespace:
+    """The defaults of :func:`add_policy_arguments` as a namespace, with ``values`` set on top."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_policy_arguments(parser)
+    args = parser.parse_args([])
+    vars(args).update(values)
+    return args
+
+
+def check_policy_args(args) -> None:
+    """Refuse options no episode can run with (EvalError)."""
+    if args.k < 1:
+        raise EvalError("Error: --k must be at least 1")
+    if args.system_prompt_file:
+        read_system_prompt(args.system_prompt_file)
+    if getattr(args, "policy", None) == "endpoint" and getattr(args, "endpoint_mode", None) == "tools":
+        args.tool_format = "native"  # the server's function calling is the native format
+
+
+def read_system_prompt(path) -> str:
+    """The text of a ``--system-prompt-file`` (stripped); EvalError when it is absent or not UTF-8."""
+    from t2s.data.rows import DataError, read_text_file
+
+    try:
+        return read_text_file(path, what="system prompt file").strip()
+    except DataError as exc:
+        raise EvalError(str(exc)) from None
+
+
+def add_eval_arguments(parser) -> None:
+    """Every option of ``eval``: the questions, modes, samples and output, then the policy's options."""
+    p = parser
+    p.add_argument("--policy", required=True, choices=POLICIES, help="who plays: " + ", ".join(POLICIES))
+    p.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider-style JSON (or a folder holding dev.json)")
+    p.add_argument("--db-root", type=non_empty_path, default=None,
+                   help="folder of per-db_id folders (default: beside the data file)")
+    p.add_argument("--mode", nargs="+", default=["full"], choices=MODES, help="one or more of full, withheld, single")
+    p.add_argument("--n", type=non_negative_int, default=0, help="questions to evaluate, picked with --seed (0 = all)")
+    p.add_argument("--k", type=positive_int, default=1, help="samples per question (k > 1 adds vote_at_k)")
+    p.add_argument("--output", required=True, type=non_empty_path, help="output folder (re-running the same command resumes it)")
+    p.add_argument("--skip-missing-dbs", action="store_true",
+                   help="skip (and count) questions whose database is missing or cannot be read")
+    p.add_argument("--predictions", type=non_empty_path, default=None, help="predictions file (policy predictions)")
+    add_policy_arguments(p)
+
+
+def eval_args(**values) -> argparse.Namespace:
+    """The defaults of :func:`add_eval_arguments` as a namespace, with ``values`` set on top (``policy``, ``data`` and
+    ``output`` have none)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_eval_arguments(parser)
+    for action in parser._actions:
+        action.required = False
+    args = parser.parse_args([])
+    vars(args).update(values)
+    return args
+

@@ -1,0 +1,383 @@
+"""Who plays an eval episode: a transformers model, offline vLLM, an OpenAI-compatible endpoint, the scripted gold
+policy, a predictions file, or (for ``data passrate``) any scripted policy. :class:`Runner` plays jobs
+``(row, sample)`` and hands each finished, scored record on.
+
+``single`` mode is one turn under ``SINGLE_TURN_SYSTEM_PROMPT``: schema in, SQL out, no tools; the SQL is read from a
+``submit_sql`` call, a fenced block or a bare SELECT/WITH after the thinking.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+
+from t2s.env.databases import file_checksum
+from t2s.evaluation.records import eval_line, score_final_sql, score_record
+from t2s.errors import EvalError
+
+SINGLE_TURN_SYSTEM_PROMPT = """\
+You are an expert SQLite analyst. You are given a question, optional evidence (hints about the data) and the \
+CREATE TABLE statements of a SQLite database. Write one SQLite SELECT query that answers the question.
+Think first if you need to, then give the final query in a ```sql fenced block. Return only one query; no tools \
+are available and the query is not run before it is scored."""
+
+
+
+def episode_config(args, mode: str):
+    from t2s.env.episode import EpisodeConfig
+
+    return EpisodeConfig(
+        mode=mode if mode != "single" else "full",
+        dialect=getattr(args, "dialect", "exec_plan"),
+        tool_format=getattr(args, "tool_format", "json"),
+        max_turns=args.max_turns,
+        episode_token_budget=args.episode_token_budget,
+        max_tokens_per_turn=args.max_tokens_per_turn,
+        system_prompt_file=args.system_prompt_file,
+        enable_thinking=args.enable_thinking,
+    )
+
+
+def sampling_settings(args):
+    from t2s.backends.base import SamplingSettings
+
+    return SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+
+
+def single_turn_messages(row: dict) -> list[dict]:
+    """``single`` mode: the single-turn system prompt and the full-mode user message (question, evidence, schema)."""
+    from t2s.env import protocol
+    from t2s.env.databases import ref_from_row
+    from t2s.env.schema import get_schema
+
+    schema = get_schema(ref_from_row(row))
+    return [{"role": "system", "content": SINGLE_TURN_SYSTEM_PROMPT},
+            {"role": "user", "content": protocol.user_prompt(row, "full", schema)}]
+
+
+def single_turn_sql(text: str) -> tuple[str | None, int]:
+    """(SQL, format deviations) of a single-turn answer: a submit_sql call, else a fenced block or bare SQL."""
+    from t2s.env import turns
+
+    parsed = turns.parse_turn(text)
+    for call in parsed.calls:
+        if call.tool == "submit_sql" and isinstance(call.args, dict) and isinstance(call.args.get("sql"), str):
+            return call.args["sql"], parsed.deviations
+    return turns.bare_sql(parsed.body), 0
+
+
+def single_turn_record(row: dict, text: str | None, *, cut_off: bool = False, sql: str | None = None) -> dict:
+    """An episode record (DESIGN §10 keys) for a one-turn answer."""
+    from t2s.env.episode import COUNTER_KEYS
+
+    deviations = 0
+    if sql is None and text is not None:
+        sql, deviations = single_turn_sql(text)
+    counters = {key: 0 for key in COUNTER_KEYS}
+    counters.update(turns=1 if text is not None else 0, format_deviations=deviations, turn_cutoffs=int(cut_off))
+    for flag in ("submitted", "forced", "fallback_used", "truncated"):
+        counters[flag] = False
+    counters["submitted"] = sql is not None
+    return {
+        "question_id": row["question_id"], "db_id": row["db_id"], "mode": "single",
+        "turns": [] if text is None else [{"assistant": text, "calls": [], "observation": ""}],
+        "final_sql": sql, "final_sql_source": "submitted" if sql is not None else "none", "submitted_sql": sql,
+        "counters": counters,
+    }  # fmt: skip
+
+
+def load_tokenizer(name: str | None, required: bool):
+    """A tokenizer by folder or hub id; None when it cannot be loaded and is not required."""
+    if not name:
+        if required:
+            raise EvalError("Error: token-id prompts need a tokenizer: pass --tokenizer (or --model)")
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as exc:  # noqa: BLE001 - one clear line
+        if required:
+            raise EvalError(f"Error: cannot load the tokenizer {name!r} ({type(exc).__name__}); pass --tokenizer, "
+                            "or use --endpoint-mode chat") from None
+        return None
+
+
+def model_backend(model: str, tokenizer_name: str | None = None, device: str | None = None,
+                  max_batch_size: int | None = None):
+    """(HFGenerateBackend, tokenizer, device) for a transformers checkpoint (bf16 on GPU, fp32 on CPU)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    tokenizer = load_tokenizer(tokenizer_name or model, required=True)
+    try:
+        loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
+    except Exception as exc:  # noqa: BLE001
+        raise EvalError(f"Error: cannot load the model {model!r}: {exc}") from None
+    return HFGenerateBackend(loaded, tokenizer, max_batch_size=max_batch_size), tokenizer, device
+
+
+def endpoint_client(args):
+    """A chat client for ``args.endpoint`` whose served model name is known (fails fast, after retries)."""
+    from t2s.backends.chat_endpoint import ChatEndpointClient, EndpointError
+
+    client = ChatEndpointClient(
+        args.endpoint, model=args.served_model, api_key=args.api_key, request_timeout=args.request_timeout,
+        retries=args.retries, backoff=args.backoff, enable_thinking=args.enable_thinking,
+    )  # fmt: skip
+    try:
+        client.model_name()
+    except EndpointError as exc:
+        raise EvalError(f"{exc} (is the server running?)") from None
+    return client
+
+
+def completions_backend(args, tokenizer, served: str, episode_token_budget: int):
+    """The vLLM server backend (token-id prompts, ``return_token_ids``): the same token stream as training. A server
+    whose ``max_model_len`` cannot hold ``episode_token_budget`` tokens is refused here, before any episode."""
+    from t2s.backends.vllm_server import VLLMServerBackend, context_error
+
+    backend = VLLMServerBackend(
+        args.endpoint, tokenizer, model=served, max_concurrency=args.concurrency, request_timeout=args.request_timeout,
+        retries=args.retries, backoff=args.backoff, api_key=args.api_key,
+    )  # fmt: skip
+    try:
+        problem = context_error(backend.base_url, backend.served_max_model_len(), episode_token_budget)
+    except RuntimeError as exc:
+        raise EvalError(str(exc)) from None
+    if problem is not None:
+        raise EvalError(problem)
+    return backend
+
+
+class Runner:
+    """Plays jobs ``(row, sample)`` for one policy and calls ``emit(row, sample, record)`` as each finishes."""
+
+    def __init__(self, args):
+        self.args = args
+        self.tokenizer = None
+        self.backend = None
+        self.chat_client = None
+        self.predictions = None
+        self.scripted = None  # policy_factory(row, sample) -> a scripted policy, played instead of args.policy
+        self.target: dict = {}
+
+    # -- set-up -------------------------------------------------------------------------------------------------
+    def setup(self, all_rows: list[dict]) -> None:
+        args = self.args
+        if args.policy in ("model", "vllm") and not args.model:
+            raise EvalError(f"Error: --policy {args.policy} needs --model PATH")
+        if args.policy == "endpoint" and not args.endpoint:
+            raise EvalError("Error: --policy endpoint needs --endpoint URL")
+        if args.policy == "predictions":
+            self._setup_predictions(all_rows)
+        elif args.policy == "endpoint":
+            self._setup_endpoint()
+        elif args.policy == "model":
+            self._setup_model()
+        elif args.policy == "vllm":
+            self._setup_vllm()
+
+    def _setup_predictions(self, all_rows: list[dict]) -> None:
+        from t2s.evaluation.score import PredictionsError, read_predictions
+
+        if not self.args.predictions:
+            raise EvalError("Error: --policy predictions needs --predictions FILE")
+        try:
+            self.predictions = read_predictions(self.args.predictions, all_rows)
+        except (PredictionsError, ValueError) as exc:
+            raise EvalError(str(exc)) from None
+        self.target = {"predictions": str(Path(self.args.predictions).resolve()),
+                       "predictions_sha256": file_checksum(self.args.predictions)}
+
+    def _setup_endpoint(self) -> None:
+        args = self.args
+        self.chat_client = endpoint_client(args)
+        served = self.chat_client.model
+        names = [args.tokenizer or args.model] if (args.tokenizer or args.model) else [served]
+        self.tokenizer = load_tokenizer(names[0], required=args.endpoint_mode == "completions")
+        if args.endpoint_mode == "completions":
+            self.backend = completions_backend(args, self.tokenizer, served, args.episode_token_budget)
+        self.target = {"endpoint": self.chat_client.base_url, "endpoint_mode": args.endpoint_mode, "served_model": served,
+                       "model": args.model}
+
+    def _setup_model(self) -> None:
+        args = self.args
+        self.backend, self.tokenizer, device = model_backend(args.model, args.tokenizer, args.device,
+                                                             args.batch_size or None)
+        self.target = {"model": args.model, "device": device}
+
+    def _setup_vllm(self) -> None:
+        args = self.args
+        try:
+            from vllm import LLM
+        except ImportError:
+            raise EvalError("Error: --policy vllm needs vLLM (pip install -r requirements-gpu.txt)") from None
+        from t2s.backends.vllm_colocate import VLLMColocateBackend
+
+        self.tokenizer = load_tokenizer(args.tokenizer or args.model, required=True)
+        llm = LLM(
+            model=args.model, tokenizer=args.tokenizer or args.model, seed=args.seed,
+            gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=True,
+            max_model_len=args.episode_token_budget + 512,
+        )  # fmt: skip
+        self.backend = VLLMColocateBackend(llm, self.tokenizer)
+        self.target = {"model": args.model}
+
+    # -- playing ------------------------------------------------------------------------------------------------
+    def batch_size(self) -> int:
+        if self.args.batch_size:
+            return self.args.batch_size
+        return 256 if self.args.policy == "endpoint" else 64
+
+    def play(self, jobs: list[tuple[dict, int]], mode: str, emit) -> None:
+        policy = self.args.policy
+        if self.scripted is not None:
+            self._play_threads(jobs, mode, emit, self._scripted_record)
+        elif policy == "predictions":
+            for row, sample in jobs:
+                emit(row, sample, single_turn_record(row, None, sql=self.predictions.sql.get(row["question_id"])) | {"mode": mode})
+        elif policy == "gold":
+            self._play_threads(jobs, mode, emit, self._gold_record)
+        elif policy == "endpoint" and self.args.endpoint_mode in ("chat", "tools"):
+            self._play_threads(jobs, mode, emit, self._chat_record, workers=self.args.concurrency)
+        elif mode == "single":
+            self._play_single(jobs, emit)
+        else:
+            self._play_rollout(jobs, mode, emit)
+
+    def _play_threads(self, jobs, mode, emit, make_record, workers: int | None = None) -> None:
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        with ThreadPoolExecutor(max(1, workers or self.args.workers)) as pool:
+            pending = {pool.submit(self._scored, make_record, row, sample, mode): (row, sample) for row, sample in jobs}
+            try:
+                while pending:
+                    finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    failed = None
+                    for future in finished:  # keep every finished result before reporting a failure
+                        row, sample = pending.pop(future)
+                        if future.exception() is not None:
+                            failed = failed or future
+                        else:
+                            emit(row, sample, future.result(), scored=True)
+                    if failed is not None:
+                        failed.result()
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+
+    def _scored(self, make_record, row, sample, mode) -> dict:
+        return score_record(row, make_record(row, sample, mode), sample)
+
+    def _gold_record(self, row: dict, sample: int, mode: str) -> dict:
+        from t2s.backends.scripted import GoldPolicy
+        from t2s.env.databases import ref_from_row
+        from t2s.env.play import run_text_episode
+        from t2s.env.schema import get_schema
+
+        if mode == "single":
+            return single_turn_record(row, f"```sql\n{row['gold_sql']}\n```")
+        try:
+            schema = get_schema(ref_from_row(row))
+        except Exception as exc:  # noqa: BLE001 - an unreadable database scores 0 with the reason recorded
+            return {**single_turn_record(row, None), "mode": mode, "error": f"Error: cannot read the database: {exc}"}
+        config = episode_config(self.args, mode)
+        policy = GoldPolicy(row, schema, dialect=config.dialect, tool_format=config.tool_format)
+        return run_text_episode(row, config, policy, tokenizer=self.tokenizer)
+
+    def _scripted_record(self, row: dict, sample: int, mode: str) -> dict:
+        from t2s.env.play import run_text_episode
+
+        return run_text_episode(row, episode_config(self.args, mode), self.scripted(row, sample),
+                                tokenizer=self.tokenizer)
+
+    def _chat_record(self, row: dict, sample: int, mode: str) -> dict:
+        from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
+        from t2s.backends.tools_endpoint import ToolsEndpointPolicy
+        from t2s.env.episode import Episode
+        from t2s.env.play import play
+
+        sampling = sampling_settings(self.args)
+        seed = self.args.seed * 1_000_003 + sample * 7919 + zlib.crc32(str(row["question_id"]).encode()) % 997
+        try:
+            if mode == "single":
+                messages = single_turn_messages(row)
+                if self.tokenizer is not None:
+                    from t2s.env.protocol import generation_prompt_ids
+
+                    prompt = generation_prompt_ids(self.tokenizer, messages, self.args.enable_thinking)
+                    limit = self.args.episode_token_budget - len(prompt)
+                else:  # the prompt's size is unknown: two turns' worth
+                    limit = 2 * self.args.max_tokens_per_turn
+                if limit <= 0:
+                    return {**single_turn_record(row, None), "error": "Error: the prompt does not fit the episode token budget"}
+                text, finish, _ = self.chat_client.complete(messages, limit, sampling, seed)
+                return single_turn_record(row, text, cut_off=finish == "length")
+            chat_policy = ToolsEndpointPolicy if self.args.endpoint_mode == "tools" else ChatEndpointPolicy
+            policy = chat_policy(self.chat_client, sampling, seed=seed)
+            episode = play(Episode(row, episode_config(self.args, mode)), policy, self.tokenizer)
+        except EndpointError as exc:
+            raise EvalError(str(exc)) from None
+        record = episode.record()
+        if self.tokenizer is None:  # without a tokenizer the episode cannot see cut-offs; the server reports them
+            record["counters"]["turn_cutoffs"] = max(
+                record["counters"]["turn_cutoffs"], sum(reason == "length" for reason in policy.finish_reasons)
+            )
+        return record
+
+    def _play_rollout(self, jobs, mode, emit) -> None:
+        from t2s.training.rollout import Rollout
+
+        rows = [row for row, _ in jobs]
+        failures: list[str] = []
+
+        def on_finish(trace) -> None:  # scored in the rollout's worker threads (scorer), written here
+            row, sample = jobs[trace.index]
+            if trace.error:
+                failures.append(trace.error)
+                return
+            emit(row, sample, eval_line(row, trace.record, trace.outcome, sample), scored=True)
+
+        try:
+            rollout = Rollout(self.backend, self.tokenizer, episode_config(self.args, mode),
+                              sampling=sampling_settings(self.args), scorer=score_final_sql, on_finish=on_finish,
+                              tool_workers=self.args.workers)
+        except ValueError as exc:
+            raise EvalError(str(exc)) from None
+        rollout.run(rows)
+        if failures:
+            raise EvalError(f"{failures[0]} ({len(failures)} episode(s) failed; finished results are kept)")
+
+    def _play_single(self, jobs, emit) -> None:
+        from t2s.env import protocol
+
+        args = self.args
+        sampling = sampling_settings(args)
+        prompts, limits, seeds = [], [], []
+        for index, (row, sample) in enumerate(jobs):
+            ids = protocol.generation_prompt_ids(self.tokenizer, single_turn_messages(row), args.enable_thinking)
+            prompts.append(ids)
+            limits.append(args.episode_token_budget - len(ids))
+            seeds.append(sampling.request_seed(index, 0))
+        ready = [i for i, limit in enumerate(limits) if limit > 0]
+        outputs = self.backend.generate([prompts[i] for i in ready], [limits[i] for i in ready], sampling,
+                                        [seeds[i] for i in ready]) if ready else []
+        by_index = dict(zip(ready, outputs))
+        for index, (row, sample) in enumerate(jobs):
+            out = by_index.get(index)
+            if out is None:
+                record = single_turn_record(row, None)
+                record["error"] = "Error: the prompt does not fit the episode token budget"
+            elif out.finish_reason == "error":
+                raise EvalError(f"{out.error} (finished results are kept)")
+            else:
+                ids = out.token_ids[:-1] if out.stop_token_id is not None else out.token_ids
+                record = single_turn_record(row, self.tokenizer.decode(ids, skip_special_tokens=False),
+                                            cut_off=out.finish_reason == "length")
+            emit(row, sample, score_record(row, record, sample), scored=True)

@@ -1,0 +1,230 @@
+"""``report.html``: a self-contained page of an eval folder (or of the questions two runs disagree on).
+
+No network and no external script or style: the data is a JSON block inside the page, read by inline JavaScript.
+The page holds the summary table, the plot (summary.png, embedded), accuracy per difficulty and per database, and a
+filterable list of episodes; an episode opens into its transcript (thinking folded, tool calls, observations,
+formatted SQL) with the gold and predicted rows side by side.
+
+The URL hash sets the filters and opens an episode: ``#wrong=1&db=DB&mode=full&q=TEXT&open=INDEX``. The page writes
+what it shows into ``#status`` (``data-shown``, ``data-total``, ``data-errors``), so a headless browser can check it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+from t2s.errors import writing
+
+PAGE_TITLE = "t2s eval report"
+
+
+def _sql(sql) -> str:
+    from t2s.evaluation.transcript import format_sql
+
+    return format_sql(sql)
+
+
+def _page_line(line: dict) -> dict:
+    """An episode line as the page shows it: SQL formatted (the files keep it as written)."""
+    from t2s.env.turns import split_thinking
+
+    shown = dict(line)
+    turns = []
+    for turn in line.get("turns") or []:
+        thinking, body, _ = split_thinking(turn.get("assistant") or "")
+        calls = []
+        for call in turn.get("calls") or []:
+            args = call.get("args")
+            sql = args.get("sql") if isinstance(args, dict) and isinstance(args.get("sql"), str) else None
+            rest = {k: v for k, v in args.items() if k != "sql"} if isinstance(args, dict) else args
+            calls.append({"tool": call.get("tool"), "args": rest, "sql": _sql(sql) if sql else None})
+        turns.append({"thinking": thinking.strip(), "body": body.strip(), "calls": calls,
+                      "observation": turn.get("observation") or ""})
+    shown["turns"] = turns
+    shown["final_sql"] = _sql(line.get("final_sql"))
+    shown["gold_sql"] = _sql(line.get("gold_sql"))
+    return shown
+
+
+def _embedded_png(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def render_page(data: dict) -> str:
+    """The HTML page of ``data`` (title, summaries, plot, episodes, pairs)."""
+    payload = json.dumps(data, ensure_ascii=False, default=str).replace("</", "<\\/").replace("<!--", "<\\!--")
+    title = json.dumps(data.get("title") or PAGE_TITLE)[1:-1].replace("<", "&lt;")
+    return (_TEMPLATE.replace("__TITLE__", title).replace("__STYLE__", _STYLE).replace("__SCRIPT__", _SCRIPT)
+            .replace("__DATA__", payload))
+
+
+def write_report(folder) -> Path:
+    """Write ``folder/report.html`` from an eval folder's summary.json, summary.png and episodes."""
+    from t2s.evaluation.run_folders import EPISODES, read_jsonl, read_summaries
+
+    folder = Path(folder)
+    summaries = read_summaries(folder)
+    episodes = []
+    for mode in summaries:
+        path = folder / mode / EPISODES
+        if path.is_file():
+            episodes += [_page_line({**line, "mode": line.get("mode") or mode}) for line in read_jsonl(path)]
+    data = {"title": f"{PAGE_TITLE}: {folder.name}", "summaries": summaries,
+            "plot": _embedded_png(folder / "summary.png"), "episodes": episodes}
+    out = folder / "report.html"
+    with writing(out):
+        out.write_text(render_page(data), encoding="utf-8")
+    return out
+
+
+def write_compare_report(path, report: dict, pairs: list[tuple[str, dict, dict]], names: tuple[str, str]) -> Path:
+    """Write the page of a ``compare``: its figures and the questions that flipped, both runs side by side."""
+    episodes = [{**_page_line(a), "flip": label, "other": _page_line(b)} for label, a, b in pairs]
+    data = {"title": f"t2s compare: A {names[0]} / B {names[1]}", "compare": report, "episodes": episodes,
+            "names": list(names)}
+    path = Path(path)
+    with writing(path):
+        path.write_text(render_page(data), encoding="utf-8")
+    return path
+
+
+_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>__STYLE__</style></head>
+<body>
+<header><h1 id="title">__TITLE__</h1><div id="status" data-shown="0" data-total="0" data-errors=""></div></header>
+<main>
+<section id="summary"></section>
+<section id="episodes-section"><h2>Episodes</h2>
+<div id="filters">
+<input id="f-q" type="search" placeholder="search question, SQL, id">
+<select id="f-mode"><option value="">every mode</option></select>
+<select id="f-db"><option value="">every database</option></select>
+<select id="f-difficulty"><option value="">every difficulty</option></select>
+<label><input id="f-wrong" type="checkbox"> wrong only</label>
+<span id="count"></span></div>
+<table id="episodes"><thead><tr><th>id</th><th>mode</th><th>db</th><th>difficulty</th><th>score</th><th>turns</th>
+<th>question</th></tr></thead><tbody></tbody></table>
+</section>
+<section id="detail" hidden></section>
+</main>
+<script type="application/json" id="data">__DATA__</script>
+<script>__SCRIPT__</script>
+</body></html>
+"""
+
+_STYLE = """
+body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d232b;background:#f6f7f9}
+header{background:#24303f;color:#fff;padding:10px 18px}h1{font-size:18px;margin:0}
+main{padding:12px 18px}h2{font-size:16px;margin:18px 0 8px}h3{font-size:14px;margin:12px 0 6px}
+table{border-collapse:collapse;background:#fff;margin-bottom:10px}
+td,th{border:1px solid #d5d9e0;padding:3px 7px;text-align:left;vertical-align:top}
+th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
+#episodes tbody tr{cursor:pointer}#episodes tbody tr:hover{background:#eef4ff}
+tr.ok td.score{color:#18794e;font-weight:600}tr.bad td.score{color:#c0362c;font-weight:600}
+#filters{display:flex;gap:8px;align-items:center;margin-bottom:8px;flex-wrap:wrap}
+#filters input[type=search]{width:280px;padding:3px}
+#detail{position:fixed;top:0;right:0;width:58%;height:100%;overflow:auto;box-sizing:border-box;background:#fff;border-left:2px solid #8aa4c8;padding:10px 16px;box-shadow:-4px 0 12px rgba(0,0,0,.12)}
+#close{float:right}
+.turn{border-left:3px solid #8aa4c8;padding:4px 10px;margin:8px 0}
+details.thinking summary{color:#66707c;cursor:pointer}details.thinking pre{color:#66707c}
+pre{white-space:pre-wrap;word-break:break-word;margin:4px 0;font:12.5px/1.4 ui-monospace,monospace}
+pre.sql{background:#f3f6fb;padding:6px;border-radius:4px}.call{color:#1f4f99}
+pre.obs{background:#f2faf4;padding:6px;border-radius:4px}
+.side{display:flex;gap:14px;flex-wrap:wrap}.side>div{flex:1;min-width:300px;overflow-x:auto}
+.err{color:#c0362c}.dim{color:#66707c}.plot{max-width:640px;display:block}
+.pair{display:flex;gap:14px}.pair>div{flex:1;min-width:0}
+"""
+
+_SCRIPT = r"""
+(function(){
+var errors=[];
+function note(m){errors.push(String(m));var s=document.getElementById('status');if(s)s.setAttribute('data-errors',errors.join(' | '));}
+window.addEventListener('error',function(e){note(e.message);});
+var origError=console.error;console.error=function(){note(Array.prototype.join.call(arguments,' '));origError.apply(console,arguments);};
+var data=JSON.parse(document.getElementById('data').textContent);
+var episodes=data.episodes||[];
+function el(tag,attrs,children){var n=document.createElement(tag);attrs=attrs||{};
+ for(var k in attrs){if(k==='text')n.textContent=attrs[k];else if(k==='cls')n.className=attrs[k];else n.setAttribute(k,attrs[k]);}
+ (children||[]).forEach(function(c){if(c!=null)n.appendChild(typeof c==='string'?document.createTextNode(c):c);});return n;}
+function fmt(v,kind){if(v===null||v===undefined)return '-';if(kind==='d')return String(v);if(typeof v==='number')return v.toFixed(kind==='2'?2:3);return String(v);}
+function table(head,rows,numeric){var t=el('table');var tr=el('tr');head.forEach(function(h){tr.appendChild(el('th',{text:h}));});
+ t.appendChild(el('thead',{},[tr]));var tb=el('tbody');rows.forEach(function(r){var row=el('tr');
+ r.forEach(function(c,i){row.appendChild(el('td',{text:c,cls:(numeric&&i>0)?'num':''}));});tb.appendChild(row);});t.appendChild(tb);return t;}
+var MAIN=[['questions (n)','n','d'],['official EX','execution_accuracy_official','f'],['official EX, no fallback','execution_accuracy_official_no_fallback','f'],
+ ['strict EX','strict','f'],['Soft-F1','soft_f1','f'],['vote@k official EX','vote_at_k','f'],['submit rate','submit_rate','f'],['SQL executes','executes_rate','f'],
+ ['mean turns','mean_turns','2'],['mean calls','mean_calls','2'],['fallback rate','fallback_rate','f'],['forced final turn','forced_rate','f'],
+ ['truncated','truncation_rate','f'],['turn cut-offs','turn_cutoff_rate','f'],['format deviations','format_deviation_rate','f'],['write attempts','write_attempts','d']];
+function summary(){var box=document.getElementById('summary');
+ if(data.compare){var c=data.compare;box.appendChild(el('h2',{text:'Paired comparison'}));
+  box.appendChild(el('p',{text:'A: '+data.names[0]+'   B: '+data.names[1]}));
+  box.appendChild(table(['figure','value'],['n','acc_a','acc_b','delta','ci_low','ci_high','mcnemar_p','only_a','only_b'].map(function(k){return [k,fmt(c[k],k==='n'||k.indexOf('only')===0?'d':'f')];}),true));
+  box.appendChild(el('p',{cls:'dim',text:'The episodes below are the questions that flipped: only_a (A right, B wrong) and only_b.'}));return;}
+ var s=data.summaries||{};var modes=Object.keys(s);box.appendChild(el('h2',{text:'Summary'}));
+ box.appendChild(table(['metric'].concat(modes),MAIN.filter(function(m){return modes.some(function(x){return s[x][m[1]]!==undefined;});})
+  .map(function(m){return [m[0]].concat(modes.map(function(x){return fmt(s[x][m[1]],m[2]);}));}),true));
+ modes.forEach(function(x){var cfg=s[x].config||{};box.appendChild(el('p',{cls:'dim',text:x+': policy '+cfg.policy+', target '+(cfg.model||cfg.endpoint||cfg.predictions||cfg.policy)+', k '+cfg.k+', seed '+cfg.seed+', n '+cfg.n}));});
+ if(data.plot){box.appendChild(el('img',{src:data.plot,cls:'plot',alt:'official EX by difficulty'}));}
+ box.appendChild(el('h2',{text:'Per difficulty'}));
+ modes.forEach(function(x){var per=s[x].per_difficulty||{};box.appendChild(el('h3',{text:x}));
+  box.appendChild(table(['difficulty','n','official EX','strict EX','Soft-F1','submit rate'],Object.keys(per).map(function(d){var b=per[d];
+  return [d,fmt(b.n,'d'),fmt(b.execution_accuracy_official),fmt(b.strict),fmt(b.soft_f1),fmt(b.submit_rate)];}),true));});
+ box.appendChild(el('h2',{text:'Per database'}));
+ modes.forEach(function(x){var per=s[x].per_db||{};box.appendChild(el('h3',{text:x}));
+  box.appendChild(table(['database','n','official EX','strict EX','Soft-F1'],Object.keys(per).map(function(d){var b=per[d];
+  return [d,fmt(b.n,'d'),fmt(b.execution_accuracy_official),fmt(b.strict),fmt(b.soft_f1)];}),true));});}
+function options(id,key){var sel=document.getElementById(id);var seen={};episodes.forEach(function(e){var v=e[key];if(v!=null&&v!==''&&!seen[v]){seen[v]=1;}});
+ Object.keys(seen).sort().forEach(function(v){sel.appendChild(el('option',{value:v,text:v}));});}
+function score(e){if(e.official===null||e.official===undefined)return e.tier||'-';return String(e.official);}
+function wrong(e){return e.official!==null&&e.official!==undefined?!e.official:(e.tier!==undefined&&e.tier!=='equivalent');}
+function hay(e){return [e.question_id,e.question,e.db_id,e.final_sql,e.gold_sql,e.evidence].join(' ').toLowerCase();}
+function state(){return {q:document.getElementById('f-q').value.toLowerCase(),mode:document.getElementById('f-mode').value,
+ db:document.getElementById('f-db').value,difficulty:document.getElementById('f-difficulty').value,wrong:document.getElementById('f-wrong').checked};}
+function render(){var st=state();var tb=document.querySelector('#episodes tbody');tb.textContent='';var shown=0;
+ episodes.forEach(function(e,i){if(st.mode&&e.mode!==st.mode)return;if(st.db&&e.db_id!==st.db)return;if(st.difficulty&&e.difficulty!==st.difficulty)return;
+  if(st.wrong&&!wrong(e))return;if(st.q&&hay(e).indexOf(st.q)<0)return;shown++;
+  var label=(e.flip?e.flip+' ':'')+score(e)+(e.other?' / '+score(e.other):'');
+  var tr=el('tr',{cls:wrong(e)?'bad':'ok','data-index':String(i)},[el('td',{text:String(e.question_id)+(e.sample?' #'+e.sample:'')}),el('td',{text:e.mode||''}),
+   el('td',{text:e.db_id||''}),el('td',{text:e.difficulty||''}),el('td',{text:label,cls:'score'}),el('td',{text:String((e.counters||{}).turns||0)}),
+   el('td',{text:e.question||''})]);tr.addEventListener('click',function(){open(i);});tb.appendChild(tr);});
+ document.getElementById('count').textContent=shown+' of '+episodes.length+' episodes';
+ var s=document.getElementById('status');s.setAttribute('data-shown',String(shown));s.setAttribute('data-total',String(episodes.length));}
+function rows(title,p){var box=el('div',{},[el('h3',{text:title})]);if(!p){box.appendChild(el('p',{cls:'dim',text:'not run'}));return box;}
+ if(p.error){box.appendChild(el('p',{cls:'err',text:p.error}));return box;}
+ box.appendChild(table(p.columns&&p.columns.length?p.columns:['(no columns)'],(p.rows||[]).map(function(r){return r.map(function(v){return v===null?'NULL':String(v);});}),false));
+ if(p.more)box.appendChild(el('p',{cls:'dim',text:'more rows not shown'}));return box;}
+function transcript(e){var box=el('div');
+ box.appendChild(el('h2',{text:'Question '+e.question_id+(e.sample?' (sample '+e.sample+')':'')+' on '+e.db_id+(e.mode?' ('+e.mode+')':'')}));
+ if(e.question)box.appendChild(el('p',{text:e.question}));if(e.evidence)box.appendChild(el('p',{cls:'dim',text:'evidence: '+e.evidence}));
+ (e.turns||[]).forEach(function(t,n){var d=el('div',{cls:'turn'},[el('h3',{text:'turn '+(n+1)})]);
+  if(t.thinking){d.appendChild(el('details',{cls:'thinking'},[el('summary',{text:'thinking ('+t.thinking.length+' characters)'}),el('pre',{text:t.thinking})]));}
+  if(t.calls&&t.calls.length){t.calls.forEach(function(c){var args=c.args&&Object.keys(c.args).length?' '+JSON.stringify(c.args):'';
+   d.appendChild(el('pre',{cls:'call',text:c.tool+args}));if(c.sql)d.appendChild(el('pre',{cls:'sql',text:c.sql}));});}
+  else if(t.body){d.appendChild(el('pre',{text:t.body}));}
+  if(t.observation)d.appendChild(el('pre',{cls:'obs',text:t.observation}));box.appendChild(d);});
+ box.appendChild(el('h3',{text:'final SQL ('+(e.final_sql_source||'none')+')'}));box.appendChild(el('pre',{cls:'sql',text:e.final_sql||'none'}));
+ if(e.gold_sql){box.appendChild(el('h3',{text:'gold SQL'}));box.appendChild(el('pre',{cls:'sql',text:e.gold_sql}));}
+ var sc=['official','strict','soft_f1','reward','tier','f1','join','consensus'].filter(function(k){return e[k]!==undefined&&e[k]!==null;}).map(function(k){return k+'='+e[k];});
+ box.appendChild(el('p',{text:sc.join('  ')}));box.appendChild(el('p',{cls:'dim',text:Object.keys(e.counters||{}).map(function(k){return k+'='+e.counters[k];}).join(' ')}));
+ if(e.error)box.appendChild(el('p',{cls:'err',text:e.error}));
+ box.appendChild(el('div',{cls:'side'},[rows('gold rows',e.gold_result),rows('predicted rows',e.pred_result)]));return box;}
+function open(i){var e=episodes[i];var d=document.getElementById('detail');d.textContent='';d.hidden=false;
+ var x=el('button',{id:'close',text:'close'});x.addEventListener('click',function(){d.hidden=true;});d.appendChild(x);
+ if(e.other){d.appendChild(el('div',{cls:'pair'},[el('div',{},[el('h2',{text:'A: '+data.names[0]}),transcript(e)]),el('div',{},[el('h2',{text:'B: '+data.names[1]}),transcript(e.other)])]));}
+ else d.appendChild(transcript(e));d.setAttribute('data-open',String(i));d.scrollTop=0;}
+function fromHash(){var h=(location.hash||'').replace(/^#/,'');var params={};h.split('&').forEach(function(p){if(!p)return;var kv=p.split('=');params[decodeURIComponent(kv[0])]=decodeURIComponent(kv.slice(1).join('='));});
+ if(params.q)document.getElementById('f-q').value=params.q;if(params.mode)document.getElementById('f-mode').value=params.mode;
+ if(params.db)document.getElementById('f-db').value=params.db;if(params.difficulty)document.getElementById('f-difficulty').value=params.difficulty;
+ if(params.wrong)document.getElementById('f-wrong').checked=params.wrong!=='0';render();
+ if(params.open!==undefined&&episodes[Number(params.open)])open(Number(params.open));}
+summary();options('f-mode','mode');options('f-db','db_id');options('f-difficulty','difficulty');
+['f-q','f-mode','f-db','f-difficulty','f-wrong'].forEach(function(id){var n=document.getElementById(id);n.addEventListener('input',render);n.addEventListener('change',render);});
+window.addEventListener('hashchange',fromHash);fromHash();
+document.getElementById('status').setAttribute('data-ready','1');
+})();
+"""

@@ -1,0 +1,146 @@
+"""The layout of the folders runs write, and reading them back (for ``compare``, ``show``, ``export`` and the report).
+
+An ``eval --output DIR`` folder has one layout, whatever modes ran::
+
+    DIR/<mode>/eval_config.json   the mode's configuration (a resumed run must match it)
+    DIR/<mode>/episodes.jsonl     one scored episode per question and sample (``t2s.evaluation.records``)
+    DIR/<mode>/scores.jsonl       the scoring keys of each episode
+    DIR/summary.json              {"modes": {mode: summary}}
+    DIR/summary.md  DIR/summary.png  DIR/report.html
+
+A ``score --output DIR`` folder holds ``scores.jsonl`` at the top. A training run with ``log_completions: true``
+writes TRL's ``<output_dir>/completions/completions_<step>.parquet``: one row per episode with its step, the episode
+record (``episode``, JSON), each reward function's value, the advantage, and the episode's ``tier``, ``f1``,
+``join``, ``consensus``, ``turns`` and ``submitted`` (:func:`read_training_episodes`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from t2s.errors import T2SError
+
+EVAL_CONFIG = "eval_config.json"
+EPISODES = "episodes.jsonl"
+SCORES = "scores.jsonl"
+SUMMARY = "summary.json"
+
+
+class RunFolderError(T2SError, ValueError):
+    """A path that is not a run this command can read; the message is one ``Error:`` line."""
+
+
+def eval_modes(folder) -> list[str]:
+    """The modes of an eval folder: its sub-folders holding ``eval_config.json`` (in summary.json's order)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = sorted(sub.name for sub in folder.iterdir() if (sub / EVAL_CONFIG).is_file())
+    summary = folder / SUMMARY
+    if summary.is_file():
+        try:
+            order = list(json.loads(summary.read_text(encoding="utf-8")).get("modes") or {})
+        except (ValueError, AttributeError):
+            order = []
+        found = [m for m in order if m in found] + [m for m in found if m not in order]
+    return found
+
+
+def check_eval_modes(folder, modes: list[str]) -> None:
+    """Refuse to run ``modes`` into a folder that holds an eval of other modes, or one in another layout."""
+    folder = Path(folder)
+    if (folder / EVAL_CONFIG).is_file() or (folder / EPISODES).is_file():
+        raise RunFolderError(f"Error: {folder} holds an eval in an older layout (episodes.jsonl at the top); "
+                             "choose another --output")
+    existing = eval_modes(folder)
+    if existing and set(existing) != set(modes):
+        raise RunFolderError(
+            f"Error: {folder} holds an eval of --mode {' '.join(existing)}; re-run with those modes to resume it, "
+            "or choose another --output"
+        )
+
+
+def read_summaries(folder) -> dict[str, dict]:
+    """{mode: summary} of an eval folder's summary.json."""
+    path = Path(folder) / SUMMARY
+    if not path.is_file():
+        raise RunFolderError(f"Error: no {SUMMARY} in eval folder {folder}")
+    try:
+        modes = json.loads(path.read_text(encoding="utf-8")).get("modes")
+    except (ValueError, AttributeError):
+        modes = None
+    if not isinstance(modes, dict):
+        raise RunFolderError(f"Error: {path} is not an eval summary (no \"modes\")")
+    return modes
+
+
+def mode_folder(path) -> Path:
+    """The folder of one run's per-question files: ``path`` itself when it holds them, else the single mode of an eval
+    folder (an eval of several modes must be named by its mode folder)."""
+    path = Path(path)
+    if not path.exists():
+        raise RunFolderError(f"Error: run not found: {path}")
+    if (path / SCORES).is_file() or (path / EPISODES).is_file():
+        return path
+    modes = eval_modes(path)
+    if len(modes) == 1:
+        return path / modes[0]
+    if modes:
+        raise RunFolderError(f"Error: {path} is an eval of several modes: name one of "
+                             + ", ".join(str(path / m) for m in modes))
+    raise RunFolderError(f"Error: {path} holds neither {SCORES} nor {EPISODES}, nor eval mode folders")
+
+
+def read_jsonl(path) -> list[dict]:
+    """The JSON objects of a JSONL file (a line cut off by a killed run is left out); RunFolderError otherwise."""
+    from t2s.data.rows import DataError, jsonl_values, read_text_file
+
+    path = Path(path)
+    try:
+        text = read_text_file(path, what="run")
+        if text and not text.endswith("\n"):
+            text = text[: text.rfind("\n") + 1]  # the last write was cut off
+        values = [value for _, value in jsonl_values(text, path)]
+    except DataError as exc:
+        raise RunFolderError(str(exc)) from None
+    return [value for value in values if isinstance(value, dict)]
+
+
+def read_training_episodes(path) -> list[dict]:
+    """The episode records a training run logged with its completions (a run folder, its ``completions`` folder or
+    one parquet file), each with ``step``, ``reward`` (and ``rewards`` by function), ``advantage``, ``tier``, ``f1``,
+    ``join`` and ``consensus``."""
+    import pandas as pd
+
+    from t2s.scoring.rewards import REWARD_FUNCS
+
+    path = Path(path)
+    folder = path / "completions" if (path / "completions").is_dir() else path
+    files = [path] if path.is_file() else sorted(folder.glob("completions_*.parquet"))
+    records = []
+    for file in files:
+        table = pd.read_parquet(file)
+        if "episode" not in table.columns:
+            raise RunFolderError(f"Error: {file} holds no episode records (completions logged by another trainer)")
+        for row in table.to_dict("records"):
+            record = json.loads(row["episode"])
+            rewards = {name: row[name] for name in REWARD_FUNCS if name in row}
+            record.update(step=int(row.get("step") or 0), rewards=rewards, advantage=row.get("advantage"),
+                          reward=next(iter(rewards.values())) if len(rewards) == 1 else sum(rewards.values()))
+            record.update({key: row[key] for key in ("tier", "f1", "join", "consensus") if key in row})
+            records.append(record)
+    return records
+
+
+def has_training_episodes(path) -> bool:
+    path = Path(path)
+    return (path.is_file() and path.suffix == ".parquet") or any((path / "completions").glob("completions_*.parquet"))
+
+
+def write_jsonl(path, lines) -> None:
+    from t2s.errors import writing
+
+    with writing(path), open(path, "w", encoding="utf-8") as handle:
+        for line in lines:
+            handle.write(json.dumps(line, ensure_ascii=False, default=str) + "\n")

@@ -1,0 +1,383 @@
+"""The eval run: pick the questions, play every mode into its folder, resume a killed run, write the summaries.
+
+The output folder's layout is the same for one mode or several (``t2s.evaluation.run_folders``): each mode plays into
+``DIR/<mode>/`` and ``DIR`` gets summary.json, summary.md, summary.png and report.html over all of them.
+
+``config.comparable`` is true when the run used the training protocol and token stream: a model, vLLM or a
+completions endpoint, in full or withheld mode, with thinking on. The original system prompt of the published
+checkpoints is not public (``--system-prompt-file`` takes it), so its hash is recorded next to the flag.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import sqlite3
+import time
+from pathlib import Path
+
+from t2s.env.databases import file_checksum
+from t2s.errors import writing
+from t2s.evaluation.records import score_record
+from t2s.evaluation.policies import SINGLE_TURN_SYSTEM_PROMPT, Runner
+from t2s.errors import EvalError
+from t2s.evaluation.options import check_policy_args, read_system_prompt
+from t2s.run_lock import run_folder_lock
+
+PACKAGES = ("torch", "transformers", "trl", "vllm", "peft", "sqlglot")
+TIMING_KEYS = ("started_at", "finished_at", "wall_seconds")
+
+
+# ---------------------------------------------------------------------------------------------------------- helpers
+def text_sha256(text: str | None) -> str | None:
+    return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def package_versions() -> dict:
+    from importlib import metadata
+
+    versions = {}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def select_rows(rows: list[dict], n: int, seed: int) -> list[dict]:
+    """``n`` rows picked by ``seed`` from the whole data file (kept in file order); all rows when n is 0.
+
+    The pick depends only on the file's length, n and seed, so runs of different models pair question by question.
+    """
+    if n <= 0 or n >= len(rows):
+        return list(rows)
+    positions = sorted(random.Random(seed).sample(range(len(rows)), n))
+    return [rows[i] for i in positions]
+
+
+def tokenizer_fingerprint(tokenizer) -> tuple[str | None, str | None]:
+    """(hash of the vocabulary and special tokens, hash of the chat template)."""
+    if tokenizer is None:
+        return None, None
+    vocab = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False)
+    special = json.dumps(sorted(map(str, getattr(tokenizer, "all_special_tokens", []))))
+    return text_sha256(vocab + special), text_sha256(getattr(tokenizer, "chat_template", None))
+
+
+# ---------------------------------------------------------------------------------------------------- output folder
+class EpisodeLog:
+    """``episodes.jsonl``: resumable, one line per finished (question, sample), appended and flushed as it finishes."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.path = folder / "episodes.jsonl"
+        self.lines: list[dict] = []
+        self._handle = None
+
+    def load(self) -> set[tuple[str, int]]:
+        """Read earlier lines; a truncated last line (a killed run) is dropped from the file."""
+        if not self.path.is_file():
+            return set()
+        data = self.path.read_bytes()
+        raw_lines = data.split(b"\n")
+        complete, tail = raw_lines[:-1], raw_lines[-1]  # tail: bytes after the last newline (a cut-off write)
+        lines = []
+        for number, raw in enumerate(complete, 1):
+            if not raw.strip():
+                continue
+            try:
+                lines.append(json.loads(raw))
+            except ValueError:
+                if number == len(complete) and not tail.strip():
+                    complete = complete[: number - 1]
+                    break
+                raise EvalError(f"Error: {self.path} line {number} is not valid JSON; move the file away to start over")
+        if tail.strip():
+            try:
+                lines.append(json.loads(tail))
+                complete.append(tail)
+            except ValueError:
+                pass  # the last write was cut off: that question runs again
+        kept = b"".join(raw + b"\n" for raw in complete)
+        if kept != data:
+            self.path.write_bytes(kept)
+        unique: dict[tuple[str, int], dict] = {}
+        for line in lines:
+            unique[(str(line["question_id"]), int(line.get("sample", 0)))] = line
+        self.lines = list(unique.values())
+        return set(unique)
+
+    def append(self, line: dict) -> None:
+        with writing(self.path):  # a full disk: the line is cut off, and read again as missing on resume
+            if self._handle is None:
+                self._handle = open(self.path, "a", encoding="utf-8")
+            self._handle.write(json.dumps(line, ensure_ascii=False) + "\n")
+            self._handle.flush()
+        self.lines.append(line)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            handle, self._handle = self._handle, None
+            with writing(self.path):
+                handle.close()
+
+
+def comparable_config(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in TIMING_KEYS}
+
+
+def check_resume_config(folder: Path, config: dict) -> None:
+    """Write ``eval_config.json``, or refuse when the folder holds results of another configuration."""
+    path = folder / "eval_config.json"
+    wanted = comparable_config(config)
+    if path.is_file():
+        try:
+            old = comparable_config(json.loads(path.read_text(encoding="utf-8")))
+        except (ValueError, AttributeError):  # cut off or edited: its results cannot be matched to a config
+            raise EvalError(f"Error: {path} is unreadable; move {folder} away to start over, or choose another "
+                            "--output") from None
+        if old != wanted:
+            changed = sorted(k for k in set(old) | set(wanted) if old.get(k) != wanted.get(k))
+            raise EvalError(
+                f"Error: {folder} holds results of a different configuration (changed: {', '.join(changed)}); "
+                "re-run with the same settings to resume, or choose another --output"
+            )
+    elif (folder / "episodes.jsonl").is_file():
+        raise EvalError(f"Error: {folder} has episodes.jsonl but no eval_config.json; choose another --output")
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(wanted, indent=2) + "\n")
+
+
+# ---------------------------------------------------------------------------------------------------------- progress
+class Progress:
+    """A rich progress bar with the running official EX (silent with ``quiet``)."""
+
+    def __init__(self, total: int, done_lines: list[dict], label: str, quiet: bool = False):
+        scored = [line["official"] for line in done_lines if line["official"] is not None]
+        self.correct = sum(scored)
+        self.count = len(scored)
+        self.quiet = quiet
+        self._progress = None
+        if quiet:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        from t2s.ui.console import console
+
+        self._progress = RichProgress(
+            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("official EX {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            console=console(stderr=True), transient=False,
+        )  # fmt: skip
+        self._progress.start()
+        self._task = self._progress.add_task(label, total=total, completed=self.count, acc=self._acc())
+
+    def _acc(self) -> str:
+        return f"{self.correct / self.count:.3f}" if self.count else "-"
+
+    def advance(self, line: dict) -> None:
+        if line["official"] is not None:
+            self.count += 1
+            self.correct += line["official"]
+        if self._progress is not None:
+            self._progress.update(self._task, advance=1, acc=self._acc())
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+
+# ------------------------------------------------------------------------------------------------------------- main
+def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
+    """(all rows, selected rows whose databases are present and readable, skipped info, data file).
+
+    A missing or unreadable database (``data.db_probe``) is an error naming it; with ``--skip-missing-dbs`` its
+    questions are left out, and counted with the database ids in ``skipped``.
+    """
+    from t2s.data.db_probe import database_problems, problems_text
+    from t2s.data.loaders import load_json_rows
+    from t2s.data.rows import DataError
+
+    data = Path(args.data)
+    if not data.exists():
+        raise EvalError(f"Error: data file not found: {data}")
+    try:
+        rows = load_json_rows(data, args.db_root, require_databases=False)
+    except DataError as exc:
+        raise EvalError(str(exc)) from None
+    if not rows:
+        raise EvalError(f"Error: no questions in {data}")
+    data_file = data
+    if data.is_dir():
+        data_file = next(p for p in (data / n for n in ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spider.json")) if p.is_file())
+    selected = select_rows(list(rows), args.n, args.seed)
+    unique: dict[str, dict] = {}
+    for row in selected:  # a row repeated word for word (rows.repeated_ids) is played and counted once
+        unique.setdefault(row["question_id"], row)
+    repeated = sorted({row["question_id"] for row in selected} & set(rows.repeated_ids))
+    selected = list(unique.values())
+    missing = {r["db_id"] for r in selected if r.get("db_path") and not Path(r["db_path"]).is_file()}
+    skipped = {"questions": 0, "db_ids": [], "repeated_ids": repeated}
+    if missing:
+        if not args.skip_missing_dbs:
+            root = getattr(rows, "db_root", None) or args.db_root
+            raise EvalError(
+                f"Error: {len(missing)} database(s) missing under {root}: {', '.join(sorted(missing))} "
+                "(pass --db-root, or --skip-missing-dbs to skip their questions)"
+            )
+        skipped.update(questions=sum(r["db_id"] in missing for r in selected), db_ids=sorted(missing))
+        selected = [r for r in selected if r["db_id"] not in missing]
+    unusable = database_problems(selected)
+    if unusable:
+        if not args.skip_missing_dbs:
+            raise EvalError(f"Error: {len(unusable)} database(s) cannot be read: {problems_text(unusable)} "
+                            "(repair them, or pass --skip-missing-dbs to skip their questions)")
+        skipped["unusable_questions"] = sum(r["db_id"] in unusable for r in selected)
+        skipped["unusable_dbs"] = unusable
+        selected = [r for r in selected if r["db_id"] not in unusable]
+    if not selected:  # an average over no question would print EX 0.000 as if it were a result
+        raise EvalError(f"Error: every selected question was skipped ({skipped['questions']} with a missing database, "
+                        f"{skipped.get('unusable_questions', 0)} with an unreadable one): nothing to evaluate")
+    return list(rows), selected, skipped, data_file
+
+
+def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: int) -> dict:
+    tokenizer_hash, template_hash = tokenizer_fingerprint(runner.tokenizer)
+    generative = args.policy in ("model", "vllm", "endpoint")
+    chat = args.policy == "endpoint" and args.endpoint_mode in ("chat", "tools")
+    system_prompt = read_system_prompt(args.system_prompt_file) if args.system_prompt_file else None
+    if mode == "single":
+        system_prompt = SINGLE_TURN_SYSTEM_PROMPT
+    elif system_prompt is None:
+        from t2s.env.protocol import default_system_prompt
+
+        system_prompt = default_system_prompt(getattr(args, "dialect", "exec_plan"), getattr(args, "tool_format", "json"))
+    config = {
+        "policy": args.policy,
+        "mode": mode,
+        "model": runner.target.get("model"),
+        "endpoint": runner.target.get("endpoint"),
+        "endpoint_mode": runner.target.get("endpoint_mode"),
+        "served_model": runner.target.get("served_model"),
+        "predictions": runner.target.get("predictions"),
+        "predictions_sha256": runner.target.get("predictions_sha256"),
+        "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k} if generative else None,
+        "k": args.k,
+        "n": args.n,
+        "seed": args.seed,
+        "max_turns": args.max_turns,
+        "episode_token_budget": args.episode_token_budget,
+        "max_tokens_per_turn": args.max_tokens_per_turn,
+        "enable_thinking": args.enable_thinking,
+        "system_prompt_file": str(Path(args.system_prompt_file).resolve()) if args.system_prompt_file else None,
+        "system_prompt_sha256": text_sha256(system_prompt),
+        "tokenizer_sha256": tokenizer_hash,
+        "chat_template_sha256": template_hash,
+        "packages": package_versions(),
+        "sqlite_version": sqlite3.sqlite_version,
+        "data_file": str(data_file.resolve()),
+        "data_sha256": file_checksum(data_file),
+        "questions": n_selected,
+        "skip_missing_dbs": bool(args.skip_missing_dbs),
+        "comparable": bool(generative and not chat and mode != "single" and args.enable_thinking),
+    }
+    for key, default in (("dialect", "exec_plan"), ("tool_format", "json")):  # recorded when not the default, so
+        if getattr(args, key, default) != default:  # folders of earlier default runs still resume
+            config[key] = getattr(args, key)
+    return config
+
+
+def evaluate(args) -> dict[str, dict]:
+    """Run every requested mode into ``args.output`` (layout: ``t2s.evaluation.run_folders``); returns {mode: summary}."""
+    from t2s.evaluation.report import print_summaries, write_reports
+    from t2s.ui.console import console
+    from t2s.evaluation.run_folders import check_eval_modes
+
+    check_policy_args(args)
+    modes = list(dict.fromkeys(args.mode))
+    all_rows, selected, skipped, data_file = load_data(args)
+    summaries: dict[str, dict] = {}
+    with run_folder_lock(args.output) as root:
+        check_eval_modes(root, modes)
+        runner = Runner(args)
+        runner.setup(all_rows)
+        for mode in modes:
+            summaries[mode] = evaluate_mode(args, mode, runner, selected, skipped, data_file, root / mode)
+        write_reports(root, summaries)
+    print_summaries(summaries)
+    console().print(f"wrote {root}: report.html, summary.json, summary.md, summary.png, and "
+                    f"{', '.join(modes)} episodes", markup=False, highlight=False, soft_wrap=True)
+    return summaries
+
+
+def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path) -> dict:
+    """Play one mode into ``folder`` (episodes.jsonl, scores.jsonl, eval_config.json); returns its summary."""
+    from t2s.evaluation.records import score_line
+    from t2s.evaluation.report import summarise
+    from t2s.evaluation.run_folders import SCORES, write_jsonl
+    from t2s.scoring.voting import vote_accuracy
+
+    config = build_config(args, mode, runner, data_file, len(selected))
+    check_resume_config(folder, config)
+    log = EpisodeLog(folder)
+    done = log.load()
+    wanted = {(str(r["question_id"]), s) for r in selected for s in range(args.k)}
+    log.lines = [line for line in log.lines if (str(line["question_id"]), int(line["sample"])) in wanted]
+    jobs = [(row, s) for row in selected for s in range(args.k) if (str(row["question_id"]), s) not in done]
+    progress = Progress(len(wanted), log.lines, f"{args.policy}/{mode}", quiet=args.quiet)
+    started = time.time()
+    try:
+        play_jobs(runner, jobs, mode, lambda row, line: log.append(line), progress)
+    finally:
+        log.close()
+    lines = sorted(log.lines, key=lambda line: (str(line["question_id"]), line["sample"]))
+    write_jsonl(folder / SCORES, [score_line(line) for line in lines])
+    rows_by_id = {str(r["question_id"]): r for r in selected}
+    vote = vote_accuracy(lines, rows_by_id) if args.k > 1 else None
+    config = dict(config, wall_seconds=round(time.time() - started, 1))
+    return summarise(lines, config=config, k=args.k, vote_at_k=vote, skipped=skipped)
+
+
+def play_jobs(runner: Runner, jobs: list[tuple[dict, int]], mode: str, on_line, progress: Progress) -> None:
+    """Play and score every ``(row, sample)`` job in batches, calling ``on_line(row, eval_line)`` as each finishes."""
+
+    def emit(row, sample, record, scored=False):
+        line = record if scored else score_record(row, record, sample)
+        on_line(row, line)
+        progress.advance(line)
+
+    try:
+        size = runner.batch_size()
+        for start in range(0, len(jobs), size):
+            runner.play(jobs[start : start + size], mode, emit)
+    finally:
+        progress.close()
+
+
+def solve_counts(rows: list[dict], args, *, policy_factory=None, mode: str = "full") -> list[int]:
+    """For each row, how many of ``args.k`` samples end in an official match, played and scored as ``eval`` does.
+
+    ``args`` holds ``policy`` and ``k`` plus the options of :func:`add_policy_arguments` (see :func:`policy_args`).
+    ``policy_factory(row, sample)`` plays a scripted policy instead of ``args.policy``. Raises EvalError.
+    """
+    check_policy_args(args)
+    runner = Runner(args)
+    if policy_factory is not None:
+        runner.scripted = policy_factory
+    else:
+        if args.policy not in ("model", "vllm", "endpoint", "gold"):
+            raise EvalError(f"Error: solve counts need a playing policy, not {args.policy!r}")
+        runner.setup(rows)
+    rows = [dict(row) for row in rows]  # one object per position, even where the caller repeats a row
+    position = {id(row): index for index, row in enumerate(rows)}
+    counts = [0] * len(rows)
+
+    def count(row, line) -> None:
+        counts[position[id(row)]] += int(line["official"] or 0)
+
+    jobs = [(row, sample) for row in rows for sample in range(args.k)]
+    label = "scripted" if policy_factory is not None else args.policy
+    play_jobs(runner, jobs, mode, count, Progress(len(jobs), [], f"{label}: solving x{args.k}", quiet=args.quiet))
+    return counts

@@ -1,0 +1,114 @@
+"""One episode, readably, in a terminal: the question, each turn's thinking (folded unless asked for), tool calls and
+observations, the final SQL formatted with sqlparse, the counters and scores, and the gold and predicted rows.
+
+Used by ``ask`` (as the episode happens) and ``show`` (from an eval folder or a training run's logged episodes).
+"""
+
+from __future__ import annotations
+
+import json
+
+FOLDED_THINKING_CHARS = 160
+
+
+def format_sql(sql: str | None) -> str:
+    """``sql`` re-indented with upper-case keywords (sqlparse); the text as it is when it cannot be formatted."""
+    if not isinstance(sql, str) or not sql.strip():
+        return "" if sql is None else str(sql)
+    import sqlparse
+
+    try:
+        return sqlparse.format(sql, reindent=True, keyword_case="upper").strip()
+    except Exception:  # noqa: BLE001 - sqlparse refuses some inputs (too many tokens): show them unformatted
+        return sql.strip()
+
+
+def _call_text(call: dict) -> str:
+    args = call.get("args")
+    if isinstance(args, dict) and isinstance(args.get("sql"), str):
+        rest = {k: v for k, v in args.items() if k != "sql"}
+        extra = f" {json.dumps(rest, ensure_ascii=False)}" if rest else ""
+        return f"{call.get('tool')}{extra}:\n{format_sql(args['sql'])}"
+    return f"{call.get('tool')} {json.dumps(args, ensure_ascii=False)}"
+
+
+def _thinking_text(thinking: str, fold: bool) -> str:
+    thinking = thinking.strip()
+    if not fold or len(thinking) <= FOLDED_THINKING_CHARS:
+        return thinking
+    return f"{thinking[:FOLDED_THINKING_CHARS]}… [{len(thinking)} characters of thinking folded; --thinking shows them]"
+
+
+def result_table(title: str, preview: dict | None):
+    """A rich Table of a result preview (``records.result_preview``), or a Text saying why there is none."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if preview is None:
+        return Text(f"{title}: not run", style="dim")
+    if preview.get("error"):
+        return Text(f"{title}: {preview['error']}", style="red")
+    table = Table(*[str(c) for c in preview.get("columns") or ["(no columns)"]], title=title)
+    for row in preview.get("rows") or []:
+        table.add_row(*["NULL" if v is None else str(v) for v in row])
+    if preview.get("more"):
+        table.caption = "more rows not shown"
+    return table
+
+
+def print_transcript(record: dict, console, *, fold_thinking: bool = True) -> None:
+    """Print an episode record (an eval line, a training episode or an ``ask`` record) on ``console``."""
+    from rich.text import Text
+
+    from t2s.env.turns import split_thinking
+    from t2s.ui.console import print_table
+
+    head = Text()
+    head.append(f"question {record.get('question_id')}", style="bold")
+    head.append(f"  db {record.get('db_id')}  mode {record.get('mode')}")
+    if record.get("difficulty"):
+        head.append(f"  {record['difficulty']}")
+    if record.get("sample"):
+        head.append(f"  sample {record['sample']}")
+    console.print(head)
+    if record.get("question"):
+        console.print(Text(record["question"]))
+    if record.get("evidence"):
+        console.print(Text("evidence: " + record["evidence"], style="dim"))
+    for number, turn in enumerate(record.get("turns") or [], 1):
+        thinking, body, _ = split_thinking(turn.get("assistant") or "")
+        parts = Text()
+        if thinking:
+            parts.append(_thinking_text(thinking, fold_thinking) + "\n", style="dim italic")
+        if turn.get("calls"):
+            for call in turn["calls"]:
+                parts.append(_call_text(call) + "\n", style="bold cyan")
+        elif body.strip():
+            parts.append(body.strip() + "\n")
+        if not parts:
+            parts.append("(empty turn)", style="dim")
+        if turn.get("observation"):
+            parts.append("\n" + turn["observation"], style="green")
+        console.rule(f"turn {number}", align="left")
+        console.print(parts)
+    console.rule("result", align="left")
+    final = Text(f"final SQL ({record.get('final_sql_source')}):\n", style="bold")
+    final.append(format_sql(record.get("final_sql")) or "none", style="bold" if record.get("final_sql") else "red")
+    console.print(final)
+    if record.get("gold_sql"):
+        console.print(Text("gold SQL:\n", style="bold").append(format_sql(record["gold_sql"])))
+    counters = record.get("counters") or {}
+    console.print(" ".join(f"{key}={value}" for key, value in counters.items()), style="dim", highlight=False)
+    scores = [f"{key}={record[key]}" for key in ("official", "strict", "soft_f1", "reward", "tier", "f1", "join",
+                                                 "consensus") if record.get(key) is not None]
+    if scores:
+        console.print(" ".join(scores), style="bold", highlight=False)
+    if record.get("error"):
+        console.print(Text(str(record["error"]), style="red"))
+    for title, key in (("gold rows", "gold_result"), ("predicted rows", "pred_result")):
+        if key in record:
+            table = result_table(title, record[key])
+            if hasattr(table, "columns"):
+                print_table(console, table)
+            else:
+                console.print(table)

@@ -1,0 +1,369 @@
+"""Training configuration: the dataclasses a recipe YAML is parsed into with TRL's ``TrlParser``.
+
+A recipe is one YAML mapping whose keys are fields of three dataclasses (open-r1 style)::
+
+    T2SScriptArguments   data, filtering and the tiny-model switch of the smoke recipe
+    T2SGRPOConfig        trl.GRPOConfig plus the loss, KL controller, rollout backend, episode and reward settings
+    trl.ModelConfig      model path, dtype, attention implementation, LoRA
+
+``python -m t2s train --config recipes/bird.yaml --learning_rate 5e-6`` parses the YAML, then the overrides.
+
+Some GRPOConfig fields are derived from ours in ``__post_init__`` so that a recipe cannot contradict itself:
+``use_vllm``/``vllm_mode`` from ``rollout_backend``; the vLLM importance-sampling correction from ``old_logprobs``;
+``chat_template_kwargs["enable_thinking"]`` from ``enable_thinking``. :func:`validate_training_config` checks the
+rest when the config is built, one clear ``Error:`` message per problem (DESIGN §8): the one place a recipe is
+validated, whether it comes from a YAML file or from Python.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from trl import GRPOConfig, ModelConfig
+
+from t2s.errors import T2SError
+
+ROLLOUT_BACKENDS = ("transformers", "vllm_colocate", "vllm_server")
+OLD_LOGPROBS_MODES = ("sampler", "recompute")
+
+
+class ConfigError(T2SError, ValueError):
+    """A training configuration that cannot run; the message starts with ``Error:``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message if message.startswith("Error:") else f"Error: {message}")
+
+
+@dataclass
+class T2SScriptArguments:
+    """Where the training rows come from and how they are filtered."""
+
+    dataset_kind: str = field(
+        default="bird",
+        metadata={"help": "Loader kind: bird, spider, sqale, synsql, or json (BIRD/Spider-style JSON, auto-detected)."},
+    )
+    dataset_path: str | None = field(
+        default=None,
+        metadata={"help": "The data file (or its folder, or a dataset id for sqale). Relative paths are read from the "
+                  "working directory, then from the repository root."},
+    )
+    db_root: str | None = field(
+        default=None,
+        metadata={"help": "Folder holding one sub-folder per db_id. Default: the data file's sibling "
+                  "dev_databases/, train_databases/, database/ or databases/ folder."},
+    )
+    sqale_schemas: str | None = field(
+        default=None,
+        metadata={"help": "SQaLe only: the schema table (local parquet/JSONL/JSON, a folder, or a Hub id) joined to "
+                  "the query rows on the schema id. None: inline DDL columns, else the published schema table."},
+    )
+    difficulties: list[str] | None = field(
+        default=None,
+        metadata={"help": "Keep only rows with these difficulty labels (simple, moderate, challenging). None keeps "
+                  "every row."},
+    )
+    difficulty_estimated: bool = field(
+        default=False,
+        metadata={"help": "Estimate difficulty from the gold SQL's structure (t2s.data.difficulty) for rows without a "
+                  "label (BIRD train has none) before filtering by `difficulties`. Our estimate: how the published "
+                  "recipe chose simple + moderate is unknown."},
+    )
+    pass_rate_file: str | None = field(
+        default=None,
+        metadata={"help": "A JSONL of {question_id, ...} kept by the pass-rate filter (`t2s data pass-rate`); when "
+                  "set, only those question ids train (the sibling recipe's prompts solved 1-7 times out of 8)."},
+    )
+    gold_hygiene: bool = field(
+        default=True,
+        metadata={"help": "Drop rows whose gold SQL errors, times out or returns nothing (counted and logged)."},
+    )
+    max_train_rows: int | None = field(
+        default=None,
+        metadata={"help": "Keep at most this many rows after filtering (None: all)."},
+    )
+    rows_seed: int = field(
+        default=0,
+        metadata={"help": "Seed of the shuffle applied before `max_train_rows` is taken."},
+    )
+    build_tiny_model: bool = field(
+        default=False,
+        metadata={"help": "Build the tiny offline Qwen3.5 (t2s.training.tiny_model) at model_name_or_path when it is absent. "
+                  "For the smoke recipe and the CPU demo only."},
+    )
+
+
+@dataclass
+class T2SGRPOConfig(GRPOConfig):
+    """``trl.GRPOConfig`` with the published recipe's loss, the KL controller, rollouts, episodes and rewards.
+
+    Defaults that differ from TRL's are the recipe's: ``scale_rewards="none"``, ``epsilon_high=0.28``,
+    ``importance_sampling_level="sequence"``, ``use_bias_correction_kl=False``, ``beta=0.01``.
+    ``loss_type`` stays ``"grpo"``: :class:`t2s.training.trainer.Text2SQLGRPOTrainer` replaces TRL's loss with DESIGN §8's, and
+    start-up rejects TRL loss settings it would ignore.
+    """
+
+    # ---- loss
+    loss_norm_constant: float = field(
+        default=1024.0,
+        metadata={"help": "Per-sequence loss L_i = sum_t(mask * token_loss) / loss_norm_constant; the step loss is "
+                  "the mean of L_i over every sequence of the optimiser step. Published: 1024. Independent of "
+                  "max_completion_length."},
+    )
+    old_logprobs: str = field(
+        default="sampler",
+        metadata={"help": "'sampler' (published): the ratio is taken against the rollout's own logprobs, with no "
+                  "old-logprob forward pass and TRL's vLLM IS correction off. 'recompute': old logprobs come from a "
+                  "forward pass before the update and TRL's token_truncate IS correction handles the sampler "
+                  "mismatch. The two are different algorithms."},
+    )
+    # ---- KL controller
+    target_kl: float = field(
+        default=0.005,
+        metadata={"help": "Target of the proportional KL controller: mean k3 over model tokens per step. Published."},
+    )
+    kl_horizon: float = field(
+        default=10000.0,
+        metadata={"help": "Controller horizon: beta <- beta * (1 + clip(KL/target - 1, -0.2, 0.2) * n / horizon), "
+                  "n = episodes in the step. Our choice (Ziegler et al. 2019)."},
+    )
+    beta_min: float = field(default=1e-4, metadata={"help": "Lower bound of beta (must be > 0). Our choice."})
+    beta_max: float = field(default=1.0, metadata={"help": "Upper bound of beta. Our choice."})
+    # ---- rollout backend
+    rollout_backend: str = field(
+        default="transformers",
+        metadata={"help": "transformers (turn-synchronous model.generate; CPU or GPUs without vLLM), vllm_colocate "
+                  "(the trainer's own vLLM engine, turn-synchronous), or vllm_server (per-episode async requests to "
+                  "`make serve`; each rank talks to the server itself)."},
+    )
+    rollout_concurrency: int = field(
+        default=64,
+        metadata={"help": "vllm_server: at most this many requests in flight per rank."},
+    )
+    rollout_request_timeout: float = field(
+        default=600.0,
+        metadata={"help": "vllm_server: seconds before one /v1/completions request is abandoned."},
+    )
+    rollout_max_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "transformers backend: sequences per generate call (None: the whole turn at once)."},
+    )
+    # ---- episode (t2s.env.episode.EpisodeConfig)
+    mode: str = field(default="full", metadata={"help": "full (CREATE TABLEs in the prompt) or withheld (schema "
+                                                        "discovered through tools)."})
+    dialect: str = field(default="exec_plan", metadata={"help": "Tool dialect: exec_plan or sibling."})
+    tool_format: str = field(default="json", metadata={"help": "Call format: json (one JSON object per call) or "
+                                                                "native (the chat template's tool calling, tools=)."})
+    max_turns: int = field(default=6, metadata={"help": "Tool turns per episode before the forced final turn. "
+                                                        "Published: 6."})
+    max_calls_per_turn: int = field(default=8, metadata={"help": "Tool calls run per turn; more get an error line."})
+    max_failed_queries: int = field(default=4, metadata={"help": "Consecutive failed run_query calls that end the "
+                                                                 "exploration."})
+    episode_tool_seconds: float = field(default=30.0, metadata={"help": "Tool-time budget of one episode (seconds)."})
+    tool_timeout: float = field(default=5.0, metadata={"help": "Seconds one tool query may run."})
+    episode_token_budget: int = field(default=12288, metadata={"help": "Tokens of one whole episode, prompt "
+                                                                       "included. Published: 12288."})
+    max_tokens_per_turn: int = field(default=2048, metadata={"help": "Cap on one generation call."})
+    forced_turn_reserve: int = field(default=512, metadata={"help": "Budget tokens kept for the forced final turn."})
+    min_episode_tokens: int = field(default=2048, metadata={"help": "Rows whose prompt leaves less than this of the "
+                                                                    "budget are dropped from training (counted)."})
+    column_descriptions: bool = field(default=False, metadata={"help": "Add BIRD column descriptions to "
+                                                                       "describe_table."})
+    system_prompt_file: str | None = field(default=None, metadata={"help": "Replace the system prompt with this "
+                                                                           "file's text."})
+    enable_thinking: bool = field(default=True, metadata={"help": "Render every prompt with enable_thinking=True "
+                                                                  "(Qwen3.5-2B ships the no-think template)."})
+    # ---- rewards
+    reward_names: list[str] = field(
+        default_factory=lambda: ["dense"],
+        metadata={"help": "Reward functions by name, from t2s.scoring.rewards.REWARD_FUNCS (dense, sibling)."},
+    )
+    fallback_reward_scale: float = field(
+        default=1.0,
+        metadata={"help": "Multiplies the dense reward of episodes whose final SQL came from the fallback. Our choice."},
+    )
+
+    # ---- TRL defaults the recipe changes
+    beta: float = field(default=0.01, metadata={"help": "Initial KL coefficient beta0 (controller start). Never 0: "
+                                                        "TRL builds the reference model only when beta != 0."})
+    scale_rewards: str = field(default="none", metadata={"help": "Advantage std normalisation: none (published)."})
+    epsilon_high: float = field(default=0.28, metadata={"help": "Upper clip (DAPO clip-higher). Published: 0.28."})
+    importance_sampling_level: str = field(default="sequence", metadata={"help": "Sequence-level ratio. Published."})
+    use_bias_correction_kl: bool = field(default=False, metadata={"help": "Plain k3 (off). Published."})
+    loss_type: str = field(default="grpo", metadata={"help": "Must stay grpo: the t2s trainer replaces TRL's loss "
+                                                            "aggregation with sum over tokens / loss_norm_constant."})
+    num_completions_to_print: int | None = field(
+        default=0, metadata={"help": "Completions TRL prints to the console at each log (0: none; with "
+                             "log_completions they are written to <output_dir>/completions and `t2s show` reads them)."})
+
+    def __post_init__(self) -> None:
+        check_groups_per_rank(self)
+        if self.rollout_backend in ("vllm_colocate", "vllm_server"):
+            self.use_vllm = True
+            self.vllm_mode = "colocate" if self.rollout_backend == "vllm_colocate" else "server"
+        elif self.rollout_backend == "transformers":
+            self.use_vllm = False
+        # sampler: the ratio is taken against the rollout's logprobs directly; recompute: TRL's correction.
+        self.vllm_importance_sampling_correction = self.old_logprobs == "recompute"
+        if self.old_logprobs == "recompute":
+            self.vllm_importance_sampling_mode = "token_truncate"
+        kwargs = dict(self.chat_template_kwargs or {})
+        kwargs["enable_thinking"] = bool(self.enable_thinking)
+        self.chat_template_kwargs = kwargs
+        super().__post_init__()
+        validate_training_config(self)  # the one place a recipe is validated: every config is, when it is built
+
+    def episode_config(self):
+        """The :class:`t2s.env.episode.EpisodeConfig` these settings describe."""
+        import dataclasses
+
+        from t2s.env.episode import EpisodeConfig
+
+        names = {f.name for f in dataclasses.fields(EpisodeConfig)}
+        return EpisodeConfig(**{name: getattr(self, name) for name in names if hasattr(self, name)})
+
+
+def check_groups_per_rank(args) -> None:
+    """A rank's generation batch (per_device_train_batch_size × steps_per_generation) must hold whole groups."""
+    steps = args.steps_per_generation
+    if steps is None and args.generation_batch_size is None:
+        steps = args.gradient_accumulation_steps
+    if steps is None:  # derived from generation_batch_size, whose divisibility TRL checks
+        return
+    per_rank = args.per_device_train_batch_size * steps
+    if per_rank % args.num_generations != 0:
+        raise ConfigError(
+            f"Error: a GRPO group would be split across ranks: per_device_train_batch_size × steps_per_generation = "
+            f"{args.per_device_train_batch_size} × {steps} = {per_rank} is not a multiple of "
+            f"num_generations ({args.num_generations}). Groups must stay on one rank (consensus and advantages "
+            "need the whole group)."
+        )
+
+
+def _sampling_filters(args) -> list[str]:
+    found = []
+    gen = dict(args.generation_kwargs or {})
+    top_k = gen.get("top_k", args.top_k)
+    top_p = gen.get("top_p", args.top_p)
+    min_p = gen.get("min_p", args.min_p)
+    if top_k not in (None, 0, -1):
+        found.append(f"top_k={top_k}")
+    if top_p is not None and float(top_p) < 1.0:
+        found.append(f"top_p={top_p}")
+    if min_p not in (None, 0, 0.0):
+        found.append(f"min_p={min_p}")
+    return found
+
+
+def _unused_loss_settings(args) -> list[str]:
+    """TRL loss settings changed from their neutral value that the t2s loss (DESIGN §8) never reads."""
+    found = []
+    if getattr(args, "loss_type", "grpo") != "grpo":
+        found.append(f"loss_type={args.loss_type!r}")
+    for name in ("delta", "off_policy_mask_threshold"):
+        if getattr(args, name, None) is not None:
+            found.append(f"{name}={getattr(args, name)}")
+    if getattr(args, "top_entropy_quantile", 1.0) < 1.0:
+        found.append(f"top_entropy_quantile={args.top_entropy_quantile}")
+    if getattr(args, "entropy_coef", 0.0) or getattr(args, "use_adaptive_entropy", False):
+        found.append("an entropy bonus (entropy_coef / use_adaptive_entropy)")
+    if getattr(args, "use_bias_correction_kl", False):
+        found.append("use_bias_correction_kl=True")
+    return found
+
+
+def validate_training_config(args, reward_names=None) -> None:
+    """Start-up checks that need only the config (DESIGN §8); raises :class:`ConfigError` on the first problem.
+
+    The checks that need the tokenizer or model (think block, eos ids) run in the trainer.
+    """
+    if args.rollout_backend not in ROLLOUT_BACKENDS:
+        raise ConfigError(f"Error: rollout_backend {args.rollout_backend!r} is unknown; use one of "
+                          f"{', '.join(ROLLOUT_BACKENDS)}.")
+    if args.old_logprobs not in OLD_LOGPROBS_MODES:
+        raise ConfigError(f"Error: old_logprobs {args.old_logprobs!r} is unknown; use 'sampler' or 'recompute'.")
+    from t2s.env import tool_schemas
+
+    try:
+        tool_schemas.check_dialect(args.dialect)
+        tool_schemas.check_tool_format(args.tool_format)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    filters = _sampling_filters(args)
+    if filters:
+        raise ConfigError(
+            f"Error: training sampling must be temperature-only, but {', '.join(filters)} is set. The trainer's "
+            "logprobs never apply top-k/top-p/min-p, so the sampler's would not match; remove them (evaluation "
+            "sampling is separate)."
+        )
+    check_groups_per_rank(args)
+    if not args.beta > 0:
+        raise ConfigError(f"Error: beta must be > 0 (got {args.beta}): TRL builds the reference model only when "
+                          "beta != 0, and the KL controller needs one.")
+    if not 0 < args.beta_min <= args.beta <= args.beta_max:
+        raise ConfigError(f"Error: need 0 < beta_min <= beta <= beta_max (got {args.beta_min}, {args.beta}, "
+                          f"{args.beta_max}).")
+    if not args.target_kl > 0 or not args.kl_horizon > 0:
+        raise ConfigError("Error: target_kl and kl_horizon must be > 0.")
+    if not args.loss_norm_constant > 0:
+        raise ConfigError(f"Error: loss_norm_constant must be > 0 (got {args.loss_norm_constant}).")
+    generate_every = args.steps_per_generation * args.num_iterations
+    if args.old_logprobs == "sampler" and args.gradient_accumulation_steps % generate_every != 0:
+        raise ConfigError(
+            f"Error: old_logprobs 'sampler' needs gradient_accumulation_steps ({args.gradient_accumulation_steps}) to "
+            f"be a multiple of steps_per_generation × num_iterations ({generate_every}); otherwise samples come from "
+            "an older policy and old logprobs must be recomputed (use old_logprobs: recompute)."
+        )
+    if args.rollout_backend == "vllm_colocate" and args.vllm_tensor_parallel_size != 1:
+        raise ConfigError(
+            f"Error: rollout_backend vllm_colocate needs vllm_tensor_parallel_size 1 (got "
+            f"{args.vllm_tensor_parallel_size}): each rank drives its own engine with its own episodes, while a "
+            "tensor-parallel group needs identical generate calls on all of its ranks. Use vllm_server for a sharded "
+            "engine."
+        )
+    if args.mask_truncated_completions:
+        raise ConfigError("Error: mask_truncated_completions must be off: truncated episodes train with their "
+                          "reward (DESIGN §8).")
+    unused = _unused_loss_settings(args)
+    if unused:
+        raise ConfigError(
+            f"Error: {', '.join(unused)} would be ignored: the t2s trainer's loss (DESIGN §8: clipped ratio, k3 KL, "
+            "sum over tokens / loss_norm_constant) does not use it. Remove it from the recipe."
+        )
+    names = args.reward_names if reward_names is None else reward_names
+    if not names:
+        raise ConfigError("Error: reward_names is empty; name at least one of t2s.scoring.rewards.REWARD_FUNCS.")
+    from t2s.scoring.rewards import REWARD_FUNCS
+
+    unknown = [name for name in names if name not in REWARD_FUNCS]
+    if unknown:
+        raise ConfigError(f"Error: unknown reward name {unknown[0]!r}; known: {', '.join(sorted(REWARD_FUNCS))}.")
+    if args.reward_weights is not None and len(args.reward_weights) != len(names):
+        raise ConfigError(f"Error: {len(args.reward_weights)} reward_weights for {len(names)} reward_names.")
+
+
+def parse_recipe(argv: list[str] | None = None):
+    """Parse ``--config recipe.yaml [overrides]`` into (script_args, training_args, model_args)."""
+    from trl import TrlParser
+
+    if argv and "--config" in argv[:-1]:
+        check_recipe_yaml(argv[argv.index("--config") + 1])
+    parser = TrlParser((T2SScriptArguments, T2SGRPOConfig, ModelConfig))
+    return parser.parse_args_and_config(argv)
+
+
+def check_recipe_yaml(path) -> None:
+    """ConfigError naming the file and line when a recipe is not a YAML mapping of settings."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"Error: recipe {path} is not valid YAML{where}: {problem}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"Error: recipe {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"Error: recipe {path} must be a YAML mapping of settings, found {type(document).__name__}")

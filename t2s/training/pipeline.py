@@ -1,0 +1,286 @@
+"""From a parsed recipe to a trained model: the rows (loaded, filtered, counted), the model path, the trainer, resume
+and fit, shared by ``train``, ``sft``, ``demo`` and ``bench learn``.
+
+Before the model loads, rows are loaded (``t2s.data.loaders.load_rows``), filtered by difficulty (labelled or, with
+``difficulty_estimated``, estimated), by pass rate when a file is given, and by gold hygiene; rows whose prompt
+leaves less than ``min_episode_tokens`` of the episode budget are dropped. Every drop is counted, logged and written
+to ``<output_dir>/data_summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def resolve_path(path: str | None) -> Path | None:
+    """A path as given if it exists, else a shipped repository path (recipes name repo paths such as
+    ``data/demo/dev.json``), else one under the workspace; None if absent."""
+    if not path:
+        return None
+    from t2s.settings import shipped, workspace
+
+    for candidate in (Path(path), shipped(path), workspace() / path):
+        if candidate.exists():
+            return candidate.resolve()
+    return None
+
+
+def check_data_paths(script_args) -> tuple[Path | None, Path | None]:
+    """The resolved data file and db_root; a ConfigError for a missing one (SQaLe may name a Hub dataset)."""
+    from t2s.training.configs import ConfigError
+
+    data_path = resolve_path(script_args.dataset_path)
+    if data_path is None and script_args.dataset_kind != "sqale":
+        raise ConfigError(f"Error: dataset_path {script_args.dataset_path!r} not found (looked in the working "
+                          "directory and the repository root).")
+    db_root = resolve_path(script_args.db_root) if script_args.db_root else None
+    if script_args.db_root and db_root is None:
+        raise ConfigError(f"Error: db_root {script_args.db_root!r} not found.")
+    return data_path, db_root
+
+
+def load_training_rows(script_args, training_args, tokenizer=None) -> tuple[list[dict], dict]:
+    """Rows for training and the counts of every filter; raises ConfigError for a missing data path."""
+    from t2s.training.configs import ConfigError
+    from t2s.data.loaders import load_rows
+
+    data_path, db_root = check_data_paths(script_args)
+    opts = {"schemas": script_args.sqale_schemas} if script_args.dataset_kind == "sqale" else {}
+    rows = list(load_rows(script_args.dataset_kind, str(data_path or script_args.dataset_path),
+                          str(db_root) if db_root else None, **opts))
+    counts: dict = {"loaded": len(rows)}
+    if script_args.difficulties:
+        wanted = set(script_args.difficulties)
+        if script_args.difficulty_estimated:
+            from t2s.data.difficulty import estimate
+
+            unlabelled = [r for r in rows if r.get("difficulty") is None]
+            for row, level in zip(unlabelled, estimate(unlabelled), strict=True):
+                row["difficulty"] = level
+            counts["difficulty_estimated"] = len(unlabelled)
+        kept = [r for r in rows if r.get("difficulty") in wanted]
+        counts["dropped_difficulty"] = len(rows) - len(kept)
+        rows = kept
+    if script_args.pass_rate_file:
+        path = resolve_path(script_args.pass_rate_file)
+        if path is None:
+            raise ConfigError(f"Error: pass_rate_file {script_args.pass_rate_file!r} not found.")
+        keep_ids = pass_rate_ids(path)
+        kept = [r for r in rows if str(r["question_id"]) in keep_ids]
+        counts["dropped_pass_rate"] = len(rows) - len(kept)
+        rows = kept
+    if script_args.gold_hygiene:
+        from t2s.data.hygiene import filter_rows
+
+        before = len(rows)
+        rows, hygiene = filter_rows(rows)
+        counts["dropped_gold_hygiene"] = before - len(rows)
+        counts["gold_hygiene"] = hygiene
+    if tokenizer is not None:
+        rows, too_long = drop_long_prompts(rows, tokenizer, training_args)
+        counts["dropped_prompt_too_long"] = too_long
+    if script_args.max_train_rows is not None and len(rows) > script_args.max_train_rows:
+        import random
+
+        random.Random(script_args.rows_seed).shuffle(rows)
+        rows = rows[: script_args.max_train_rows]
+    counts["kept"] = len(rows)
+    if not rows:
+        raise ConfigError(f"Error: no training rows left after filtering ({counts}).")
+    return rows, counts
+
+
+def pass_rate_ids(path: Path) -> set[str]:
+    """Question ids kept by ``t2s data passrate`` (its JSON list of rows, or JSONL with question_id)."""
+    text = path.read_text(encoding="utf-8")
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError:
+        items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if isinstance(items, dict):
+        items = [items]
+    return {str(item["question_id"]) for item in items}
+
+
+def drop_long_prompts(rows: list[dict], tokenizer, training_args) -> tuple[list[dict], int]:
+    """Drop rows whose rendered prompt leaves less than ``min_episode_tokens`` of the episode budget."""
+    from t2s.env.episode import Episode
+    from t2s.env.play import first_prompt_ids
+
+    config = training_args.episode_config()
+    kept = []
+    for row in rows:
+        prompt_tokens = len(first_prompt_ids(tokenizer, Episode(row, config)))
+        if config.episode_token_budget - prompt_tokens >= config.min_episode_tokens:
+            kept.append(row)
+    dropped = len(rows) - len(kept)
+    if dropped:
+        log.warning("dropped %d rows whose prompt leaves less than %d of the %d-token episode budget", dropped,
+                    config.min_episode_tokens, config.episode_token_budget)
+    return kept, dropped
+
+
+def prepare_model_path(script_args, model_args) -> str:
+    """The model to load: a local folder (built first for the tiny smoke model) or a hub id."""
+    from t2s.training.configs import ConfigError
+
+    name = model_args.model_name_or_path
+    if not name:
+        raise ConfigError("Error: model_name_or_path is not set in the recipe.")
+    local = resolve_path(name)
+    if local is not None:
+        return str(local)
+    if script_args.build_tiny_model:
+        from t2s.settings import workspace
+        from t2s.training.tiny_model import build_tiny_model
+
+        target = workspace() / name  # an absolute name stays as it is
+        return str(build_tiny_model(target))
+    return name
+
+
+def build_trainer(script_args, training_args, model_args, *, callbacks=None):
+    """Load data and model and return a ready :class:`Text2SQLGRPOTrainer` (plus the data counts)."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import get_peft_config
+
+    from t2s.training.configs import ConfigError
+    from t2s.training.trainer import Text2SQLGRPOTrainer
+
+    check_data_paths(script_args)
+    if training_args.system_prompt_file:  # a recipe may name a shipped file such as recipes/prompt.txt
+        prompt_file = resolve_path(training_args.system_prompt_file)
+        if prompt_file is None:
+            raise ConfigError(f"Error: system_prompt_file {training_args.system_prompt_file!r} not found.")
+        training_args.system_prompt_file = str(prompt_file)
+    model_path = prepare_model_path(script_args, model_args)
+    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left", revision=model_args.model_revision,
+                                              trust_remote_code=training_args.trust_remote_code)
+    rows, counts = load_training_rows(script_args, training_args, tokenizer)
+    log.info("training rows: %s", counts)
+    init_kwargs = dict(training_args.model_init_kwargs or {})
+    for key in ("dtype", "attn_implementation"):
+        value = getattr(model_args, key, None)
+        if value is not None:
+            init_kwargs.setdefault(key, value)
+    if model_args.model_revision and model_args.model_revision != "main":
+        init_kwargs.setdefault("revision", model_args.model_revision)
+    training_args.model_init_kwargs = init_kwargs or None
+    dataset = Dataset.from_list([{"prompt": row["question"], **row} for row in rows])
+    trainer = Text2SQLGRPOTrainer(model_path, training_args, train_dataset=dataset, processing_class=tokenizer,
+                                  peft_config=get_peft_config(model_args), callbacks=callbacks)
+    return trainer, counts
+
+
+def resume_checkpoint(training_args) -> str | None:
+    """``resume_from_checkpoint``: a folder, or ``latest``/``true`` for the newest *complete* checkpoint in output_dir.
+
+    ``latest`` passes over newer incomplete checkpoints (``t2s.training.checkpoints.checkpoint_problem``, e.g. a save cut off by
+    a crash) with one warning naming them and the one chosen; a named folder that is incomplete is a ConfigError.
+    """
+    from t2s.training.checkpoints import checkpoint_problem, newest_complete_checkpoint
+    from t2s.training.configs import ConfigError
+
+    value = training_args.resume_from_checkpoint
+    if value in (None, "", False):
+        return None
+    model_only = bool(getattr(training_args, "save_only_model", False))
+    if str(value).lower() in ("latest", "last", "true"):
+        found, skipped = newest_complete_checkpoint(training_args.output_dir, model_only=model_only)
+        passed_over = "; ".join(f"{folder} ({problem})" for folder, problem in skipped)
+        if found is None and not skipped:
+            raise ConfigError(f"Error: no checkpoint to resume in {training_args.output_dir}.")
+        if found is None:
+            raise ConfigError(f"Error: no complete checkpoint to resume in {training_args.output_dir}: incomplete "
+                              f"{passed_over}.")
+        if skipped and int(os.environ.get("RANK", "0")) == 0:
+            log.warning("resuming from %s: passing over incomplete %s", found, passed_over)
+        return str(found)
+    if not os.path.isdir(value):
+        raise ConfigError(f"Error: checkpoint {value!r} not found.")
+    problem = checkpoint_problem(value, model_only=model_only)
+    if problem is not None:
+        raise ConfigError(f"Error: checkpoint {value} cannot be resumed: {problem}.")
+    return str(value)
+
+
+def train(script_args, training_args, model_args, *, callbacks=None):
+    """Build, train, save; returns the trainer."""
+    trainer, counts = build_trainer(script_args, training_args, model_args, callbacks=callbacks)
+    return fit(trainer, counts, resume_checkpoint(training_args))
+
+
+def fit(trainer, counts: dict, checkpoint: str | None = None):
+    """Train (from ``checkpoint`` when given), save the model and a summary in output_dir, then end the run.
+
+    Ending the run unregisters the process group, but the trainer's model still holds it, and the trainer lives in
+    reference cycles. Left to the collector at interpreter shutdown, a gloo worker thread still dropping its last
+    collective needs the GIL, is made to exit, and the process aborts ("terminate called without an active
+    exception") after a finished run. So a caller done with the trainer drops it and runs ``gc.collect()``.
+    """
+    output_dir = trainer.args.output_dir
+    if trainer.accelerator.is_main_process:
+        os.makedirs(output_dir, exist_ok=True)
+        Path(output_dir, "data_summary.json").write_text(json.dumps(counts, indent=2, default=str))
+    trainer.train(resume_from_checkpoint=checkpoint)
+    trainer.save_model(output_dir)
+    if trainer.accelerator.is_main_process:
+        summary = {"global_step": trainer.state.global_step, "beta": trainer.beta, "data": counts}
+        Path(output_dir, "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    trainer.accelerator.end_training()
+    return trainer
+
+
+def use_step_printer(trainer) -> None:
+    """Print each step as ``make demo`` does (reward components, tiers, episode rates, KL, beta) instead of the
+    transformers callbacks' dict of every logged key; every key still reaches trainer_state.json and the trackers."""
+    from transformers import PrinterCallback, ProgressCallback
+
+    from t2s.training.progress import step_printer
+    from t2s.ui.console import console
+
+    for callback in (PrinterCallback, ProgressCallback):
+        trainer.remove_callback(callback)
+    if trainer.accelerator.is_main_process:
+        trainer.add_callback(step_printer(console()))
+
+
+def start_command(config: str) -> Path | None:
+    """What ``train`` and ``sft`` do first: CPU threads (before torch is imported), quiet offline settings, logging.
+
+    Returns the recipe's path, or None after one ``Error:`` line when it is not found.
+    """
+    from t2s.training.cpu_threads import configure_cpu_threads
+    from t2s.settings import offline_environment
+
+    configure_cpu_threads()
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        offline_environment()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    path = resolve_path(config)
+    if path is None or not path.is_file():
+        print(f"Error: recipe {config} not found.", file=sys.stderr)
+        return None
+    return path
+
+
+def setup_error(exc: Exception) -> int:
+    """A recipe, config or data error at start-up on stderr (a ConfigError as it is, any other as its first line,
+    prefixed ``Error:``); returns the exit code (2)."""
+    from t2s.training.configs import ConfigError
+
+    if isinstance(exc, ConfigError):
+        print(str(exc), file=sys.stderr)
+        return 2
+    message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
+    print(message.splitlines()[0], file=sys.stderr)
+    return 2

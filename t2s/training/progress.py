@@ -1,0 +1,83 @@
+"""What a training run prints: one block per step (reward components, tiers, episode rates, KL, beta, time split) and
+a table of every step at the end, shared by ``train``, ``demo`` and ``bench learn``; and the libraries quietened so
+that it reads."""
+
+from __future__ import annotations
+
+
+STEP_COLUMNS = (  # (log key, column title, format)
+    ("reward", "reward", "{:.3f}"),
+    ("rewards/dense/f1", "f1", "{:.3f}"),
+    ("rewards/dense/join", "join", "{:.2f}"),
+    ("rewards/dense/consensus", "consensus", "{:.2f}"),
+    ("tier/equivalent", "equiv", "{:.2f}"),
+    ("tier/executable", "exec", "{:.2f}"),
+    ("tier/parsable", "parse", "{:.2f}"),
+    ("tier/invalid", "invalid", "{:.2f}"),
+    ("episodes/turns_mean", "turns", "{:.1f}"),
+    ("episodes/submit_rate", "submit", "{:.2f}"),
+    ("episodes/forced_rate", "forced", "{:.2f}"),
+    ("kl", "kl", "{:.2e}"),
+    ("beta", "beta", "{:.6f}"),
+    ("step_time", "s/step", "{:.1f}"),
+    ("time/generation", "s gen", "{:.1f}"),
+    ("time/environment", "s env", "{:.2f}"),
+    ("time/reward", "s reward", "{:.2f}"),
+    ("time/forward_backward", "s fwd/bwd", "{:.1f}"),
+)
+
+
+def step_printer(console):
+    """A TrainerCallback that prints each step's reward components, episode rates, KL, beta and time split as it ends."""
+    from transformers import TrainerCallback
+
+    class StepPrinter(TrainerCallback):
+        def __init__(self):
+            self.steps: list[dict] = []
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "reward" not in logs:
+                return
+            self.steps.append(dict(logs, step=state.global_step))
+
+            def show(key: str) -> str:
+                fmt = next(f for k, _, f in STEP_COLUMNS if k == key)
+                return fmt.format(logs[key]) if logs.get(key) is not None else "-"
+
+            console.print(
+                f"[bold]step {state.global_step}/{state.max_steps}[/]  reward {show('reward')}  f1 {show('rewards/dense/f1')}  "
+                f"join {show('rewards/dense/join')}  consensus {show('rewards/dense/consensus')}\n"
+                f"  tiers: equivalent {show('tier/equivalent')}  executable {show('tier/executable')}  parsable "
+                f"{show('tier/parsable')}  invalid {show('tier/invalid')}\n"
+                f"  turns {show('episodes/turns_mean')}  submit {show('episodes/submit_rate')}  forced "
+                f"{show('episodes/forced_rate')}  kl {show('kl')}  beta {show('beta')}\n"
+                f"  time {show('step_time')} s: generation {show('time/generation')}  environment "
+                f"{show('time/environment')}  reward {show('time/reward')}  forward/backward "
+                f"{show('time/forward_backward')}",
+                highlight=False,
+            )
+
+        def table(self):
+            from rich.table import Table
+
+            table = Table(title="training steps")
+            table.add_column("metric")
+            for entry in self.steps:
+                table.add_column(f"step {entry['step']}", justify="right")
+            for key, title, fmt in STEP_COLUMNS:
+                table.add_row(title, *(fmt.format(e[key]) if e.get(key) is not None else "-" for e in self.steps))
+            return table
+
+    return StepPrinter()
+
+
+def quiet_libraries() -> None:
+    import logging
+    import warnings
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    logging.getLogger("trl").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")

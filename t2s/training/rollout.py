@@ -1,0 +1,428 @@
+"""Drive many episodes against a generation backend and build what TRL's ``rollout_func`` returns (DESIGN §3, §8).
+
+The token stream is accumulated raw and never re-rendered through the chat template:
+
+- prompt = ``play.first_prompt_ids(tokenizer, episode)`` (ends in ``<|im_start|>assistant\\n<think>\\n``);
+- each model turn's tokens are appended as sampled (a sampled stop token included), ``env_mask`` 1, sampler logprobs;
+- the environment's suffix (``protocol.env_suffix_ids``: an ``<|im_end|>`` when the turn did not end on one, the
+  observation as a user turn, the next generation prompt; in the native call format ``native_calls.suffix_ids``: the
+  turn's tool messages and user message as the chat template renders them) is appended with ``env_mask`` 0 and
+  logprob 0.0;
+- a finished trajectory ends on ``<|im_end|>``: when the last model turn stopped on ``<|endoftext|>`` or was cut off,
+  one ``<|im_end|>`` is appended as an environment token.
+
+Budgets and cut-offs are the episode's (``Episode.start / next_max_tokens / step / add_env_tokens``). Two schedules
+return the same traces:
+
+- **async** (vLLM server): every episode is its own chain of ``agenerate`` calls on one event loop;
+- **turnsync** (vLLM colocate, transformers): each round batches the next turn of every active episode.
+
+In both, tool calls and scoring run in a thread pool, never on the loop or between batches' generation, and each
+episode is scored as soon as it finishes. Tokenisation stays on the driving thread.
+
+``Rollout.timings`` gives the wall seconds of the last run during which generation, and during which the environment
+(opening databases, tools, final SQL and scoring), had at least one call in flight. The two overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from t2s.backends.base import SamplingSettings, TurnOutput
+from t2s.env.episode import COUNTER_KEYS, Episode, EpisodeConfig
+from t2s.env.play import EnvTokenCounter, first_prompt_ids
+
+logger = logging.getLogger(__name__)
+
+IM_END = "<|im_end|>"
+GENERATION, ENVIRONMENT = "generation", "environment"
+
+
+class BusyClock:
+    """Wall seconds during which at least one span of a kind was open; spans may overlap and come from any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[str, int] = defaultdict(int)
+        self._since: dict[str, float] = {}
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def span(self, kind: str) -> Iterator[None]:
+        with self._lock:
+            if self._open[kind] == 0:
+                self._since[kind] = time.perf_counter()
+            self._open[kind] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open[kind] -= 1
+                if self._open[kind] == 0:
+                    self.seconds[kind] += time.perf_counter() - self._since.pop(kind)
+
+
+@dataclass
+class EpisodeTrace:
+    """One episode's token stream and results. ``completion_ids``, ``logprobs`` and ``env_mask`` align."""
+
+    index: int
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    record: dict = field(default_factory=dict)
+    outcome: Any = None  # what the scorer returned (rewards.ExecutionOutcome by default), None when not scored
+    assistant_texts: list[str] = field(default_factory=list)  # what Episode.step received, turn by turn
+    env_texts: list[str] = field(default_factory=list)  # the decoded environment segments, in order
+    finish_reasons: list[str] = field(default_factory=list)
+    error: str | None = None  # a generation failure that ended the episode
+
+    def check(self, im_end_id: int | None = None) -> None:
+        n = len(self.completion_ids)
+        if len(self.logprobs) != n or len(self.env_mask) != n:
+            raise AssertionError(
+                f"episode {self.index}: {n} completion ids, {len(self.logprobs)} logprobs, {len(self.env_mask)} mask"
+            )
+        if im_end_id is not None and n and self.completion_ids[-1] != im_end_id:
+            raise AssertionError(f"episode {self.index}: the trajectory does not end on <|im_end|>")
+
+
+def default_scorer(row: dict, record: dict):
+    """Execute the episode's final SQL against gold (``rewards.execute_final``)."""
+    from t2s.scoring.rewards import execute_final
+
+    return execute_final(row, record["final_sql"], episode_write_attempt=record["counters"]["write_attempts"] > 0)
+
+
+def outcome_dict(outcome) -> dict | None:
+    if outcome is None or isinstance(outcome, dict):
+        return outcome
+    if dataclasses.is_dataclass(outcome):
+        return dataclasses.asdict(outcome)
+    raise TypeError(f"a scorer must return a dataclass or a dict, got {type(outcome).__name__}")
+
+
+class _Run:
+    """One episode being played: the Episode plus its token stream. Tokenisation happens on the driving thread."""
+
+    def __init__(self, index: int, row: dict, rollout: Rollout):
+        self.index = index
+        self.row = row
+        self.rollout = rollout
+        self.turn = 0
+        self.last: TurnOutput | None = None
+        self.episode: Episode | None = None
+        self.trace: EpisodeTrace | None = None
+        self.env_tokens: EnvTokenCounter | None = None  # counts each observation's suffix, then gives it
+
+    def open(self) -> None:  # worker thread: reads the schema
+        with self.rollout.clock.span(ENVIRONMENT):
+            self._open()
+
+    def _open(self) -> None:
+        rollout = self.rollout
+        db = rollout.db(self.row) if callable(rollout.db) else rollout.db
+        self.env_tokens = EnvTokenCounter(
+            rollout.tokenizer, rollout.config.enable_thinking, lock=rollout.tokenizer_lock
+        )
+        self.episode = Episode(self.row, rollout.config, db, env_tokens=self.env_tokens)
+
+    def begin(self) -> None:  # driving thread
+        tok = self.rollout.tokenizer
+        with self.rollout.tokenizer_lock:
+            prompt = first_prompt_ids(tok, self.episode)
+        self.trace = EpisodeTrace(self.index, prompt)
+        self.episode.start(len(prompt))
+
+    def next_request(self) -> tuple[list[int], int, int | None] | None:
+        """(context ids, max_tokens, seed) for the next turn, or None when the episode is over."""
+        if self.episode.done:
+            return None
+        max_tokens = self.episode.next_max_tokens()
+        if self.episode.done or max_tokens <= 0:
+            return None
+        seed = self.rollout.sampling.request_seed(self.index, self.turn)
+        return self.trace.prompt_ids + self.trace.completion_ids, max_tokens, seed
+
+    def take_turn(self, out: TurnOutput) -> tuple[str, int, bool] | None:
+        """Append a model turn; returns what ``Episode.step`` needs, or None when generation failed."""
+        trace = self.trace
+        self.turn += 1
+        self.last = out
+        trace.finish_reasons.append(out.finish_reason)
+        if out.finish_reason == "error":
+            trace.error = out.error or "Error: generation failed"
+            return None
+        trace.completion_ids += out.token_ids
+        trace.logprobs += [float(x) for x in out.logprobs]
+        trace.env_mask += [1] * len(out.token_ids)
+        text_ids = out.token_ids[:-1] if out.stop_token_id is not None and out.token_ids else out.token_ids
+        with self.rollout.tokenizer_lock:
+            text = self.rollout.tokenizer.decode(text_ids, skip_special_tokens=False)
+        trace.assistant_texts.append(text)
+        return text, len(out.token_ids), out.finish_reason == "length"
+
+    def step(self, text: str, n_tokens: int, cut_off: bool) -> str | None:  # worker thread: runs the tools
+        with self.rollout.clock.span(ENVIRONMENT):
+            try:
+                return self.episode.step(text, n_tokens=n_tokens, cut_off=cut_off)
+            except Exception as exc:  # noqa: BLE001 - one episode's failure ends that episode, never the rollout
+                logger.warning("episode %s ended by an environment error: %s: %s", self.index, type(exc).__name__, exc)
+                self.episode.end_with_error(text)
+                return None
+
+    def add_environment(self, observation: str) -> None:
+        needs_im_end = self.last.stop_token_id != self.rollout.im_end_id
+        suffix = self.env_tokens.suffix_ids(observation, needs_im_end=needs_im_end)  # tokenized when it was counted
+        self._append_env(suffix)
+        self.episode.add_env_tokens(len(suffix))
+
+    def _append_env(self, ids: list[int]) -> None:
+        trace = self.trace
+        trace.completion_ids += ids
+        trace.logprobs += [0.0] * len(ids)
+        trace.env_mask += [0] * len(ids)
+        with self.rollout.tokenizer_lock:
+            trace.env_texts.append(self.rollout.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def close(self) -> None:
+        """End the episode (generation error or budget) and end the stream on ``<|im_end|>``."""
+        if not self.episode.done:
+            self.episode.finish("generation_error" if self.trace.error else "stopped")
+        ids = self.trace.completion_ids
+        if not ids or ids[-1] != self.rollout.im_end_id:  # never an empty completion
+            self._append_env([self.rollout.im_end_id])
+
+    def finish(self) -> EpisodeTrace:  # worker thread: final SQL choice may execute SQL, then scoring
+        with self.rollout.clock.span(ENVIRONMENT):
+            self.trace.record = self.episode.record()
+            if self.rollout.scorer is not None:
+                self.trace.outcome = self.rollout.scorer(self.row, self.trace.record)
+        return self.trace
+
+
+class Rollout:
+    """Plays rows as episodes through ``backend`` and returns one ``EpisodeTrace`` per row, in row order.
+
+    ``scorer(row, record)`` runs as each episode finishes (default: ``rewards.execute_final`` of the final SQL); pass
+    ``score=False`` to skip scoring. ``schedule`` defaults to the backend's ("async" or "turnsync").
+    ``on_finish(trace)`` is called on the driving thread as each scored episode completes.
+    ``db`` opens every episode's database: a ``DatabaseRef``, a callable ``row -> DatabaseRef``, or None for the row's
+    own (``databases.ref_from_row``: benchmark files open ``immutable``; ``ask`` passes a ``user_db`` instead).
+    """
+
+    def __init__(
+        self,
+        backend,
+        tokenizer,
+        episode_config: EpisodeConfig | None = None,
+        *,
+        sampling: SamplingSettings | None = None,
+        scorer: Callable[[dict, dict], Any] | None = None,
+        score: bool = True,
+        tool_workers: int | None = None,
+        schedule: str | None = None,
+        on_finish: Callable[[EpisodeTrace], None] | None = None,
+        db=None,
+    ) -> None:
+        self.backend = backend
+        self.db = db
+        # Tool threads count observation tokens while the driving thread tokenizes: one tokenizer user at a time.
+        self.tokenizer_lock = threading.Lock()
+        self.tokenizer = tokenizer
+        self.config = episode_config or EpisodeConfig()
+        self.sampling = sampling or SamplingSettings.training()
+        self.scorer = (scorer or default_scorer) if score else None
+        self.tool_workers = tool_workers or max(2, os.cpu_count() or 2)
+        self.schedule = schedule or getattr(backend, "schedule", "turnsync")
+        if self.schedule not in ("async", "turnsync"):
+            raise ValueError(f"Error: unknown rollout schedule {self.schedule!r}; expected 'async' or 'turnsync'")
+        self.on_finish = on_finish
+        self.clock = BusyClock()
+        self.im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
+        if self.im_end_id not in getattr(backend, "stop_token_ids", [self.im_end_id]):
+            raise ValueError("Error: the backend does not stop on <|im_end|>")
+
+    # ---- public ----------------------------------------------------------------------------------------------------
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds of the last run with generation, and with environment work, in flight (they overlap)."""
+        return {GENERATION: self.clock.seconds[GENERATION], ENVIRONMENT: self.clock.seconds[ENVIRONMENT]}
+
+    def run(self, rows: Sequence[dict]) -> list[EpisodeTrace]:
+        self.clock = BusyClock()
+        rows = list(rows)
+        if not rows:
+            return []
+        with ThreadPoolExecutor(self.tool_workers, thread_name_prefix="t2s-tools") as pool:
+            if self.schedule == "async":
+                traces = _run_coroutine(self._run_async(rows, pool))
+            else:
+                traces = self._run_turnsync(rows, pool)
+        for trace in traces:
+            trace.check(self.im_end_id)
+        return traces
+
+    async def arun(self, rows: Sequence[dict]) -> list[EpisodeTrace]:
+        """``run`` from inside a running event loop (async schedule)."""
+        self.clock = BusyClock()
+        with ThreadPoolExecutor(self.tool_workers, thread_name_prefix="t2s-tools") as pool:
+            traces = await self._run_async(list(rows), pool)
+        for trace in traces:
+            trace.check(self.im_end_id)
+        return traces
+
+    def to_trl(self, traces: Sequence[EpisodeTrace]) -> dict:
+        return to_trl(traces, self.im_end_id)
+
+    # ---- async: one chain per episode --------------------------------------------------------------------------------
+    async def _run_async(self, rows: list[dict], pool: ThreadPoolExecutor) -> list[EpisodeTrace]:
+        loop = asyncio.get_running_loop()
+
+        async def play(index: int, row: dict) -> EpisodeTrace:
+            run = _Run(index, row, self)
+            await loop.run_in_executor(pool, run.open)
+            run.begin()
+            while (request := run.next_request()) is not None:
+                context, max_tokens, seed = request
+                with self.clock.span(GENERATION):
+                    out = await self.backend.agenerate(context, max_tokens, self.sampling, seed)
+                turn = run.take_turn(out)
+                if turn is None:
+                    break
+                observation = await loop.run_in_executor(pool, run.step, *turn)
+                if observation is None:
+                    break
+                run.add_environment(observation)
+            run.close()
+            trace = await loop.run_in_executor(pool, run.finish)
+            if self.on_finish is not None:
+                self.on_finish(trace)
+            return trace
+
+        try:
+            return list(await asyncio.gather(*(play(i, row) for i, row in enumerate(rows))))
+        finally:
+            close = getattr(self.backend, "aclose", None)
+            if close is not None:
+                await close()
+
+    # ---- turn-synchronous: one batch per round -----------------------------------------------------------------------
+    def _run_turnsync(self, rows: list[dict], pool: ThreadPoolExecutor) -> list[EpisodeTrace]:
+        runs = [_Run(i, row, self) for i, row in enumerate(rows)]
+        list(pool.map(_Run.open, runs))
+        for run in runs:
+            run.begin()
+        scoring: list[Future] = []
+
+        def retire(run: _Run) -> None:
+            run.close()
+            scoring.append(pool.submit(run.finish))
+
+        def report(wait: bool) -> None:
+            while scoring and (wait or scoring[0].done()):
+                trace = scoring.pop(0).result()
+                if self.on_finish is not None:
+                    self.on_finish(trace)
+
+        active = runs
+        while active:
+            requests, waiting = [], []
+            for run in active:
+                request = run.next_request()
+                if request is None:
+                    retire(run)
+                else:
+                    requests.append(request)
+                    waiting.append(run)
+            report(wait=False)
+            if not waiting:
+                break
+            with self.clock.span(GENERATION):
+                outputs = self.backend.generate(
+                    [r[0] for r in requests], [r[1] for r in requests], self.sampling, [r[2] for r in requests]
+                )
+            if len(outputs) != len(waiting):
+                raise RuntimeError(f"the backend answered {len(outputs)} turns for {len(waiting)} prompts")
+            turns = [run.take_turn(out) for run, out in zip(waiting, outputs)]
+            stepping = [(run, turn) for run, turn in zip(waiting, turns) if turn is not None]
+            for run, turn in zip(waiting, turns):
+                if turn is None:
+                    retire(run)
+            observations = list(pool.map(lambda pair: pair[0].step(*pair[1]), stepping))
+            active = []
+            for (run, _), observation in zip(stepping, observations):
+                if observation is None:
+                    retire(run)
+                else:
+                    run.add_environment(observation)
+                    active.append(run)
+        report(wait=True)
+        end = getattr(self.backend, "end_rollout", None)
+        if end is not None:  # lets collective backends keep in step with ranks still generating
+            end()
+        return [run.trace for run in runs]
+
+
+def _run_coroutine(coroutine):
+    """Run a coroutine to completion, also when the caller already has a running loop (e.g. a notebook)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with ThreadPoolExecutor(1) as runner:
+        return runner.submit(asyncio.run, coroutine).result()
+
+
+def to_trl(traces: Sequence[EpisodeTrace], im_end_id: int | None = None) -> dict:
+    """The dict TRL's ``rollout_func`` returns: flat ids, flat float logprobs, ``env_mask`` and per-episode extras.
+
+    Extras (one entry per episode): ``record``, ``final_sql``, ``final_sql_source``, ``outcome`` (a dict, or None when
+    not scored), ``rollout_error``, ``num_model_tokens``, and every episode counter under its own name (``turns``,
+    ``calls``, ``tool_errors``, ``format_deviations``, ``write_attempts``, ``turn_cutoffs``, ``submitted``, ``forced``,
+    ``fallback_used``, ``truncated``).
+    """
+    for trace in traces:
+        trace.check(im_end_id)
+    out: dict[str, list] = {
+        "prompt_ids": [list(t.prompt_ids) for t in traces],
+        "completion_ids": [list(t.completion_ids) for t in traces],
+        "logprobs": [[float(x) for x in t.logprobs] for t in traces],
+        "env_mask": [list(t.env_mask) for t in traces],
+        "record": [t.record for t in traces],
+        "final_sql": [t.record.get("final_sql") for t in traces],
+        "final_sql_source": [t.record.get("final_sql_source") for t in traces],
+        "outcome": [outcome_dict(t.outcome) for t in traces],
+        "rollout_error": [t.error for t in traces],
+        "num_model_tokens": [sum(t.env_mask) for t in traces],
+    }
+    for key in COUNTER_KEYS:
+        out[key] = [t.record.get("counters", {}).get(key) for t in traces]
+    n = len(traces)
+    assert all(len(v) == n for v in out.values()), "every rollout field has one entry per episode"
+    for ids, lps, mask in zip(out["completion_ids"], out["logprobs"], out["env_mask"]):
+        assert len(ids) == len(lps) == len(mask), "completion_ids, logprobs and env_mask align"
+    return out
+
+
+def run_episodes(
+    rows, backend, tokenizer, config: EpisodeConfig | None, sampling: SamplingSettings | None = None, *,
+    on_finish=None, scorer=None, score: bool = True, tool_workers: int | None = None,
+) -> list[EpisodeTrace]:  # fmt: skip
+    """One-call form of ``Rollout(...).run(rows)`` (the evaluator uses it with eval sampling)."""
+    rollout = Rollout(
+        backend, tokenizer, config, sampling=sampling, scorer=scorer, score=score, tool_workers=tool_workers,
+        on_finish=on_finish,
+    )  # fmt: skip
+    return rollout.run(rows)

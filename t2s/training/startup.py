@@ -1,0 +1,103 @@
+"""What the trainer checks and sets up before its first step, beyond the config (``validate_training_config``):
+the think block of the generation prompt, both stop tokens in the eos ids, the policy's load arguments, the reward
+functions, and the shape of what the rollout returns."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from t2s.backends.base import STOP_TOKENS, stop_token_ids
+from t2s.training.configs import ConfigError
+
+
+EOS_TOKENS = STOP_TOKENS  # ("<|im_end|>", "<|endoftext|>")
+
+
+def check_eos_ids(eos_token_ids, tokenizer) -> None:
+    """Both ``<|im_end|>`` and ``<|endoftext|>`` must end a completion; a ConfigError names the missing one."""
+    for token in EOS_TOKENS:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == tokenizer.unk_token_id or token_id not in list(eos_token_ids):
+            raise ConfigError(
+                f"Error: the eos ids {list(eos_token_ids)} do not include {token} (id {token_id}); generation must "
+                "stop on both <|im_end|> and <|endoftext|>."
+            )
+
+
+def check_think_prompt(tokenizer, chat_template_kwargs: dict | None, enable_thinking: bool) -> None:
+    """With thinking on, the rendered generation prompt must open a think block (end in ``<think>\\n``)."""
+    if not enable_thinking:
+        return
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Which tables exist?"}], tokenize=False, add_generation_prompt=True,
+        **dict(chat_template_kwargs or {}),
+    )
+    if not rendered.endswith("<think>\n"):
+        raise ConfigError(
+            f"Error: thinking is on but the chat template's generation prompt does not open a think block: it ends "
+            f"with {rendered[-40:]!r}, expected '<think>\\n'. Pass enable_thinking=True to the template, or use a "
+            "Qwen3.5 template."
+        )
+
+
+def set_generation_eos(model, tokenizer) -> list[int]:
+    """Set ``model.generation_config.eos_token_id`` to [<|im_end|>, <|endoftext|>] (Qwen3.5 defaults to the latter)."""
+    try:
+        ids = stop_token_ids(tokenizer)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    model.generation_config.eos_token_id = ids
+    return ids
+
+
+def check_rollout_output(output: dict, n: int) -> None:
+    """Assert the rollout's TRL dict is flat and consistent: n sequences, per-token lists of equal length."""
+    for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask"):
+        if key not in output:
+            raise RuntimeError(f"rollout output lacks {key!r}")
+        if output[key] is None or len(output[key]) != n:
+            raise RuntimeError(f"rollout output {key!r} has {None if output[key] is None else len(output[key])} "
+                               f"entries for {n} rows")
+    for i, (completion, logprobs, mask) in enumerate(
+        zip(output["completion_ids"], output["logprobs"], output["env_mask"], strict=True)
+    ):
+        if not all(isinstance(t, int) for t in completion):
+            raise RuntimeError(f"rollout completion {i} is not a flat list of ints")
+        if len(logprobs) != len(completion) or len(mask) != len(completion):
+            raise RuntimeError(f"rollout sequence {i}: {len(completion)} completion ids, {len(logprobs)} logprobs, "
+                               f"{len(mask)} env_mask entries")
+        if logprobs and not isinstance(logprobs[0], (int, float)):
+            raise RuntimeError(f"rollout logprobs {i} must be a flat list of floats, not {type(logprobs[0]).__name__}")
+    for key in output:
+        if key not in ("prompt_ids", "completion_ids", "logprobs", "env_mask") and isinstance(output[key], list):
+            if len(output[key]) != n:
+                raise RuntimeError(f"rollout extra {key!r} has {len(output[key])} entries for {n} rows")
+
+
+def policy_init_kwargs(args) -> dict:
+    """``from_pretrained`` kwargs for the policy, as TRL builds them for a model given by path.
+
+    Under DDP or DeepSpeed every rank holds a whole copy on its own device, so ``device_map`` is None: the default
+    ``"auto"`` would spread each rank's copy over every visible GPU.
+    """
+    kwargs = dict(args.model_init_kwargs or {})
+    if args.distributed_state.distributed_type in ("MULTI_GPU", "DEEPSPEED"):
+        kwargs["device_map"] = None
+    kwargs.setdefault("trust_remote_code", args.trust_remote_code)
+    return kwargs
+
+
+def resolve_reward_funcs(names, args) -> list[Callable]:
+    """TRL reward functions for ``names`` (validated); ``dense`` gets the recipe's fallback scale and group size."""
+    from t2s.scoring import rewards
+
+    funcs = []
+    for name in names:
+        if name not in rewards.REWARD_FUNCS:
+            raise ConfigError(f"Error: unknown reward name {name!r}; known: {', '.join(sorted(rewards.REWARD_FUNCS))}.")
+        if name == "dense":
+            settings = rewards.RewardSettings(fallback_reward_scale=args.fallback_reward_scale)
+            funcs.append(rewards.make_dense_reward(settings, group_size=args.num_generations))
+        else:
+            funcs.append(rewards.REWARD_FUNCS[name])
+    return funcs

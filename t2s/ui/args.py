@@ -1,0 +1,105 @@
+"""Command-line argument checking shared by every command: ``type=`` functions that refuse numbers and paths which
+mean nothing, and the parser that reports a usage error as one ``Error:`` line (exit status 2).
+
+Use them as ``parser.add_argument("--batch-size", type=positive_int)``; argparse names the flag in the message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+
+def _number(text, kind):
+    try:
+        value = kind(text)
+    except (TypeError, ValueError):
+        expected = "an integer" if kind is int else "a number"
+        raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _bounded(name: str, kind, accepts, requirement: str):
+    """A ``type=`` function reading ``kind`` and refusing a value ``accepts`` rejects ("must be <requirement>")."""
+
+    def parse(text):
+        value = _number(text, kind)
+        if not accepts(value):
+            raise argparse.ArgumentTypeError(f"must be {requirement}, got {text}")
+        return value
+
+    parse.__name__ = parse.__qualname__ = name
+    parse.__doc__ = f"{'An integer' if kind is int else 'A finite number'} {requirement}."
+    return parse
+
+
+positive_int = _bounded("positive_int", int, lambda v: v >= 1, "at least 1")
+non_negative_int = _bounded("non_negative_int", int, lambda v: v >= 0, "0 or more")
+positive_float = _bounded("positive_float", float, lambda v: v > 0, "above 0")
+non_negative_float = _bounded("non_negative_float", float, lambda v: v >= 0, "0 or more")
+unit_float = _bounded("unit_float", float, lambda v: 0 < v <= 1, "above 0 and at most 1")  # a share: top-p, ...
+
+
+def non_empty_path(text) -> str:
+    """A path that is not empty or blank (an empty ``--output`` would otherwise mean the current folder)."""
+    if not str(text).strip():
+        raise argparse.ArgumentTypeError("must name a path, got an empty string")
+    return str(text)
+
+
+def add_hidden_alias(parser, flag: str, old: str, **kwargs) -> None:
+    """Accept ``old``, an earlier spelling of ``flag``, without listing it in the help."""
+    dest = next(a.dest for a in parser._actions if flag in a.option_strings)
+    parser.add_argument(old, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless the help already says it (``default ...``)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "default" in text.lower() or action.default is argparse.SUPPRESS or not action.option_strings:
+            return text
+        if action.nargs == 0:  # a switch: off unless given
+            shown = "on" if action.default else "off"
+        elif action.default is None or action.default == [] or action.default == "":
+            shown = "none"
+        else:
+            shown = "%(default)s"
+        return f"{text} (default: {shown})"
+
+
+class CommandParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line, ``Error: <command>: <problem>``, and exit status 2; its help
+    shows every option's default."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        sys.stderr.write(f"Error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+        sys.exit(2)
+
+
+def add_recipe_arguments(parser: argparse.ArgumentParser, epilog: str, keys_help) -> None:
+    """``--config RECIPE``; every other flag is kept in ``args.overrides`` as a recipe-key override for TrlParser
+    (``train``, ``sft``). ``--help`` appends ``keys_help()``, the recipe keys, read only when help is asked for."""
+    parser.add_argument("--config", required=True, help="recipe YAML (recipes/bird.yaml, recipes/smoke.yaml, ...)")
+    parser.epilog = epilog
+    parser.set_defaults(overrides=[])
+    parse_known = parser.parse_known_args
+
+    def keep_overrides(args=None, namespace=None):
+        """Recipe overrides are not this parser's options: keep them for TrlParser instead of rejecting them."""
+        namespace, extras = parse_known(args, namespace)
+        namespace.overrides = [*namespace.overrides, *(a for a in extras if a != "--")]
+        return namespace, []
+
+    parser.parse_known_args = keep_overrides
+    format_help = parser.format_help
+    parser.format_help = lambda: format_help() + "\n" + keys_help()
+
