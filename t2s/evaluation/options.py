@@ -67,6 +67,7 @@ def add_policy_arguments(p) -> None:
     add_endpoint_arguments(p)
     p.add_argument("--batch-size", type=non_negative_int, default=0, help="episodes per rollout batch (default: 64, 256 for endpoints)")
     p.add_argument("--device", default=None, help="policy model: cpu, cuda, ... (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="weights' dtype for vLLM (policy vllm; default: the checkpoint config's, else auto)")
     p.add_argument("--gpu-memory-utilization", type=unit_float, default=0.85, help="share of GPU memory vLLM may take (policy vllm)")
     p.add_argument("--workers", type=positive_int, default=4, help="threads for scripted episodes and scoring")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -344,3 +344,21 @@ def print_summaries(summaries: dict[str, dict]) -> None:
         notes = unscored_notes(summary) + [comparability_line(summary.get("config") or {})]
         for note in notes:
             out.print(f"{mode}: {note}" if len(summaries) > 1 else note, style="yellow", markup=False, highlight=False)
+
+
+def sibling_table(out_dir, ks=(8, 32)) -> str:
+    """``make eval-sibling``'s table from its run folders (greedy, vote<k> for each k, single): official EX of greedy
+    and single-turn, vote@k of each voting run, read from each folder's summary.json (``{"modes": {mode: ...}}``)."""
+    import json
+    from pathlib import Path
+
+    def mode_summary(name: str, mode: str) -> dict:
+        return json.loads((Path(out_dir) / name / "summary.json").read_text(encoding="utf-8"))["modes"][mode]
+
+    ks = [int(k) for k in ks]
+    heads = ["greedy"] + [f"vote@{k}" for k in ks] + ["single-turn"]
+    values = ([mode_summary("greedy", "full")["execution_accuracy_official"]]
+              + [mode_summary(f"vote{k}", "full")["vote_at_k"] for k in ks]
+              + [mode_summary("single", "single")["execution_accuracy_official"]])  # fmt: skip
+    return "\n".join(["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|",
+                      "| " + " | ".join(f"{v:.3f}" for v in values) + " |"])

@@ -283,6 +283,9 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
         "skip_missing_dbs": bool(args.skip_missing_dbs),
         "comparable": bool(generative and not chat and mode != "single" and args.enable_thinking),
     }
+    for key in ("engine", "dtype"):  # what generated the episodes: "vllm 0.31.0", "transformers 5.17.0"
+        if runner.target.get(key) is not None:
+            config[key] = runner.target[key]
     for key, default in (("dialect", "exec_plan"), ("tool_format", "json")):  # recorded when not the default, so
         if getattr(args, key, default) != default:  # folders of earlier default runs still resume
             config[key] = getattr(args, key)
