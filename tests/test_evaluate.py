@@ -559,3 +559,20 @@ def test_single_mode_through_a_backend(tiny_model_dir, tiny_tokenizer, demo_dir,
     assert summary["config"]["comparable"] is False
     assert "CREATE TABLE" in prompts[0] and "no tools" in prompts[0] and prompts[0].endswith("<think>\n")
     assert "run_query" not in prompts[0]
+
+
+def test_sibling_table_reads_each_runs_summary(demo_dir, tmp_path):
+    """make eval-sibling's last line: greedy and single-turn official EX, vote@k per chosen k, from summary.json's modes."""
+    from t2s.evaluation.report import sibling_table
+
+    common = ("--policy", "gold", "--data", demo_dir, "--n", "3")
+    evaluate(eval_args(*common, "--mode", "full", "--output", tmp_path / "greedy"))
+    for k in (2, 3):
+        evaluate(eval_args(*common, "--mode", "full", "--k", k, "--output", tmp_path / f"vote{k}"))
+    evaluate(eval_args(*common, "--mode", "single", "--output", tmp_path / "single"))
+    table = sibling_table(tmp_path, "2 3".split()).splitlines()
+    assert table[0] == "| greedy | vote@2 | vote@3 | single-turn |"
+    expected = [read_summary(tmp_path / "greedy")["execution_accuracy_official"],
+                read_summary(tmp_path / "vote2")["vote_at_k"], read_summary(tmp_path / "vote3")["vote_at_k"],
+                read_summary(tmp_path / "single", "single")["execution_accuracy_official"]]
+    assert table[2] == "| " + " | ".join(f"{v:.3f}" for v in expected) + " |"
