@@ -7,7 +7,7 @@ import json
 import pytest
 
 from _train_script import build_trainer
-from t2s.training.trainer import KL_STATE_FILE
+from t2s.training.checkpoints import KL_STATE_FILE
 from t2s.training.loss_math import kl_controller_update
 
 BOUNDS = dict(target=0.005, horizon=10000.0, beta_min=1e-4, beta_max=1.0)

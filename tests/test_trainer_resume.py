@@ -14,7 +14,7 @@ from t2s.training.checkpoints import checkpoint_problem
 from t2s.training.configs import ConfigError
 from t2s.settings import RECIPES_DIR
 from t2s.training.pipeline import resume_checkpoint
-from t2s.training.trainer import KL_STATE_FILE, restored_beta
+from t2s.training.checkpoints import KL_STATE_FILE, restored_beta
 
 pytestmark = pytest.mark.slow
 

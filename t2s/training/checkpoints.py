@@ -11,16 +11,22 @@ A checkpoint folder (``checkpoint-N``) is *complete* when HF Trainer can resume 
 
 "Whole" is checked cheaply: a safetensors file's header must parse and its size match the tensors it lists; a
 ``torch.save`` file must end in a zip directory. A save cut off by a crash fails one of these.
+
+The KL controller's β is saved beside each checkpoint (``t2s_kl_controller.json``) and read back by ``restored_beta``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import re
 import struct
 import zipfile
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 TRAINER_STATE = "trainer_state.json"
 SCHEDULER = "scheduler.pt"
@@ -162,3 +168,32 @@ def logged_beta(folder: str | os.PathLike) -> tuple[float, int | None] | None:
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
             return float(value), entry.get("step")
     return None
+
+
+KL_STATE_FILE = "t2s_kl_controller.json"
+
+
+def restored_beta(checkpoint: str, initial: float) -> float:
+    """β to resume with: the checkpoint's controller state, else the last β its log history holds (a warning),
+    else ``initial`` (a warning)."""
+    path = os.path.join(checkpoint, KL_STATE_FILE)
+    try:
+        with open(path) as f:
+            beta = float(json.load(f)["beta"])
+        if math.isfinite(beta) and beta > 0:
+            log.info("KL controller: beta %.6g restored from %s", beta, path)
+            return beta
+        problem = f"holds beta {beta}"
+    except FileNotFoundError:
+        problem = "is missing"
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        problem = f"is unreadable ({type(exc).__name__})"
+    logged = logged_beta(checkpoint)
+    if logged is not None:
+        beta, step = logged
+        log.warning("KL controller: %s %s; resuming with beta %.6g, the last logged (step %s) in its "
+                    "trainer_state.json", path, problem, beta, step)
+        return beta
+    log.warning("KL controller: %s %s and trainer_state.json logs no beta; beta restarts at its initial %.6g",
+                path, problem, initial)
+    return initial

@@ -143,6 +143,12 @@ class T2SGRPOConfig(GRPOConfig):
         default=600.0,
         metadata={"help": "vllm_server: seconds before one /v1/completions request is abandoned."},
     )
+    vllm_dtype: str | None = field(
+        default=None,
+        metadata={"help": "vllm_colocate: the engine's dtype (float32, bfloat16, ...). Default: the checkpoint's own, "
+                  "so that the sampler's logprobs match the trainer's (vLLM's own default turns float32 into bf16 on "
+                  "a CPU)."},
+    )
     rollout_max_batch_size: int | None = field(
         default=None,
         metadata={"help": "transformers backend: sequences per generate call (None: the whole turn at once)."},

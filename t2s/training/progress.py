@@ -1,6 +1,6 @@
-"""What a training run prints: one block per step (reward components, tiers, episode rates, KL, beta, time split) and
-a table of every step at the end, shared by ``train``, ``demo`` and ``bench learn``; and the libraries quietened so
-that it reads."""
+"""What a training run prints and writes: one block per step (reward components, tiers, episode rates, KL, beta, time
+split) and a table of every step at the end, shared by ``train``, ``demo`` and ``bench learn``; every logged step's
+metrics in ``OUTPUT/metrics.jsonl``, whatever ``report_to`` says; and the libraries quietened so that it reads."""
 
 from __future__ import annotations
 
@@ -81,3 +81,33 @@ def quiet_libraries() -> None:
     hf_logging.disable_progress_bar()
     logging.getLogger("trl").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
+
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def metrics_file():
+    """A TrainerCallback that appends each logged step's metrics (every key TRL and t2s log) as one JSON line
+    ``{"step": N, ...}`` to ``output_dir/metrics.jsonl``, on the main process only."""
+    import json
+    import math
+    import os
+
+    from transformers import TrainerCallback
+
+    def plain(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return str(value)  # JSON has no NaN or infinity
+        return value
+
+    class MetricsFile(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or not state.is_world_process_zero:
+                return
+            os.makedirs(args.output_dir, exist_ok=True)
+            line = {"step": state.global_step, **{key: plain(value) for key, value in logs.items()}}
+            with open(os.path.join(args.output_dir, METRICS_FILE), "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(line, default=str) + "\n")
+
+    return MetricsFile()
+

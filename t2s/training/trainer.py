@@ -37,9 +37,9 @@ What the subclass changes, and where:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import math
 import os
 import time
 from typing import Any, Callable
@@ -47,7 +47,10 @@ from typing import Any, Callable
 import torch
 from trl import GRPOTrainer
 
+from t2s.settings import vllm_environment
+from t2s.training.checkpoints import KL_STATE_FILE, restored_beta
 from t2s.training.configs import ConfigError
+from t2s.training.progress import metrics_file
 from t2s.training.engines import build_backend, check_server_context
 from t2s.training.loss_math import k3, kl_controller_update, length_groups
 from t2s.training.startup import (check_eos_ids, check_rollout_output, check_think_prompt, policy_init_kwargs,
@@ -55,7 +58,6 @@ from t2s.training.startup import (check_eos_ids, check_rollout_output, check_thi
 
 log = logging.getLogger(__name__)
 
-KL_STATE_FILE = "t2s_kl_controller.json"
 
 # Episode counters (DESIGN §10) summarised per step: metric name -> (numerator counter, denominator).
 # Denominator "episodes" divides by the number of episodes, otherwise by the sum of that counter.
@@ -134,11 +136,20 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
         quiet = _DropMessage("model_init_kwargs")
         trl_logger.addFilter(quiet)
+        from t2s.training import colocated_vllm
+
+        engine = contextlib.nullcontext()
+        if args.rollout_backend == "vllm_colocate":
+            vllm_environment()
+            engine = colocated_vllm.engine_dtype(args.vllm_dtype or colocated_vllm.checkpoint_dtype(model))
         try:
-            super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
-                             processing_class=processing_class, rollout_func=self._rollout, **kwargs)
+            with engine:
+                super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
+                                 processing_class=processing_class, rollout_func=self._rollout, **kwargs)
         finally:
             trl_logger.removeFilter(quiet)
+        colocated_vllm.install(self)
+        self.add_callback(metrics_file())
         check_eos_ids(self.eos_token_ids, self._tokenizer)
         if self.beta == 0.0 or self.ref_model is None and not self._peft_model():
             raise ConfigError("Error: no reference model was built; beta must be > 0 at start.")
@@ -413,33 +424,5 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is not None:
             self.beta = restored_beta(checkpoint, self.beta)
-
-
-def restored_beta(checkpoint: str, initial: float) -> float:
-    """β to resume with: the checkpoint's controller state, else the last β its log history holds (a warning),
-    else ``initial`` (a warning)."""
-    from t2s.training.checkpoints import logged_beta
-
-    path = os.path.join(checkpoint, KL_STATE_FILE)
-    try:
-        with open(path) as f:
-            beta = float(json.load(f)["beta"])
-        if math.isfinite(beta) and beta > 0:
-            log.info("KL controller: beta %.6g restored from %s", beta, path)
-            return beta
-        problem = f"holds beta {beta}"
-    except FileNotFoundError:
-        problem = "is missing"
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        problem = f"is unreadable ({type(exc).__name__})"
-    logged = logged_beta(checkpoint)
-    if logged is not None:
-        beta, step = logged
-        log.warning("KL controller: %s %s; resuming with beta %.6g, the last logged (step %s) in its "
-                    "trainer_state.json", path, problem, beta, step)
-        return beta
-    log.warning("KL controller: %s %s and trainer_state.json logs no beta; beta restarts at its initial %.6g",
-                path, problem, initial)
-    return initial
 
 
