@@ -35,19 +35,36 @@ SERVER_MAX_MODEL_LEN = 8192
 
 @pytest.fixture(scope="session")
 def attention_model_dir(tmp_path_factory):
+    """The tiny model's ``attention`` preset with seeded noise (std 0.2) added to its matrices: as built, its greedy
+    turns are newlines only, which would make token identity say little; perturbed, they are varied text."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from t2s.training.tiny_model import build_tiny_model
 
-    return build_tiny_model(tmp_path_factory.mktemp("tiny-attention"), preset="attention")
+    built = build_tiny_model(tmp_path_factory.mktemp("tiny-attention"), preset="attention")
+    model = AutoModelForCausalLM.from_pretrained(built, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() == 2:
+                param.add_(torch.randn(param.shape, generator=generator) * 0.2)
+    out = tmp_path_factory.mktemp("tiny-attention-noisy")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(built).save_pretrained(out)
+    return out
 
 
 def run_eval(out: Path, *argv) -> list[list[str]]:
-    """Run ``python -m t2s eval`` and return each episode's assistant turn texts (in file order)."""
+    """Run ``python -m t2s eval`` and return each episode's assistant turn texts, by question id (an endpoint's
+    episodes land in the order they finish)."""
     cmd = [sys.executable, "-m", "t2s", "eval", "--data", str(ROOT / "data" / "demo"), *EPISODES, "--output", str(out),
            *map(str, argv)]
     done = subprocess.run(cmd, cwd=ROOT, env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = (out / "withheld" / "episodes.jsonl").read_text().splitlines()
-    return [[turn["assistant"] for turn in json.loads(line)["turns"]] for line in lines if line.strip()]
+    episodes = sorted((json.loads(line) for line in lines if line.strip()), key=lambda e: (e["question_id"], e["sample"]))
+    return [[turn["assistant"] for turn in episode["turns"]] for episode in episodes]
 
 
 def engine_of(out: Path) -> str:
@@ -76,6 +93,7 @@ def test_offline_engine_plays_like_transformers(offline_runs, fmt):
     assert offline_runs["model", fmt, "engine"] == f"transformers {transformers.__version__}"
     assert len(offline_runs["vllm", fmt]) == 3
     assert offline_runs["vllm", fmt] == offline_runs["model", fmt]
+    assert len({turn for episode in offline_runs["vllm", fmt] for turn in episode}) > 1  # not one repeated text
 
 
 def _free_port() -> int:
