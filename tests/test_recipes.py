@@ -9,7 +9,7 @@ from t2s.training.configs import parse_recipe, validate_training_config
 from t2s.scoring.rewards import REWARD_FUNCS
 from t2s.settings import REPO_ROOT, RECIPES_DIR
 
-RECIPES = ("bird", "sqale", "synsql", "bird_tools", "smoke", "demo")
+RECIPES = ("bird", "sqale", "synsql", "bird_tools", "bird_tools_lora", "smoke", "demo")
 ACCELERATE_CONFIGS = ("single_gpu", "multi_gpu", "zero2", "zero3", "fsdp2")
 
 
@@ -118,3 +118,14 @@ def test_bird_recipe_gives_each_of_three_ranks_whole_groups(tmp_path):
         assert len({g[0] for g in groups}) == per_rank // group == 6
         questions |= {g[0] for g in groups}
     assert len(questions) == 18
+
+
+def test_bird_tools_lora_is_bird_tools_with_adapters(tmp_path):
+    _, lora, lora_model = _parse("bird_tools_lora", tmp_path)
+    _, full, full_model = _parse("bird_tools", tmp_path)
+    assert lora_model.use_peft and not full_model.use_peft and lora_model.lora_r > 0
+    assert set(lora_model.lora_target_modules) >= {"q_proj", "v_proj"}
+    same = ("dialect", "tool_format", "reward_names", "num_generations", "max_turns", "episode_token_budget",
+            "rollout_backend", "temperature", "beta", "target_kl")
+    assert {k: getattr(lora, k) for k in same} == {k: getattr(full, k) for k in same}
+    assert lora_model.model_name_or_path == full_model.model_name_or_path

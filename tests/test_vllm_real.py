@@ -11,48 +11,25 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from tests.vllm_support import ROOT, VLLM_ENV, attention_model, served
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 
 pytestmark = pytest.mark.vllm
 
-ROOT = Path(__file__).resolve().parents[1]
-VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1",
-            "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
 EPISODES = ["--mode", "withheld", "--n", "3", "--max-turns", "2", "--max-tokens-per-turn", "40",
             "--episode-token-budget", "4096", "--temperature", "0", "--quiet"]
-SERVER_MAX_MODEL_LEN = 8192
 
 
 @pytest.fixture(scope="session")
 def attention_model_dir(tmp_path_factory):
-    """The tiny model's ``attention`` preset with seeded noise (std 0.2) added to its matrices: as built, its greedy
-    turns are newlines only, which would make token identity say little; perturbed, they are varied text."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from t2s.training.tiny_model import build_tiny_model
-
-    built = build_tiny_model(tmp_path_factory.mktemp("tiny-attention"), preset="attention")
-    model = AutoModelForCausalLM.from_pretrained(built, dtype=torch.float32)
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.dim() == 2:
-                param.add_(torch.randn(param.shape, generator=generator) * 0.2)
-    out = tmp_path_factory.mktemp("tiny-attention-noisy")
-    model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(built).save_pretrained(out)
-    return out
+    return attention_model(tmp_path_factory.mktemp("tiny-attention"), noise=0.2)
 
 
 def run_eval(out: Path, *argv) -> list[list[str]]:
@@ -96,43 +73,10 @@ def test_offline_engine_plays_like_transformers(offline_runs, fmt):
     assert len({turn for episode in offline_runs["vllm", fmt] for turn in episode}) > 1  # not one repeated text
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_server(attention_model_dir):
-    """The OpenAI server as `make serve` starts it (its install step taken as done), on a free loopback port."""
-    port = _free_port()
-    cmd = ["make", "--no-print-directory", "-o", "install-vllm", "serve", f"MODEL={attention_model_dir}",
-           f"PORT={port}", f"MAX_MODEL_LEN={SERVER_MAX_MODEL_LEN}", "SERVE_ARGS=--enforce-eager"]
-    log = open(attention_model_dir.parent / f"server-{port}.log", "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ | VLLM_ENV, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while True:
-            assert proc.poll() is None, f"the server exited ({proc.returncode}); see {log.name}"
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"no /health within 180 s; see {log.name}"
-            time.sleep(1)
+    with served(attention_model_dir, attention_model_dir.parent / "server.log") as url:
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def test_server_completions_play_like_the_offline_engine(vllm_server, offline_runs, attention_model_dir, tmp_path):

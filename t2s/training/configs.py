@@ -25,6 +25,7 @@ from t2s.errors import T2SError
 
 ROLLOUT_BACKENDS = ("transformers", "vllm_colocate", "vllm_server")
 OLD_LOGPROBS_MODES = ("sampler", "recompute")
+SERVER_SYNC_MODES = ("nccl", "files")
 
 
 class ConfigError(T2SError, ValueError):
@@ -148,6 +149,13 @@ class T2SGRPOConfig(GRPOConfig):
         metadata={"help": "vllm_colocate: the engine's dtype (float32, bfloat16, ...). Default: the checkpoint's own, "
                   "so that the sampler's logprobs match the trainer's (vLLM's own default turns float32 into bf16 on "
                   "a CPU)."},
+    )
+    vllm_server_sync: str | None = field(
+        default=None,
+        metadata={"help": "vllm_server: how weights reach the server after each step: nccl (TRL's weight-transfer "
+                  "group; needs CUDA) or files (saved under output_dir, reloaded by the dev-mode server through "
+                  "/collective_rpc; any machine sharing a filesystem with the server). Default: nccl where CUDA is, "
+                  "else files."},
     )
     rollout_max_batch_size: int | None = field(
         default=None,
@@ -285,6 +293,8 @@ def validate_training_config(args, reward_names=None) -> None:
     if args.rollout_backend not in ROLLOUT_BACKENDS:
         raise ConfigError(f"Error: rollout_backend {args.rollout_backend!r} is unknown; use one of "
                           f"{', '.join(ROLLOUT_BACKENDS)}.")
+    if getattr(args, "vllm_server_sync", None) not in (None, *SERVER_SYNC_MODES):
+        raise ConfigError(f"Error: vllm_server_sync {args.vllm_server_sync!r} is unknown; use 'nccl' or 'files'.")
     if args.old_logprobs not in OLD_LOGPROBS_MODES:
         raise ConfigError(f"Error: old_logprobs {args.old_logprobs!r} is unknown; use 'sampler' or 'recompute'.")
     from t2s.env import tool_schemas

@@ -136,19 +136,19 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         trl_logger = logging.getLogger("trl.trainer.grpo_trainer")
         quiet = _DropMessage("model_init_kwargs")
         trl_logger.addFilter(quiet)
-        from t2s.training import colocated_vllm
+        from t2s.training import vllm_sync
 
         engine = contextlib.nullcontext()
         if args.rollout_backend == "vllm_colocate":
             vllm_environment()
-            engine = colocated_vllm.engine_dtype(args.vllm_dtype or colocated_vllm.checkpoint_dtype(model))
+            engine = vllm_sync.engine_dtype(args.vllm_dtype or vllm_sync.checkpoint_dtype(model))
         try:
-            with engine:
+            with engine, vllm_sync.server_setup(args):
                 super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,
                                  processing_class=processing_class, rollout_func=self._rollout, **kwargs)
         finally:
             trl_logger.removeFilter(quiet)
-        colocated_vllm.install(self)
+        vllm_sync.install(self)
         self.add_callback(metrics_file())
         check_eos_ids(self.eos_token_ids, self._tokenizer)
         if self.beta == 0.0 or self.ref_model is None and not self._peft_model():

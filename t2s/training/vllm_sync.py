@@ -1,5 +1,5 @@
-"""TRL's colocated vLLM engine, as the trainer builds and feeds it: in the checkpoint's dtype, with weights pushed
-through vLLM's layerwise reload.
+"""How the trainer's weights reach vLLM: TRL's colocated engine, built in the checkpoint's dtype and fed through vLLM's
+layerwise reload; and a vLLM server, fed over NCCL by TRL where CUDA is, or through files the server reloads.
 
 - **dtype.** TRL 1.16 builds ``vllm.LLM(...)`` with no ``dtype``, so vLLM picks one: on an x86 CPU it turns a float32
   checkpoint into bfloat16 (and on a GPU, float32 into half precision). A bf16 engine beside a float32 trainer breaks
@@ -15,6 +15,12 @@ through vLLM's layerwise reload.
   ones (unmerged after the walk), are copied first.
   Sleep mode (off by default) wakes the weights first, as TRL does; it does nothing on a CPU, so that path is
   untested there.
+- **Server sync** (``vllm_server_sync``). ``nccl`` is TRL's: the trainer joins the server's NCCL weight-transfer group
+  (``init_communicator``), which needs a CUDA device. ``files`` works on any machine that shares a filesystem with the
+  server: the main process writes the weights (tied head included) as ``model.safetensors`` in
+  ``OUTPUT/.server-weights/`` and asks the dev-mode server (``VLLM_SERVER_DEV_MODE=1``) to reload them through
+  ``POST /collective_rpc`` (``reload_weights``, the same layerwise reload), then resets its prefix cache. The default is
+  ``nccl`` where CUDA is and ``files`` elsewhere, so a CPU run (the tests) never enters TRL's CUDA-only communicator.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +90,65 @@ def reload_weights(generation) -> None:
     generation.llm.reset_prefix_cache()
 
 
-def install(trainer) -> None:
-    """Make the trainer's colocated engine (when it has one) take its weights through :func:`reload_weights`."""
-    generation = getattr(trainer, "vllm_generation", None)
-    if generation is None or getattr(generation, "mode", None) != "colocate":
+SERVER_WEIGHTS = ".server-weights"
+
+
+def server_sync_mode(args) -> str:
+    """``vllm_server_sync``, or its default: nccl where CUDA is, files elsewhere."""
+    import torch
+
+    return args.vllm_server_sync or ("nccl" if torch.cuda.is_available() else "files")
+
+
+@contextlib.contextmanager
+def server_setup(args):
+    """While open, TRL's server set-up skips the NCCL communicator when the sync goes through files."""
+    if args.rollout_backend != "vllm_server" or server_sync_mode(args) != "files":
+        yield
         return
-    generation.sync_weights = functools.partial(reload_weights, generation)
+    from trl.generation.vllm_client import VLLMClient
+
+    original = VLLMClient.init_communicator
+    VLLMClient.init_communicator = lambda self, device=0: None
+    try:
+        yield
+    finally:
+        VLLMClient.init_communicator = original
+
+
+def reload_through_files(generation, folder) -> None:
+    """TRL's ``sync_weights`` for server mode without NCCL: every rank walks the weights (gathering is collective);
+    the main process saves them in ``folder`` and has the server reload them."""
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    weights = engine_weights(generation)
+    if not generation.accelerator.is_main_process:
+        return
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.to("cpu").contiguous() for name, tensor in weights}
+    if "lm_head.weight" in tensors:  # safetensors stores no tensor twice: a tied head gets its own copy
+        tensors["lm_head.weight"] = tensors["lm_head.weight"].clone()
+    save_file(tensors, str(folder / "model.safetensors"))
+    client = generation.vllm_client
+    response = client.session.post(f"{client.base_url}/collective_rpc", json={
+        "method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}})
+    if response.status_code != 200:
+        raise RuntimeError(f"the vLLM server at {client.base_url} did not reload the weights (HTTP "
+                           f"{response.status_code}: {response.text[:300]}); start it with VLLM_SERVER_DEV_MODE=1")
+    client.reset_prefix_cache()
+
+
+def install(trainer) -> None:
+    """Point TRL's ``sync_weights`` at :func:`reload_weights` (colocate) or :func:`reload_through_files` (server mode
+    with ``vllm_server_sync: files``)."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if generation is None:
+        return
+    if generation.mode == "colocate":
+        generation.sync_weights = functools.partial(reload_weights, generation)
+    elif generation.mode == "server" and server_sync_mode(trainer.args) == "files":
+        folder = os.path.join(trainer.args.output_dir, SERVER_WEIGHTS)
+        generation.sync_weights = functools.partial(reload_through_files, generation, folder)
