@@ -62,17 +62,3 @@ def command_environment() -> None:
     offline_environment()
     if hub_offline is None:
         del os.environ["HF_HUB_OFFLINE"]
-
-
-def vllm_environment() -> None:
-    """The variables every vLLM process t2s starts runs with (unless already set): no usage statistics, no public
-    address looked up for its own IP, and on a machine without CUDA a KV cache of ``VLLM_CPU_KVCACHE_SPACE`` GiB
-    (vLLM's CPU build reads the share of host memory otherwise, and two engines in one run would not fit)."""
-    import shutil
-
-    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
-    os.environ.setdefault("DO_NOT_TRACK", "1")
-    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-    if shutil.which("nvidia-smi") is None:
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-

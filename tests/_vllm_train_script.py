@@ -8,15 +8,13 @@ files). After every optimiser step a callback moves every weight by noise (a tin
 equal, so its own updates can be zero), so each step's sampler must have received the new weights for
 ``sampling/logp_gap`` to stay small. After training the weights are pushed once more, and the engine's logprobs for a
 fixed sequence are compared with transformers' on the trained weights and on the starting ones. Each rank writes
-``OUTPUT_DIR/result_rank{R}.json``. One process, one engine: TRL's colocated engine lives in the trainer's process
-group, which ends with the run.
+``OUTPUT_DIR/result_rank{R}.json``. Each run is its own process, as a user starts one.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -75,7 +73,8 @@ def main() -> int:
 
     from t2s.settings import RECIPES_DIR
     from t2s.training.configs import parse_recipe
-    from t2s.training.pipeline import build_trainer, fit
+    from t2s.training.pipeline import build_trainer
+    from t2s.training.vllm_sync import release_engine
 
     backend = ["--rollout_backend", "vllm_server", "--vllm_server_base_url", args.server] if args.server else \
         ["--rollout_backend", "vllm_colocate", "--vllm_max_model_length", "4096"]
@@ -97,7 +96,7 @@ def main() -> int:
     trainer.rollout_func = capture
     engine = trainer.vllm_generation.llm.llm_engine if not args.server else None
     dtype = str(engine.model_config.dtype) if engine is not None else None
-    fit(trainer, counts)
+    trainer.train()  # as `fit` does, but the engine is checked before the run ends
 
     ids = trainer.processing_class(TEXT)["input_ids"]
     trainer.vllm_generation.sync_weights()  # the last step's weights (TRL pushes before each generation)
@@ -115,7 +114,9 @@ def main() -> int:
             start_gap=max(abs(a - b) for a, b in zip(engine_lp, start_lp)),
         )
     Path(args.output, f"result_rank{rank}.json").write_text(json.dumps(result))
-    os._exit(0)  # the colocated engine's finalisers expect the process group that the run has already ended
+    release_engine(trainer)
+    trainer.accelerator.end_training()
+    return 0
 
 
 if __name__ == "__main__":

@@ -224,12 +224,15 @@ class Runner:
         import vllm
 
         self.tokenizer = load_tokenizer(args.tokenizer or args.model, required=True)
+        from t2s.backends.vllm_engine import checkpoint_dtype, cpu_engine_kwargs, has_cuda, vllm_environment
+
+        vllm_environment()
         dtype = getattr(args, "dtype", None) or checkpoint_dtype(args.model)
         max_model_len = args.episode_token_budget + 512
+        memory = {"gpu_memory_utilization": args.gpu_memory_utilization} if has_cuda() else {}
         llm = LLM(
             model=args.model, tokenizer=args.tokenizer or args.model, seed=args.seed, dtype=dtype,
-            enable_prefix_caching=True, max_model_len=max_model_len,
-            **vllm_memory_kwargs(args.gpu_memory_utilization, max_model_len),
+            enable_prefix_caching=True, max_model_len=max_model_len, **memory, **cpu_engine_kwargs(max_model_len),
         )  # fmt: skip
         self.backend = VLLMColocateBackend(llm, self.tokenizer)
         self.target = {"model": args.model, "engine": f"vllm {getattr(vllm, '__version__', 'unknown')}", "dtype": dtype}
@@ -388,29 +391,3 @@ class Runner:
                                             cut_off=out.finish_reason == "length")
             emit(row, sample, score_record(row, record, sample), scored=True)
 
-
-def checkpoint_dtype(model: str | None) -> str:
-    """The dtype a checkpoint folder's config.json states (``dtype``, else ``torch_dtype``); "auto" when none does."""
-    import json
-
-    config = Path(model or "") / "config.json"
-    try:
-        data = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "auto"
-    for source in (data, data.get("text_config") or {}):
-        for key in ("dtype", "torch_dtype"):
-            if isinstance(source.get(key), str):
-                return source[key]
-    return "auto"
-
-
-def vllm_memory_kwargs(gpu_memory_utilization: float, max_model_len: int) -> dict:
-    """vllm.LLM's memory settings: a share of GPU memory on a GPU; on a CPU a small fixed KV cache, eager mode, and
-    no chunked prefill (vLLM CPU's per-request seeded sampling dies when a prompt's prefill is split)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return {"gpu_memory_utilization": gpu_memory_utilization}
-    return {"kv_cache_memory_bytes": 256 * 2**20, "enforce_eager": True, "enable_chunked_prefill": False,
-            "max_num_batched_tokens": max_model_len}

@@ -234,6 +234,9 @@ def fit(trainer, counts: dict, checkpoint: str | None = None):
     if trainer.accelerator.is_main_process:
         summary = {"global_step": trainer.state.global_step, "beta": trainer.beta, "data": counts}
         Path(output_dir, "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    from t2s.training.vllm_sync import release_engine
+
+    release_engine(trainer)
     trainer.accelerator.end_training()
     return trainer
 

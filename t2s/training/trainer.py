@@ -47,7 +47,7 @@ from typing import Any, Callable
 import torch
 from trl import GRPOTrainer
 
-from t2s.settings import vllm_environment
+from t2s.backends.vllm_engine import checkpoint_dtype, vllm_environment
 from t2s.training.checkpoints import KL_STATE_FILE, restored_beta
 from t2s.training.configs import ConfigError
 from t2s.training.progress import metrics_file
@@ -141,7 +141,7 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         engine = contextlib.nullcontext()
         if args.rollout_backend == "vllm_colocate":
             vllm_environment()
-            engine = vllm_sync.engine_dtype(args.vllm_dtype or vllm_sync.checkpoint_dtype(model))
+            engine = vllm_sync.engine_settings(args.vllm_dtype or checkpoint_dtype(model.config._name_or_path))
         try:
             with engine, vllm_sync.server_setup(args):
                 super().__init__(model=model, reward_funcs=reward_funcs, args=args, train_dataset=train_dataset,

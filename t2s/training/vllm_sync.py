@@ -3,8 +3,8 @@ layerwise reload; and a vLLM server, fed over NCCL by TRL where CUDA is, or thro
 
 - **dtype.** TRL 1.16 builds ``vllm.LLM(...)`` with no ``dtype``, so vLLM picks one: on an x86 CPU it turns a float32
   checkpoint into bfloat16 (and on a GPU, float32 into half precision). A bf16 engine beside a float32 trainer breaks
-  token identity and inflates the logprob gap. :func:`engine_dtype` gives that one ``LLM(...)`` call the checkpoint's
-  own dtype (``vllm_dtype`` overrides it).
+  token identity and inflates the logprob gap. :func:`engine_settings` gives that one ``LLM(...)`` call the
+  checkpoint's own dtype (``vllm_dtype`` overrides it) and the CPU build's settings (``t2s.backends.vllm_engine``).
 - **Weight sync.** TRL pushes weights with ``model.load_weights`` into the live layers. vLLM's CPU linear layers repack
   their weights after loading and drop ``layer.weight``, so that path fails there (``'Parameter' object has no
   attribute 'weight_loader'``). :func:`reload_weights` uses vLLM's layerwise reload instead
@@ -33,24 +33,21 @@ import os
 log = logging.getLogger(__name__)
 
 
-def checkpoint_dtype(model) -> str:
-    """The dtype a checkpoint's config names (``float32``, ``bfloat16``, ...), or ``auto`` when it names none."""
-    config = model.config
-    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    if dtype is None and hasattr(config, "get_text_config"):
-        dtype = getattr(config.get_text_config(), "dtype", None)
-    if dtype is None:
-        return "auto"
-    return str(dtype).removeprefix("torch.")
-
-
 @contextlib.contextmanager
-def engine_dtype(dtype: str):
-    """While open, TRL's colocated ``LLM(...)`` is built with ``dtype``."""
+def engine_settings(dtype: str):
+    """While open, TRL's colocated ``LLM(...)`` is built with ``dtype`` and the settings of
+    ``t2s.backends.vllm_engine`` (on a CPU: eager, a prompt never prefilled in pieces)."""
     from trl.generation import vllm_generation
 
+    from t2s.backends.vllm_engine import cpu_engine_kwargs
+
     original = vllm_generation.LLM
-    vllm_generation.LLM = functools.partial(original, dtype=dtype)
+
+    @functools.wraps(original)
+    def build(*args, **kwargs):
+        return original(*args, **{**kwargs, "dtype": dtype, **cpu_engine_kwargs(kwargs.get("max_model_len"))})
+
+    vllm_generation.LLM = build
     try:
         yield
     finally:
@@ -152,3 +149,20 @@ def install(trainer) -> None:
     elif generation.mode == "server" and server_sync_mode(trainer.args) == "files":
         folder = os.path.join(trainer.args.output_dir, SERVER_WEIGHTS)
         generation.sync_weights = functools.partial(reload_through_files, generation, folder)
+
+
+def release_engine(trainer) -> None:
+    """Shut the colocated engine down with vLLM's own process groups, before the run ends its process group (a run's
+    ``fit`` does this). Left to the interpreter's exit, the engine's finaliser would find that group already gone;
+    released here, a second run in the same process (``bench learn``'s control) builds its engine afresh."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if generation is None or getattr(generation, "mode", None) != "colocate" or generation.llm is None:
+        return
+    import gc
+
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    generation.llm = None
+    gc.collect()
+    cleanup_dist_env_and_memory()
+

