@@ -205,3 +205,17 @@ def test_sft_bad_input_is_one_error_line(tiny_model_dir, tmp_path, override, mes
     lines = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr
     assert not (tmp_path / "out" / "config.json").exists()
+
+
+@pytest.mark.parametrize("style", ["submit", "explore"])
+def test_trajectories_are_written_in_the_recipes_call_format(rows, tiny_tokenizer, style):
+    """The sibling recipe trains the native format: its warm-start trajectories are <tool_call> blocks that end
+    correct, never JSON calls the native reader does not take."""
+    native = dataclasses.replace(EXPLORE, dialect="sibling", tool_format="native", episode_token_budget=8192)
+    chosen = rows[:2]
+    traces = sft.play(chosen, [sft.answer_policy(r, r["gold_sql"], style, native) for r in chosen], tiny_tokenizer,
+                      native)
+    for trace in traces:
+        assert trace.outcome.equivalent and trace.record["counters"]["submitted"]
+        assert all("<tool_call>" in text and '{"tool"' not in text for text in trace.assistant_texts)
+        assert trace.record["turns"][-1]["calls"][-1]["tool"] == "submit"

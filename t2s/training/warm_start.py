@@ -92,18 +92,21 @@ def play(rows: list[dict], policies: list, tokenizer, episode_config):
 
 
 def answer_policy(row: dict, sql: str, style: str, episode_config):
-    """The scripted policy that answers ``row`` with ``sql`` in ``style`` (explore or submit)."""
-    from t2s.backends.scripted import GoldPolicy, ScriptPolicy, call_text
+    """The scripted policy that answers ``row`` with ``sql`` in ``style`` (explore or submit), writing its calls in
+    the episode's call format (json, or native ``<tool_call>`` blocks)."""
+    from t2s.backends.scripted import GoldPolicy, ScriptPolicy, call_text, native_call_text
     from t2s.env.episode import row_database
     from t2s.env.protocol import SUBMIT_TOOLS
     from t2s.env.schema import get_schema
 
+    tool_format = episode_config.tool_format
     if style == "submit":
-        return ScriptPolicy([[call_text(SUBMIT_TOOLS[episode_config.dialect], sql=sql)]], thinking=SUBMIT_THINKING)
+        write = native_call_text if tool_format == "native" else call_text
+        return ScriptPolicy([[write(SUBMIT_TOOLS[episode_config.dialect], sql=sql)]], thinking=SUBMIT_THINKING)
     if style != "explore":
         raise ValueError(f"Error: gold_style {style!r} is unknown; use 'explore' or 'submit'.")
     return GoldPolicy(dict(row, gold_sql=sql), get_schema(row_database(row)), dialect=episode_config.dialect,
-                      max_calls_per_turn=episode_config.max_calls_per_turn)
+                      max_calls_per_turn=episode_config.max_calls_per_turn, tool_format=tool_format)
 
 
 def example(trace, kind: str) -> dict:
