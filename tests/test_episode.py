@@ -11,7 +11,7 @@ import pytest
 from t2s.env import databases
 
 from t2s.scoring import metrics
-from t2s.backends.scripted import GoldPolicy, ReplayPolicy, read_turns
+from t2s.backends.scripted import GoldPolicy, ReplayPolicy, gold_tables, read_turns
 from t2s.data.loaders import load_json_rows
 from t2s.env.episode import COUNTER_KEYS, RECORD_KEYS, Episode, EpisodeConfig
 from t2s.env.play import run_text_episode
@@ -344,6 +344,9 @@ def _gold_scores(rows, mode="withheld"):
         record = run_text_episode(row, EpisodeConfig(mode=mode), GoldPolicy(row, get_schema(ref)), db=ref)
         assert record["final_sql_source"] == "submitted", record
         assert record["counters"]["tool_errors"] == 0, record
+        # the protocol's one JSON object per turn, within the tool turns (never the forced final turn)
+        assert record["counters"]["format_deviations"] == 0 and record["counters"]["forced"] == 0, record
+        assert all(len(turn["calls"]) == 1 for turn in record["turns"]), record
         score = metrics.score_sql(ref, record["final_sql"], row["gold_sql"])
         assert score["official"] == 1, (row["question_id"], score)
 
@@ -361,3 +364,35 @@ def test_gold_policy_scores_one_on_spider(spider_dev_dir):
     present = [r for r in rows if r["db_path"] and os.path.exists(r["db_path"])]
     assert len(present) < len(rows)  # wta_1 is missing on purpose
     _gold_scores(present[::10])
+
+
+@pytest.mark.parametrize("max_turns", [1, 2, 3, 4, 6])
+def test_gold_policy_fits_its_json_turns_to_max_turns(demo_dir, max_turns):
+    """One call a turn: the describes that do not fit max_turns are left out, run_query and submit_sql always fit."""
+    rows = load_json_rows(demo_dir / "dev.json")
+    row = max(rows, key=lambda r: len(gold_tables(r["gold_sql"], get_schema(databases.ref_from_row(r)))))
+    schema = get_schema(databases.ref_from_row(row))
+    wide = GoldPolicy(row, schema, max_turns=99)
+    assert len(wide.turns) >= 5  # list_tables, two or more describes, run_query, submit_sql
+    config = EpisodeConfig(mode="withheld", max_turns=max_turns)
+    record = run_text_episode(row, config, GoldPolicy.for_episode(row, schema, config))
+    tools = [c["tool"] for t in record["turns"] for c in t["calls"]]
+    assert all(len(t["calls"]) == 1 for t in record["turns"]) and record["counters"]["format_deviations"] == 0
+    assert tools[-1] == "submit_sql" and record["final_sql"] == row["gold_sql"]
+    if max_turns >= 2:
+        assert len(tools) == min(max_turns, len(wide.turns)) and tools[-2] == "run_query"
+        assert record["final_sql_source"] == "submitted" and record["counters"]["forced"] == 0
+        assert tools[0] == "list_tables" or max_turns == 2
+    else:  # run_query takes the only tool turn; the submit comes in the forced final turn
+        assert tools == ["run_query", "submit_sql"] and record["final_sql_source"] == "forced"
+
+
+def test_gold_policy_native_keeps_its_parallel_calls(demo_dir):
+    rows = load_json_rows(demo_dir / "dev.json")
+    for row in rows[:20]:
+        config = EpisodeConfig(mode="withheld", tool_format="native")
+        policy = GoldPolicy.for_episode(row, get_schema(databases.ref_from_row(row)), config)
+        record = run_text_episode(row, config, policy)
+        assert record["final_sql_source"] == "submitted" and record["counters"]["format_deviations"] == 0
+        assert len(record["turns"]) == 3 and record["turns"][0]["calls"][0]["tool"] == "list_tables"
+        assert len(record["turns"][0]["calls"]) >= 2  # list_tables and its describes in one turn

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import threading
@@ -36,10 +37,12 @@ def gold_by_question(data_dir: Path) -> dict[str, str]:
 
 # -------------------------------------------------------------------------------------------------------- gold
 @pytest.mark.parametrize("dataset", ["demo_dir", "bird_superhero_dir"])
-def test_gold_policy_scores_one_in_full_and_withheld(dataset, request, tmp_path):
+def test_gold_policy_scores_one_in_full_and_withheld(dataset, request, tmp_path, capsys):
     data_dir = request.getfixturevalue(dataset)
     summaries = evaluate(eval_args("--policy", "gold", "--data", data_dir, "--mode", "full", "withheld",
                                    "--output", tmp_path / "out"))
+    printed = capsys.readouterr().out
+    assert re.search(r"│ format_deviation_rate\s+│\s+0\.000 │\s+0\.000 │", printed), printed
     n_questions = len(json.loads((data_dir / "dev.json").read_text()))
     for mode in ("full", "withheld"):
         summary = read_summary(tmp_path / "out", mode)
@@ -48,11 +51,17 @@ def test_gold_policy_scores_one_in_full_and_withheld(dataset, request, tmp_path)
         assert summary["execution_accuracy_official"] == summary["strict"] == summary["submit_rate"] == 1.0
         assert summary["execution_accuracy_official_no_fallback"] == 1.0
         assert summary["fallback_rate"] == 0.0 and summary["write_attempts"] == 0
+        # the protocol's one JSON object per turn: the self-check deviates from it nowhere, and is never forced
+        assert summary["format_deviation_rate"] == 0.0 and summary["forced_rate"] == 0.0
+        assert summary["mean_turns"] > 3.0
         assert sum(block["n"] for block in summary["per_difficulty"].values()) == n_questions
         assert summary["config"]["policy"] == "gold" and summary["config"]["mode"] == mode
         assert summary["config"]["comparable"] is False
         lines = read_lines(tmp_path / "out" / mode)
         assert len(lines) == n_questions and all(line["mode"] == mode for line in lines)
+        assert all(len(turn["calls"]) == 1 and turn["assistant"].count('{"tool"') == 1
+                   for line in lines for turn in line["turns"])
+        assert all(line["counters"]["format_deviations"] == 0 for line in lines)
         assert {"sample", "difficulty", "official", "strict", "soft_f1", "turns", "counters"} <= set(lines[0])
         assert f"### {mode}\n\n| metric | value |\n|---|---|\n| questions (n) | {n_questions} |\n| official EX | 1.000 |" \
             in (tmp_path / "out" / "summary.md").read_text()

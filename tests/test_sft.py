@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from t2s.backends.scripted import ReplayPolicy
 from t2s.training import warm_start as sft
 from t2s.env.episode import EpisodeConfig
 from t2s.env.play import run_text_episode
@@ -70,7 +71,10 @@ def test_gold_trajectories_are_the_training_token_stream(rows, tiny_tokenizer):
         # the same turns and observations as the text path plays for the same policy
         text_record = run_text_episode(row, EXPLORE, sft.answer_policy(row, row["gold_sql"], "explore", EXPLORE),
                                        tokenizer=tiny_tokenizer)
-        assert trace.record["turns"] == text_record["turns"] and len(trace.record["turns"]) == 3
+        assert trace.record["turns"] == text_record["turns"] and len(trace.record["turns"]) == 4
+        # the protocol a warm start teaches: one JSON object per turn, no deviation, within the tool turns
+        assert [len(turn["calls"]) for turn in trace.record["turns"]] == [1, 1, 1, 1]
+        assert trace.record["counters"]["format_deviations"] == 0 and trace.record["counters"]["forced"] == 0
         example = sft.example(trace, "gold")
         prompt = len(trace.prompt_ids)
         assert example["input_ids"] == trace.prompt_ids + trace.completion_ids
@@ -79,8 +83,31 @@ def test_gold_trajectories_are_the_training_token_stream(rows, tiny_tokenizer):
         model_texts = [tiny_tokenizer.decode(ids) for bit, ids in segments if bit == 1]
         assert model_texts == [text + IM_END for text in trace.assistant_texts]
         env_texts = [tiny_tokenizer.decode(ids) for bit, ids in segments if bit == 0]
-        assert len(env_texts) == 2 and all(turn["observation"] in env for turn, env in
+        assert len(env_texts) == 3 and all(turn["observation"] in env for turn, env in
                                            zip(trace.record["turns"], env_texts))
+
+
+@pytest.mark.parametrize("tool_format", ["json", "native"])
+def test_warm_start_trajectories_keep_the_format(rows, tiny_tokenizer, tool_format):
+    """The gold and near-miss trajectories a warm start trains on deviate from the recipe's call format nowhere."""
+    config = dataclasses.replace(EXPLORE, tool_format=tool_format)
+    args = sft.T2SSFTArguments(near_misses=1)
+    examples, counts = sft.build_examples(args, rows[:8], tiny_tokenizer, config)
+    assert counts["gold"] == 8 and counts["near_misses"] >= 1
+    assert counts["format_deviations"] == 0 and not any(e["format_deviations"] for e in examples)
+    body = tiny_tokenizer.decode(examples[0]["input_ids"])
+    assert ("<tool_call>" in body) == (tool_format == "native")
+
+
+def test_warm_start_counts_deviating_recorded_trajectories(rows, tiny_tokenizer, tmp_path):
+    row = rows[0]
+    fenced = f'ok\n</think>\n\n```json\n{{"tool": "submit_sql", "args": {{"sql": {json.dumps(row["gold_sql"])}}}}}\n```'
+    record = run_text_episode(row, EXPLORE, ReplayPolicy([fenced]))
+    assert record["counters"]["format_deviations"] == 1
+    path = tmp_path / "episodes.jsonl"
+    path.write_text(json.dumps(dict(record, official=1, sample=0)) + "\n")
+    examples, counts = sft.build_examples(sft.T2SSFTArguments(trajectories=str(path)), rows, tiny_tokenizer, EXPLORE)
+    assert counts["recorded"] == 1 and counts["format_deviations"] == 1 and examples[0]["format_deviations"] == 1
 
 
 def test_near_misses_run_and_are_wrong(rows, tiny_tokenizer, demo_recipe):

@@ -3,7 +3,10 @@
 - ``ReplayPolicy`` plays recorded assistant turns (``ask --replay TURNS.jsonl``); once they run out it produces empty
   turns, and the episode ends by its own rules.
 - ``GoldPolicy`` lists the tables, describes each table the gold SQL reads, runs the gold SQL and submits it: an
-  episode that must score 1.0 (the evaluator's self-check), in either call format.
+  episode that must score 1.0 with no format deviation (the evaluator's self-check, and the warm start's
+  trajectories), in either call format. In the json format every turn is one JSON object, as the protocol asks
+  (DESIGN §3); the native format describes the tables in parallel calls, which Qwen3.5's template allows.
+- ``submit_policy`` submits a given SQL in its first turn.
 """
 
 from __future__ import annotations
@@ -68,6 +71,11 @@ def native_call_text(tool: str, **args) -> str:
 json_call_text = call_text
 
 
+def call_writer(tool_format: str = "json"):
+    """``write(tool, **args) -> call text`` in a call format (json or native)."""
+    return native_call_text if tool_format == "native" else json_call_text
+
+
 def turn_text(thinking: str, calls: list[str]) -> str:
     """An assistant turn as the model writes it: thinking (already inside the think block), then the calls."""
     return f"{thinking}\n{THINK_CLOSE}\n\n" + "\n".join(calls)
@@ -89,22 +97,41 @@ def gold_tables(gold_sql: str, schema) -> list[str]:
 
 
 class GoldPolicy(ScriptPolicy):
-    """list_tables and describe_table of the gold's tables, then run_query gold, then submit_sql gold."""
+    """list_tables and describe_table of the gold's tables, then run_query gold, then submit_sql gold.
 
-    def __init__(self, row: dict, schema, *, dialect: str = "exec_plan", max_calls_per_turn: int = 8,
-                 tool_format: str = "json"):
+    json format: one call a turn, within ``max_turns`` tool turns (the describes that do not fit are left out, the
+    tables of the outer query kept first). native format: the exploration in parallel calls, up to
+    ``max_calls_per_turn`` a turn. The sibling tool set: inspect_schema, run_sql, submit.
+    """
+
+    def __init__(self, row: dict, schema, *, dialect: str = "exec_plan", tool_format: str = "json",
+                 max_turns: int = 6, max_calls_per_turn: int = 8):
         gold = row["gold_sql"]
-        tables = gold_tables(gold, schema)
-        call_text = native_call_text if tool_format == "native" else json_call_text
+        write = call_writer(tool_format)
         if dialect == "sibling":
-            explore = [call_text("inspect_schema")]
-            turns = [explore, [call_text("run_sql", sql=gold)], [call_text("submit", sql=gold)]]
+            explore = [write("inspect_schema")]
+            finish = [write("run_sql", sql=gold), write("submit", sql=gold)]
         else:
-            explore = [call_text("list_tables")] + [call_text("describe_table", table_name=t) for t in tables]
-            size = max(1, max_calls_per_turn)
-            turns = [explore[i: i + size] for i in range(0, len(explore), size)]
-            turns += [[call_text("run_query", sql=gold)], [call_text("submit_sql", sql=gold)]]
+            explore = [write("list_tables")] + [write("describe_table", table_name=t) for t in gold_tables(gold, schema)]
+            finish = [write("run_query", sql=gold), write("submit_sql", sql=gold)]
+        size = max(1, max_calls_per_turn) if tool_format == "native" else 1
+        turns = [explore[i: i + size] for i in range(0, len(explore), size)]
+        turns = turns[: max(0, max_turns - len(finish))] + [[call] for call in finish]
         super().__init__(turns, thinking="I look at the tables the question needs, check the query, then submit it.")
+
+    @classmethod
+    def for_episode(cls, row: dict, schema, config) -> "GoldPolicy":
+        """The gold policy in an ``EpisodeConfig``'s tool set, call format and turn limits."""
+        return cls(row, schema, dialect=config.dialect, tool_format=config.tool_format, max_turns=config.max_turns,
+                   max_calls_per_turn=config.max_calls_per_turn)
+
+
+def submit_policy(sql: str, dialect: str = "exec_plan", tool_format: str = "json", thinking: str | None = None):
+    """A scripted policy that submits ``sql`` in its first turn (the dialect's submit tool, in its call format)."""
+    from t2s.env.tool_schemas import SUBMIT_TOOLS
+
+    turns = [[call_writer(tool_format)(SUBMIT_TOOLS[dialect], sql=sql)]]
+    return ScriptPolicy(turns) if thinking is None else ScriptPolicy(turns, thinking=thinking)
 
 
 class ScriptedBackend:

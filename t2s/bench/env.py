@@ -84,9 +84,9 @@ def call_writer(dialect: str = "exec_plan", tool_format: str = "json"):
     """``write(tool, **args) -> call text`` for the pinned exec_plan calls in a dialect and call format: the sibling
     runs ``inspect_schema`` for list_tables and describe_table, ``run_sql`` for run_query, and distinct_values' own
     query through ``run_sql``."""
-    from t2s.backends.scripted import call_text, native_call_text
+    from t2s.backends.scripted import call_writer as format_writer
 
-    write = native_call_text if tool_format == "native" else call_text
+    write = format_writer(tool_format)
     if dialect == "exec_plan":
         return write
 

@@ -19,11 +19,9 @@ WRONG_SQL = "SELECT 'scripted wrong answer' AS answer"
 
 def submit_only(sql: str, dialect: str = "exec_plan", tool_format: str = "json"):
     """A scripted policy that submits ``sql`` in its first turn (with the dialect's submit tool, in its call format)."""
-    from t2s.backends.scripted import ScriptPolicy, call_text, native_call_text
-    from t2s.env.tool_schemas import SUBMIT_TOOLS
+    from t2s.backends.scripted import submit_policy
 
-    write = native_call_text if tool_format == "native" else call_text
-    return ScriptPolicy([[write(SUBMIT_TOOLS[dialect], sql=sql)]])
+    return submit_policy(sql, dialect, tool_format)
 
 
 def mix_solved(question_id: str, k: int) -> int:

@@ -297,7 +297,7 @@ class Runner:
         except Exception as exc:  # noqa: BLE001 - an unreadable database scores 0 with the reason recorded
             return {**single_turn_record(row, None), "mode": mode, "error": f"Error: cannot read the database: {exc}"}
         config = episode_config(self.args, mode)
-        policy = GoldPolicy(row, schema, dialect=config.dialect, tool_format=config.tool_format)
+        policy = GoldPolicy.for_episode(row, schema, config)
         return run_text_episode(row, config, policy, tokenizer=self.tokenizer)
 
     def _scripted_record(self, row: dict, sample: int, mode: str) -> dict:

@@ -332,7 +332,8 @@ def print_summaries(summaries: dict[str, dict]) -> None:
         table.add_column(mode, justify="right")
     keys = ("n", "execution_accuracy_official", "execution_accuracy_official_no_fallback", "strict", "soft_f1",
             "vote_at_k", "submit_rate", "executes_rate", "mean_turns", "mean_calls", "fallback_rate", "forced_rate",
-            "truncation_rate", "skipped_missing_dbs", "skipped_unusable_dbs", "gold_failures")
+            "truncation_rate", "turn_cutoff_rate", "format_deviation_rate", "skipped_missing_dbs",
+            "skipped_unusable_dbs", "gold_failures")
     for key in keys:
         values = [s.get(key) for s in summaries.values()]
         if all(v is None for v in values):

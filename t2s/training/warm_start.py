@@ -15,6 +15,9 @@ gold SQL on the same database whose result differs. Their weight against a gold 
 realised by repetition in fifths (gold 5 copies, each near miss ``round(5 w)``). A policy warm-started this way fails
 with valid near misses rather than garbage, which is what GRPO can improve on.
 
+``format_deviations`` in the counts (``t2s_sft.json``) is how many of the trajectories break the protocol's format
+(several JSON objects in a turn, fences, prose): 0 for the gold and near-miss trajectories, which teach the protocol.
+
 Each example is ``input_ids`` = prompt + completion and ``completion_mask`` = 0 over the prompt, then ``env_mask``:
 the loss covers the model's own tokens only, as the GRPO loss does. TRL's ``SFTTrainer`` trains on it
 (``completion_only_loss``). The output folder (model and tokenizer) is what ``t2s train`` (``model_name_or_path``),
@@ -93,20 +96,16 @@ def play(rows: list[dict], policies: list, tokenizer, episode_config):
 
 def answer_policy(row: dict, sql: str, style: str, episode_config):
     """The scripted policy that answers ``row`` with ``sql`` in ``style`` (explore or submit), writing its calls in
-    the episode's call format (json, or native ``<tool_call>`` blocks)."""
-    from t2s.backends.scripted import GoldPolicy, ScriptPolicy, call_text, native_call_text
+    the episode's call format (json, one object a turn, or native ``<tool_call>`` blocks)."""
+    from t2s.backends.scripted import GoldPolicy, submit_policy
     from t2s.env.episode import row_database
-    from t2s.env.protocol import SUBMIT_TOOLS
     from t2s.env.schema import get_schema
 
-    tool_format = episode_config.tool_format
     if style == "submit":
-        write = native_call_text if tool_format == "native" else call_text
-        return ScriptPolicy([[write(SUBMIT_TOOLS[episode_config.dialect], sql=sql)]], thinking=SUBMIT_THINKING)
+        return submit_policy(sql, episode_config.dialect, episode_config.tool_format, thinking=SUBMIT_THINKING)
     if style != "explore":
         raise ValueError(f"Error: gold_style {style!r} is unknown; use 'explore' or 'submit'.")
-    return GoldPolicy(dict(row, gold_sql=sql), get_schema(row_database(row)), dialect=episode_config.dialect,
-                      max_calls_per_turn=episode_config.max_calls_per_turn, tool_format=tool_format)
+    return GoldPolicy.for_episode(dict(row, gold_sql=sql), get_schema(row_database(row)), episode_config)
 
 
 def example(trace, kind: str) -> dict:
@@ -116,6 +115,7 @@ def example(trace, kind: str) -> dict:
         "completion_mask": [0] * len(trace.prompt_ids) + list(trace.env_mask),
         "kind": kind,
         "question_id": str(trace.record.get("question_id")),
+        "format_deviations": int(trace.record["counters"]["format_deviations"]),
     }
 
 
@@ -216,6 +216,7 @@ def build_examples(sft_args: T2SSFTArguments, rows: list[dict], tokenizer, episo
     base_copies, near_copies = (WEIGHT_STEPS, round(WEIGHT_STEPS * sft_args.near_miss_weight)) if near else (1, 0)
     examples = [e for e in base for _ in range(base_copies)] + [e for e in near for _ in range(near_copies)]
     counts["examples"] = len(examples)
+    counts["format_deviations"] = sum(1 for e in base + near if e["format_deviations"])  # trajectories, not copies
     return examples, counts
 
 
