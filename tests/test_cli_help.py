@@ -130,3 +130,92 @@ class _nothing:
 
     def __exit__(self, *exc):
         return False
+
+
+HEAVY = ("torch", "transformers", "trl", "vllm")
+
+
+def test_no_help_imports_torch():
+    """`--help` of every command, `train` included (its recipe keys are read from the dataclasses' source), and of
+    the top level imports no torch, transformers, trl or vLLM: help answers at once."""
+    script = (
+        "import sys\nfrom t2s.commands import available_commands, main\n"
+        "for argv in [[]] + [[name, '--help'] for name in available_commands()]:\n"
+        "    try:\n        main(argv or ['--help'])\n    except SystemExit:\n        pass\n"
+        f"    heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "    if heavy:\n        sys.exit(f'{argv}: imported {heavy}')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "recipe keys:" in done.stdout and "warm-start keys:" in done.stdout
+
+
+def test_recipe_keys_read_from_source_are_the_dataclasses():
+    import dataclasses
+
+    from trl import ModelConfig
+
+    from t2s.training.configs import T2SGRPOConfig, T2SScriptArguments
+    from t2s.training.recipe_help import recipe_fields, recipe_groups
+
+    imported = {}
+    for kind in (ModelConfig, T2SGRPOConfig, T2SScriptArguments):
+        imported.update({f.name: f for f in dataclasses.fields(kind)})
+    read = recipe_fields()
+    keys = [key for group in recipe_groups().values() for key in group]
+    assert len(keys) > 50
+    for key in keys:
+        spec = imported[key]
+        default = (spec.default if spec.default is not dataclasses.MISSING
+                   else spec.default_factory() if spec.default_factory is not dataclasses.MISSING else None)
+        assert str(read[key][0]) == str(default), key
+        assert " ".join(read[key][1].split()) == " ".join(str(spec.metadata.get("help") or "").split()), key
+
+
+def test_train_help_groups_and_names():
+    from t2s.training.recipe_help import recipe_groups
+
+    assert list(recipe_groups()) == ["model", "data", "algorithm", "optimiser", "environment",
+                                     "rollout backend and hardware", "logging and checkpoints"]
+    text = _help("train")
+    data_commands = {name.split()[1] for name, _ in command_parsers() if name.startswith("data ")}
+    named = set(re.findall(r"t2s data ([a-z-]+)", text))
+    assert named and named <= data_commands, named  # `t2s data passrate`, never a command that does not exist
+
+
+def _help(*argv) -> str:
+    done = subprocess.run([sys.executable, "-m", "t2s", *argv, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_recipe_examples_are_the_commands_own():
+    from t2s.settings import REPO_ROOT
+
+    for command, warm_start in (("train", False), ("sft", True)):
+        text = " ".join(_help(command).split())
+        named = re.findall(r"recipes/[a-z_]+\.yaml", re.search(r"--config CONFIG recipe YAML \(([^)]*)\)", text)[1])
+        assert len(named) >= 2, (command, named)
+        for recipe in named:
+            assert ("rl_recipe:" in (REPO_ROOT / recipe).read_text()) is warm_start, (command, recipe)
+
+
+def test_every_benchmark_is_named_in_the_help():
+    from t2s.commands.bench import BENCHMARKS
+
+    for text in (_help(), _help("bench")):
+        line = " ".join(text.split())
+        bench = line[line.index("bench"):]
+        for name in BENCHMARKS:
+            assert name in bench.split("options:")[0], (name, bench)
+
+
+def test_defaults_are_written_one_way():
+    """"(default: X)" everywhere; never "(default X)"."""
+    odd = []
+    for name, parser in command_parsers():
+        for action in parser._actions:
+            text = DefaultsHelpFormatter(name)._get_help_string(action) or ""
+            if action.help != argparse.SUPPRESS and re.search(r"\bdefault(?!:)\s", text, re.I) and "(default" in text:
+                odd.append(f"{name} {action.option_strings}: {text}")
+    assert not odd, odd

@@ -37,9 +37,9 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> None:
 def learn_arguments(parser: argparse.ArgumentParser) -> None:
     from t2s.bench.learn import STEPS
 
-    parser.add_argument("--steps", type=int, default=STEPS, help=f"GRPO steps of each run (default {STEPS})")
+    parser.add_argument("--steps", type=int, default=STEPS, help=f"GRPO steps of each run (default: {STEPS})")
     parser.add_argument("--seed", type=int, default=0, help="seed of the warm start, both runs and the permutation")
-    parser.add_argument("--output", default="runs/bench-learn", help="output folder (default runs/bench-learn)")
+    parser.add_argument("--output", default="runs/bench-learn", help="output folder (default: runs/bench-learn)")
     parser.add_argument("--rollout-backend", default="transformers", choices=("transformers", "vllm_colocate"),
                         help="what generates the GRPO episodes: transformers generate, or the real vLLM engine "
                         "colocated in the trainer (make install-vllm) (default: transformers)")

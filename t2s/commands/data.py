@@ -58,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("check", help="run every gold SQL: ok / error / timeout / empty per database (cached)")
     data_args(p, "folder for check.jsonl, the per-row outcomes (default: print only)")
-    p.add_argument("--workers", type=positive_int, default=4, help="parallel queries (default 4)")
+    p.add_argument("--workers", type=positive_int, default=4, help="parallel queries (default: 4)")
     p.add_argument("--timeout", type=positive_float, default=None, help="seconds per gold SQL (default: the scoring cap)")
     p.add_argument("--no-cache", action="store_true", help="ignore and do not write the result cache")
 
@@ -70,15 +70,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--model", type=non_empty_path, default=None, help="a model JSON written by --save-model (default: the built-in one)")
     p.add_argument("--save-model", type=non_empty_path, default=None, help="fit on this file's labels and save the model JSON here")
     p.add_argument("--keep-target", type=unit_float, default=KEEP_TARGET,
-                   help=f"share of simple+moderate the threshold keeps when fitting (default {KEEP_TARGET})")
+                   help=f"share of simple+moderate the threshold keeps when fitting (default: {KEEP_TARGET})")
 
     p = sub.add_parser("passrate", help="keep the questions a policy solves 1..k-1 times out of k")
     data_args(p, "folder for passrate_kept.json, the kept rows as a JSON list (default: print only)")
     p.add_argument("--policy", default="scripted-mix", choices=PASSRATE_POLICIES,
                    help="gold, scripted-mix (scripted, CPU), model, endpoint or vllm: played as `eval` plays them")
-    p.add_argument("--k", type=positive_int, default=8, help="samples per question (default 8)")
+    p.add_argument("--k", type=positive_int, default=8, help="samples per question (default: 8)")
     p.add_argument("--min-solved", type=non_negative_int, default=1, help="keep questions solved at least this often")
-    p.add_argument("--max-solved", type=non_negative_int, default=None, help="default k-1")
+    p.add_argument("--max-solved", type=non_negative_int, default=None, help="keep questions solved at most this often (default: k-1)")
     add_policy_arguments(p)
 
     p = sub.add_parser("make-demo", help="(re)write the embedded demo databases and questions (data/demo)")

@@ -15,7 +15,8 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_recipe_arguments(parser, "Any other flag overrides a recipe key: those below, or any field of trl.SFTConfig or "
-                         "trl.ModelConfig, e.g. --max-steps 50 --learning-rate 1e-5", warm_start_keys_help)
+                         "trl.ModelConfig, e.g. --max-steps 50 --learning-rate 1e-5", warm_start_keys_help,
+                         "recipes/sft_warmstart.yaml, recipes/demo_sft.yaml")
 
 
 def warm_start_keys_help() -> str:

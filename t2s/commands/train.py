@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_recipe_arguments(parser, "Any other flag overrides a recipe key, e.g. --learning-rate 5e-6 --max-steps 100 "
-                         "--resume-from-checkpoint latest", recipe_keys_help)
+                         "--resume-from-checkpoint latest", recipe_keys_help, "recipes/bird.yaml, recipes/smoke.yaml")
 
 
 def recipe_keys_help() -> str:

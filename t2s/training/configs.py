@@ -71,7 +71,7 @@ class T2SScriptArguments:
     )
     pass_rate_file: str | None = field(
         default=None,
-        metadata={"help": "A JSONL of {question_id, ...} kept by the pass-rate filter (`t2s data pass-rate`); when "
+        metadata={"help": "A JSONL of {question_id, ...} kept by the pass-rate filter (`t2s data passrate`); when "
                   "set, only those question ids train (the sibling recipe's prompts solved 1-7 times out of 8)."},
     )
     gold_hygiene: bool = field(

@@ -1,14 +1,32 @@
 """What ``t2s train --help`` lists after its own options: every key the shipped recipes set, grouped as the recipe
 files group them (their ``# ---- model``, ``# ---- data``, ... headers), each with its help and default from the
-dataclasses a recipe is parsed into (``t2s.training.configs``)."""
+dataclasses a recipe is parsed into (``t2s.training.configs``).
+
+The dataclasses are read as source (``ast``), never imported: ``trl.GRPOConfig`` builds on transformers'
+``TrainingArguments``, whose module imports torch, and help must not wait seconds for it. ``DATACLASS_SOURCES`` names
+where each one is defined, base classes before the classes built on them; the tests check that what is read here is
+what the imported dataclasses hold.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import ast
+import importlib.util
 import textwrap
+from pathlib import Path
 
 RECIPE_ORDER = ("bird.yaml",)  # read first: its groups and keys set the order
 OTHER_GROUP = "other"
+# (package, file in it, class): the recipe's dataclasses and their bases; a later class's field wins
+DATACLASS_SOURCES = (
+    ("trl", "trainer/model_config.py", "ModelConfig"),
+    ("transformers", "training_args.py", "TrainingArguments"),
+    ("trl", "trainer/base_config.py", "_BaseConfig"),
+    ("trl", "trainer/grpo_config.py", "GRPOConfig"),
+    ("t2s", "training/configs.py", "T2SGRPOConfig"),
+    ("t2s", "training/configs.py", "T2SScriptArguments"),
+)
+FACTORIES = {"list": [], "dict": {}, "tuple": (), "set": set()}
 
 
 def train_recipes() -> list:
@@ -29,7 +47,7 @@ def recipe_groups() -> dict[str, list[str]]:
         group = OTHER_GROUP
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.startswith("# ----"):
-                group = line.lstrip("# -").split(" (")[0].strip() or OTHER_GROUP
+                group = line.lstrip("# -").split(" (")[0].split(":")[0].strip() or OTHER_GROUP  # "environment: ..."
                 continue
             if not line or line[0] in "# -" or ":" not in line:
                 continue
@@ -40,37 +58,76 @@ def recipe_groups() -> dict[str, list[str]]:
     return groups
 
 
-def _fields() -> dict[str, dataclasses.Field]:
-    from trl import ModelConfig
+def _value(node):
+    """A default as Python reads it where it is a literal, else its source text."""
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        return ast.unparse(node)
 
-    from t2s.training.configs import T2SGRPOConfig, T2SScriptArguments
 
-    found: dict[str, dataclasses.Field] = {}
-    for kind in (ModelConfig, T2SGRPOConfig, T2SScriptArguments):  # later kinds win: t2s's own help text
-        found.update({f.name: f for f in dataclasses.fields(kind)})
+def _field_default_and_help(node) -> tuple[object, str]:
+    """(default, help) of one annotated class attribute's value: ``field(default=..., metadata={"help": ...})``, a
+    ``default_factory``, or a plain default."""
+    if not (isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "field"):
+        return _value(node), ""
+    default, help_text = None, ""
+    for keyword in node.keywords:
+        if keyword.arg == "default":
+            default = _value(keyword.value)
+        elif keyword.arg == "default_factory":
+            factory = keyword.value
+            if isinstance(factory, ast.Name) and factory.id in FACTORIES:
+                default = FACTORIES[factory.id]
+            else:
+                default = _value(factory.body) if isinstance(factory, ast.Lambda) else ast.unparse(factory) + "()"
+        elif keyword.arg == "metadata" and isinstance(keyword.value, ast.Dict):
+            for key, value in zip(keyword.value.keys, keyword.value.values):
+                if isinstance(key, ast.Constant) and key.value == "help":
+                    help_text = value.value if isinstance(value, ast.Constant) else ast.unparse(value)
+    return default, str(help_text)
+
+
+def class_fields(path: Path, class_name: str) -> dict[str, tuple[object, str]]:
+    """{field: (default, help)} of the dataclass ``class_name`` defined in the Python file ``path`` (its own fields)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = next((node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == class_name), None)
+    if found is None:
+        raise LookupError(f"no class {class_name} in {path}")
+    fields = {}
+    for statement in found.body:
+        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
+            fields[statement.target.id] = (_field_default_and_help(statement.value) if statement.value is not None
+                                           else (None, ""))
+    return fields
+
+
+def _package_folder(package: str) -> Path:
+    spec = importlib.util.find_spec(package)  # a top-level package is found without being imported
+    if spec is None or not spec.submodule_search_locations:
+        raise LookupError(f"package {package} is not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def recipe_fields() -> dict[str, tuple[object, str]]:
+    """{key: (default, help)} of every field a recipe may set, read from ``DATACLASS_SOURCES``."""
+    found: dict[str, tuple[object, str]] = {}
+    for package, file, class_name in DATACLASS_SOURCES:
+        found.update(class_fields(_package_folder(package) / file, class_name))
     return found
-
-
-def _default(spec: dataclasses.Field):
-    if spec.default is not dataclasses.MISSING:
-        return spec.default
-    if spec.default_factory is not dataclasses.MISSING:
-        return spec.default_factory()
-    return None
 
 
 def recipe_keys_help(width: int = 100) -> str:
     """The help text of every recipe key (see the module docstring)."""
-    fields = _fields()
+    fields = recipe_fields()
     out = ["recipe keys: set in the --config YAML (the names below with underscores: max_turns), or override one",
            "on the command line (--max-turns 4; --max_turns works too). Any other GRPOConfig field works as well."]
     for group, keys in recipe_groups().items():
         out.append("")
         out.append(f"{group}:")
         for key in keys:
-            spec = fields.get(key)
-            help_text = " ".join(str(spec.metadata.get("help") or "").split()) if spec else ""
-            default = _default(spec) if spec else None
+            default, help_text = fields.get(key, (None, ""))
+            help_text = " ".join(help_text.split())
             out.append(f"  --{key.replace('_', '-')} (default: {default})")
             if help_text:
                 out += textwrap.wrap(help_text, width=width, initial_indent=" " * 6, subsequent_indent=" " * 6)

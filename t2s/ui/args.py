@@ -85,10 +85,11 @@ class CommandParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
-def add_recipe_arguments(parser: argparse.ArgumentParser, epilog: str, keys_help) -> None:
-    """``--config RECIPE``; every other flag is kept in ``args.overrides`` as a recipe-key override for TrlParser
-    (``train``, ``sft``). ``--help`` appends ``keys_help()``, the recipe keys, read only when help is asked for."""
-    parser.add_argument("--config", required=True, help="recipe YAML (recipes/bird.yaml, recipes/smoke.yaml, ...)")
+def add_recipe_arguments(parser: argparse.ArgumentParser, epilog: str, keys_help, examples: str) -> None:
+    """``--config RECIPE`` (``examples``: the command's own shipped recipes); every other flag is kept in
+    ``args.overrides`` as a recipe-key override for TrlParser (``train``, ``sft``). ``--help`` appends ``keys_help()``,
+    the recipe keys, read only when help is asked for."""
+    parser.add_argument("--config", required=True, help=f"recipe YAML ({examples}, ...)")
     parser.epilog = epilog
     parser.set_defaults(overrides=[])
     parse_known = parser.parse_known_args
