@@ -30,12 +30,12 @@ def gold_eval(demo_dir, out, *modes, n="4") -> None:
                  "--output", str(out), "--quiet"]) == 0
 
 
-def predictions_eval(demo_dir, tmp_path, out, wrong_id) -> None:
-    """A predictions run of the whole demo data: the gold SQL, except a wrong answer for ``wrong_id``."""
+def predictions_eval(demo_dir, tmp_path, out, *wrong_ids) -> None:
+    """A predictions run of the whole demo data: the gold SQL, except a wrong answer for each of ``wrong_ids``."""
     records = json.loads((demo_dir / "dev.json").read_text())
     predictions = tmp_path / "p.jsonl"
     predictions.write_text("\n".join(json.dumps({"question_id": r["question_id"],
-                                                 "sql": "SELECT 1" if str(r["question_id"]) == wrong_id else r["SQL"]})
+                                                 "sql": "SELECT 1" if str(r["question_id"]) in wrong_ids else r["SQL"]})
                                      for r in records))
     assert main(["eval", "--policy", "predictions", "--predictions", str(predictions), "--data", str(demo_dir),
                  "--output", str(out), "--quiet"]) == 0
@@ -145,8 +145,67 @@ def test_show_a_pair_lists_only_the_flipped_questions(demo_dir, tmp_path, capsys
     assert main(["show", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
     shown = capsys.readouterr().out
     assert "run A" in shown and "run B" in shown and "SELECT 1" in shown  # one flip: both transcripts printed
-    assert main(["show", str(tmp_path / "b"), str(tmp_path / "a"), "--wrong", "--db", "no_such_db"]) == 0
-    assert "only_a 0, only_b 0" in capsys.readouterr().out
+    assert main(["show", str(tmp_path / "b"), str(tmp_path / "a"), "--wrong", "--db", "no_such_db"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: ") and "has no database no_such_db (it has 2: " in err[0]
+    db = lines_of(tmp_path / "a" / "full" / "scores.jsonl")[2]["db_id"]
+    assert main(["show", str(tmp_path / "b"), str(tmp_path / "a"), "--db", db]) == 0  # B right, A wrong
+    assert "only_b: run A" in capsys.readouterr().out  # the one flip's transcripts
+
+
+def test_show_a_pair_lists_both_runs_scores(demo_dir, tmp_path, capsys):
+    gold_eval(demo_dir, tmp_path / "a", n="63")
+    ids = [str(line["question_id"]) for line in lines_of(tmp_path / "a" / "full" / "scores.jsonl")]
+    predictions_eval(demo_dir, tmp_path, tmp_path / "b", ids[3], ids[7])
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "b"), str(tmp_path / "a")]) == 0
+    shown = capsys.readouterr().out
+    assert f"flipped between A = {tmp_path / 'b'} and B = {tmp_path / 'a'}: only_a 0, only_b 2" in shown
+    header = next(line for line in shown.splitlines() if "score A" in line)
+    assert [c.strip() for c in header.split("┃")[1:-1]][-4:] == ["score A", "score B", "final SQL A", "final SQL B"]
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in shown.splitlines() if line.startswith("│")]
+    assert sorted(row[1] for row in rows) == sorted([ids[3], ids[7]])
+    assert all(row[0] == "only_b" and row[-4:-2] == ["0", "1"] for row in rows), rows
+
+
+def test_show_names_what_a_run_holds_when_a_filter_does_not(demo_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    gold_eval(demo_dir, out, n="8")
+    ids = sorted(str(line["question_id"]) for line in lines_of(out / "full" / "episodes.jsonl"))
+    capsys.readouterr()
+    assert main(["show", str(out), "--id", "999"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"Error: {out} has no question id 999 (it has 8: ") and all(i in err for i in ids)
+    assert main(["show", str(out), "--db", "nonexist"]) == 1
+    assert "has no database nonexist (it has " in capsys.readouterr().err
+    assert main(["show", str(out), "--sample", "3"]) == 1
+    assert "has no sample 3 (it has 1: 0)" in capsys.readouterr().err
+    assert main(["show", str(out), "--wrong"]) == 0  # a filter that matches nothing by chance is no error
+    assert "no episode of 8 matches" in capsys.readouterr().out
+
+
+def test_show_lists_questions_in_data_order_and_limits(demo_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    gold_eval(demo_dir, out, "full", "withheld", n="12")
+    for mode in ("full", "withheld"):  # episodes finish in any order: write them backwards
+        path = out / mode / "episodes.jsonl"
+        path.write_text("".join(reversed(path.read_text().splitlines(keepends=True))))
+    records = {str(r["question_id"]): r for r in json.loads((demo_dir / "dev.json").read_text())}
+    capsys.readouterr()
+    assert main(["show", str(out)]) == 0
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in capsys.readouterr().out.splitlines()
+            if line.startswith("│")]
+    positions = {qid: index for index, qid in enumerate(records)}
+    listed = [(row[2], row[0]) for row in rows]
+    assert [m for m, _ in listed] == ["full"] * 12 + ["withheld"] * 12
+    assert [positions[q] for _, q in listed[:12]] == sorted(positions[q] for _, q in listed[:12])
+    assert all(records[row[0]]["question"].startswith(row[5].rstrip("…")) for row in rows)  # the question column
+    assert main(["show", str(out), "--n", "5"]) == 0
+    printed = capsys.readouterr().out
+    assert "24 of 24 episodes, the first 5" in printed and sum(line.startswith("│") for line in printed.splitlines()) == 5
+    assert main(["show", str(out), "--limit", "3", "--mode", "withheld"]) == 0
+    printed = capsys.readouterr().out
+    assert "12 of 12 episodes, the first 3" in printed and sum(line.startswith("│") for line in printed.splitlines()) == 3
 
 
 def test_show_reads_training_episodes(tmp_path, capsys):

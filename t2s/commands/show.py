@@ -4,14 +4,16 @@ RUN is an eval folder (every mode, or ``--mode``), one of its mode folders, an e
 output_dir (the episodes it logged with ``log_completions: true``, ``t2s.evaluation.run_folders.read_training_episodes``). With RUN_B the two runs are paired on
 question_id (sample 0) and only the questions that flipped are listed: ``only_a`` (A right, B wrong) and ``only_b``.
 
-Without ``--id`` the matching episodes are listed one a line; with ``--id`` (or when one episode matches) its
-transcript is printed (``t2s.evaluation.transcript``), for a pair both runs' transcripts.
+Without ``--id`` the matching episodes are listed one a line, in data order (mode by mode, then question id, then
+sample), ``--n N`` of them at most; with ``--id`` (or when one episode matches) its transcript is printed
+(``t2s.evaluation.transcript``), for a pair both runs' transcripts. A filter naming what the run does not hold (an
+unknown question id, database, tier or sample) is an ``Error:`` naming what it has, exit status 1.
 """
 
 from __future__ import annotations
 
 from t2s.errors import UsageError
-from t2s.ui.args import non_empty_path, non_negative_int
+from t2s.ui.args import add_hidden_alias, non_empty_path, non_negative_int, positive_int
 
 
 def add_arguments(parser) -> None:
@@ -27,11 +29,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--sample", type=non_negative_int, default=None,
                         help="only this sample of each question (default: every sample)")
     parser.add_argument("--thinking", action="store_true", help="print thinking in full (default: folded)")
+    parser.add_argument("--n", type=positive_int, default=None, help="list at most N episodes (default: all)")
+    add_hidden_alias(parser, "--n", "--limit", type=positive_int)
 
 
 def run(args) -> int:
     from t2s.ui.console import console as make_console
-    from t2s.evaluation.browse import flipped, print_list, run_episodes, select
+    from t2s.evaluation.browse import (check_filters, flipped, in_data_order, print_list, print_pairs, run_episodes,
+                                       select)
     from t2s.evaluation.transcript import print_transcript
 
     if args.tier and args.run_b:
@@ -39,10 +44,14 @@ def run(args) -> int:
     console = make_console()
     filters = dict(wrong=args.wrong, tier=args.tier, db=args.db, ids=args.id)
     lines = run_episodes(args.run, args.mode)
+    lines_b = run_episodes(args.run_b, args.mode) if args.run_b else []
+    check_filters(lines + lines_b, args.run if not args.run_b else f"{args.run} or {args.run_b}", ids=args.id,
+                  db=args.db, tier=args.tier, sample=args.sample)
     if args.sample is not None:
         lines = [line for line in lines if int(line.get("sample") or 0) == args.sample]
+    lines = in_data_order(lines)
     if args.run_b:
-        pairs = flipped(lines, run_episodes(args.run_b, args.mode))
+        pairs = flipped(lines, lines_b)
         pairs = [p for p in pairs if select([p[1]], **filters) or select([p[2]], **filters)]
         if args.id or len(pairs) == 1:
             for label, line_a, line_b in pairs:
@@ -51,8 +60,9 @@ def run(args) -> int:
                     print_transcript(line, console, fold_thinking=not args.thinking)
         else:
             only_a = sum(label == "only_a" for label, _, _ in pairs)
-            print_list(console, [p[1] for p in pairs], f"flipped: only_a {only_a}, only_b {len(pairs) - only_a}",
-                       labels=[p[0] for p in pairs])
+            shown = pairs[: args.n] if args.n else pairs
+            print_pairs(console, shown, f"flipped between A = {args.run} and B = {args.run_b}: only_a {only_a}, "
+                        f"only_b {len(pairs) - only_a}" + (f" (the first {len(shown)})" if len(shown) < len(pairs) else ""))
         return 0
     chosen = select(lines, **filters)
     if not chosen:
@@ -62,6 +72,7 @@ def run(args) -> int:
         for line in chosen:
             print_transcript(line, console, fold_thinking=not args.thinking)
     else:
-        print_list(console, chosen, f"{len(chosen)} of {len(lines)} episodes (--id ID prints a transcript)")
+        shown = chosen[: args.n] if args.n else chosen
+        first = f", the first {len(shown)}" if len(shown) < len(chosen) else ""
+        print_list(console, shown, f"{len(chosen)} of {len(lines)} episodes{first} (--id ID prints a transcript)")
     return 0
-

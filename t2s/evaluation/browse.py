@@ -1,11 +1,13 @@
 """Reading a run's episodes: an eval folder (every mode or some), one mode folder, an episodes file, or a training
 run's output_dir (the episodes it logged with ``log_completions: true``); which of them to show (``select``, the
-questions that ``flipped`` between two runs) and the one-line-per-episode list (``t2s show``, ``compare.html``).
+questions that ``flipped`` between two runs; ``check_filters`` refuses a filter naming what the run does not hold),
+in data order (``in_data_order``), and the one-line-per-episode lists of ``t2s show`` (``print_list``,
+``print_pairs``).
 """
 
 from __future__ import annotations
 
-
+import re
 from pathlib import Path
 
 from t2s.evaluation.run_folders import (EPISODES, RunFolderError, eval_modes, has_training_episodes, read_jsonl,
@@ -73,25 +75,90 @@ def flipped(lines_a: list[dict], lines_b: list[dict]) -> list[tuple[str, dict, d
     return out
 
 
-def _summary_row(line: dict) -> list[str]:
+def id_order(question_id) -> tuple:
+    """Sort key of a question id in data order: its numbers compared as numbers (BIRD's ``2`` before ``10``,
+    ``spider_dev:9`` before ``spider_dev:17``), the rest as text."""
+    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
+                 for part in re.split(r"(\d+)", str(question_id)) if part)
+
+
+def in_data_order(lines: list[dict]) -> list[dict]:
+    """The lines mode by mode (in the run's order), then training step, question (data order) and sample: not the
+    order in which the episodes finished."""
+    modes = {mode: rank for rank, mode in enumerate(dict.fromkeys(line.get("mode") for line in lines))}
+    return sorted(lines, key=lambda line: (modes[line.get("mode")], int(line.get("step") or 0),
+                                           id_order(line.get("question_id")), int(line.get("sample") or 0)))
+
+
+def check_filters(lines: list[dict], run: str, *, ids=None, db=None, tier=None, sample=None) -> None:
+    """Refuse a filter naming what the run does not hold (a question id, a database, a reward tier or a sample): an
+    ``Error:`` naming what it has. A filter that matches nothing by chance (``--wrong`` on a run with no wrong
+    answer) is not an error."""
+    from t2s.ui.console import some
+
+    def check(what: str, wanted, present, order=str) -> None:
+        present = {str(value) for value in present if value is not None}
+        unknown = [str(value) for value in wanted if str(value) not in present]
+        if unknown:
+            raise RunFolderError(f"Error: {run} has no {what} {', '.join(unknown)} (it has {len(present)}: "
+                                 f"{some(sorted(present, key=order))})")
+
+    check("question id", ids or [], (line.get("question_id") for line in lines), id_order)
+    check("database", [db] if db is not None else [], (line.get("db_id") for line in lines))
+    check("reward tier", [tier] if tier is not None else [], (line.get("tier") for line in lines))
+    check("sample", [sample] if sample is not None else [], (int(line.get("sample") or 0) for line in lines), int)
+
+
+QUESTION_WIDTH = 60  # characters of the question shown in a list
+
+
+def _summary_row(line: dict) -> dict[str, str]:
     score = line.get("official")
     if score is None and line.get("tier") is not None:
         score = f"{line['tier']} {line.get('reward', '')}".strip()
+    question = " ".join(str(line.get("question") or "").split())
+    if len(question) > QUESTION_WIDTH:
+        question = question[: QUESTION_WIDTH - 1] + "…"
     counters = line.get("counters") or {}
-    return [str(line.get("question_id")), str(line.get("sample") or line.get("step") or 0), str(line.get("mode") or ""),
-            str(line.get("db_id") or ""), str(line.get("difficulty") or ""), "-" if score is None else str(score),
-            str(counters.get("turns", "")), str(line.get("final_sql_source") or "")]
+    return {"id": str(line.get("question_id")), "sample/step": str(line.get("sample") or line.get("step") or 0),
+            "mode": str(line.get("mode") or ""), "db": str(line.get("db_id") or ""),
+            "difficulty": str(line.get("difficulty") or ""), "question": question,
+            "score": "-" if score is None else str(score), "turns": str(counters.get("turns", "")),
+            "final SQL": str(line.get("final_sql_source") or "")}
 
 
-def print_list(console, lines: list[dict], title: str, labels: list[str] | None = None) -> None:
+LIST_COLUMNS = ("id", "sample/step", "mode", "db", "difficulty", "question", "score", "turns", "final SQL")
+
+
+def _print_rows(console, title: str, columns, rows) -> None:
+    """A table of plain-text cells: ids, questions and database names are shown as written, never read as markup."""
     from rich.table import Table
+    from rich.text import Text
 
     from t2s.ui.console import print_table
 
-    table = Table(title=title)
-    columns = (["flip"] if labels else []) + ["id", "sample/step", "mode", "db", "difficulty", "score", "turns", "final SQL"]
+    table = Table(title=Text(title))
     for column in columns:
         table.add_column(column)
-    for index, line in enumerate(lines):
-        table.add_row(*(([labels[index]] if labels else []) + _summary_row(line)))
+    for row in rows:
+        table.add_row(*(Text(cell) for cell in row))
     print_table(console, table)
+
+
+def print_list(console, lines: list[dict], title: str) -> None:
+    """One line per episode: id, sample or step, mode, database, difficulty, question, score, turns, final SQL's
+    source."""
+    rows = [_summary_row(line) for line in lines]
+    _print_rows(console, title, LIST_COLUMNS, [[row[c] for c in LIST_COLUMNS] for row in rows])
+
+
+def print_pairs(console, pairs: list[tuple[str, dict, dict]], title: str) -> None:
+    """One line per flipped question (``flipped``), with both runs' score and final SQL's source."""
+    columns = ("flip", "id", "mode", "db", "difficulty", "question", "score A", "score B", "final SQL A",
+               "final SQL B")
+    rows = []
+    for label, line_a, line_b in pairs:
+        a, b = _summary_row(line_a), _summary_row(line_b)
+        rows.append([label, a["id"], a["mode"], a["db"], a["difficulty"], a["question"], a["score"], b["score"],
+                     a["final SQL"], b["final SQL"]])
+    _print_rows(console, title, columns, rows)

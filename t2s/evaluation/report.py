@@ -142,11 +142,11 @@ UNSCORED_ROWS = (
 
 def unscored_notes(summary: dict, limit: int = 10) -> list[str]:
     """One line per kind of question left out of the figures, naming the ids (empty when every question counted)."""
+    from functools import partial
 
-    def some(ids) -> str:
-        ids = list(ids)
-        return ", ".join(map(str, ids[:limit])) + (f" and {len(ids) - limit} more" if len(ids) > limit else "")
+    from t2s.ui.console import some
 
+    some = partial(some, limit=limit)
     notes = []
     if summary.get("skipped_missing_dbs"):
         notes.append(f"{summary['skipped_missing_dbs']} questions skipped, their database missing: "

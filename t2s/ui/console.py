@@ -36,3 +36,10 @@ def print_table(out, table) -> None:
         out.print(table, soft_wrap=False)
     finally:
         out.width = width
+
+
+def some(values, limit: int = 10) -> str:
+    """The first ``limit`` of ``values`` joined by commas, then how many more: ``a, b, c and 12 more``."""
+    values = [str(value) for value in values]
+    more = f" and {len(values) - limit} more" if len(values) > limit else ""
+    return ", ".join(values[:limit]) + more
