@@ -241,6 +241,63 @@ def test_comparable_only_with_the_published_settings():
                                         "the training token stream")
 
 
+# ------------------------------------------------------------------------------------- the page's script, in node
+def _page(path: Path, hash_: str = "") -> dict:
+    """report.html's script run by node against a stand-in DOM (tests/report_page_dom.js)."""
+    done = subprocess.run(["node", str(Path(__file__).with_name("report_page_dom.js")), str(path), hash_],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+needs_node = pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
+
+
+@needs_node
+def test_report_html_opens_a_question_by_id_and_lists_in_data_order(demo_dir, tmp_path):
+    from t2s.evaluation.report_html import HASH_PARAMETERS, write_report
+
+    out = tmp_path / "out"
+    gold_eval(demo_dir, out, "full", "withheld", n="12")
+    for mode in ("full", "withheld"):  # episodes finish in any order: write them backwards, then the page again
+        path = out / mode / "episodes.jsonl"
+        path.write_text("".join(reversed(path.read_text().splitlines(keepends=True))))
+    write_report(out)
+    page = (out / "report.html").read_text()
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    for name, _ in HASH_PARAMETERS:  # every hash parameter is named on the page and in the README
+        assert f"<code>{name}</code>" in page and f"`{name}`" in readme, name
+    ids = [str(r["question_id"]) for r in json.loads((demo_dir / "dev.json").read_text())]
+    shown = _page(out / "report.html")
+    listed = [(row["cells"][1], row["cells"][0]) for row in shown["rows"]]
+    assert [m for m, _ in listed] == ["full"] * 12 + ["withheld"] * 12
+    assert [q for _, q in listed[:12]] == sorted((q for _, q in listed[:12]), key=ids.index)
+    assert shown["errors"] == [] and shown["detail"]["hidden"] is True
+    question = listed[7][1]  # not the 8th of the data file: the id names the question, not a position
+    assert question != ids[7]
+    opened = _page(out / "report.html", f"#id={question}")
+    assert opened["detail"]["data-question-id"] == question and opened["detail"]["data-open"] == "7"
+    assert f"Question {question} on " in opened["detail"]["text"] and "(full)" in opened["detail"]["text"]
+    withheld = _page(out / "report.html", f"#mode=withheld&id={question}")
+    assert withheld["detail"]["data-question-id"] == question and withheld["detail"]["data-open"] == "19"
+    assert "(withheld)" in withheld["detail"]["text"] and withheld["status"]["data-shown"] == "12"
+    missing = _page(out / "report.html", "#id=999")
+    assert missing["status"]["data-missing"] == "999" and missing["detail"]["hidden"] is True
+    by_position = _page(out / "report.html", "#open=3")
+    assert by_position["detail"]["data-open"] == "3" and by_position["detail"]["data-question-id"] == listed[3][1]
+
+
+@needs_node
+def test_compare_html_marks_each_runs_score(demo_dir, tmp_path):
+    gold_eval(demo_dir, tmp_path / "a", n="63")
+    ids = [str(line["question_id"]) for line in lines_of(tmp_path / "a" / "full" / "scores.jsonl")]
+    predictions_eval(demo_dir, tmp_path, tmp_path / "b", ids[4])
+    assert main(["compare", str(tmp_path / "b"), str(tmp_path / "a"), "--output", str(tmp_path / "cmp"), "--html"]) == 0
+    shown = _page(tmp_path / "cmp" / "compare.html")
+    [row] = shown["rows"]  # only B (the gold run) got it right: neither red nor green as a whole
+    assert row["cls"] == "pair" and row["marks"] == ["bad", "ok"] and row["cells"][4] == "only_b A 0 B 1"
+
+
 # ------------------------------------------------------------------------------------------------------- browser
 def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
@@ -269,9 +326,13 @@ def test_report_html_in_headless_chromium(demo_dir, tmp_path):
     on_db = sum(line["db_id"] == db for line in lines_of(out / "full" / "scores.jsonl"))
     narrowed = _status(_browse(f"{url}#mode=full&db={db}", "--dump-dom").stdout)
     assert narrowed["errors"] == "" and int(narrowed["shown"]) == on_db < 63
+    assert 0 < int(loaded["first-row-top"]) < 1000  # the list of episodes is on the first screen of 1400×1000
     opened = _browse(f"{url}#open=3", "--dump-dom").stdout
-    assert 'id="detail" data-open="3"' in opened and "gold rows" in opened and "predicted rows" in opened
+    assert re.search(r'id="detail"[^>]* data-open="3"', opened) and "gold rows" in opened and "predicted rows" in opened
     assert _status(opened)["errors"] == ""
+    question = str(lines_of(out / "withheld" / "scores.jsonl")[9]["question_id"])
+    by_id = _browse(f"{url}#mode=withheld&id={question}", "--dump-dom").stdout
+    assert re.search(rf'id="detail"[^>]* data-question-id="{question}"', by_id) and f"Question {question} on " in by_id
     shot = tmp_path / "transcript.png"
     _browse(f"{url}#open=3", f"--screenshot={shot}")
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one

@@ -110,7 +110,7 @@ def write_html(run_a, run_b, report: dict, out: Path) -> Path:
     """compare.html of the two runs' flipped questions (their episodes.jsonl)."""
     from t2s.evaluation.report_html import write_compare_report
     from t2s.evaluation.run_folders import EPISODES, read_jsonl
-    from t2s.evaluation.browse import flipped
+    from t2s.evaluation.browse import flipped, in_data_order
 
     lines = []
     for run in (run_a, run_b):
@@ -120,5 +120,5 @@ def write_html(run_a, run_b, report: dict, out: Path) -> Path:
             raise CompareError(f"Error: --html needs the episodes of each run; {run} has no {EPISODES} (a score "
                                "folder holds scores only)")
         lines.append(read_jsonl(episodes))
-    pairs = flipped(lines[0], lines[1])
+    pairs = flipped(in_data_order(lines[0]), lines[1])
     return write_compare_report(out / "compare.html", report, pairs, (str(run_a), str(run_b)))

@@ -5,8 +5,17 @@ The page holds the summary table, the plot (summary.png, embedded), accuracy per
 filterable list of episodes; an episode opens into its transcript (thinking folded, tool calls, observations,
 formatted SQL) with the gold and predicted rows side by side.
 
-The URL hash sets the filters and opens an episode: ``#wrong=1&db=DB&mode=full&q=TEXT&open=INDEX``. The page writes
-what it shows into ``#status`` (``data-shown``, ``data-total``, ``data-errors``), so a headless browser can check it.
+The first screen holds the summary table, the plot and the list of episodes (in data order: mode by mode, then
+question id, then sample); the tables per difficulty and per database follow the list.
+
+The URL hash (``HASH_PARAMETERS``, also listed on the page) sets the filters and opens an episode:
+``#id=QUESTION_ID`` opens that question (the id ``show --id`` takes; with ``mode=M`` or ``sample=S``, that mode's or
+sample's episode), ``mode=M``, ``db=DB``, ``difficulty=D``, ``wrong=1`` and ``q=TEXT`` filter the list, and
+``open=N`` opens the N-th episode of the list as written in the page (from 0), whatever its id. Parameters join with
+``&``: ``#mode=full&id=42``. The page writes what it shows into ``#status`` (``data-shown``, ``data-total``,
+``data-errors``, ``data-missing`` for an id it does not hold, ``data-first-row-top``: where the list's first row
+starts), and the open episode into ``#detail`` (``data-open``, ``data-question-id``), so a headless browser can check
+it.
 """
 
 from __future__ import annotations
@@ -18,6 +27,17 @@ from pathlib import Path
 from t2s.errors import writing
 
 PAGE_TITLE = "t2s eval report"
+# (parameter, what it does): the URL hash the page reads, shown on the page and in the README
+HASH_PARAMETERS = (
+    ("id=QUESTION_ID", "open that question (the id show --id takes)"),
+    ("mode=M", "list mode M only (with id: open that mode's episode)"),
+    ("sample=S", "with id: open sample S"),
+    ("db=DB", "list database DB only"),
+    ("difficulty=D", "list difficulty D only"),
+    ("wrong=1", "list the wrong answers only"),
+    ("q=TEXT", "list the episodes whose question, SQL or id holds TEXT"),
+    ("open=N", "open the N-th episode of the page's list, from 0 (a position, not an id)"),
+)
 
 
 def _sql(sql) -> str:
@@ -56,23 +76,28 @@ def _embedded_png(path: Path) -> str | None:
 
 def render_page(data: dict) -> str:
     """The HTML page of ``data`` (title, summaries, plot, episodes, pairs)."""
+    import html
+
     payload = json.dumps(data, ensure_ascii=False, default=str).replace("</", "<\\/").replace("<!--", "<\\!--")
     title = json.dumps(data.get("title") or PAGE_TITLE)[1:-1].replace("<", "&lt;")
+    links = "; ".join(f"<code>{html.escape(name)}</code> {html.escape(what)}" for name, what in HASH_PARAMETERS)
     return (_TEMPLATE.replace("__TITLE__", title).replace("__STYLE__", _STYLE).replace("__SCRIPT__", _SCRIPT)
-            .replace("__DATA__", payload))
+            .replace("__LINKS__", links).replace("__DATA__", payload))
 
 
 def write_report(folder) -> Path:
     """Write ``folder/report.html`` from an eval folder's summary.json, summary.png and episodes."""
+    from t2s.evaluation.browse import in_data_order
     from t2s.evaluation.run_folders import EPISODES, read_jsonl, read_summaries
 
     folder = Path(folder)
     summaries = read_summaries(folder)
-    episodes = []
+    lines = []
     for mode in summaries:
         path = folder / mode / EPISODES
         if path.is_file():
-            episodes += [_page_line({**line, "mode": line.get("mode") or mode}) for line in read_jsonl(path)]
+            lines += [{**line, "mode": line.get("mode") or mode} for line in read_jsonl(path)]
+    episodes = [_page_line(line) for line in in_data_order(lines)]
     data = {"title": f"{PAGE_TITLE}: {folder.name}", "summaries": summaries,
             "plot": _embedded_png(folder / "summary.png"), "episodes": episodes}
     out = folder / "report.html"
@@ -101,6 +126,7 @@ _TEMPLATE = """<!DOCTYPE html>
 <main>
 <section id="summary"></section>
 <section id="episodes-section"><h2>Episodes</h2>
+<p id="links" class="dim">Link to a view with the address's hash, parameters joined by &amp;: __LINKS__.</p>
 <div id="filters">
 <input id="f-q" type="search" placeholder="search question, SQL, id">
 <select id="f-mode"><option value="">every mode</option></select>
@@ -111,6 +137,7 @@ _TEMPLATE = """<!DOCTYPE html>
 <table id="episodes"><thead><tr><th>id</th><th>mode</th><th>db</th><th>difficulty</th><th>score</th><th>turns</th>
 <th>question</th></tr></thead><tbody></tbody></table>
 </section>
+<section id="breakdown"></section>
 <section id="detail" hidden></section>
 </main>
 <script type="application/json" id="data">__DATA__</script>
@@ -126,7 +153,10 @@ table{border-collapse:collapse;background:#fff;margin-bottom:10px}
 td,th{border:1px solid #d5d9e0;padding:3px 7px;text-align:left;vertical-align:top}
 th{background:#eef1f5}td.num{text-align:right;font-variant-numeric:tabular-nums}
 #episodes tbody tr{cursor:pointer}#episodes tbody tr:hover{background:#eef4ff}
-tr.ok td.score{color:#18794e;font-weight:600}tr.bad td.score{color:#c0362c;font-weight:600}
+tr.ok td.score,span.ok{color:#18794e;font-weight:600}tr.bad td.score,span.bad{color:#c0362c;font-weight:600}
+#overview{display:flex;gap:18px;align-items:flex-start;flex-wrap:wrap}#overview table td,#overview table th{padding:1px 6px}
+#overview h2{margin-top:6px}#links{margin:0 0 6px}#links code{background:#eef1f5;padding:0 3px}
+#breakdown{display:flex;gap:18px;flex-wrap:wrap}#breakdown>div{min-width:320px}
 #filters{display:flex;gap:8px;align-items:center;margin-bottom:8px;flex-wrap:wrap}
 #filters input[type=search]{width:280px;padding:3px}
 #detail{position:fixed;top:0;right:0;width:58%;height:100%;overflow:auto;box-sizing:border-box;background:#fff;border-left:2px solid #8aa4c8;padding:10px 16px;box-shadow:-4px 0 12px rgba(0,0,0,.12)}
@@ -137,7 +167,7 @@ pre{white-space:pre-wrap;word-break:break-word;margin:4px 0;font:12.5px/1.4 ui-m
 pre.sql{background:#f3f6fb;padding:6px;border-radius:4px}.call{color:#1f4f99}
 pre.obs{background:#f2faf4;padding:6px;border-radius:4px}
 .side{display:flex;gap:14px;flex-wrap:wrap}.side>div{flex:1;min-width:300px;overflow-x:auto}
-.err{color:#c0362c}.dim{color:#66707c}.plot{max-width:640px;display:block}
+.err{color:#c0362c}.dim{color:#66707c}.plot{max-width:560px;max-height:300px;display:block}
 .pair{display:flex;gap:14px}.pair>div{flex:1;min-width:0}
 """
 
@@ -165,22 +195,25 @@ function summary(){var box=document.getElementById('summary');
   box.appendChild(el('p',{text:'A: '+data.names[0]+'   B: '+data.names[1]}));
   box.appendChild(table(['figure','value'],['n','acc_a','acc_b','delta','ci_low','ci_high','mcnemar_p','only_a','only_b'].map(function(k){return [k,fmt(c[k],k==='n'||k.indexOf('only')===0?'d':'f')];}),true));
   box.appendChild(el('p',{cls:'dim',text:'The episodes below are the questions that flipped: only_a (A right, B wrong) and only_b.'}));return;}
- var s=data.summaries||{};var modes=Object.keys(s);box.appendChild(el('h2',{text:'Summary'}));
- box.appendChild(table(['metric'].concat(modes),MAIN.filter(function(m){return modes.some(function(x){return s[x][m[1]]!==undefined;});})
+ var s=data.summaries||{};var modes=Object.keys(s);var left=el('div',{},[el('h2',{text:'Summary'})]);
+ left.appendChild(table(['metric'].concat(modes),MAIN.filter(function(m){return modes.some(function(x){return s[x][m[1]]!==undefined;});})
   .map(function(m){return [m[0]].concat(modes.map(function(x){return fmt(s[x][m[1]],m[2]);}));}),true));
- modes.forEach(function(x){var cfg=s[x].config||{};box.appendChild(el('p',{cls:'dim',text:x+': policy '+cfg.policy+', target '+(cfg.model||cfg.endpoint||cfg.predictions||cfg.policy)+', k '+cfg.k+', seed '+cfg.seed+', n '+cfg.n}));});
- if(data.plot){box.appendChild(el('img',{src:data.plot,cls:'plot',alt:'official EX by difficulty'}));}
- box.appendChild(el('h2',{text:'Per difficulty'}));
- modes.forEach(function(x){var per=s[x].per_difficulty||{};box.appendChild(el('h3',{text:x}));
-  box.appendChild(table(['difficulty','n','official EX','strict EX','Soft-F1','submit rate'],Object.keys(per).map(function(d){var b=per[d];
+ var right=el('div');
+ if(data.plot){right.appendChild(el('img',{src:data.plot,cls:'plot',alt:'official EX by difficulty'}));}
+ modes.forEach(function(x){var cfg=s[x].config||{};right.appendChild(el('p',{cls:'dim',text:x+': policy '+cfg.policy+', target '+(cfg.model||cfg.endpoint||cfg.predictions||cfg.policy)+', k '+cfg.k+', seed '+cfg.seed+', n '+cfg.n}));});
+ box.appendChild(el('div',{id:'overview'},[left,right]));
+ var per1=el('div',{},[el('h2',{text:'Per difficulty'})]),per2=el('div',{},[el('h2',{text:'Per database'})]);
+ modes.forEach(function(x){var per=s[x].per_difficulty||{};per1.appendChild(el('h3',{text:x}));
+  per1.appendChild(table(['difficulty','n','official EX','strict EX','Soft-F1','submit rate'],Object.keys(per).map(function(d){var b=per[d];
   return [d,fmt(b.n,'d'),fmt(b.execution_accuracy_official),fmt(b.strict),fmt(b.soft_f1),fmt(b.submit_rate)];}),true));});
- box.appendChild(el('h2',{text:'Per database'}));
- modes.forEach(function(x){var per=s[x].per_db||{};box.appendChild(el('h3',{text:x}));
-  box.appendChild(table(['database','n','official EX','strict EX','Soft-F1'],Object.keys(per).map(function(d){var b=per[d];
-  return [d,fmt(b.n,'d'),fmt(b.execution_accuracy_official),fmt(b.strict),fmt(b.soft_f1)];}),true));});}
+ modes.forEach(function(x){var per=s[x].per_db||{};per2.appendChild(el('h3',{text:x}));
+  per2.appendChild(table(['database','n','official EX','strict EX','Soft-F1'],Object.keys(per).map(function(d){var b=per[d];
+  return [d,fmt(b.n,'d'),fmt(b.execution_accuracy_official),fmt(b.strict),fmt(b.soft_f1)];}),true));});
+ var under=document.getElementById('breakdown');under.appendChild(per1);under.appendChild(per2);}
 function options(id,key){var sel=document.getElementById(id);var seen={};episodes.forEach(function(e){var v=e[key];if(v!=null&&v!==''&&!seen[v]){seen[v]=1;}});
  Object.keys(seen).sort().forEach(function(v){sel.appendChild(el('option',{value:v,text:v}));});}
 function score(e){if(e.official===null||e.official===undefined)return e.tier||'-';return String(e.official);}
+function mark(e){return el('span',{text:score(e),cls:wrong(e)?'bad':'ok'});}
 function wrong(e){return e.official!==null&&e.official!==undefined?!e.official:(e.tier!==undefined&&e.tier!=='equivalent');}
 function hay(e){return [e.question_id,e.question,e.db_id,e.final_sql,e.gold_sql,e.evidence].join(' ').toLowerCase();}
 function state(){return {q:document.getElementById('f-q').value.toLowerCase(),mode:document.getElementById('f-mode').value,
@@ -188,12 +221,13 @@ function state(){return {q:document.getElementById('f-q').value.toLowerCase(),mo
 function render(){var st=state();var tb=document.querySelector('#episodes tbody');tb.textContent='';var shown=0;
  episodes.forEach(function(e,i){if(st.mode&&e.mode!==st.mode)return;if(st.db&&e.db_id!==st.db)return;if(st.difficulty&&e.difficulty!==st.difficulty)return;
   if(st.wrong&&!wrong(e))return;if(st.q&&hay(e).indexOf(st.q)<0)return;shown++;
-  var label=(e.flip?e.flip+' ':'')+score(e)+(e.other?' / '+score(e.other):'');
-  var tr=el('tr',{cls:wrong(e)?'bad':'ok','data-index':String(i)},[el('td',{text:String(e.question_id)+(e.sample?' #'+e.sample:'')}),el('td',{text:e.mode||''}),
-   el('td',{text:e.db_id||''}),el('td',{text:e.difficulty||''}),el('td',{text:label,cls:'score'}),el('td',{text:String((e.counters||{}).turns||0)}),
+  var cell=e.other?el('td',{},[e.flip+' A ',mark(e),' B ',mark(e.other)]):el('td',{text:score(e),cls:'score'});
+  var tr=el('tr',{cls:e.other?'pair':(wrong(e)?'bad':'ok'),'data-index':String(i)},[el('td',{text:String(e.question_id)+(e.sample?' #'+e.sample:'')}),el('td',{text:e.mode||''}),
+   el('td',{text:e.db_id||''}),el('td',{text:e.difficulty||''}),cell,el('td',{text:String((e.counters||{}).turns||0)}),
    el('td',{text:e.question||''})]);tr.addEventListener('click',function(){open(i);});tb.appendChild(tr);});
  document.getElementById('count').textContent=shown+' of '+episodes.length+' episodes';
- var s=document.getElementById('status');s.setAttribute('data-shown',String(shown));s.setAttribute('data-total',String(episodes.length));}
+ var s=document.getElementById('status');s.setAttribute('data-shown',String(shown));s.setAttribute('data-total',String(episodes.length));
+ var first=tb.querySelector('tr');s.setAttribute('data-first-row-top',first?String(Math.round(first.getBoundingClientRect().top+window.scrollY)):'');}
 function rows(title,p){var box=el('div',{},[el('h3',{text:title})]);if(!p){box.appendChild(el('p',{cls:'dim',text:'not run'}));return box;}
  if(p.error){box.appendChild(el('p',{cls:'err',text:p.error}));return box;}
  box.appendChild(table(p.columns&&p.columns.length?p.columns:['(no columns)'],(p.rows||[]).map(function(r){return r.map(function(v){return v===null?'NULL':String(v);});}),false));
@@ -213,7 +247,7 @@ function transcript(e){var box=el('div');
  box.appendChild(el('p',{text:sc.join('  ')}));box.appendChild(el('p',{cls:'dim',text:Object.keys(e.counters||{}).map(function(k){return k+'='+e.counters[k];}).join(' ')}));
  if(e.error)box.appendChild(el('p',{cls:'err',text:e.error}));
  box.appendChild(el('div',{cls:'side'},[rows('gold rows',e.gold_result),rows('predicted rows',e.pred_result)]));return box;}
-function open(i){var e=episodes[i];var d=document.getElementById('detail');d.textContent='';d.hidden=false;
+function open(i){var e=episodes[i];var d=document.getElementById('detail');d.textContent='';d.hidden=false;d.setAttribute('data-question-id',String(e.question_id));
  var x=el('button',{id:'close',text:'close'});x.addEventListener('click',function(){d.hidden=true;});d.appendChild(x);
  if(e.other){d.appendChild(el('div',{cls:'pair'},[el('div',{},[el('h2',{text:'A: '+data.names[0]}),transcript(e)]),el('div',{},[el('h2',{text:'B: '+data.names[1]}),transcript(e.other)])]));}
  else d.appendChild(transcript(e));d.setAttribute('data-open',String(i));d.scrollTop=0;}
@@ -221,7 +255,12 @@ function fromHash(){var h=(location.hash||'').replace(/^#/,'');var params={};h.s
  if(params.q)document.getElementById('f-q').value=params.q;if(params.mode)document.getElementById('f-mode').value=params.mode;
  if(params.db)document.getElementById('f-db').value=params.db;if(params.difficulty)document.getElementById('f-difficulty').value=params.difficulty;
  if(params.wrong)document.getElementById('f-wrong').checked=params.wrong!=='0';render();
- if(params.open!==undefined&&episodes[Number(params.open)])open(Number(params.open));}
+ var st=document.getElementById('status');st.removeAttribute('data-missing');
+ if(params.id!==undefined){var at=find(params);if(at>=0)open(at);else{st.setAttribute('data-missing',params.id);
+  document.getElementById('count').textContent+=' (no episode of question '+params.id+(params.mode?' in mode '+params.mode:'')+')';}}
+ else if(params.open!==undefined&&episodes[Number(params.open)])open(Number(params.open));}
+function find(p){for(var i=0;i<episodes.length;i++){var e=episodes[i];if(String(e.question_id)!==p.id)continue;
+ if(p.mode&&e.mode!==p.mode)continue;if(p.sample!==undefined&&String(e.sample||0)!==p.sample)continue;return i;}return -1;}
 summary();options('f-mode','mode');options('f-db','db_id');options('f-difficulty','difficulty');
 ['f-q','f-mode','f-db','f-difficulty','f-wrong'].forEach(function(id){var n=document.getElementById(id);n.addEventListener('input',render);n.addEventListener('change',render);});
 window.addEventListener('hashchange',fromHash);fromHash();
