@@ -38,6 +38,12 @@ def test_hand_computed_comparison(tmp_path, capsys):
     assert report["ci_low"] < 0.4 < report["ci_high"] and report["ci_low"] > 0
     printed = capsys.readouterr().out
     assert '"mcnemar_p"' in printed and "only_b" in printed
+    # the console names which run is A and which is B, and what each figure means
+    assert f"A = {run_a}\nB = {run_b}\n" in printed
+    rows = {cells[0]: cells[1:] for cells in ([c.strip() for c in line.split("│")[1:-1]]
+                                               for line in printed.splitlines() if line.startswith("│"))}
+    assert rows["acc_a"] == ["0.3500", "official accuracy of A"] and rows["acc_b"] == ["0.7500", "official accuracy of B"]
+    assert rows["only_b"] == ["10", "questions B got right and A wrong"]
     # deterministic: the same report again
     assert compare_runs(run_a, run_b) == compare_runs(run_a, run_b)
 

@@ -10,6 +10,20 @@ from t2s.errors import writing
 from t2s.ui.args import non_empty_path
 
 
+# (key of the report, what it means): the console table's rows
+FIGURES = (
+    ("n", "questions scored in both runs"),
+    ("acc_a", "{metric} accuracy of A"),
+    ("acc_b", "{metric} accuracy of B"),
+    ("delta", "acc_b - acc_a"),
+    ("ci_low", "95% paired bootstrap CI of delta, low"),
+    ("ci_high", "95% paired bootstrap CI of delta, high"),
+    ("mcnemar_p", "exact McNemar p-value"),
+    ("only_a", "questions A got right and B wrong"),
+    ("only_b", "questions B got right and A wrong"),
+)
+
+
 def add_arguments(parser) -> None:
     parser.add_argument("run_a", metavar="RUN_A", help="eval folder (or one of its mode folders), score folder, or the "
                         "per-question file")
@@ -31,17 +45,20 @@ def run(args) -> int:
 
     if args.html and not args.output:
         raise UsageError("Error: compare: --html writes compare.html into --output DIR; pass --output")
-    report = compare_runs(args.run_a, args.run_b, args.metric)  # a CompareError is one Error: line in t2s.commands.main
-    table = Table(title=f"compare ({args.metric})")
-    table.add_column("")
-    table.add_column("value", justify="right")
-    for key in ("n", "acc_a", "acc_b", "delta", "ci_low", "ci_high", "mcnemar_p", "only_a", "only_b"):
-        value = report[key]
-        shown = f"{value:.3g}" if key == "mcnemar_p" else f"{value:.4f}"  # a tiny p-value is not printed as 0
-        table.add_row(key, shown if isinstance(value, float) else str(value))
+    from rich.text import Text
+
     from t2s.ui.console import console as make_console, print_table
 
+    report = compare_runs(args.run_a, args.run_b, args.metric)  # a CompareError is one Error: line in t2s.commands.main
     console = make_console()
+    console.print(f"A = {args.run_a}\nB = {args.run_b}", markup=False, highlight=False)
+    table = Table(title=f"compare ({args.metric}): B against A")
+    for column in ("", "value", "meaning"):
+        table.add_column(column, justify="right" if column == "value" else "left")
+    for key, meaning in FIGURES:
+        value = report[key]
+        shown = f"{value:.3g}" if key == "mcnemar_p" else f"{value:.4f}"  # a tiny p-value is not printed as 0
+        table.add_row(key, shown if isinstance(value, float) else str(value), Text(meaning.format(metric=args.metric)))
     print_table(console, table)
     if report["not_scored"]:
         console.print(f"{report['not_scored']} questions are not scored in one or both runs and were left out")
