@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from t2s.commands.ask import RECORD_EXTRA_KEYS
 from t2s.env import databases
 from t2s.env.episode import COUNTER_KEYS, RECORD_KEYS
 from t2s.settings import REPO_ROOT
@@ -52,8 +53,11 @@ def test_ask_json_on_a_replay_file(tmp_path, wal_db):
               "How many dogs are there?")
     assert out.returncode == 0, out.stderr
     record = json.loads(out.stdout)
-    assert tuple(record) == RECORD_KEYS and tuple(record["counters"]) == COUNTER_KEYS
+    assert tuple(record) == RECORD_KEYS + RECORD_EXTRA_KEYS and tuple(record["counters"]) == COUNTER_KEYS
     assert record["mode"] == "withheld" and record["db_id"] == "pets"
+    # the question and the result rows the readable view shows
+    assert record["question"] == "How many dogs are there?" and record["evidence"] == "dogs: kind = 'dog'"
+    assert record["pred_result"] == {"columns": ["COUNT(*)"], "rows": [[2]], "more": False, "error": None}
     assert record["turns"][0]["observation"].startswith("[list_tables]\npets")
     assert "COUNT(*)\n2" in record["turns"][1]["observation"]  # the WAL's recent rows are visible
     assert record["final_sql_source"] == "submitted" and record["counters"]["turns"] == 3
@@ -67,13 +71,17 @@ def test_ask_readable_view_and_running_out_of_turns(tmp_path, wal_db):
     ])
     out = ask("--db", path, "--replay", turns, "--max-turns", "2", "Which pets are there?")
     assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("question ask  db pets  mode full\nWhich pets are there?\n")  # echoed first
+    assert out.stdout.count("Which pets are there?") == 1
     assert "turn 1" in out.stdout and "Fido" in out.stdout
     assert "fallback" in out.stdout and "SELECT name FROM pets ORDER BY name" in out.stdout
     assert "result" in out.stdout and "Rex" in out.stdout
 
 
-@pytest.mark.parametrize("case", ["missing_db", "not_a_db", "missing_turns", "bad_turns", "no_policy"])
-def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case):
+@pytest.mark.parametrize("case, code", [("missing_db", 1), ("not_a_db", 1), ("missing_turns", 1), ("bad_turns", 1),
+                                        ("no_policy", 2), ("empty_question", 2)])
+def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
+    """Bad input (a database, turns file that is missing or broken) exits 1; bad usage exits 2 (README)."""
     path, _ = wal_db
     good_turns = write_turns(tmp_path / "good.jsonl", ["</think>"])
     junk = tmp_path / "junk.sqlite"
@@ -84,9 +92,10 @@ def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case):
         "missing_turns": ["--db", path, "--replay", tmp_path / "absent.jsonl"],
         "bad_turns": ["--db", path, "--replay", write_turns(tmp_path / "bad.jsonl", [{"x": 1}])],
         "no_policy": ["--db", path],
+        "empty_question": ["--db", path, "--replay", good_turns, " "],
     }[case]
-    out = ask(*args, "a question")
-    assert out.returncode != 0
+    out = ask(*args, "a question") if case != "empty_question" else ask(*args)
+    assert out.returncode == code, out.stderr
     assert out.stderr.strip().startswith("Error:") and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "nope.sqlite").exists()
@@ -98,3 +107,18 @@ def test_ask_on_demo_database(demo_dir, tmp_path):
     out = ask("--db", db, "--replay", turns, "--json", "How many clubs?")
     record = json.loads(out.stdout)
     assert record["final_sql"] == "SELECT COUNT(*) FROM clubs" and record["counters"]["submitted"] is True
+
+
+def test_ask_prints_database_text_as_written(tmp_path):
+    """Cells, column names and the question are shown as written, never read as rich markup."""
+    path = tmp_path / "marked.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute('CREATE TABLE t ("[b]name[/b]" TEXT)')
+    conn.execute("INSERT INTO t VALUES ('[red]Rex[/red]')")
+    conn.commit()
+    conn.close()
+    sql = 'SELECT * FROM t'
+    turns = write_turns(tmp_path / "t.jsonl", ['</think>{"tool": "submit_sql", "args": {"sql": "%s"}}' % sql])
+    out = ask("--db", path, "--replay", turns, "Which [i]pets[/i]?")
+    assert out.returncode == 0, out.stderr
+    assert "[red]Rex[/red]" in out.stdout and "[b]name[/b]" in out.stdout and "Which [i]pets[/i]?" in out.stdout

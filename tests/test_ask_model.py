@@ -9,6 +9,7 @@ import pytest
 
 from t2s.env import databases
 from t2s.commands import main
+from t2s.commands.ask import RECORD_EXTRA_KEYS
 from t2s.env.episode import RECORD_KEYS
 from tests.fake_vllm import FakeVLLMServer, ScriptedAgent, refused_url
 from tests.test_ask import wal_db as wal_db_with_connection  # noqa: F401 - a fixture
@@ -38,7 +39,7 @@ def test_ask_endpoint_completions_json(wal_db, tiny_model_dir, tiny_tokenizer, c
         body = server.requests[0]
     assert code == 0
     record = json.loads(capsys.readouterr().out)
-    assert tuple(record) == RECORD_KEYS
+    assert tuple(record) == RECORD_KEYS + RECORD_EXTRA_KEYS and record["question"] == "Which pets are dogs?"
     assert record["final_sql"] == DOGS and record["final_sql_source"] == "submitted"
     assert "Fido" in record["turns"][0]["observation"] and "Rex" in record["turns"][0]["observation"]
     assert record["counters"]["turns"] == 2 and record["counters"]["submitted"] is True
@@ -53,6 +54,8 @@ def test_ask_endpoint_shows_the_trajectory_as_it_happens(wal_db, tiny_model_dir,
                      "Which pets are dogs?"])
     out = capsys.readouterr().out
     assert code == 0
+    assert out.startswith("question ask  db pets  mode full\nWhich pets are dogs?\n")  # echoed before the episode
+    assert out.count("Which pets are dogs?") == 1
     assert out.count("I should look at the pets first.") == 1  # shown live, not repeated at the end
     assert out.index("run_query") < out.index("observation") < out.index("submit_sql") < out.index("final SQL")
     assert "Fido" in out[out.index("final SQL"):]  # the final SQL's result table
@@ -79,7 +82,7 @@ def test_ask_model_tiny(wal_db, tiny_model_dir, capsys):
     code = main(["ask", "--db", str(wal_db), "--model", str(tiny_model_dir), "--max-turns", "1",
                  "--max-tokens-per-turn", "16", "--seed", "0", "--json", "How many cats?"])
     record = json.loads(capsys.readouterr().out)
-    assert code == 0 and tuple(record) == RECORD_KEYS
+    assert code == 0 and tuple(record) == RECORD_KEYS + RECORD_EXTRA_KEYS
     assert 1 <= record["counters"]["turns"] <= 2 and record["mode"] == "full"
 
 
@@ -87,11 +90,11 @@ def test_ask_endpoint_errors(wal_db, tiny_model_dir, capsys):
     code = main(["ask", "--db", str(wal_db), "--endpoint", refused_url(), "--retries", "1", "--backoff", "0.01",
                  "--tokenizer", str(tiny_model_dir), "Which pets are dogs?"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith("Error:") and "failed after 2 attempt(s)" in err[-1]
+    assert code == 1 and err[-1].startswith("Error:") and "failed after 2 attempt(s)" in err[-1]  # bad input: 1
     with FakeVLLMServer(lambda prompt, max_tokens: []) as server:  # served name is not a loadable tokenizer
         code = main(["ask", "--db", str(wal_db), "--endpoint", server.base_url, "Which pets are dogs?"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and err[-1].startswith("Error: cannot load the tokenizer 'fake-model'")
+    assert code == 1 and err[-1].startswith("Error: cannot load the tokenizer 'fake-model'")
     code = main(["ask", "--db", str(wal_db), "--endpoint", "http://127.0.0.1:1", "--model", str(tiny_model_dir), "q?"])
     assert code == 2 and "choose one policy" in capsys.readouterr().err
 

@@ -3,19 +3,24 @@
 The policy comes from the command line: ``--replay TURNS.jsonl`` plays recorded assistant turns (DESIGN §10),
 ``--model`` a transformers checkpoint, ``--endpoint`` a server (completions, chat or tools mode, as in ``eval``). Each entry
 of ``POLICIES`` takes the parsed arguments, the row, the episode config and the database, and returns the record. The user's file opens ``mode=ro`` (never ``immutable``).
+
+The question is printed first, then the episode. The record (``--json``) holds the episode keys of DESIGN §10 plus
+``question``, ``evidence`` and ``pred_result``: the first ``RESULT_ROWS`` rows of the final SQL's result, as the
+readable view shows them. A missing or unreadable database, system prompt or turns file is bad input (exit 1); no
+policy, two policies or an empty question is bad usage (exit 2).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Callable
 
 from t2s.ui.args import non_empty_path, positive_int
 
 RESULT_ROWS = 20  # rows of the final SQL's result shown in the readable view
+RECORD_EXTRA_KEYS = ("question", "evidence", "pred_result")  # what ask's record adds to the episode record's keys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,68 +69,66 @@ def ask_row(question: str, evidence: str, db) -> dict:
     }
 
 
-def _fail(message: str) -> int:
-    print(message if message.startswith("Error:") else f"Error: {message}", file=sys.stderr)
-    return 2
-
-
 def run(args: argparse.Namespace) -> int:
     from t2s.env import databases
     from t2s.env.episode import EpisodeConfig
+    from t2s.errors import EvalError, UsageError
+    from t2s.evaluation.records import result_preview
+    from t2s.evaluation.transcript import print_heading
+    from t2s.ui.console import console as make_console
 
+    if not str(args.question).strip():
+        raise UsageError("Error: ask: the question is empty")
+    chosen = [name for name, (wanted, _) in POLICIES.items() if wanted(args)]
+    if not chosen:
+        raise UsageError("Error: ask: choose a policy: --replay TURNS.jsonl" + "".join(
+            f" or --{name}" for name in POLICIES if name != "replay"))
+    if len(chosen) > 1:
+        raise UsageError(f"Error: ask: choose one policy, got {', '.join(chosen)}")
     path = Path(args.db).expanduser()
     if not path.is_file():
-        return _fail(f"Error: database file not found: {args.db}")
+        raise EvalError(f"Error: database file not found: {args.db}")
     db = databases.user_db(path)
     try:
         databases.tool_connection(db).execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
     except Exception as exc:  # not a database, unreadable, ...
-        return _fail(f"Error: cannot open {args.db} as a SQLite database: {exc}")
-    if not str(args.question).strip():
-        return _fail("Error: the question is empty")
-    chosen = [name for name, (wanted, _) in POLICIES.items() if wanted(args)]
-    if not chosen:
-        return _fail("Error: choose a policy: --replay TURNS.jsonl" + "".join(
-            f" or --{name}" for name in POLICIES if name != "replay"))
-    if len(chosen) > 1:
-        return _fail(f"Error: choose one policy, got {', '.join(chosen)}")
+        raise EvalError(f"Error: cannot open {args.db} as a SQLite database: {exc}") from None
     if args.system_prompt_file:
-        from t2s.errors import EvalError
         from t2s.evaluation.options import read_system_prompt
 
-        try:
-            read_system_prompt(args.system_prompt_file)
-        except EvalError as exc:
-            return _fail(str(exc))
+        read_system_prompt(args.system_prompt_file)  # an EvalError names the file
     config = EpisodeConfig(mode=args.mode, system_prompt_file=args.system_prompt_file, dialect=args.dialect,
                            tool_format=args.tool_format)
     if args.max_turns is not None:
         config.max_turns = args.max_turns
     row = ask_row(args.question, args.evidence, db)
+    console = make_console()
+    if not args.json:
+        print_heading({"question_id": row["question_id"], "db_id": row["db_id"], "mode": config.mode,
+                       "question": row["question"], "evidence": row["evidence"]}, console)
     try:
         record = POLICIES[chosen[0]][1](args, row, config, db)
-    except ValueError as exc:
-        return _fail(str(exc))
+    except ValueError as exc:  # a bad turns file, a model or endpoint that cannot be used
+        raise EvalError(str(exc)) from None
+    sql = record.get("final_sql")
+    result = databases.run_tool_query(db, sql, max_rows=RESULT_ROWS) if sql else None
+    extra = {"question": row["question"], "evidence": row["evidence"],
+             "pred_result": result_preview(result, rows=RESULT_ROWS)}
+    record = {**record, **{key: extra[key] for key in RECORD_EXTRA_KEYS}}
     if args.json:
         print(json.dumps(record, ensure_ascii=False))
     elif getattr(args, "shown_live", False):  # the turns were shown as they happened: only the final SQL now
-        show_trajectory({**record, "turns": []}, db)
+        show_trajectory({**record, "turns": []}, console)
     else:
-        show_trajectory(record, db)
+        show_trajectory(record, console)
     return 0
 
 
-def show_trajectory(record: dict, db, console=None) -> None:
-    """The episode, readably (``t2s.evaluation.transcript``), with the first rows of its final SQL's result on ``db``."""
-    from t2s.env import databases
-    from t2s.evaluation.records import result_preview
-    from t2s.ui.console import console as make_console
+def show_trajectory(record: dict, console) -> None:
+    """The episode after its heading, readably (``t2s.evaluation.transcript``), with its result's first rows."""
     from t2s.evaluation.transcript import print_transcript
 
-    sql = record.get("final_sql")
-    result = databases.run_tool_query(db, sql, max_rows=RESULT_ROWS) if sql else None
-    print_transcript({**record, "pred_result": result_preview(result, rows=RESULT_ROWS)}, console or make_console(),
-                     fold_thinking=False)
+    print_transcript(record, console, fold_thinking=False, heading=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -48,20 +48,19 @@ def result_table(title: str, preview: dict | None):
         return Text(f"{title}: not run", style="dim")
     if preview.get("error"):
         return Text(f"{title}: {preview['error']}", style="red")
-    table = Table(*[str(c) for c in preview.get("columns") or ["(no columns)"]], title=title)
-    for row in preview.get("rows") or []:
-        table.add_row(*["NULL" if v is None else str(v) for v in row])
+    table = Table(title=title)
+    for column in preview.get("columns") or ["(no columns)"]:
+        table.add_column(Text(str(column)))
+    for row in preview.get("rows") or []:  # database text as written, never read as markup
+        table.add_row(*[Text("NULL" if v is None else str(v)) for v in row])
     if preview.get("more"):
         table.caption = "more rows not shown"
     return table
 
 
-def print_transcript(record: dict, console, *, fold_thinking: bool = True) -> None:
-    """Print an episode record (an eval line, a training episode or an ``ask`` record) on ``console``."""
+def print_heading(record: dict, console) -> None:
+    """The episode's heading: question id, database, mode (difficulty, sample), then the question and its evidence."""
     from rich.text import Text
-
-    from t2s.env.turns import split_thinking
-    from t2s.ui.console import print_table
 
     head = Text()
     head.append(f"question {record.get('question_id')}", style="bold")
@@ -75,6 +74,18 @@ def print_transcript(record: dict, console, *, fold_thinking: bool = True) -> No
         console.print(Text(record["question"]))
     if record.get("evidence"):
         console.print(Text("evidence: " + record["evidence"], style="dim"))
+
+
+def print_transcript(record: dict, console, *, fold_thinking: bool = True, heading: bool = True) -> None:
+    """Print an episode record (an eval line, a training episode or an ``ask`` record) on ``console``; ``heading``
+    False leaves out the heading (``print_heading``, printed before the episode ran)."""
+    from rich.text import Text
+
+    from t2s.env.turns import split_thinking
+    from t2s.ui.console import print_table
+
+    if heading:
+        print_heading(record, console)
     for number, turn in enumerate(record.get("turns") or [], 1):
         thinking, body, _ = split_thinking(turn.get("assistant") or "")
         parts = Text()
