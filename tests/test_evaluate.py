@@ -56,7 +56,7 @@ def test_gold_policy_scores_one_in_full_and_withheld(dataset, request, tmp_path,
         assert summary["mean_turns"] > 3.0
         assert sum(block["n"] for block in summary["per_difficulty"].values()) == n_questions
         assert summary["config"]["policy"] == "gold" and summary["config"]["mode"] == mode
-        assert summary["config"]["comparable"] is False
+        assert summary["config"]["comparable"] is False and summary["config"]["training_token_stream"] is False
         lines = read_lines(tmp_path / "out" / mode)
         assert len(lines) == n_questions and all(line["mode"] == mode for line in lines)
         assert all(len(turn["calls"]) == 1 and turn["assistant"].count('{"tool"') == 1
@@ -78,7 +78,8 @@ def test_summary_keys(demo_dir, tmp_path):
     assert "vote_at_k" not in summary
     config = summary["config"]
     for key in ("policy", "mode", "model", "endpoint", "sampling", "seed", "enable_thinking", "system_prompt_sha256",
-                "tokenizer_sha256", "chat_template_sha256", "packages", "sqlite_version", "data_sha256", "comparable"):
+                "tokenizer_sha256", "chat_template_sha256", "packages", "sqlite_version", "data_sha256", "comparable",
+                "training_token_stream"):
         assert key in config, key
     assert summary["n"] == 5 and sum(block["n"] for block in summary["per_db"].values()) == 5
 
@@ -178,6 +179,29 @@ def test_resume_refuses_changed_config(demo_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and len(err) == 1 and err[0].startswith("Error:") and "unreadable" in err[0]
     assert (out / "full" / "episodes.jsonl").read_text() == before
+
+
+def test_one_meaning_of_comparable_and_old_folders_resume(demo_dir, tmp_path, capsys):
+    """eval_config.json's "comparable" is what the console prints; a folder written when the training-token-stream
+    flag was called "comparable" still resumes."""
+    from t2s.commands import main
+    from t2s.evaluation.report import comparability_line
+
+    out = tmp_path / "out"
+    argv = ["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3", "--output", str(out)]
+    assert main(argv) == 0
+    config = json.loads((out / "full" / "eval_config.json").read_text())
+    line = comparability_line(config)
+    assert line in capsys.readouterr().out and line.startswith("not comparable")
+    assert config["comparable"] is False and config["training_token_stream"] is False
+    old = {k: v for k, v in config.items() if k not in ("comparable", "training_token_stream")}
+    (out / "full" / "eval_config.json").write_text(json.dumps({**old, "comparable": False}))  # the old spelling
+    before = (out / "full" / "episodes.jsonl").read_text()
+    assert main(argv + ["--quiet"]) == 0
+    assert (out / "full" / "episodes.jsonl").read_text() == before  # resumed: nothing played again
+    (out / "full" / "eval_config.json").write_text(json.dumps({**old, "comparable": True}))  # another token stream
+    assert main(argv + ["--quiet"]) == 1
+    assert "training_token_stream" in capsys.readouterr().err
 
 
 def test_episode_log_rejects_corruption_in_the_middle(tmp_path):
@@ -303,7 +327,8 @@ def test_chat_endpoint_good_agent_and_garbage(demo_dir, tmp_path, mode):
         second = next(b for b in fake.requests if len(b["messages"]) > 2)
     assert summary["execution_accuracy_official"] == summary["strict"] == summary["submit_rate"] == 1.0
     assert summary["mean_turns"] == 2.0
-    assert summary["config"]["comparable"] is False and summary["config"]["endpoint_mode"] == "chat"
+    assert summary["config"]["training_token_stream"] is False and summary["config"]["comparable"] is False
+    assert summary["config"]["endpoint_mode"] == "chat"
     assert first["chat_template_kwargs"] == {"enable_thinking": True}
     assert (first["temperature"], first["top_p"], first["top_k"]) == (0.6, 0.95, 20)
     # history is re-rendered with the earlier thinking dropped, and the observation as a user turn
@@ -439,7 +464,8 @@ def test_model_policy_with_tiny_model(tiny_model_dir, demo_dir, tmp_path):
     assert summary["mean_turns"] == pytest.approx(sum(line["counters"]["turns"] for line in lines) / 6, abs=1e-6)
     assert summary["submit_rate"] + summary["forced_rate"] >= 0.99 or summary["truncation_rate"] > 0
     config = summary["config"]
-    assert config["comparable"] is True and config["tokenizer_sha256"] and config["chat_template_sha256"]
+    assert config["training_token_stream"] is True and config["tokenizer_sha256"] and config["chat_template_sha256"]
+    assert config["comparable"] is False  # n 3, 2 turns: not the published harness, as the console says
     assert config["sampling"] == {"temperature": 0.6, "top_p": 0.95, "top_k": 20}
     assert "vote_at_k" in summary
 
@@ -474,7 +500,8 @@ def test_completions_endpoint_good_agent_and_garbage(tiny_model_dir, tiny_tokeni
                                      "--data", demo_dir, "--n", "5", "--mode", mode, "--output", tmp_path / "good"))[mode]
         body = server.requests[0]
     assert summary["execution_accuracy_official"] == summary["strict"] == summary["submit_rate"] == 1.0
-    assert summary["mean_turns"] == 2.0 and summary["config"]["comparable"] is True
+    assert summary["mean_turns"] == 2.0 and summary["config"]["training_token_stream"] is True
+    assert summary["config"]["comparable"] is False  # n 5 of the published 300
     assert summary["config"]["endpoint_mode"] == "completions"
     assert isinstance(body["prompt"][0], int) and body["return_token_ids"] is True
     assert sorted(body["stop_token_ids"]) == sorted(tiny_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
@@ -565,7 +592,7 @@ def test_single_mode_through_a_backend(tiny_model_dir, tiny_tokenizer, demo_dir,
         summary = evaluate(eval_args("--policy", "endpoint", "--endpoint", server.base_url, "--model", tiny_model_dir,
                                      "--data", demo_dir, "--n", "4", "--mode", "single", "--output", tmp_path))["single"]
     assert summary["execution_accuracy_official"] == 1.0 and summary["mean_turns"] == 1.0 and summary["mean_calls"] == 0
-    assert summary["config"]["comparable"] is False
+    assert summary["config"]["comparable"] is False and summary["config"]["training_token_stream"] is False
     assert "CREATE TABLE" in prompts[0] and "no tools" in prompts[0] and prompts[0].endswith("<think>\n")
     assert "run_query" not in prompts[0]
 

@@ -54,7 +54,7 @@ def test_eval_tools_mode_submits_gold_and_scores_one(demo_dir, tmp_path):
         requests = list(server.chat_requests)
     assert summary["n"] == 6 and summary["execution_accuracy_official"] == 1.0 and summary["submit_rate"] == 1.0
     assert summary["config"]["endpoint_mode"] == "tools" and summary["config"]["tool_format"] == "native"
-    assert summary["config"]["comparable"] is False
+    assert summary["config"]["comparable"] is False and summary["config"]["training_token_stream"] is False
     assert len(requests) == 12
     first, second = (r for r in requests if r["messages"][1] == requests[0]["messages"][1])
     assert [t["function"]["name"] for t in first["tools"]] == ["inspect_schema", "sample_rows", "run_sql", "submit"]

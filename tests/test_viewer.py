@@ -227,7 +227,7 @@ def test_show_reads_training_episodes(tmp_path, capsys):
 def test_comparable_only_with_the_published_settings():
     from t2s.evaluation.report import comparability_line
 
-    published = {"policy": "model", "mode": "full", "comparable": True, "n": 300, "seed": 0, "max_turns": 6,
+    published = {"policy": "model", "mode": "full", "training_token_stream": True, "n": 300, "seed": 0, "max_turns": 6,
                  "episode_token_budget": 12288, "enable_thinking": True,
                  "sampling": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}}
     assert comparability_line(published) == "comparable with the published figures"
@@ -236,7 +236,7 @@ def test_comparable_only_with_the_published_settings():
                                            "max_turns 4 (published 6); temperature 1.0 (published 0.6)")
     every = {**published, "n": 0, "questions": 63}  # --n 0: every question of a 63-question file
     assert comparability_line(every) == "not comparable with the published figures: n 63 (published 300)"
-    chat = {**published, "comparable": False, "endpoint_mode": "chat", "policy": "endpoint"}
+    chat = {**published, "training_token_stream": False, "endpoint_mode": "chat", "policy": "endpoint"}
     assert comparability_line(chat) == ("not comparable with the published figures: a chat endpoint does not play "
                                         "the training token stream")
 

@@ -200,7 +200,7 @@ def summary_markdown(summary: dict, title: str | None = None) -> str:
 
 
 # The published harness: n = 300 seeded questions, 6 turns, a 12,288-token episode budget, T 0.6 / top-p 0.95 /
-# top-k 20, thinking on (and the training token stream: config["comparable"]).
+# top-k 20, thinking on (and the training token stream: config["training_token_stream"]).
 PUBLISHED_SETTINGS = {"n": 300, "max_turns": 6, "episode_token_budget": 12288, "temperature": 0.6, "top_p": 0.95,
                       "top_k": 20, "enable_thinking": True}
 
@@ -216,7 +216,8 @@ def published_differences(config: dict) -> list[str]:
         values.update({k: sampling.get(k) for k in ("temperature", "top_p", "top_k")})
     differences = [f"{key} {values[key]} (published {wanted})" for key, wanted in PUBLISHED_SETTINGS.items()
                    if key in values and values[key] != wanted]
-    if not config.get("comparable"):
+    # before the flag was named training_token_stream, eval_config.json called it "comparable"
+    if not config.get("training_token_stream", config.get("comparable")):
         reason = "single mode" if config.get("mode") == "single" else f"policy {config.get('policy')}"
         if config.get("endpoint_mode") == "chat":
             reason = "a chat endpoint"
@@ -225,7 +226,8 @@ def published_differences(config: dict) -> list[str]:
 
 
 def comparability_line(config: dict) -> str:
-    """"comparable with the published figures", or what differs from the published harness."""
+    """"comparable with the published figures", or what differs from the published harness (config["comparable"]
+    is true exactly when this says comparable)."""
     differences = published_differences(config)
     if not differences:
         return "comparable with the published figures"

@@ -3,9 +3,11 @@
 The output folder's layout is the same for one mode or several (``t2s.evaluation.run_folders``): each mode plays into
 ``DIR/<mode>/`` and ``DIR`` gets summary.json, summary.md, summary.png and report.html over all of them.
 
-``config.comparable`` is true when the run used the training protocol and token stream: a model, vLLM or a
-completions endpoint, in full or withheld mode, with thinking on. The original system prompt of the published
-checkpoints is not public (``--system-prompt-file`` takes it), so its hash is recorded next to the flag.
+``config.training_token_stream`` is true when the run used the training protocol and token stream: a model, vLLM or
+a completions endpoint, in full or withheld mode, with thinking on. ``config.comparable`` is true when, besides, the
+settings are the published harness's (``report.published_differences`` is empty): the one meaning of "comparable",
+the one the console and summary.md print. The original system prompt of the published checkpoints is not public
+(``--system-prompt-file`` takes it), so its hash is recorded next to the flags.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from t2s.evaluation.records import score_record
 from t2s.evaluation.policies import SINGLE_TURN_SYSTEM_PROMPT, Runner
 from t2s.errors import EvalError
 from t2s.evaluation.options import check_policy_args, read_system_prompt
+from t2s.evaluation.report import published_differences
 from t2s.run_lock import run_folder_lock
 
 PACKAGES = ("torch", "transformers", "trl", "vllm", "peft", "sqlglot")
@@ -124,18 +127,23 @@ class EpisodeLog:
                 handle.close()
 
 
-def comparable_config(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k not in TIMING_KEYS}
+def resume_config(config: dict) -> dict:
+    """What a resumed run must match: the configuration less its timings and ``comparable`` (derived from the rest).
+    A folder written before ``training_token_stream`` had that flag under the name ``comparable``."""
+    config = dict(config)
+    if "training_token_stream" not in config and "comparable" in config:
+        config["training_token_stream"] = config["comparable"]
+    return {k: v for k, v in config.items() if k not in (*TIMING_KEYS, "comparable")}
 
 
 def check_resume_config(folder: Path, config: dict) -> None:
     """Write ``eval_config.json``, or refuse when the folder holds results of another configuration."""
     path = folder / "eval_config.json"
-    wanted = comparable_config(config)
+    wanted = resume_config(config)
     if path.is_file():
         try:
-            old = comparable_config(json.loads(path.read_text(encoding="utf-8")))
-        except (ValueError, AttributeError):  # cut off or edited: its results cannot be matched to a config
+            old = resume_config(json.loads(path.read_text(encoding="utf-8")))
+        except (ValueError, AttributeError, TypeError):  # cut off or edited: its results cannot be matched to a config
             raise EvalError(f"Error: {path} is unreadable; move {folder} away to start over, or choose another "
                             "--output") from None
         if old != wanted:
@@ -147,7 +155,7 @@ def check_resume_config(folder: Path, config: dict) -> None:
     elif (folder / "episodes.jsonl").is_file():
         raise EvalError(f"Error: {folder} has episodes.jsonl but no eval_config.json; choose another --output")
     folder.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(wanted, indent=2) + "\n")
+    path.write_text(json.dumps({k: v for k, v in config.items() if k not in TIMING_KEYS}, indent=2) + "\n")
 
 
 # ---------------------------------------------------------------------------------------------------------- progress
@@ -281,7 +289,7 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
         "data_sha256": file_checksum(data_file),
         "questions": n_selected,
         "skip_missing_dbs": bool(args.skip_missing_dbs),
-        "comparable": bool(generative and not chat and mode != "single" and args.enable_thinking),
+        "training_token_stream": bool(generative and not chat and mode != "single" and args.enable_thinking),
     }
     for key in ("engine", "dtype"):  # what generated the episodes: "vllm 0.31.0", "transformers 5.17.0"
         if runner.target.get(key) is not None:
@@ -289,6 +297,7 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
     for key, default in (("dialect", "exec_plan"), ("tool_format", "json")):  # recorded when not the default, so
         if getattr(args, key, default) != default:  # folders of earlier default runs still resume
             config[key] = getattr(args, key)
+    config["comparable"] = not published_differences(config)
     return config
 
 
