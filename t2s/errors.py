@@ -37,6 +37,10 @@ class EvalError(T2SError):
     """A user-facing failure of an evaluation or an episode's options (``eval``, ``ask``, ``data passrate``)."""
 
 
+class ExportError(T2SError):
+    """A problem with the inputs of an export (``t2s export``), reported as one ``Error:`` line."""
+
+
 def _one_line(text: str) -> str:
     lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
     return " ".join(lines)

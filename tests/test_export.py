@@ -203,11 +203,17 @@ def test_export_model_card_metadata_and_usage_snippet(tiny_model_dir, demo_dir, 
     snippet = card.text.split("```bash\n", 1)[1].split("```", 1)[0]
     commands = [shlex.split(line) for line in snippet.strip().splitlines()]
     assert commands[0][:3] == ["vllm", "serve", "t2s-test/tiny-sql"]
+    assert commands[1] == ["hf", "download", "t2s-test/tiny-sql", "system_prompt.txt", "--local-dir", "."]
     t2s_commands = [argv[3:] for argv in commands if argv[:3] == ["python", "-m", "t2s"]]
     assert [argv[0] for argv in t2s_commands] == ["eval", "ask"]
     for argv in t2s_commands:
         args = build_parser(argv[0]).parse_args(argv)  # the real parser: a missing required option exits
         assert args.endpoint == "http://localhost:8000"
+        # the system prompt the model was trained with (no --recipe: t2s's own exec_plan prompt), in its tool set
+        assert args.system_prompt_file == "system_prompt.txt" and (args.dialect, args.tool_format) == ("exec_plan", "json")
+    from t2s.env.protocol import default_system_prompt
+
+    assert (out / "system_prompt.txt").read_text() == default_system_prompt() + "\n"
 
     # a base given as a local folder that is no hub snapshot: no base_model, and only the folder's name in the text
     local = export_model(tiny_model_dir, tmp_path / "local", base=str(tiny_model_dir), verify=False)
@@ -249,3 +255,27 @@ def test_export_shards_with_huggingface_hub(tiny_model_dir, tiny_tokenizer, tmp_
         main(["export", "--checkpoint", str(tiny_model_dir), "--output", str(tmp_path / "bad"), "--max-shard-size",
               "lots"])
     assert exit_info.value.code == 2 and "is not a size" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe, dialect, tool_format", [("demo.yaml", "exec_plan", "json"),
+                                                          ("bird_tools.yaml", "sibling", "native")])
+def test_export_ships_the_recipes_system_prompt(tiny_model_dir, tmp_path, recipe, dialect, tool_format):
+    """The card's eval and ask commands pass the system prompt the recipe trained with, and its tool set and format."""
+    import shlex
+
+    from t2s.commands import build_parser
+    from t2s.env.protocol import default_system_prompt
+    from t2s.evaluation.options import read_system_prompt
+    from t2s.settings import RECIPES_DIR
+
+    out = export_model(tiny_model_dir, tmp_path / "export", recipe=str(RECIPES_DIR / recipe), verify=False)
+    expected = (read_system_prompt(RECIPES_DIR / "demo_system_prompt.txt") if recipe == "demo.yaml"
+                else default_system_prompt(dialect, tool_format))
+    assert (out / "system_prompt.txt").read_text() == expected + "\n"
+    snippet = (out / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
+    for line in snippet.strip().splitlines():
+        argv = shlex.split(line)
+        if argv[:3] == ["python", "-m", "t2s"]:
+            args = build_parser(argv[3]).parse_args(argv[3:])
+            assert args.system_prompt_file == "system_prompt.txt"
+            assert (args.dialect, args.tool_format) == (dialect, tool_format)

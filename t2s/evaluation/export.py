@@ -11,9 +11,12 @@ What the folder holds:
 - the tokenizer and chat template;
 - the weights written by ``huggingface_hub.save_torch_state_dict``: one ``model.safetensors``, or shards of at most
   ``--max-shard-size`` plus ``model.safetensors.index.json``;
-- a model card (``README.md``, a ``huggingface_hub.ModelCard``) whose metadata names the ``base_model`` (a hub id)
-  and, given an eval folder, a ``model-index`` of its scores; its body holds a usage snippet that runs as written, the
-  recipe and the eval summary table. It names no local paths.
+- ``system_prompt.txt``: the system prompt the model was trained with (the recipe's ``system_prompt_file``, else
+  t2s's own prompt for the recipe's tool set and call format; without ``--recipe``, the default exec_plan prompt);
+- a model card (``README.md``, ``t2s.evaluation.model_card``) whose metadata names the ``base_model`` (a hub id)
+  and, given an eval folder, a ``model-index`` of its scores; its body holds a usage snippet that runs as written
+  (``eval`` and ``ask`` pass ``system_prompt.txt`` and the recipe's tool set and call format), the recipe and the
+  eval summary table. It names no local paths.
 
 The export is verified by reloading it with transformers and generating a few tokens from a chat prompt.
 """
@@ -25,7 +28,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from t2s.errors import T2SError
+from t2s.errors import ExportError
+from t2s.evaluation.model_card import SYSTEM_PROMPT_FILE, eval_summaries, model_card, trained_prompt
 
 
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -37,15 +41,10 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 MAX_SHARD_SIZE = "5GB"
 
 
-EVAL_METRICS = (("execution_accuracy_official", "official EX"), ("strict", "strict EX"), ("soft_f1", "Soft-F1"))
 
 
 # Files of the base checkpoint that describe its (multimodal) architecture and are kept as they are.
 _BASE_CONFIG_FILES = ("config.json", "preprocessor_config.json", "video_preprocessor_config.json")
-
-
-class ExportError(T2SError):
-    """A problem with the inputs, reported as one ``Error:`` line."""
 
 
 def shard_size(text: str) -> str:
@@ -89,19 +88,6 @@ def base_name(checkpoint: Path, base: str | None) -> str | None:
     if base or not is_adapter(checkpoint):
         return base
     return _read_json(checkpoint / "adapter_config.json").get("base_model_name_or_path") or None
-
-
-def hub_id(name_or_path: str | None) -> str | None:
-    """The hub repo id of a base given as one, or as a snapshot folder of the hub cache; None for another folder."""
-    if not name_or_path:
-        return None
-    path = Path(name_or_path).expanduser()
-    if not path.is_dir():
-        return name_or_path  # resolve_model_dir found it in the hub cache under this id
-    snapshots = path.resolve().parent
-    if snapshots.name == "snapshots" and snapshots.parent.name.startswith("models--"):
-        return snapshots.parent.name[len("models--") :].replace("--", "/")
-    return None
 
 
 def load_merged_model(checkpoint: Path, base: str | None):
@@ -236,96 +222,6 @@ def _is_composite(base_dir: Path | None) -> bool:
     return "text_config" in config and any(a.endswith("ForConditionalGeneration") for a in config.get("architectures", []))
 
 
-# ------------------------------------------------------------------------------------------------------- model card
-def model_card(*, repo_id: str, checkpoint: Path, base: str | None, architecture: str, stop_ids: list[int],
-               recipe: str | None, eval_dir: str | None, adapter: bool):
-    """The export's ``huggingface_hub.ModelCard``: ``base_model`` and ``model-index`` metadata, then the text."""
-    from huggingface_hub import ModelCard, ModelCardData
-
-    base_id = hub_id(base)
-    data = ModelCardData(
-        library_name="transformers", pipeline_tag="text-generation", tags=["text-to-sql", "agentic", "grpo", "t2s"],
-        base_model=base_id, model_name=repo_id, eval_results=eval_results(eval_dir) if eval_dir else None,
-    )
-    base_line = f"`{base_id}`" if base_id else (f"a local folder, `{Path(base).name}`" if base else "not given")
-    lines = [
-        f"# {repo_id}",
-        "",
-        "An agentic text-to-SQL model trained with GRPO on the t2s exec_plan protocol: it explores a SQLite database "
-        "through tools (`list_tables`, `describe_table`, `run_query`, ...) and submits a final query with `submit_sql`.",
-        "",
-        f"- architecture: `{architecture}`",
-        f"- base model: {base_line}",
-        f"- trained checkpoint: `{checkpoint.name}`" + (" (LoRA adapter, merged)" if adapter else ""),
-        f"- generation stops on `<|im_end|>` and `<|endoftext|>` (ids {stop_ids})",
-        "- prompts must be rendered with `enable_thinking=True` (the generation prompt ends in `<think>\\n`)",
-        "",
-        "## Use",
-        "",
-        "Serve it with vLLM (by its hub id, or from the folder above this one), then evaluate it on BIRD-style data or "
-        "ask any SQLite file with t2s:",
-        "",
-        "```bash",
-        *usage_commands(repo_id),
-        "```",
-    ]
-    if recipe:
-        recipe_path = Path(recipe)
-        if not recipe_path.is_file():
-            raise ExportError(f"recipe file not found: {recipe}")
-        lines += ["", f"## Recipe (`{recipe_path.name}`)", "", "```yaml", recipe_path.read_text().rstrip(), "```"]
-    if eval_dir:
-        lines += ["", "## Evaluation", "", eval_markdown(eval_dir).rstrip()]
-    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
-
-
-def usage_commands(repo_id: str) -> list[str]:
-    """The card's shell commands: serve the model with vLLM, then ``t2s eval`` and ``t2s ask`` against it."""
-    import shlex
-
-    return [
-        f"vllm serve {shlex.quote(repo_id)} --enable-prefix-caching",
-        "python -m t2s eval --policy endpoint --endpoint http://localhost:8000 --data bird/dev.json "
-        "--output runs/eval-endpoint",
-        "python -m t2s ask --db my.sqlite --endpoint http://localhost:8000 \"How many orders shipped in 2023?\"",
-    ]
-
-
-def eval_results(eval_dir) -> list:
-    """The ``model-index`` entries of an eval folder: official EX, strict EX and Soft-F1 for each mode."""
-    from huggingface_hub import EvalResult
-
-    results = []
-    for mode, summary in eval_summaries(eval_dir).items():
-        config = summary.get("config") or {}
-        mode = mode or config.get("mode") or "full"
-        data_file = Path(config.get("data_file") or "data/dev.json")
-        for key, name in EVAL_METRICS:
-            if isinstance(summary.get(key), (int, float)):
-                results.append(EvalResult(
-                    task_type="text-generation", task_name=f"agentic text-to-SQL ({mode} schema, n={summary.get('n')})",
-                    dataset_type=data_file.parent.name, dataset_name=f"{data_file.parent.name}/{data_file.name}",
-                    dataset_split=data_file.stem, metric_type=key, metric_name=name, metric_value=float(summary[key]),
-                ))  # fmt: skip
-    return results
-
-
-def eval_summaries(eval_dir) -> dict[str, dict]:
-    """{mode: summary} of an `eval` output folder (its summary.json)."""
-    from t2s.evaluation.run_folders import RunFolderError, read_summaries
-
-    try:
-        return read_summaries(eval_dir)
-    except RunFolderError as exc:
-        raise ExportError(str(exc).removeprefix("Error: ")) from None
-
-
-def eval_markdown(eval_dir) -> str:
-    from t2s.evaluation.report import modes_markdown
-
-    return modes_markdown(eval_summaries(eval_dir))
-
-
 # ---------------------------------------------------------------------------------------------------------- export
 def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, verify=True, force=False,
                  repo_id=None, max_shard_size=MAX_SHARD_SIZE) -> Path:
@@ -341,6 +237,7 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
         raise ExportError(f"output folder {out} is not empty (pass --force to write into it)")
     if recipe and not Path(recipe).is_file():
         raise ExportError(f"recipe file not found: {recipe}")
+    system_prompt, tool_flags = trained_prompt(recipe)
     if eval_dir:
         eval_summaries(eval_dir)  # fails early when the folder holds no summary
     out.mkdir(parents=True, exist_ok=True)
@@ -383,8 +280,9 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
             break
     card = model_card(repo_id=repo_id or out.name, checkpoint=checkpoint, base=base_name(checkpoint, base),
                       architecture=architecture, stop_ids=stop_ids, recipe=recipe, eval_dir=eval_dir,
-                      adapter=is_adapter(checkpoint))
+                      adapter=is_adapter(checkpoint), tool_flags=tool_flags)
     card.save(out / "README.md")
+    (out / SYSTEM_PROMPT_FILE).write_text(system_prompt + "\n", encoding="utf-8")
     print(f"weights: {report['replaced']} trained tensors" + (
         ", carried over from the base: " + ", ".join(f"{k} ({n})" for k, n in sorted(report["carried_over"].items()))
         if report["carried_over"] else ""))

@@ -1,0 +1,147 @@
+"""The model card of an export (``t2s export``): a ``huggingface_hub.ModelCard`` whose metadata names the
+``base_model`` (a hub id) and, given an eval folder, a ``model-index`` of its scores; its body holds a usage snippet
+that runs as written, the recipe and the eval summary table, and names no local paths.
+
+The snippet serves the model with vLLM, fetches ``system_prompt.txt`` (the system prompt the model was trained with,
+``trained_prompt``, which the export writes beside the card) and runs ``t2s eval`` and ``t2s ask`` with it, in the
+tool set and call format the recipe trained.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from t2s.errors import ExportError
+
+SYSTEM_PROMPT_FILE = "system_prompt.txt"
+EVAL_METRICS = (("execution_accuracy_official", "official EX"), ("strict", "strict EX"), ("soft_f1", "Soft-F1"))
+
+
+def hub_id(name_or_path: str | None) -> str | None:
+    """The hub repo id of a base given as one, or as a snapshot folder of the hub cache; None for another folder."""
+    if not name_or_path:
+        return None
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        return name_or_path  # resolve_model_dir found it in the hub cache under this id
+    snapshots = path.resolve().parent
+    if snapshots.name == "snapshots" and snapshots.parent.name.startswith("models--"):
+        return snapshots.parent.name[len("models--") :].replace("--", "/")
+    return None
+
+
+def trained_prompt(recipe: str | None) -> tuple[str, list[str]]:
+    """(the system prompt a recipe trains with, the ``eval``/``ask`` flags of its tool set and call format when they
+    are not the defaults). The recipe's keys are read from its YAML as ``train`` reads them; the prompt file is found
+    as ``train`` finds it."""
+    import yaml
+
+    from t2s.env.protocol import default_system_prompt
+    from t2s.evaluation.options import read_system_prompt
+    from t2s.training.pipeline import resolve_path
+
+    keys = yaml.safe_load(Path(recipe).read_text(encoding="utf-8")) if recipe else {}
+    keys = keys if isinstance(keys, dict) else {}
+    dialect, tool_format = keys.get("dialect") or "exec_plan", keys.get("tool_format") or "json"
+    flags = (["--dialect", dialect] if dialect != "exec_plan" else []) + (
+        ["--tool-format", tool_format] if tool_format != "json" else [])
+    if not keys.get("system_prompt_file"):
+        return default_system_prompt(dialect, tool_format), flags
+    path = resolve_path(keys["system_prompt_file"])
+    if path is None:
+        raise ExportError(f"the recipe's system_prompt_file {keys['system_prompt_file']!r} not found")
+    return read_system_prompt(path), flags
+
+
+def model_card(*, repo_id: str, checkpoint: Path, base: str | None, architecture: str, stop_ids: list[int],
+               recipe: str | None, eval_dir: str | None, adapter: bool, tool_flags: list[str] = ()):
+    """The export's ``huggingface_hub.ModelCard``: ``base_model`` and ``model-index`` metadata, then the text."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    base_id = hub_id(base)
+    data = ModelCardData(
+        library_name="transformers", pipeline_tag="text-generation", tags=["text-to-sql", "agentic", "grpo", "t2s"],
+        base_model=base_id, model_name=repo_id, eval_results=eval_results(eval_dir) if eval_dir else None,
+    )
+    base_line = f"`{base_id}`" if base_id else (f"a local folder, `{Path(base).name}`" if base else "not given")
+    lines = [
+        f"# {repo_id}",
+        "",
+        "An agentic text-to-SQL model trained with GRPO on the t2s exec_plan protocol: it explores a SQLite database "
+        "through tools (`list_tables`, `describe_table`, `run_query`, ...) and submits a final query with `submit_sql`.",
+        "",
+        f"- architecture: `{architecture}`",
+        f"- base model: {base_line}",
+        f"- trained checkpoint: `{checkpoint.name}`" + (" (LoRA adapter, merged)" if adapter else ""),
+        f"- generation stops on `<|im_end|>` and `<|endoftext|>` (ids {stop_ids})",
+        "- prompts must be rendered with `enable_thinking=True` (the generation prompt ends in `<think>\\n`)",
+        "",
+        "## Use",
+        "",
+        "Serve it with vLLM (by its hub id, or from the folder above this one), then evaluate it on BIRD-style data or "
+        f"ask any SQLite file with t2s. `{SYSTEM_PROMPT_FILE}` (in this repository) is the system prompt the model was "
+        "trained with: the commands pass it, as they pass the tool set and call format it was trained in.",
+        "",
+        "```bash",
+        *usage_commands(repo_id, tool_flags),
+        "```",
+    ]
+    if recipe:
+        recipe_path = Path(recipe)
+        if not recipe_path.is_file():
+            raise ExportError(f"recipe file not found: {recipe}")
+        lines += ["", f"## Recipe (`{recipe_path.name}`)", "", "```yaml", recipe_path.read_text().rstrip(), "```"]
+    if eval_dir:
+        lines += ["", "## Evaluation", "", eval_markdown(eval_dir).rstrip()]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+
+
+def usage_commands(repo_id: str, tool_flags=()) -> list[str]:
+    """The card's shell commands: serve the model with vLLM, fetch its system prompt, then ``t2s eval`` and
+    ``t2s ask`` against the server with that prompt and the model's tool set and call format (``tool_flags``)."""
+    import shlex
+
+    repo = shlex.quote(repo_id)
+    prompt = " ".join(["--system-prompt-file", SYSTEM_PROMPT_FILE, *map(shlex.quote, tool_flags)])
+    return [
+        f"vllm serve {repo} --enable-prefix-caching",
+        f"hf download {repo} {SYSTEM_PROMPT_FILE} --local-dir .",
+        f"python -m t2s eval --policy endpoint --endpoint http://localhost:8000 --data bird/dev.json {prompt} "
+        "--output runs/eval-endpoint",
+        f"python -m t2s ask --db my.sqlite --endpoint http://localhost:8000 {prompt} \"How many orders shipped in 2023?\"",
+    ]
+
+
+def eval_results(eval_dir) -> list:
+    """The ``model-index`` entries of an eval folder: official EX, strict EX and Soft-F1 for each mode."""
+    from huggingface_hub import EvalResult
+
+    results = []
+    for mode, summary in eval_summaries(eval_dir).items():
+        config = summary.get("config") or {}
+        mode = mode or config.get("mode") or "full"
+        data_file = Path(config.get("data_file") or "data/dev.json")
+        for key, name in EVAL_METRICS:
+            if isinstance(summary.get(key), (int, float)):
+                results.append(EvalResult(
+                    task_type="text-generation", task_name=f"agentic text-to-SQL ({mode} schema, n={summary.get('n')})",
+                    dataset_type=data_file.parent.name, dataset_name=f"{data_file.parent.name}/{data_file.name}",
+                    dataset_split=data_file.stem, metric_type=key, metric_name=name, metric_value=float(summary[key]),
+                ))  # fmt: skip
+    return results
+
+
+def eval_summaries(eval_dir) -> dict[str, dict]:
+    """{mode: summary} of an `eval` output folder (its summary.json)."""
+    from t2s.evaluation.run_folders import RunFolderError, read_summaries
+
+    try:
+        return read_summaries(eval_dir)
+    except RunFolderError as exc:
+        raise ExportError(str(exc).removeprefix("Error: ")) from None
+
+
+def eval_markdown(eval_dir) -> str:
+    from t2s.evaluation.report import modes_markdown
+
+    return modes_markdown(eval_summaries(eval_dir))
