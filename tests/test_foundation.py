@@ -108,3 +108,25 @@ def test_tiny_model_loads_from_path_and_generates(tiny_model_dir, tiny_tokenizer
         tiny_tokenizer.eos_token_id,
         tiny_tokenizer.convert_tokens_to_ids("<|im_end|>"),
     )
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_a_cpu_run_says_once_that_gpu_kernels_do_not_apply(tiny_model_dir, quiet):
+    """transformers warns four times that the linear-attention layers fall back from causal_conv1d and
+    flash-linear-attention; a CPU run set up by t2s prints one line instead."""
+    from t2s.training.cpu_threads import KERNEL_FALLBACK, KERNEL_FALLBACK_LINE
+
+    script = (
+        "import torch\nfrom t2s.training.cpu_threads import configure_cpu_threads\n"
+        + ("configure_cpu_threads(on_cpu=True)\n" if quiet else "")
+        + "from transformers import AutoModelForCausalLM\n"
+        f"model = AutoModelForCausalLM.from_pretrained({str(tiny_model_dir)!r}, dtype=torch.float32)\n"
+        "model.generate(torch.tensor([[1, 2, 3, 4]]), max_new_tokens=3, do_sample=False)\n"
+        "model.train()\nmodel(torch.tensor([[1, 2, 3, 4]]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    if quiet:
+        assert done.stderr.count(KERNEL_FALLBACK_LINE) == 1 and KERNEL_FALLBACK not in done.stderr
+    else:  # what the line replaces: one warning per kernel function
+        assert done.stderr.count(KERNEL_FALLBACK) == 4

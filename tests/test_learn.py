@@ -113,3 +113,16 @@ def test_cpu_threads_take_every_usable_core_unless_told(monkeypatch):
         assert cpu_threads.configure_cpu_threads(on_cpu=False) is None
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_demo_warm_start_says_what_it_does(tmp_path):
+    """The demo's warm start is never silent: what it plays, then its SFT steps a tenth of the run at a time."""
+    lines = []
+    learning.warm_start(tmp_path / "warm", seed=0, report=lines.append, overrides=(  # its tiny model built here
+        "--model_name_or_path", str(tmp_path / "tiny"), "--max_steps", "4", "--per_device_train_batch_size", "4",
+        "--near_misses", "1"))
+    assert lines[0] == "warm start: playing the gold and near-miss trajectories of demo.yaml's questions"
+    assert lines[1].startswith("warm start: ") and lines[1].endswith("; SFT for 4 steps") and "near misses" in lines[1]
+    steps = [line.split(",")[0] for line in lines[2:]]
+    assert steps == [f"warm start: SFT: step {k}/4" for k in (1, 2, 3, 4)], lines
+    assert (tmp_path / "warm" / "t2s_sft.json").is_file()

@@ -204,12 +204,21 @@ def test_sft_command_output_is_taken_by_train_eval_and_export(tiny_model_dir, tm
     assert done.returncode == 0, done.stderr[-2000:]
     assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
     assert json.loads((out / sft.SUMMARY_FILE).read_text())["global_step"] == 3
+    # it ends with one line naming the folder, and a CPU run says once that the GPU kernels do not apply
+    from t2s.training.cpu_threads import KERNEL_FALLBACK, KERNEL_FALLBACK_LINE
+
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"wrote {out} after 3 steps: the warm-started model and tokenizer, t2s_sft.json (") and \
+        last.endswith("trajectories off the call format: 0)"), done.stdout[-2000:]
+    assert KERNEL_FALLBACK not in done.stderr and done.stderr.count(KERNEL_FALLBACK_LINE) <= 1
     # GRPO from the folder, as it is
     train = _run("train", "--config", str(RECIPES_DIR / "demo.yaml"), "--model_name_or_path", str(out),
                  "--max_steps", "1", "--per_device_train_batch_size", "4", "--num_generations", "2",
                  "--output_dir", str(tmp_path / "grpo"))
     assert train.returncode == 0, train.stderr[-2000:]
     assert json.loads((tmp_path / "grpo" / "train_summary.json").read_text())["global_step"] == 1
+    assert train.stdout.strip().splitlines()[-1].startswith(f"wrote {tmp_path / 'grpo'} after 1 steps: the trained model")
+    assert KERNEL_FALLBACK not in train.stderr and train.stderr.count(KERNEL_FALLBACK_LINE) <= 1
     # evaluation with the model policy
     evaluated = _run("eval", "--policy", "model", "--model", str(out), "--data", str(REPO_ROOT / "data/demo/dev.json"),
                      "--n", "2", "--mode", "withheld", "--max-turns", "1", "--max-tokens-per-turn", "64",

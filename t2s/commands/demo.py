@@ -114,7 +114,7 @@ def cached_warm_start(console) -> Path:
     shutil.rmtree(partial, ignore_errors=True)
     began = time.perf_counter()
     with console.status("warm start: SFT on gold and near-miss trajectories (first run only, then cached)"):
-        warm_start(partial, seed=0)
+        warm_start(partial, seed=0, report=lambda line: console.print(line, markup=False, highlight=False))
     partial.rename(folder)
     console.print(f"warm start: trained in {time.perf_counter() - began:.0f} s, cached in {folder}", highlight=False)
     return folder

@@ -35,8 +35,8 @@ def warm_start_keys_help() -> str:
 def run(args: argparse.Namespace) -> int:
     import gc
 
-    from t2s.training.pipeline import setup_error, start_command
-    from t2s.training.warm_start import build_sft_trainer, fit, parse_sft_recipe
+    from t2s.training.pipeline import say_written, setup_error, start_command
+    from t2s.training.warm_start import SUMMARY_FILE, build_sft_trainer, fit, parse_sft_recipe
 
     config_path = start_command(args.config)
     if config_path is None:
@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
         return setup_error(exc)
     log.info("warm-start trajectories: %s", counts)
     fit(trainer, counts)
+    say_written(trainer, f"the warm-started model and tokenizer, {SUMMARY_FILE} ({counts['examples']} examples; "
+                f"trajectories off the call format: {counts['format_deviations']})")
     del trainer
     gc.collect()  # as in `train`: free the model and any process group while Python is fully alive
     return 0

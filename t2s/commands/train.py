@@ -32,7 +32,7 @@ def recipe_keys_help() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from t2s.training.pipeline import (build_trainer, fit, resume_checkpoint, setup_error, start_command,
+    from t2s.training.pipeline import (build_trainer, fit, resume_checkpoint, say_written, setup_error, start_command,
                                        use_step_printer)
 
     config = start_command(args.config)
@@ -50,6 +50,7 @@ def run(args: argparse.Namespace) -> int:
     use_step_printer(trainer)
     with rank_zero_lock(training_args.output_dir):  # one run per output_dir; a second stops with one Error: line
         fit(trainer, counts, checkpoint)
+    say_written(trainer, "the trained model and tokenizer, its checkpoints, train_summary.json and metrics.jsonl")
     del trainer
     gc.collect()  # see ``fit``: the model and its process group are freed while Python is fully alive
     return 0

@@ -113,6 +113,10 @@ def model_backend(model: str, tokenizer_name: str | None = None, device: str | N
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    if device == "cpu":
+        from t2s.training.cpu_threads import quiet_kernel_fallbacks
+
+        quiet_kernel_fallbacks()
     tokenizer = load_tokenizer(tokenizer_name or model, required=True)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()

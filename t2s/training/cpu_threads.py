@@ -11,6 +11,10 @@ thread (nothing here runs torch ops concurrently), and asks OpenMP to sleep, not
 tool threads block in SQLite or the GIL, run between generation rounds, and need no cores of their own.
 
 An explicit ``OMP_NUM_THREADS`` or ``T2S_TORCH_THREADS`` in the environment wins.
+
+On a CPU, transformers also warns once per function that Qwen3.5's linear-attention layers fall back from the
+``causal_conv1d`` and ``flash-linear-attention`` kernels to their PyTorch reference (four warnings in a training run),
+though those kernels need a GPU and could not apply: ``quiet_kernel_fallbacks`` says it in one line instead.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def configure_cpu_threads(on_cpu: bool | None = None) -> int | None:
     if not on_cpu:
         return None
 
+    quiet_kernel_fallbacks()
     threads = torch_threads()
     torch.set_num_threads(threads)
     try:
@@ -56,3 +61,31 @@ def configure_cpu_threads(on_cpu: bool | None = None) -> int | None:
     except RuntimeError:  # already set, or inter-op work already started: the pool keeps its size
         pass
     return threads
+
+
+KERNEL_FALLBACK = "is falling back to its reference PyTorch implementation"
+KERNEL_FALLBACK_LINE = ("CPU run: Qwen3.5's linear-attention layers use their PyTorch reference (the causal_conv1d and "
+                        "flash-linear-attention kernels need a GPU)")
+HUB_KERNELS_LOGGER = "transformers.integrations.hub_kernels"
+
+
+def quiet_kernel_fallbacks() -> None:
+    """For a run on a CPU: the first of transformers' kernel-fallback warnings becomes ``KERNEL_FALLBACK_LINE``, the
+    others are dropped. Other warnings pass."""
+    import logging
+
+    class OneLine(logging.Filter):
+        said = False
+
+        def filter(self, record: logging.LogRecord) -> bool:
+            if KERNEL_FALLBACK not in str(record.msg):
+                return True
+            if OneLine.said:
+                return False
+            OneLine.said = True
+            record.msg, record.args = KERNEL_FALLBACK_LINE, ()
+            return True
+
+    logger = logging.getLogger(HUB_KERNELS_LOGGER)
+    if not any(type(f).__name__ == "OneLine" for f in logger.filters):
+        logger.addFilter(OneLine())

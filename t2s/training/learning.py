@@ -15,18 +15,26 @@ RL_RECIPE = "demo.yaml"
 GRPO_OVERRIDES = ("--max_train_rows", "8")
 
 
-def warm_start(output_dir: Path, seed: int, overrides: tuple[str, ...] = ()) -> Path:
-    """Train ``recipes/demo_sft.yaml`` into ``output_dir``; returns the folder."""
+def warm_start(output_dir: Path, seed: int, overrides: tuple[str, ...] = (), report=None) -> Path:
+    """Train ``recipes/demo_sft.yaml`` into ``output_dir``; returns the folder. ``report(line)``, when given, hears
+    what is being done: the trajectories played, then the SFT steps a tenth of the run at a time."""
     import gc
 
     from t2s.settings import RECIPES_DIR
+    from t2s.training.progress import step_counter
     from t2s.training.warm_start import build_sft_trainer, fit, parse_sft_recipe
 
     sft_args, config, model_args = parse_sft_recipe([
         "--config", str(RECIPES_DIR / SFT_RECIPE), "--output_dir", str(output_dir), "--seed", str(seed),
         "--disable_tqdm", "true", "--logging_steps", "1000", *overrides,
     ])
-    trainer, counts = build_sft_trainer(sft_args, config, model_args)
+    if report:
+        report(f"warm start: playing the gold and near-miss trajectories of {RL_RECIPE}'s questions")
+    callbacks = [step_counter(report, "warm start: SFT")] if report else None
+    trainer, counts = build_sft_trainer(sft_args, config, model_args, callbacks=callbacks)
+    if report:
+        report(f"warm start: {counts['examples']} examples from {counts['questions']} questions (gold "
+               f"{counts.get('gold', 0)}, near misses {counts.get('near_misses', 0)}); SFT for {config.max_steps} steps")
     _quiet(trainer)
     fit(trainer, counts)
     del trainer

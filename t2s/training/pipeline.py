@@ -241,6 +241,15 @@ def fit(trainer, counts: dict, checkpoint: str | None = None):
     return trainer
 
 
+def say_written(trainer, what: str) -> None:
+    """A run's last line, on the main process: the output folder and what it holds, as ``eval`` and ``export`` end."""
+    if trainer.accelerator.is_main_process:
+        from t2s.ui.console import console
+
+        console().print(f"wrote {trainer.args.output_dir} after {trainer.state.global_step} steps: {what}",
+                        markup=False, highlight=False)
+
+
 def use_step_printer(trainer) -> None:
     """Print each step as ``make demo`` does (reward components, tiers, episode rates, KL, beta) instead of the
     transformers callbacks' dict of every logged key; every key still reaches trainer_state.json and the trackers."""

@@ -71,6 +71,28 @@ def step_printer(console):
     return StepPrinter()
 
 
+def step_counter(report, label: str, parts: int = 10):
+    """A TrainerCallback calling ``report(line)`` ``parts`` times over a run: ``LABEL: step K/N, S s``, for a run that
+    prints nothing else (the demo's warm start), so that a long one is never silent."""
+    import time
+
+    from transformers import TrainerCallback
+
+    class StepCounter(TrainerCallback):
+        started = time.perf_counter()
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            StepCounter.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            every = max(1, state.max_steps // parts)
+            if state.global_step % every == 0 or state.global_step == state.max_steps:
+                report(f"{label}: step {state.global_step}/{state.max_steps}, "
+                       f"{time.perf_counter() - StepCounter.started:.0f} s")
+
+    return StepCounter()
+
+
 def quiet_libraries() -> None:
     import logging
     import warnings
