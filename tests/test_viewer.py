@@ -25,6 +25,11 @@ def lines_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def table_rows(printed: str) -> list[list[str]]:
+    """The cells of each body row of the rich tables in ``printed``."""
+    return [[cell.strip() for cell in line.split("│")[1:-1]] for line in printed.splitlines() if line.startswith("│")]
+
+
 def gold_eval(demo_dir, out, *modes, n="4") -> None:
     assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", n, "--mode", *(modes or ("full",)),
                  "--output", str(out), "--quiet"]) == 0
@@ -163,7 +168,7 @@ def test_show_a_pair_lists_both_runs_scores(demo_dir, tmp_path, capsys):
     assert f"flipped between A = {tmp_path / 'b'} and B = {tmp_path / 'a'}: only_a 0, only_b 2" in shown
     header = next(line for line in shown.splitlines() if "score A" in line)
     assert [c.strip() for c in header.split("┃")[1:-1]][-4:] == ["score A", "score B", "final SQL A", "final SQL B"]
-    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in shown.splitlines() if line.startswith("│")]
+    rows = table_rows(shown)
     assert sorted(row[1] for row in rows) == sorted([ids[3], ids[7]])
     assert all(row[0] == "only_b" and row[-4:-2] == ["0", "1"] for row in rows), rows
 
@@ -193,8 +198,7 @@ def test_show_lists_questions_in_data_order_and_limits(demo_dir, tmp_path, capsy
     records = {str(r["question_id"]): r for r in json.loads((demo_dir / "dev.json").read_text())}
     capsys.readouterr()
     assert main(["show", str(out)]) == 0
-    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in capsys.readouterr().out.splitlines()
-            if line.startswith("│")]
+    rows = table_rows(capsys.readouterr().out)
     positions = {qid: index for index, qid in enumerate(records)}
     listed = [(row[2], row[0]) for row in rows]
     assert [m for m, _ in listed] == ["full"] * 12 + ["withheld"] * 12
