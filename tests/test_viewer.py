@@ -314,7 +314,7 @@ def _browse(url: str, *extra: str) -> subprocess.CompletedProcess:
 
 def _status(dom: str) -> dict:
     tag = re.search(r'<div id="status"[^>]*>', dom).group(0)
-    return dict(re.findall(r'data-([a-z]+)="([^"]*)"', tag))
+    return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', tag))
 
 
 @pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
