@@ -175,8 +175,11 @@ def test_recipe_keys_read_from_source_are_the_dataclasses():
 def test_train_help_groups_and_names():
     from t2s.training.recipe_help import recipe_groups
 
-    assert list(recipe_groups()) == ["model", "data", "algorithm", "optimiser", "environment",
-                                     "rollout backend and hardware", "logging and checkpoints"]
+    groups = list(recipe_groups())
+    # headings, never a recipe's comment on one ("environment: one short turn", "algorithm (GRPO)")
+    assert groups[:5] == ["model", "data", "algorithm", "optimiser", "environment"]
+    assert {"rollout backend and hardware", "logging and checkpoints"} <= set(groups)
+    assert len(groups) == len(set(groups)) and not any(":" in g or "(" in g for g in groups), groups
     text = _help("train")
     data_commands = {name.split()[1] for name, _ in command_parsers() if name.startswith("data ")}
     named = set(re.findall(r"t2s data ([a-z-]+)", text))
