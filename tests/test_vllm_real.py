@@ -88,3 +88,19 @@ def test_server_completions_play_like_the_offline_engine(vllm_server, offline_ru
 def test_server_chat_mode_runs(vllm_server, tmp_path):
     turns = run_eval(tmp_path / "chat", "--policy", "endpoint", "--endpoint", vllm_server, "--endpoint-mode", "chat")
     assert len(turns) == 3 and all(turns)
+
+
+def test_bench_rollout_on_the_real_server(vllm_server, attention_model_dir):
+    """``bench rollout --engine vllm``: both schedules run the same episodes through the server, and the last line
+    gives their times and ratio."""
+    import re
+
+    done = subprocess.run([sys.executable, "-m", "t2s", "bench", "rollout", "--engine", "vllm", "--endpoint",
+                           vllm_server, "--tokenizer", str(attention_model_dir), "--n", "8"],
+                          cwd=ROOT, env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    last = done.stdout.strip().splitlines()[-1]
+    match = re.fullmatch(r"vllm: async_s=([\d.]+) turnsync_s=([\d.]+) turnsync_over_async=([\d.]+)", last)
+    assert match, last
+    async_s, turnsync_s, ratio = map(float, match.groups())
+    assert async_s > 0 and turnsync_s > 0 and abs(ratio - turnsync_s / async_s) < 0.01

@@ -31,6 +31,11 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default=None, help="a BIRD-style JSON file (default: data/demo/dev.json)")
     parser.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt token on every turn")
     parser.add_argument("--workers", type=int, default=None, help="tool worker threads (default: the core count)")
+    parser.add_argument("--engine", default="sim", choices=("sim", "vllm"),
+                        help="sim: the simulated engine on a virtual clock; vllm: a real vLLM server at --endpoint "
+                        "(default: sim)")
+    parser.add_argument("--endpoint", default=None, help="--engine vllm: the server's URL (a running `make serve`)")
+    parser.add_argument("--tokenizer", default=None, help="--engine vllm: the served model's tokenizer folder")
     add_tool_arguments(parser)
 
 
@@ -62,4 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    return int(importlib.import_module(BENCHMARKS[args.benchmark][0]).run(args) or 0)
+    module = BENCHMARKS[args.benchmark][0]
+    if args.benchmark == "rollout" and args.engine == "vllm":
+        module = "t2s.bench.real_engine"
+    return int(importlib.import_module(module).run(args) or 0)
