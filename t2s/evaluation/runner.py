@@ -19,7 +19,7 @@ import sqlite3
 import time
 from pathlib import Path
 
-from t2s.env.databases import file_checksum
+from t2s.env.databases import file_checksum, is_dsn
 from t2s.errors import writing
 from t2s.evaluation.records import score_record
 from t2s.evaluation.policies import SINGLE_TURN_SYSTEM_PROMPT, Runner
@@ -212,7 +212,8 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
     if not data.exists():
         raise EvalError(f"Error: data file not found: {data}")
     try:
-        rows = load_json_rows(data, args.db_root, require_databases=False)
+        rows = load_json_rows(data, args.db_root, require_databases=False, engine=getattr(args, "engine", "sqlite"),
+                              dsn=getattr(args, "dsn", None))
     except DataError as exc:
         raise EvalError(str(exc)) from None
     if not rows:
@@ -226,7 +227,9 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
         unique.setdefault(row["question_id"], row)
     repeated = sorted({row["question_id"] for row in selected} & set(rows.repeated_ids))
     selected = list(unique.values())
-    missing = {r["db_id"] for r in selected if r.get("db_path") and not Path(r["db_path"]).is_file()}
+    missing = {r["db_id"] for r in selected if r.get("db_path") and not is_dsn(r["db_path"])
+               and not Path(r["db_path"]).is_file()}
+    missing |= {r["db_id"] for r in selected if r["db_id"] in rows.missing_databases}  # a server without it
     skipped = {"questions": 0, "db_ids": [], "repeated_ids": repeated}
     if missing:
         if not args.skip_missing_dbs:
@@ -261,7 +264,8 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
     elif system_prompt is None:
         from t2s.env.protocol import default_system_prompt
 
-        system_prompt = default_system_prompt(getattr(args, "dialect", "exec_plan"), getattr(args, "tool_format", "json"))
+        system_prompt = default_system_prompt(getattr(args, "dialect", "exec_plan"), getattr(args, "tool_format", "json"),
+                                              getattr(args, "engine", "sqlite"))
     config = {
         "policy": args.policy,
         "mode": mode,
@@ -297,6 +301,8 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
     for key, default in (("dialect", "exec_plan"), ("tool_format", "json")):  # recorded when not the default, so
         if getattr(args, key, default) != default:  # folders of earlier default runs still resume
             config[key] = getattr(args, key)
+    if getattr(args, "engine", "sqlite") != "sqlite":  # the databases' engine (sqlite, duckdb, postgres)
+        config["database_engine"] = args.engine
     config["comparable"] = not published_differences(config)
     return config
 
