@@ -210,7 +210,11 @@ def load_json_rows(path, db_root=None, source=None, *, require_databases=None, e
     ``<db_id>`` on the server at ``dsn`` (as ``data convert`` writes them).
     """
     if engine != "sqlite":
-        rows = load_json_rows(path, db_root, source, require_databases=False)
+        disabled, log.disabled = log.disabled, True  # the SQLite files are not expected beside converted data
+        try:
+            rows = load_json_rows(path, db_root, source, require_databases=False)
+        finally:
+            log.disabled = disabled
         return with_engine(rows, engine, dsn, require_databases)
     data_file = Path(path)
     if data_file.is_dir():

@@ -22,7 +22,7 @@ from t2s.env.databases.engine_base import Catalog, EngineConnection, fetch_cappe
 from t2s.env.databases.results import QueryResult
 
 MEMORY_LIMIT = "1GB"
-THREADS = 2
+THREADS = 1  # one thread: a query without ORDER BY returns its rows in the same order every time (strict EX)
 CONFIG = {
     "enable_external_access": False,
     "autoinstall_known_extensions": False,

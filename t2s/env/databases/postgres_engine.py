@@ -8,6 +8,8 @@ The server and its role are the user's: the role may be able to write, read file
   (``DECLARE ... CURSOR FOR``, which accepts nothing but a query), and the transaction always ends in ``ROLLBACK``;
 * rows come over in bounded batches (``fetchmany``), capped in rows, cells and bytes, so a huge result is never sent
   whole; the deadline watchdog cancels a statement still running past its deadline (a fetch too);
+* no parallel workers, so that a query without ``ORDER BY`` returns its rows in the same order every time, as the
+  strict metric needs;
 * the session itself is read-only by default (``default_transaction_read_only``), and connects with a 5 s timeout.
 
 The README gives the read-only role to create, so that even a bug here could not write.
@@ -67,6 +69,7 @@ class PostgresConnection(EngineConnection):
         conn = self.conn
         try:
             conn.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}")
+            conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")  # rows in one order every time (strict EX)
             cursor = conn.cursor(name="t2s_query")
             try:
                 cursor.execute(sql)
