@@ -340,7 +340,7 @@ MAX_WALKED_SQL_CHARS = 20_000
 
 
 @functools.lru_cache(maxsize=8192)
-def _tables_in_sql(sql: str) -> tuple[str, ...]:
+def _tables_in_sql(sql: str, dialect: str = "sqlite") -> tuple[str, ...]:
     if len(sql) > MAX_WALKED_SQL_CHARS:
         return ()
     import sqlglot
@@ -348,7 +348,7 @@ def _tables_in_sql(sql: str) -> tuple[str, ...]:
     from sqlglot.optimizer.scope import traverse_scope
 
     try:
-        tree = sqlglot.parse_one(sql, read="sqlite")
+        tree = sqlglot.parse_one(sql, read=dialect)
         names = set()
         for scope in traverse_scope(tree):
             for source in scope.sources.values():
@@ -361,16 +361,17 @@ def _tables_in_sql(sql: str) -> tuple[str, ...]:
         return ()
 
 
-def tables_in_sql(sql) -> set[str]:
+def tables_in_sql(sql, dialect: str = "sqlite") -> set[str]:
     """Lowercased, unquoted names of the tables a query reads (CTE names resolved, subqueries included).
 
-    Empty when the SQL does not parse as SQLite, or is longer than ``MAX_WALKED_SQL_CHARS``.
+    Empty when the SQL does not parse in ``dialect`` (sqlglot's: sqlite, duckdb, postgres), or is longer than
+    ``MAX_WALKED_SQL_CHARS``.
     """
-    return set(tables_in_reading_order(sql))
+    return set(tables_in_reading_order(sql, dialect))
 
 
-def tables_in_reading_order(sql) -> list[str]:
+def tables_in_reading_order(sql, dialect: str = "sqlite") -> list[str]:
     """The tables of ``tables_in_sql`` in the order the query names them, its outer FROM and JOINs first."""
     if not isinstance(sql, str) or not sql.strip():
         return []
-    return list(_tables_in_sql(sql))
+    return list(_tables_in_sql(sql, dialect))
