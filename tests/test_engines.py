@@ -165,6 +165,7 @@ def test_ask_takes_a_duckdb_file_or_a_postgresql_url(request, tmp_path, engine):
     assert failed.returncode != 0 and failed.stderr.startswith("Error:")
 
 
+@pytest.mark.shared_data
 def test_bird_dev_converts_with_at_least_ninety_percent_kept(tmp_path, bird_superhero_dir, request):
     """BIRD dev databases not in this repository: at least 90% of their questions kept on each engine, and the gold
     self-check then scores 1.0 on every kept question in both modes."""
