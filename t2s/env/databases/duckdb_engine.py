@@ -96,18 +96,8 @@ class DuckDBConnection(EngineConnection):
             result.write_attempt = True
         return result
 
-    def interrupt(self) -> None:
-        cursor = self._cursor
-        try:
-            (cursor or self.conn).interrupt()
-        except Exception:  # noqa: BLE001 - the statement may have just ended
-            pass
-
-    def close(self) -> None:
-        try:
-            self.conn.close()
-        except Exception:  # noqa: BLE001
-            pass
+    def _interrupt(self) -> None:
+        (self._cursor or self.conn).interrupt()
 
     def read_catalog(self) -> Catalog:
         cursor = self.conn.cursor()

@@ -18,8 +18,7 @@ import datetime
 import decimal
 import json
 
-from t2s.env.databases import limits
-from t2s.env.databases.fetching import _cell_bytes
+from t2s.env.databases.fetching import _fetch
 from t2s.env.databases.results import QueryResult
 
 ENGINES = ("sqlite", "duckdb", "postgres")
@@ -75,28 +74,15 @@ def normalise_rows(rows) -> list[tuple]:
 
 
 def fetch_capped(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bool]:
-    """(rows, more, over_cap), normalised: ``fetchmany(max_rows + 1)`` for a tool query, else batches that stop past
-    ``max_cells`` cells or about ``max_bytes`` bytes."""
+    """(rows, more, over_cap), normalised: ``fetchmany(max_rows + 1)`` for a tool query, else the batches of
+    ``fetching._fetch`` that stop past ``max_cells`` cells or about ``max_bytes`` bytes."""
     if max_rows is not None:
         max_rows = max(0, int(max_rows))
         rows = normalise_rows(cursor.fetchmany(max_rows + 1))
         return rows[:max_rows], len(rows) > max_rows, False
-    width = max(1, len(cursor.description or ()))
-    rows: list = []
-    size = 0
-    while True:
-        batch = normalise_rows(cursor.fetchmany(limits.FETCH_BATCH))
-        if not batch:
-            return rows, False, False
-        rows.extend(batch)
-        if max_cells is not None and len(rows) * width > max_cells:
-            return rows[: max_cells // width], True, True
-        if max_bytes is not None:
-            size += _cell_bytes(batch)
-            if size > max_bytes:
-                return rows, True, True
-        if len(batch) < limits.FETCH_BATCH:
-            return rows, False, False
+    if max_cells is None and max_bytes is None:
+        return normalise_rows(cursor.fetchall()), False, False
+    return _fetch(cursor, max_cells, max_bytes, normalise_rows)
 
 
 class EngineConnection:
@@ -109,6 +95,7 @@ class EngineConnection:
     engine = ""
     timed_out = False
     label = ""
+    conn = None  # the driver's connection
 
     def run(self, sql: str, timeout: float, max_rows, max_cells, max_bytes) -> QueryResult:
         raise NotImplementedError
@@ -121,10 +108,19 @@ class EngineConnection:
         return QueryResult(error=f"Error: {message}")
 
     def interrupt(self) -> None:
+        try:
+            self._interrupt()
+        except Exception:  # noqa: BLE001 - the statement may have just ended
+            pass
+
+    def _interrupt(self) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
-        raise NotImplementedError
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001 - a connection already lost
+            pass
 
     def read_catalog(self) -> Catalog:
         raise NotImplementedError

@@ -101,17 +101,8 @@ class PostgresConnection(EngineConnection):
             result.write_attempt = True
         return result
 
-    def interrupt(self) -> None:
-        try:
-            self.conn.cancel_safe(timeout=1.0)
-        except Exception:  # noqa: BLE001 - the statement may have just ended
-            pass
-
-    def close(self) -> None:
-        try:
-            self.conn.close()
-        except Exception:  # noqa: BLE001
-            pass
+    def _interrupt(self) -> None:
+        self.conn.cancel_safe(timeout=1.0)
 
     def read_catalog(self) -> Catalog:
         """Tables of the first schema on the search path (``public`` by default), their columns, keys and comments."""
