@@ -10,12 +10,16 @@ Layers, each tested (``tests/test_engines_sandbox.py``):
 * **Statements**: DuckDB's own parser (``extract_statements``) must find exactly one statement, of type ``SELECT``
   (which covers ``WITH``, ``VALUES``, ``FROM t``, ``DESCRIBE`` and ``SUMMARIZE``). So ``CREATE TEMP TABLE``, which a
   read-only database still allows and which would shadow a real table for later queries, is refused too.
+* **Functions**: DuckDB's own parse of the statement (``json_serialize_sql``) must call none of
+  :data:`DENIED_FUNCTIONS`, which build values as large as their arguments ask inside one call that no interrupt
+  reaches (``range(1000000000)``, ``list_resize``, ``repeat``, ``lpad``, ``printf``...).
 * **Deadlines**: the watchdog of :mod:`t2s.env.databases.deadlines` calls ``interrupt()`` on a statement past its
   deadline; fetching is capped in rows, cells and bytes (:func:`engine_base.fetch_capped`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 
 from t2s.env.databases.engine_base import Catalog, EngineConnection, fetch_capped, refused
@@ -33,6 +37,10 @@ CONFIG = {
     "threads": THREADS,
     "lock_configuration": True,
 }
+# Functions that build a value as large as an argument asks, inside one call that no interrupt reaches (measured:
+# `SELECT range(1000000000)` ran 79 s past an interrupt sent at 1 s, `list_resize([1], 1000000000)` 40 s).
+DENIED_FUNCTIONS = frozenset({"range", "generate_series", "list_resize", "array_resize", "repeat", "repeat_row",
+                              "lpad", "rpad", "printf", "format", "bitstring"})
 _WRITE_TYPES = {"INSERT", "UPDATE", "DELETE", "CREATE", "DROP", "ALTER", "ATTACH", "DETACH", "COPY", "COPY_DATABASE",
                 "EXPORT", "LOAD", "VACUUM", "TRANSACTION", "ANALYZE", "MERGE_INTO", "UPDATE_EXTENSIONS"}
 
@@ -72,8 +80,29 @@ class DuckDBConnection(EngineConnection):
         self.label = label
         self._cursor = None
 
+    def function_refusal(self, sql: str) -> QueryResult | None:
+        """None when DuckDB's parse of the SELECT calls no denied function; else the refusal."""
+        cursor = self.conn.cursor()
+        try:
+            tree = json.loads(cursor.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+        finally:
+            cursor.close()
+        if tree.get("error"):
+            return QueryResult(error="Error: " + str(tree.get("error_message") or "the query cannot be read"))
+        stack = [tree]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(item)
+            elif isinstance(item, dict):
+                name = item.get("function_name")
+                if isinstance(name, str) and name.lower() in DENIED_FUNCTIONS:
+                    return refused(f"function {name}() (it builds values of any size)")
+                stack.extend(value for value in item.values() if isinstance(value, (dict, list)))
+        return None
+
     def run(self, sql, timeout, max_rows, max_cells, max_bytes) -> QueryResult:
-        refusal = statement_refusal(sql)
+        refusal = statement_refusal(sql) or self.function_refusal(sql)
         if refusal is not None:
             return refusal
         cursor = self.conn.cursor()
