@@ -117,7 +117,12 @@ def convert_database(sqlite_path: Path, db_id: str, engine: str, output: Path, d
                 shutil.copytree(described, folder / "database_description", dirs_exist_ok=True)
     finally:
         source.close()
+    kinds: dict[str, set[str]] = {}
+    for table in tables:
+        for column, kind in table.kinds.items():
+            kinds.setdefault(column.lower(), set()).add(kind)
     return {
+        "columns": kinds,  # for transpiling; not written to the report
         "tables": len(tables),
         "rows": sum(t.rows for t in tables),
         "column_types": dict(engine_copy.column_kinds(tables)),
@@ -125,16 +130,6 @@ def convert_database(sqlite_path: Path, db_id: str, engine: str, output: Path, d
         "foreign_keys": sum(len(v) for v in plan[2].values()),
         "notes": notes,
     }
-
-
-def _column_names(path: Path) -> set[str]:
-    """Every column name of a SQLite database, lowercased."""
-    source = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
-    try:
-        tables = [row[0] for row in source.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
-        return {row[1].lower() for table in tables for row in source.execute(f"PRAGMA table_info({quote(table)})")}
-    finally:
-        source.close()
 
 
 def _ordered(sql: str) -> bool:
@@ -201,7 +196,6 @@ def convert(data, engine: str, output, *, dsn: str | None = None, db_root=None, 
         except Exception as exc:  # noqa: BLE001 - one database failing leaves out its questions, with the reason
             db_reports[db_id] = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
             continue
-        db_reports[db_id]["columns"] = _column_names(path)
         if engine == "duckdb":
             refs[db_id] = databases.benchmark_db(str(output / "dev_databases" / db_id / f"{db_id}.duckdb"), db_id)
         else:

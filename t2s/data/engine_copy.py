@@ -30,14 +30,17 @@ BIRD_TYPES = {"duckdb": {"int": "BIGINT", "real": "DOUBLE", "text": "VARCHAR", "
               "postgres": {"int": "BIGINT", "real": "DOUBLE PRECISION", "text": "TEXT", "blob": "BYTEA"}}
 
 
-def transpile(sql: str, engine: str, columns: set[str] | None = None) -> str:
+def transpile(sql: str, engine: str, columns: dict[str, set[str]] | None = None) -> str:
     """SQLite gold SQL in the engine's dialect (raises sqlglot's errors). ``columns``: the database's column names,
-    lowercased; a double-quoted name that is none of them is a string, as SQLite reads it (``WHERE x = "Asia"``)."""
+    lowercased, with the kinds they store. A double-quoted name that is none of them is a string, as SQLite reads it
+    (``WHERE x = "Asia"``); a number compared with a column that holds only text is compared as text, as SQLite's
+    text affinity does (``WHERE year_text = 2010``)."""
     import sqlglot
     from sqlglot import exp
 
     tree = sqlglot.parse_one(sql, read="sqlite")
     if columns is not None:
+        _numbers_as_text(tree, columns, exp)
         aliases = {a.alias.lower() for a in tree.find_all(exp.Alias)}
         for column in list(tree.find_all(exp.Column)):
             name = column.this
@@ -62,6 +65,36 @@ def transpile(sql: str, engine: str, columns: set[str] | None = None) -> str:
 
     tree = tree.transform(rewrite)
     return tree.sql(dialect=engine)
+
+
+def _numbers_as_text(tree, columns: dict[str, set[str]], exp) -> None:
+    def text_column(node) -> bool:
+        return isinstance(node, exp.Column) and columns.get(node.name.lower()) == {"text"}
+
+    def as_text(node) -> None:
+        if isinstance(node, exp.Literal) and not node.is_string:
+            node.replace(exp.Literal.string(node.this))
+        elif isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+            node.replace(exp.Literal.string("-" + node.this.this))
+
+    def int_column(node) -> bool:
+        return isinstance(node, exp.Column) and columns.get(node.name.lower()) == {"int"}
+
+    for node in list(tree.find_all(exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)):
+        left, right = node.this, node.expression
+        if text_column(left) and int_column(right):  # a key held as text joined to one held as integers
+            right.replace(exp.cast(right.copy(), "text"))
+        elif int_column(left) and text_column(right):
+            left.replace(exp.cast(left.copy(), "text"))
+        elif text_column(left):
+            as_text(right)
+        elif text_column(right):
+            as_text(left)
+    for node in list(tree.find_all(exp.In, exp.Between)):
+        if text_column(node.this):
+            for value in list(node.expressions) + [node.args.get("low"), node.args.get("high")]:
+                if value is not None:
+                    as_text(value)
 
 
 def _pick_bare_columns(select, exp) -> None:
