@@ -195,3 +195,42 @@ def test_eval_refuses_postgres_without_a_server(tmp_path, demo_dir):
     args = eval_args(policy="gold", data=str(demo_dir / "dev.json"), output=str(tmp_path), engine="postgres", dsn=None)
     with pytest.raises(EvalError, match="--dsn"):
         check_policy_args(args)
+
+
+def test_transpiled_gold_keeps_sqlites_meaning():
+    from t2s.data.engine_copy import transpile
+
+    columns = {"name": {"text"}, "year": {"text"}, "id": {"int"}, "code": {"text"}}
+    sql = 'SELECT Name FROM T WHERE name LIKE "%a%" AND year = 2010 AND code = id'
+    duck = transpile(sql, "duckdb", columns)
+    assert "ILIKE '%a%'" in duck and "year = '2010'" in duck and "CAST(id AS TEXT)" in duck
+    pg = transpile('SELECT T1."Full Name", COUNT(*) FROM People AS T1 GROUP BY T1.id', "postgres", columns)
+    assert 'MIN(t1."full name")' in pg and "FROM people AS t1" in pg  # bare column, lowercased names
+    assert "julian(" in transpile("SELECT julianday(a) - julianday(b) FROM t", "duckdb").lower()
+    assert "EXTRACT(JULIAN" in transpile("SELECT julianday(a) FROM t", "postgres").upper()
+
+
+def test_postgres_guard_reads_postgresqls_own_parse():
+    pytest.importorskip("pglast", reason="pglast is not installed (pip install -r requirements.txt)")
+    from t2s.env.databases.postgres_guard import check
+
+    assert check("SELECT count(*), round(avg(x)::numeric, 2) FROM t WHERE s ILIKE '%a%' GROUP BY 1") is None
+    assert check("WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT n FROM r") is None
+    assert check("SELECT pg_sleep(1)") == ("function pg_sleep()", False)
+    assert check("SELECT pg_catalog.pg_read_file('x')")[0].startswith("function")
+    assert check("WITH d AS (DELETE FROM t RETURNING *) SELECT * FROM d")[1] is True
+    assert check("SELECT 1; SELECT 2")[0].startswith("more than one statement")
+    assert check("SET statement_timeout = 0")[0].startswith("changing settings")
+    assert check("SELECT * FROM pg_authid")[0].startswith("the system catalog")
+    assert check("SELEC 1")[0].startswith("syntax error")
+
+
+def test_postgres_urls_hide_their_password():
+    from t2s.env.databases.postgres_engine import redact
+
+    assert redact("postgresql://me:secret@host/db") == "postgresql://me:***@host/db"
+    assert redact("postgresql:///db?host=/tmp") == "postgresql:///db?host=/tmp"
+    assert databases.server_url("postgresql://me@host/postgres?sslmode=require", "my db") == \
+        "postgresql://me@host/my%20db?sslmode=require"
+    assert databases.user_db("postgresql://me@host/sales").engine == "postgres"
+    assert databases.user_db("postgresql://me@host/sales").db_id == "sales"
