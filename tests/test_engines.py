@@ -234,3 +234,23 @@ def test_postgres_urls_hide_their_password():
         "postgresql://me@host/my%20db?sslmode=require"
     assert databases.user_db("postgresql://me@host/sales").engine == "postgres"
     assert databases.user_db("postgresql://me@host/sales").db_id == "sales"
+
+
+def test_convert_never_replaces_a_database_it_did_not_make(postgres_dsn, demo_dir, tmp_path):
+    import psycopg
+
+    from t2s.data.convert import convert_database
+    from t2s.data.rows import DataError
+
+    with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+        admin.execute('DROP DATABASE IF EXISTS "keepme" WITH (FORCE)')
+        admin.execute('CREATE DATABASE "keepme"')
+    with psycopg.connect(databases.server_url(postgres_dsn, "keepme"), autocommit=True) as conn:
+        conn.execute("CREATE TABLE precious (a int)")
+    source = demo_dir / "dev_databases" / "cycling_club" / "cycling_club.sqlite"
+    with pytest.raises(DataError, match="did not make"):
+        convert_database(source, "keepme", "postgres", tmp_path, postgres_dsn)
+    with psycopg.connect(databases.server_url(postgres_dsn, "keepme"), autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM precious").fetchone() == (0,)
+    convert_database(source, "made_by_convert", "postgres", tmp_path, postgres_dsn)
+    convert_database(source, "made_by_convert", "postgres", tmp_path, postgres_dsn)  # its own: replaced

@@ -90,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="folder for dev.json, convert_report.json and (duckdb) dev_databases/<db_id>/<db_id>.duckdb")
     p.add_argument("--dsn", default=os.environ.get("T2S_DSN"),
                    help="postgres: a server URL whose role may create databases; each db_id becomes a database "
-                   "there, replacing any of that name (default: $T2S_DSN)")
+                   "there (one that an earlier convert made is replaced; any other is left alone) (default: $T2S_DSN)")
 
     p = sub.add_parser("make-demo", help="(re)write the embedded demo databases and questions (data/demo)")
     p.add_argument("--output", type=non_empty_path, default=None, help="folder to write (default: data/demo)")

@@ -22,6 +22,7 @@ from t2s.data.rows import DataError, read_records
 from t2s.env.databases.engine_base import quote
 
 _SQL_FIELDS = ("SQL", "query", "sql", "gold_sql")
+_MARK = "made by t2s data convert"  # the comment on each database convert makes: only those are ever replaced
 
 
 def database_url(dsn: str, db_id: str) -> str:
@@ -63,8 +64,14 @@ def _copy_postgres(source: sqlite3.Connection, tables, plan, dsn: str, db_id: st
 
     order, keys, foreign = plan
     with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {quote(db_id)}")
+        found = admin.execute("SELECT shobj_description(oid, 'pg_database') FROM pg_database WHERE datname = %s",
+                              (db_id,)).fetchone()
+        if found is not None and found[0] != _MARK:
+            raise DataError(f"Error: the server already has a database {db_id!r} that data convert did not make; "
+                            "it is left as it is (drop it yourself, or convert to another server)")
+        admin.execute(f"DROP DATABASE IF EXISTS {quote(db_id)} WITH (FORCE)")
         admin.execute(f"CREATE DATABASE {quote(db_id)} ENCODING 'UTF8' TEMPLATE template0")
+        admin.execute(f"COMMENT ON DATABASE {quote(db_id)} IS '{_MARK}'")
     with psycopg.connect(database_url(dsn, db_id)) as conn:
         for table in order:
             conn.execute(engine_copy.create_statement(table, "postgres", keys[table.name], []))
