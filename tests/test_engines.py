@@ -254,3 +254,24 @@ def test_convert_never_replaces_a_database_it_did_not_make(postgres_dsn, demo_di
         assert conn.execute("SELECT count(*) FROM precious").fetchone() == (0,)
     convert_database(source, "made_by_convert", "postgres", tmp_path, postgres_dsn)
     convert_database(source, "made_by_convert", "postgres", tmp_path, postgres_dsn)  # its own: replaced
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_predictions_policy_and_single_mode_on_each_engine(request, tmp_path, engine):
+    from t2s.evaluation.options import eval_args
+    from t2s.evaluation.policies import single_turn_messages
+    from t2s.evaluation.runner import evaluate
+
+    data, options, _ = _engine_data(request, engine)
+    questions = json.loads(data.read_text())
+    predictions = tmp_path / "pred.jsonl"
+    predictions.write_text("".join(json.dumps({"question_id": str(q["question_id"]), "sql": q["SQL"]}) + "\n"
+                                   for q in questions))
+    args = eval_args(policy="predictions", predictions=str(predictions), data=str(data), output=str(tmp_path / "run"),
+                     mode=["full", "single"], quiet=True, **options)
+    for summary in evaluate(args).values():
+        assert summary["n"] == 63 and summary["execution_accuracy_official"] == 1.0
+    ref = _demo_ref(request, engine)
+    row = {"question_id": "q", "question": "How many clubs?", "evidence": "", "db_id": ref.db_id, "db_path": ref.path}
+    system = single_turn_messages(row)[0]["content"]
+    assert {"duckdb": "DuckDB", "postgres": "PostgreSQL"}[engine] in system and "SQLite" not in system

@@ -22,7 +22,7 @@ from pathlib import Path
 from t2s.env.databases import file_checksum, is_dsn
 from t2s.errors import writing
 from t2s.evaluation.records import score_record
-from t2s.evaluation.policies import SINGLE_TURN_SYSTEM_PROMPT, Runner
+from t2s.evaluation.policies import Runner, single_turn_system_prompt
 from t2s.errors import EvalError
 from t2s.evaluation.options import check_policy_args, read_system_prompt
 from t2s.evaluation.report import published_differences
@@ -260,7 +260,7 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
     chat = args.policy == "endpoint" and args.endpoint_mode in ("chat", "tools")
     system_prompt = read_system_prompt(args.system_prompt_file) if args.system_prompt_file else None
     if mode == "single":
-        system_prompt = SINGLE_TURN_SYSTEM_PROMPT
+        system_prompt = single_turn_system_prompt(getattr(args, "engine", "sqlite"))
     elif system_prompt is None:
         from t2s.env.protocol import default_system_prompt
 
