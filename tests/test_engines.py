@@ -182,6 +182,14 @@ def test_bird_dev_converts_with_at_least_ninety_percent_kept(tmp_path, bird_supe
     for engine, dsn in targets:
         report = convert(bird_superhero_dir / "dev.json", engine, tmp_path / engine, dsn=dsn)
         assert report["share_kept"] >= 0.9, (engine, report["reasons"])
+        from t2s.env.tools import Toolbox
+
+        if engine == "duckdb":
+            ref = databases.benchmark_db(str(tmp_path / engine / "dev_databases/superhero/superhero.duckdb"))
+        else:
+            ref = databases.server_db(databases.server_url(dsn, "superhero"))
+        described = Toolbox(ref, column_descriptions=True).call("describe_table", {"table_name": "superhero"}).text
+        assert "\n-- " in described  # BIRD's column descriptions stay usable
         args = eval_args(policy="gold", data=str(tmp_path / engine / "dev.json"), output=str(tmp_path / f"ev-{engine}"),
                          mode=["full", "withheld"], quiet=True, engine=engine, dsn=dsn)
         for summary in evaluate(args).values():

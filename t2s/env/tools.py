@@ -315,9 +315,9 @@ class Toolbox:
         if self._descriptions is None:
             self._descriptions = {}
             path = getattr(self.db, "path", None)
-            if self.engine == "postgres":  # BIRD's descriptions travel as column comments (data convert)
-                self._descriptions = {k.lower(): v for k, v in self.schema.comments.items()}
-            elif path:
+            if self.engine != "sqlite" and self.schema.comments:  # the catalog's column comments (data convert
+                self._descriptions = {k.lower(): v for k, v in self.schema.comments.items()}  # writes BIRD's there)
+            elif path and self.engine != "postgres":
                 try:
                     self._descriptions = {k.lower(): v for k, v in read_descriptions(Path(path).parent).items()}
                 except Exception:
