@@ -283,3 +283,22 @@ def test_predictions_policy_and_single_mode_on_each_engine(request, tmp_path, en
     row = {"question_id": "q", "question": "How many clubs?", "evidence": "", "db_id": ref.db_id, "db_path": ref.path}
     system = single_turn_messages(row)[0]["content"]
     assert {"duckdb": "DuckDB", "postgres": "PostgreSQL"}[engine] in system and "SQLite" not in system
+
+
+def test_data_convert_command_needs_a_server_for_postgres(tmp_path, demo_dir):
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT), "T2S_DSN": ""}
+    done = subprocess.run([sys.executable, "-m", "t2s", "data", "convert", "--engine", "postgres", "--data",
+                           str(demo_dir / "dev.json"), "--output", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    assert done.returncode == 1 and "Error: --engine postgres needs --dsn" in done.stderr
+
+
+def test_data_convert_command_writes_duckdb_files(tmp_path, demo_dir):
+    pytest.importorskip("duckdb")
+    env = {**__import__("os").environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "t2s", "data", "convert", "--engine", "duckdb", "--data",
+                           str(demo_dir / "dev.json"), "--output", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "kept 63 of 63 questions (100.0%)" in done.stdout
+    assert (tmp_path / "out/dev_databases/cycling_club/cycling_club.duckdb").is_file()

@@ -133,6 +133,9 @@ def _convert(args) -> int:
         console.print(f"Warning: {db_id} was not converted: {error}", style="yellow", markup=False, highlight=False)
     console.print(f"wrote {Path(args.output) / 'dev.json'} and {Path(args.output) / 'convert_report.json'}",
                   markup=False, highlight=False)
+    if report["questions"] and not report["kept"]:
+        print(f"Error: no question was kept on {args.engine}; convert_report.json says why", file=sys.stderr)
+        return 1
     return 0
 
 
