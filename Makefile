@@ -23,11 +23,12 @@ MAX_MODEL_LEN ?= 16384
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
-.PHONY: install install-gpu install-vllm test demo train serve data bench-env bench-rollout eval-sibling clean help
+.PHONY: install install-gpu install-vllm install-postgres test demo train serve data bench-env bench-rollout eval-sibling clean help
 
 help:
 	@echo "make demo      a tiny model learns on data/demo (CPU): warm start, GRPO steps, eval"
 	@echo "make test      run the test suite (offline, CPU)"
+	@echo "make install-postgres   Debian's PostgreSQL server, for the PostgreSQL engine tests (as root)"
 	@echo "make train RECIPE=bird [ACCELERATE=multi_gpu] [NUM_GPUS=3]"
 	@echo "make serve MODEL=...   vLLM server for server-mode rollouts"
 	@echo "make data      where to put BIRD, then check whatever is present"
@@ -43,6 +44,12 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	rm -f $(VENV)/.stamp-[0-9a-f]*
 	touch $@
+
+# PostgreSQL's server binaries for tests/test_engines*.py, which start a server in a temp folder (they skip and say why
+# without them). The Python side (duckdb, psycopg, pglast) comes with requirements.txt.
+install-postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
 install-gpu: $(GPU_STAMP)
 

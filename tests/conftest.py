@@ -119,3 +119,98 @@ def bird_minidev_file():
 @pytest.fixture(scope="session")
 def bird_train_file():
     return _shared("bird_train/train.json")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real DuckDB files and a real PostgreSQL server (tests/test_engines*.py). Each skips, saying why, only where the
+# engine cannot start.
+
+
+def postgres_bin_dir():
+    """The folder of initdb and pg_ctl: $T2S_PG_BIN, Debian's /usr/lib/postgresql/<version>/bin, or the PATH."""
+    import glob
+    import shutil
+
+    found = os.environ.get("T2S_PG_BIN")
+    if found:
+        return found
+    versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(p.split("/")[4]))
+    if versions:
+        return os.path.dirname(versions[-1])
+    initdb = shutil.which("initdb")
+    return os.path.dirname(initdb) if initdb else None
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn():
+    """A PostgreSQL server started in a temp folder for the session (Unix socket only, listen_addresses=''), as its
+    superuser: the sandbox must hold even for a role that may do anything. Stopped at the end."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg is not installed (pip install -r requirements.txt)")
+    bindir = postgres_bin_dir()
+    if not bindir or not os.path.isfile(os.path.join(bindir, "initdb")):
+        pytest.skip("PostgreSQL's server is not installed (apt-get install postgresql, or set T2S_PG_BIN)")
+    root = tempfile.mkdtemp(prefix="t2s-pg-")
+    os.chmod(root, 0o755)
+    data, sock = os.path.join(root, "data"), os.path.join(root, "sock")
+    os.mkdir(sock)
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # initdb refuses root: run the server as the postgres system user
+        if shutil.which("runuser") is None:
+            pytest.skip("running as root without runuser: cannot start PostgreSQL as another user")
+        import pwd
+
+        try:
+            owner = pwd.getpwnam("postgres")
+        except KeyError:
+            pytest.skip("running as root and there is no postgres system user to run the server")
+        os.chown(sock, owner.pw_uid, owner.pw_gid)
+        os.mkdir(data)
+        os.chown(data, owner.pw_uid, owner.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    env = {**os.environ, "LC_ALL": "C"}
+    started = False
+    try:
+        init = subprocess.run(as_user + [os.path.join(bindir, "initdb"), "-D", data, "-A", "trust", "-U", "postgres",
+                                         "--no-sync", "-E", "UTF8", "--locale=C"],
+                              capture_output=True, text=True, env=env, timeout=120)
+        if init.returncode != 0:
+            pytest.skip(f"initdb failed: {init.stderr.strip()[-300:]}")
+        options = f"-c listen_addresses='' -k {sock} -c fsync=off -c max_connections=60"
+        start = subprocess.run(as_user + [os.path.join(bindir, "pg_ctl"), "-D", data, "-o", options, "-l",
+                                          os.path.join(data, "server.log"), "-w", "-t", "60", "start"],
+                               capture_output=True, text=True, env=env, timeout=90)
+        if start.returncode != 0:
+            pytest.skip(f"the PostgreSQL server did not start: {(start.stderr or start.stdout).strip()[-300:]}")
+        started = True
+        yield f"postgresql:///postgres?host={sock}&user=postgres"
+    finally:
+        if started:
+            subprocess.run(as_user + [os.path.join(bindir, "pg_ctl"), "-D", data, "-m", "immediate", "stop"],
+                           capture_output=True, env=env, timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def duckdb_demo(tmp_path_factory, demo_dir):
+    """data/demo converted to DuckDB files (``data convert --engine duckdb``): (folder, report)."""
+    pytest.importorskip("duckdb", reason="duckdb is not installed (pip install -r requirements.txt)")
+    from t2s.data.convert import convert
+
+    folder = tmp_path_factory.mktemp("demo-duckdb")
+    return folder, convert(demo_dir / "dev.json", "duckdb", folder)
+
+
+@pytest.fixture(scope="session")
+def postgres_demo(tmp_path_factory, demo_dir, postgres_dsn):
+    """data/demo converted to PostgreSQL databases on the session's server: (folder, report, dsn)."""
+    from t2s.data.convert import convert
+
+    folder = tmp_path_factory.mktemp("demo-postgres")
+    return folder, convert(demo_dir / "dev.json", "postgres", folder, dsn=postgres_dsn), postgres_dsn

@@ -90,10 +90,12 @@ class ScriptPolicy(ReplayPolicy):
 
 def gold_tables(gold_sql: str, schema) -> list[str]:
     """The tables the gold SQL reads, as the schema spells them, in the order the SQL names them (outer query first)."""
+    from t2s.env.databases import SQLGLOT_DIALECTS
     from t2s.env.schema import tables_in_reading_order
 
     spelled = {name.lower(): name for name in schema.tables}
-    return [spelled[name] for name in tables_in_reading_order(gold_sql) if name in spelled]  # never raises
+    dialect = SQLGLOT_DIALECTS.get(getattr(schema, "engine", "sqlite"), "sqlite")
+    return [spelled[name] for name in tables_in_reading_order(gold_sql, dialect) if name in spelled]  # never raises
 
 
 class GoldPolicy(ScriptPolicy):

@@ -25,7 +25,8 @@ RECORD_EXTRA_KEYS = ("question", "evidence", "pred_result")  # what ask's record
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question", help="the question to answer")
-    parser.add_argument("--db", required=True, type=non_empty_path, help="the SQLite file to ask (opened read-only)")
+    parser.add_argument("--db", required=True, type=non_empty_path,
+                        help="the database to ask, read-only: a SQLite or DuckDB (.duckdb) file, or a postgresql:// URL")
     parser.add_argument("--replay", metavar="TURNS.jsonl", help="play recorded assistant turns: one JSON string a line")
     parser.add_argument("--mode", choices=("full", "withheld"), default="full",
                         help="full: the prompt shows the schema; withheld: the model discovers it with tools")
@@ -85,14 +86,25 @@ def run(args: argparse.Namespace) -> int:
             f" or --{name}" for name in POLICIES if name != "replay"))
     if len(chosen) > 1:
         raise UsageError(f"Error: ask: choose one policy, got {', '.join(chosen)}")
-    path = Path(args.db).expanduser()
-    if not path.is_file():
-        raise EvalError(f"Error: database file not found: {args.db}")
-    db = databases.user_db(path)
+    if databases.is_dsn(args.db):  # a database on a PostgreSQL server
+        db = databases.user_db(args.db)
+    else:
+        path = Path(args.db).expanduser()
+        if not path.is_file():
+            raise EvalError(f"Error: database file not found: {args.db}")
+        db = databases.user_db(path)
     try:
-        databases.tool_connection(db).execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
-    except Exception as exc:  # not a database, unreadable, ...
-        raise EvalError(f"Error: cannot open {args.db} as a SQLite database: {exc}") from None
+        if db.engine == "sqlite":
+            databases.tool_connection(db).execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+        else:
+            from t2s.env.schema import get_schema
+
+            get_schema(db)
+    except Exception as exc:  # not a database, unreadable, unreachable, ...
+        shown = args.db if db.engine != "postgres" else db.db_id  # a URL may hold a password
+        message = str(exc).removeprefix("Error: ")
+        raise EvalError(f"Error: cannot open {shown} as a {databases.ENGINE_NAMES[db.engine]} database: "
+                        f"{message}") from None
     if args.system_prompt_file:
         from t2s.evaluation.options import read_system_prompt
 

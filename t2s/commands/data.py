@@ -81,6 +81,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--max-solved", type=non_negative_int, default=None, help="keep questions solved at most this often (default: k-1)")
     add_policy_arguments(p)
 
+    p = sub.add_parser("convert", help="copy the SQLite databases to DuckDB files or PostgreSQL databases, transpile "
+                       "and check every gold SQL (OUT/dev.json, OUT/convert_report.json)")
+    p.add_argument("--engine", required=True, choices=("duckdb", "postgres"), help="the engine to convert to")
+    p.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider-style JSON data file (or its folder)")
+    p.add_argument("--db-root", type=non_empty_path, default=None, help="folder of <db_id>/<db_id>.sqlite (default: beside the data)")
+    p.add_argument("--output", required=True, type=non_empty_path,
+                   help="folder for dev.json, convert_report.json and (duckdb) dev_databases/<db_id>/<db_id>.duckdb")
+    p.add_argument("--dsn", default=os.environ.get("T2S_DSN"),
+                   help="postgres: a server URL whose role may create databases; each db_id becomes a database "
+                   "there (one that an earlier convert made is replaced; any other is left alone) (default: $T2S_DSN)")
+
     p = sub.add_parser("make-demo", help="(re)write the embedded demo databases and questions (data/demo)")
     p.add_argument("--output", type=non_empty_path, default=None, help="folder to write (default: data/demo)")
 
@@ -88,9 +99,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     command = getattr(args, "data_command", None)
     handlers = {"prepare": _prepare, "check": _check, "difficulty": _difficulty, "passrate": _passrate,
-                "make-demo": _make_demo}
+                "make-demo": _make_demo, "convert": _convert}
     if command not in handlers:
-        print("Error: choose a subcommand: prepare, check, difficulty, passrate or make-demo "
+        print("Error: choose a subcommand: prepare, check, difficulty, passrate, convert or make-demo "
               "(`python -m t2s data --help`).", file=sys.stderr)
         return 2
     if command in OUTPUT_FILES and args.output and Path(args.output).is_file():  # refused before any work
@@ -105,6 +116,27 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # DataError, and the policies' refusals; OSError and the rest go to t2s.commands.main
         print(error_line(exc), file=sys.stderr)
         return 1
+
+
+def _convert(args) -> int:
+    """``data convert``: the databases and questions on DuckDB or PostgreSQL, with every disagreement reported."""
+    from t2s.data.convert import convert
+
+    console = _console()
+    report = convert(args.data, args.engine, args.output, dsn=args.dsn, db_root=args.db_root,
+                     progress=lambda text: console.print(text, markup=False, highlight=False))
+    reasons = ", ".join(f"{reason} {count}" for reason, count in report["reasons"].items()) or "none"
+    console.print(f"{args.engine}: kept {report['kept']} of {report['questions']} questions "
+                  f"({report['share_kept']:.1%}); left out: {reasons}", markup=False, highlight=False)
+    failed = {db: info["error"] for db, info in report["databases"].items() if "error" in info}
+    for db_id, error in failed.items():
+        console.print(f"Warning: {db_id} was not converted: {error}", style="yellow", markup=False, highlight=False)
+    console.print(f"wrote {Path(args.output) / 'dev.json'} and {Path(args.output) / 'convert_report.json'}",
+                  markup=False, highlight=False)
+    if report["questions"] and not report["kept"]:
+        print(f"Error: no question was kept on {args.engine}; convert_report.json says why", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _console():
@@ -167,7 +199,8 @@ def check_and_report(rows, *, console, data_file=None, db_root=None, workers=4, 
     return summary
 
 
-OUTPUT_FILES = {"check": "check.jsonl", "difficulty": "difficulty.json", "passrate": "passrate_kept.json"}
+OUTPUT_FILES = {"check": "check.jsonl", "difficulty": "difficulty.json", "passrate": "passrate_kept.json",
+                "convert": "dev.json"}
 
 
 def output_file(args, name: str) -> Path | None:

@@ -21,6 +21,9 @@ def add_arguments(parser) -> None:
                         help="BIRD predict_dev.json, or JSONL of {\"question_id\": ..., \"sql\": ...}")
     parser.add_argument("--db-root", type=non_empty_path, default=None,
                         help="folder with one sub-folder per db_id (default: the data file's sibling folder)")
+    from t2s.evaluation.options import add_engine_arguments
+
+    add_engine_arguments(parser)
     parser.add_argument("--output", required=True, type=non_empty_path, help="folder for scores.jsonl, summary.json and problems.json")
     parser.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1), help="parallel scoring threads")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -36,8 +39,12 @@ def run(args) -> int:
 
     console = make_console()
     logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # unscorable questions are reported below
+    if args.engine == "postgres" and not args.dsn:
+        from t2s.errors import UsageError
+
+        raise UsageError("Error: --engine postgres needs --dsn postgresql://... (or T2S_DSN)")
     result = score_files(args.data, args.predictions, args.output, db_root=args.db_root, workers=args.workers,
-                         progress=not args.quiet)
+                         progress=not args.quiet, engine=args.engine, dsn=args.dsn)
     summary, problem_report = result["summary"], result["problems"]
     print_table(console, score_table(summary, result["lines"]))
     for warning in score_warnings(summary, problem_report, result["lines"]):

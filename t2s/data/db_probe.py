@@ -43,6 +43,8 @@ def _probe(ref) -> str | None:
     from t2s.env import databases
     from t2s.env.schema import quote_identifier
 
+    if ref.engine != "sqlite":
+        return _probe_engine(ref)
     problem = databases.database_problem(ref) or _declared_size_problem(ref.path)
     if problem:
         return problem
@@ -64,6 +66,23 @@ def _probe(ref) -> str | None:
     return None
 
 
+def _probe_engine(ref) -> str | None:
+    """A DuckDB or PostgreSQL database: its catalog reads and each table gives its first row."""
+    from t2s.env import databases
+    from t2s.env.schema import get_schema, quote_identifier
+
+    try:
+        schema = get_schema(ref)
+    except databases.DatabaseOpenError as exc:
+        return str(exc).removeprefix("Error: ")
+    for name in schema.tables:
+        first = databases.run_scoring_query(ref, f"SELECT * FROM {quote_identifier(name, ref.engine)} LIMIT 1",
+                                            timeout=PROBE_TIMEOUT)
+        if not first.ok and not first.timed_out:
+            return f"cannot read table {name} of {ref.db_id}: {first.error.removeprefix('Error: ')}"
+    return None
+
+
 def database_problems(rows: Iterable[dict]) -> dict[str, str]:
     """db_id -> why its database cannot be used, over the distinct database files the rows name (absent files and
     row-payload databases are left out)."""
@@ -73,7 +92,7 @@ def database_problems(rows: Iterable[dict]) -> dict[str, str]:
     seen = set()
     for row in rows:
         path = row.get("db_path")
-        if not path or not os.path.isfile(path):
+        if not path or not (databases.is_dsn(path) or os.path.isfile(path)):
             continue
         ref = databases.ref_from_row(row)
         if ref in seen:

@@ -103,7 +103,7 @@ def check_row(row: dict, timeout: float | None = None) -> dict:
 
     record = {"question_id": row["question_id"], "db_id": row["db_id"], "outcome": "ok", "rows": 0, "seconds": 0.0,
               "error": None}
-    if row.get("db_path") and not Path(row["db_path"]).is_file():
+    if row.get("db_path") and not databases.is_dsn(row["db_path"]) and not Path(row["db_path"]).is_file():
         record.update(outcome="missing_db", error=f"Error: database file not found: {row['db_path']}")
         return record
     try:

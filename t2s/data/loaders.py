@@ -201,11 +201,21 @@ def load_synsql(path, db_root=None, *, source=None, require_databases=None, limi
     )
 
 
-def load_json_rows(path, db_root=None, source=None, *, require_databases=None) -> RowList:
+def load_json_rows(path, db_root=None, source=None, *, require_databases=None, engine: str = "sqlite",
+                   dsn: str | None = None) -> RowList:
     """A BIRD- or Spider-style JSON file, told apart by its SQL field (``SQL`` or ``query``).
 
     This is the loader of ``score`` and ``eval``. Files in the common row shape (``gold_sql``) load as they are.
+    ``engine`` ``duckdb`` points each row at ``<db_root>/<db_id>/<db_id>.duckdb``; ``postgres`` at the database
+    ``<db_id>`` on the server at ``dsn`` (as ``data convert`` writes them).
     """
+    if engine != "sqlite":
+        disabled, log.disabled = log.disabled, True  # the SQLite files are not expected beside converted data
+        try:
+            rows = load_json_rows(path, db_root, source, require_databases=False)
+        finally:
+            log.disabled = disabled
+        return with_engine(rows, engine, dsn, require_databases)
     data_file = Path(path)
     if data_file.is_dir():
         for name in ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spider.json"):
@@ -221,6 +231,44 @@ def load_json_rows(path, db_root=None, source=None, *, require_databases=None) -
     if "sql_complexity" in first or ("sql" in first and "SQL" not in first):
         return load_synsql(data_file, db_root, source=source, require_databases=require_databases)
     return load_bird(data_file, db_root, source=source, require_databases=require_databases)
+
+
+def with_engine(rows: RowList, engine: str, dsn: str | None, require_databases: bool | None = None) -> RowList:
+    """Rows pointed at ``engine``'s databases instead of the SQLite files (see :func:`load_json_rows`)."""
+    from t2s.env import databases
+
+    missing: dict[str, int] = {}
+    if engine == "duckdb":
+        present: dict[str, bool] = {}
+        for row in rows:
+            if row.get("db_path"):
+                row["db_path"] = str(Path(row["db_path"]).with_suffix(".duckdb"))
+                found = present.setdefault(row["db_id"], Path(row["db_path"]).is_file())
+                if not found:
+                    missing[row["db_id"]] = missing.get(row["db_id"], 0) + 1
+        where = rows.db_root
+    elif engine == "postgres":
+        if not dsn:
+            raise DataError("Error: the postgres engine needs --dsn postgresql://... (the server holding one "
+                            "database per db_id)")
+        try:
+            names = databases.server_databases(dsn)
+        except databases.DatabaseOpenError as exc:
+            raise DataError(str(exc)) from None
+        for row in rows:
+            row["db_path"], row["schema_id"] = databases.server_url(dsn, row["db_id"]), None
+            if row["db_id"] not in names:
+                missing[row["db_id"]] = missing.get(row["db_id"], 0) + 1
+        from t2s.env.databases.postgres_engine import redact
+
+        where = redact(dsn)
+    else:
+        raise DataError(f"Error: unknown engine {engine!r}; expected sqlite, duckdb or postgres")
+    result = RowList(rows, missing, where, rows.repeated_ids)
+    if missing and (require_databases or len(missing) == len({r["db_id"] for r in rows})) and require_databases is not False:
+        raise DataError(f"Error: {len(missing)} {engine} database(s) missing from {where}: "
+                        f"{', '.join(sorted(missing)[:5])} (run `python -m t2s data convert --engine {engine}` first)")
+    return result
 
 
 def _load_common_rows(records, data_file, db_root, source, require_databases) -> RowList:

@@ -1,4 +1,5 @@
-"""The environment: databases (read-only opening, the sandbox, deadlines, fetching), schema (tables, DDL, foreign
+"""The environment: databases (read-only opening, the sandbox, deadlines, fetching; SQLite, DuckDB and PostgreSQL
+through one engine layer), schema (tables, DDL, foreign
 keys, join paths, BIRD column descriptions), the protocol and its call formats (prompts, reading a turn into calls,
 rendering observations; JSON and native XML), the tools of each tool set, and the episode state machine.
 

@@ -69,8 +69,9 @@ class Episode:
         self.env_tokens = env_tokens
         self.config = config or EpisodeConfig()
         self.native = tool_schemas.check_tool_format(self.config.tool_format) == "native"
-        self.tools = tool_schemas.function_schemas(self.config.dialect) if self.native else None  # for tools=
         self.db = db if db is not None else row_database(row)
+        engine = getattr(self.db, "engine", "sqlite")
+        self.tools = tool_schemas.function_schemas(self.config.dialect, engine) if self.native else None  # for tools=
         self.toolbox = Toolbox(
             self.db,
             dialect=self.config.dialect,
@@ -108,7 +109,7 @@ class Episode:
     def messages(self) -> list[dict]:
         """The chat messages the episode starts from, ``[system, user]`` (built on first use)."""
         if self._messages is None:
-            self._messages = protocol.initial_messages(self.row, self.config, self._schema)
+            self._messages = protocol.initial_messages(self.row, self.config, self._schema, self.toolbox.engine)
         return self._messages
 
     # -- tokens -----------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import functools
 from pathlib import Path
 
 from t2s.env import tool_schemas
+from t2s.env.databases.engine_base import ENGINE_NAMES, check_engine
 
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
@@ -55,13 +56,18 @@ once. The database is read-only.""",
 }
 
 
-def default_system_prompt(dialect: str = "exec_plan", tool_format: str = "json") -> str:
+def default_system_prompt(dialect: str = "exec_plan", tool_format: str = "json", engine: str = "sqlite") -> str:
     """The built-in tool instructions. In the json format they list every tool (from ``tool_schemas``) and the call
-    syntax; in the native format the chat template renders the tools, so the prompt holds only the task and rules."""
+    syntax; in the native format the chat template renders the tools, so the prompt holds only the task and rules.
+    The first line names the engine's SQL dialect: "a SQLite database", "a DuckDB database", "a PostgreSQL database"."""
     tool_schemas.check_dialect(dialect)
+    intro = _INTRO[dialect]
+    if check_engine(engine) != "sqlite":
+        intro = intro.replace("a SQLite database", f"a {ENGINE_NAMES[engine]} database")
+        intro += f" Write {ENGINE_NAMES[engine]} SQL."
     if tool_schemas.check_tool_format(tool_format) == "native":
-        return f"{_INTRO[dialect]}\n\n{_NATIVE_RULES[dialect]}"
-    return f"{_INTRO[dialect]}\n\nTools:\n{tool_schemas.prompt_lines(dialect)}\n\n{_JSON_RULES[dialect]}"
+        return f"{intro}\n\n{_NATIVE_RULES[dialect]}"
+    return f"{intro}\n\nTools:\n{tool_schemas.prompt_lines(dialect)}\n\n{_JSON_RULES[dialect]}"
 
 
 EXEC_PLAN_SYSTEM_PROMPT = default_system_prompt("exec_plan")
@@ -69,7 +75,8 @@ SIBLING_SYSTEM_PROMPT = default_system_prompt("sibling")
 SUBMIT_TOOLS = tool_schemas.SUBMIT_TOOLS
 
 
-def system_prompt(dialect: str = "exec_plan", path: str | Path | None = None, tool_format: str = "json") -> str:
+def system_prompt(dialect: str = "exec_plan", path: str | Path | None = None, tool_format: str = "json",
+                  engine: str = "sqlite") -> str:
     """The tool instructions; ``path`` replaces them with a file's text.
 
     The published checkpoints are sensitive to the exact wording, which is not public: hence the file.
@@ -82,7 +89,7 @@ def system_prompt(dialect: str = "exec_plan", path: str | Path | None = None, to
         if not text.strip():
             raise ValueError(f"Error: the system prompt file {path} is empty")
         return text.strip()
-    return default_system_prompt(dialect, tool_format)
+    return default_system_prompt(dialect, tool_format, engine)
 
 
 def user_prompt(row: dict, mode: str, schema=None) -> str:
@@ -115,9 +122,9 @@ def schema_block(schema) -> str:
         return _schema_block.__wrapped__(schema)
 
 
-def initial_messages(row: dict, config, schema=None) -> list[dict]:
-    """The chat messages the episode starts from: ``[system, user]``."""
-    system = system_prompt(config.dialect, config.system_prompt_file, getattr(config, "tool_format", "json"))
+def initial_messages(row: dict, config, schema=None, engine: str = "sqlite") -> list[dict]:
+    """The chat messages the episode starts from: ``[system, user]``; ``engine`` is the database's."""
+    system = system_prompt(config.dialect, config.system_prompt_file, getattr(config, "tool_format", "json"), engine)
     return [{"role": "system", "content": system}, {"role": "user", "content": user_prompt(row, config.mode, schema)}]
 
 

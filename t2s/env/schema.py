@@ -15,7 +15,7 @@ import threading
 from collections import deque
 from pathlib import Path
 
-from t2s.env.databases import DatabaseRef, tool_connection
+from t2s.env.databases import DatabaseRef, read_catalog, tool_connection
 
 _PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _RESERVED = frozenset(
@@ -30,10 +30,22 @@ _RESERVED = frozenset(
 )
 
 
+# Words DuckDB and PostgreSQL reserve beyond SQLite's list above.
+_SERVER_RESERVED = _RESERVED | frozenset(
+    """analyse any array asymmetric authorization binary both cast current_catalog current_role current_schema
+    current_user fetch freeze grant ilike lateral leading localtime localtimestamp only overlaps placing returning
+    session_user similar some symmetric tablesample trailing true false user variadic verbose""".split()
+)
+
+
 @functools.lru_cache(maxsize=4096)
-def quote_identifier(name: str) -> str:
-    """``name`` as written when it is a plain, non-reserved identifier, else double-quoted safely."""
-    if _PLAIN_IDENTIFIER.fullmatch(name) and name.lower() not in _RESERVED:
+def quote_identifier(name: str, engine: str = "sqlite") -> str:
+    """``name`` as written when it is a plain, non-reserved identifier, else double-quoted safely. On PostgreSQL and
+    DuckDB a name with capitals is quoted too (PostgreSQL folds bare names to lowercase)."""
+    if engine == "sqlite":
+        if _PLAIN_IDENTIFIER.fullmatch(name) and name.lower() not in _RESERVED:
+            return name
+    elif _PLAIN_IDENTIFIER.fullmatch(name) and name == name.lower() and name not in _SERVER_RESERVED:
         return name
     return '"' + name.replace('"', '""') + '"'
 
@@ -79,8 +91,11 @@ def one_line_ddl(sql: str) -> str:
 class Schema:
     """Tables, columns, one-line DDL and the foreign-key graph of one database."""
 
-    def __init__(self, tables: list[str], ddl: dict[str, str], columns: dict[str, list[tuple[str, str]]], fks: list):
+    def __init__(self, tables: list[str], ddl: dict[str, str], columns: dict[str, list[tuple[str, str]]], fks: list,
+                 comments: dict[str, dict[str, str]] | None = None, engine: str = "sqlite"):
         self.tables = list(tables)
+        self.engine = engine
+        self.comments = comments or {}  # {table: {column: text}}: the catalog's column comments (DuckDB, PostgreSQL)
         self._ddl = ddl
         self._columns = columns
         self._by_lower = {name.lower(): name for name in self.tables}
@@ -91,12 +106,11 @@ class Schema:
                 by_lower.setdefault(column.lower(), column)
         self._fks = list(dict.fromkeys(fks))  # (src_table, src_col, dst_table, dst_col), declaration order
         self._edges: dict[str, list[tuple[str, str]]] = {name: [] for name in self.tables}
+        q = functools.partial(quote_identifier, engine=engine)
         for src, src_col, dst, dst_col in self._fks:
             if src in self._edges and dst in self._edges and src != dst:
-                self._edges[src].append((dst, f"{quote_identifier(src)}.{quote_identifier(src_col)} = "
-                                              f"{quote_identifier(dst)}.{quote_identifier(dst_col)}"))
-                self._edges[dst].append((src, f"{quote_identifier(dst)}.{quote_identifier(dst_col)} = "
-                                              f"{quote_identifier(src)}.{quote_identifier(src_col)}"))
+                self._edges[src].append((dst, f"{q(src)}.{q(src_col)} = {q(dst)}.{q(dst_col)}"))
+                self._edges[dst].append((src, f"{q(dst)}.{q(dst_col)} = {q(src)}.{q(src_col)}"))
 
     @classmethod
     def from_connection(cls, conn) -> Schema:
@@ -231,10 +245,16 @@ _schemas_lock = threading.Lock()
 
 
 def get_schema(ref: DatabaseRef) -> Schema:
-    """The schema of a database, read once per process (raises DatabaseOpenError for a missing file)."""
+    """The schema of a database, read once per process (raises DatabaseOpenError for a missing file): SQLite's
+    ``sqlite_master`` and PRAGMAs, or the catalog of DuckDB (``duckdb_tables()``, ``duckdb_constraints()``) or
+    PostgreSQL (``pg_class``, ``pg_attribute``, ``pg_constraint``, column comments)."""
     found = _schemas.get(ref)
     if found is None:
-        found = Schema.from_connection(tool_connection(ref))
+        if ref.engine == "sqlite":
+            found = Schema.from_connection(tool_connection(ref))
+        else:  # DuckDB and PostgreSQL: each engine's own catalog
+            catalog = read_catalog(ref)
+            found = Schema(catalog.tables, catalog.ddl, catalog.columns, catalog.fks, catalog.comments, ref.engine)
         with _schemas_lock:
             found = _schemas.setdefault(ref, found)
     return found
@@ -320,7 +340,7 @@ MAX_WALKED_SQL_CHARS = 20_000
 
 
 @functools.lru_cache(maxsize=8192)
-def _tables_in_sql(sql: str) -> tuple[str, ...]:
+def _tables_in_sql(sql: str, dialect: str = "sqlite") -> tuple[str, ...]:
     if len(sql) > MAX_WALKED_SQL_CHARS:
         return ()
     import sqlglot
@@ -328,7 +348,7 @@ def _tables_in_sql(sql: str) -> tuple[str, ...]:
     from sqlglot.optimizer.scope import traverse_scope
 
     try:
-        tree = sqlglot.parse_one(sql, read="sqlite")
+        tree = sqlglot.parse_one(sql, read=dialect)
         names = set()
         for scope in traverse_scope(tree):
             for source in scope.sources.values():
@@ -341,16 +361,17 @@ def _tables_in_sql(sql: str) -> tuple[str, ...]:
         return ()
 
 
-def tables_in_sql(sql) -> set[str]:
+def tables_in_sql(sql, dialect: str = "sqlite") -> set[str]:
     """Lowercased, unquoted names of the tables a query reads (CTE names resolved, subqueries included).
 
-    Empty when the SQL does not parse as SQLite, or is longer than ``MAX_WALKED_SQL_CHARS``.
+    Empty when the SQL does not parse in ``dialect`` (sqlglot's: sqlite, duckdb, postgres), or is longer than
+    ``MAX_WALKED_SQL_CHARS``.
     """
-    return set(tables_in_reading_order(sql))
+    return set(tables_in_reading_order(sql, dialect))
 
 
-def tables_in_reading_order(sql) -> list[str]:
+def tables_in_reading_order(sql, dialect: str = "sqlite") -> list[str]:
     """The tables of ``tables_in_sql`` in the order the query names them, its outer FROM and JOINs first."""
     if not isinstance(sql, str) or not sql.strip():
         return []
-    return list(_tables_in_sql(sql))
+    return list(_tables_in_sql(sql, dialect))

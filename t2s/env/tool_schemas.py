@@ -123,9 +123,18 @@ def check_tool_format(tool_format: str) -> str:
     return tool_format
 
 
-def function_schemas(dialect: str) -> list[dict]:
-    """The dialect's tools as OpenAI-style function declarations (``tools=`` of a chat template or a request)."""
-    return [tool.function_schema() for tool in TOOLS[check_dialect(dialect)]]
+def function_schemas(dialect: str, engine: str = "sqlite") -> list[dict]:
+    """The dialect's tools as OpenAI-style function declarations (``tools=`` of a chat template or a request); the
+    ``sql`` argument names the engine's SQL dialect."""
+    schemas = [tool.function_schema() for tool in TOOLS[check_dialect(dialect)]]
+    if engine != "sqlite":
+        from t2s.env.databases.engine_base import ENGINE_NAMES
+
+        for schema in schemas:
+            sql = schema["function"]["parameters"]["properties"].get("sql")
+            if sql is not None:
+                sql["description"] = sql["description"].replace("SQLite", ENGINE_NAMES[engine])
+    return schemas
 
 
 def prompt_lines(dialect: str) -> str:

@@ -206,6 +206,7 @@ class Toolbox:
         if dialect not in DIALECTS:
             raise ValueError(f"Error: unknown tool dialect {dialect!r}; expected one of {', '.join(DIALECTS)}")
         self.db = db
+        self.engine = getattr(db, "engine", "sqlite")  # sqlite, duckdb or postgres (t2s.env.databases.engines)
         self.dialect = dialect
         self.tool_timeout = tool_timeout
         self.column_descriptions = column_descriptions
@@ -314,7 +315,9 @@ class Toolbox:
         if self._descriptions is None:
             self._descriptions = {}
             path = getattr(self.db, "path", None)
-            if path:
+            if self.engine != "sqlite" and self.schema.comments:  # the catalog's column comments (data convert
+                self._descriptions = {k.lower(): v for k, v in self.schema.comments.items()}  # writes BIRD's there)
+            elif path and self.engine != "postgres":
                 try:
                     self._descriptions = {k.lower(): v for k, v in read_descriptions(Path(path).parent).items()}
                 except Exception:
@@ -341,7 +344,7 @@ class Toolbox:
     def _sample_rows(self, tool, args, timeout):
         table = self._table(args["table_name"])
         limit, note = _limit(tool, args.get("limit"), SAMPLE_LIMIT)
-        sql = f"SELECT * FROM {quote_identifier(table)} LIMIT {limit}"
+        sql = f"SELECT * FROM {quote_identifier(table, self.engine)} LIMIT {limit}"
         raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=self._timeout(timeout))
         if raw.error is not None:
             return self._failed(raw)
@@ -351,9 +354,9 @@ class Toolbox:
         table = self._table(args["table_name"])
         column = self._column(table, args["column_name"])
         limit, note = _limit(tool, args.get("limit"), DISTINCT_LIMIT)
-        col = quote_identifier(column)
+        col = quote_identifier(column, self.engine)
         sql = (
-            f"SELECT {col}, COUNT(*) AS count FROM {quote_identifier(table)} GROUP BY {col} "
+            f"SELECT {col}, COUNT(*) AS count FROM {quote_identifier(table, self.engine)} GROUP BY {col} "
             f"ORDER BY count DESC, {col} LIMIT {limit + 1}"
         )
         raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=self._timeout(timeout))

@@ -36,6 +36,17 @@ def add_tool_arguments(p) -> None:
                    help="call format: json (one JSON object per call) or native (the chat template's tool calling)")
 
 
+def add_engine_arguments(p) -> None:
+    """Which engine holds the databases (shared by ``eval`` and ``score``): sqlite files by default, DuckDB files
+    (``<db_root>/<db_id>/<db_id>.duckdb``) or PostgreSQL databases named by db_id on the server at ``--dsn``."""
+    p.add_argument("--engine", default="sqlite", choices=("sqlite", "duckdb", "postgres"),
+                   help="database engine: sqlite (default), duckdb (<db_id>/<db_id>.duckdb files, as `data convert` "
+                   "writes them) or postgres (one database per db_id on the server at --dsn)")
+    p.add_argument("--dsn", default=os.environ.get("T2S_DSN"),
+                   help="PostgreSQL server URL for --engine postgres, e.g. postgresql://reader@host/postgres "
+                   "(default: $T2S_DSN; keep the password in PGPASSWORD or ~/.pgpass)")
+
+
 def add_endpoint_arguments(p) -> None:
     """How to reach an OpenAI-compatible server (shared with ``ask``)."""
     p.add_argument("--endpoint", default=None, help="base URL of an OpenAI-compatible server, e.g. http://localhost:8000")
@@ -87,6 +98,8 @@ def check_policy_args(args) -> None:
     """Refuse options no episode can run with (EvalError)."""
     if args.k < 1:
         raise EvalError("Error: --k must be at least 1")
+    if getattr(args, "engine", "sqlite") == "postgres" and not getattr(args, "dsn", None):
+        raise EvalError("Error: --engine postgres needs --dsn postgresql://... (or T2S_DSN)")
     if args.system_prompt_file:
         read_system_prompt(args.system_prompt_file)
     if getattr(args, "policy", None) == "endpoint" and getattr(args, "endpoint_mode", None) == "tools":
@@ -110,6 +123,7 @@ def add_eval_arguments(parser) -> None:
     p.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider-style JSON (or a folder holding dev.json)")
     p.add_argument("--db-root", type=non_empty_path, default=None,
                    help="folder of per-db_id folders (default: beside the data file)")
+    add_engine_arguments(p)
     p.add_argument("--mode", nargs="+", default=["full"], choices=MODES, help="one or more of full, withheld, single")
     p.add_argument("--n", type=non_negative_int, default=0, help="questions to evaluate, picked with --seed (0 = all)")
     p.add_argument("--k", type=positive_int, default=1, help="samples per question (k > 1 adds vote_at_k)")

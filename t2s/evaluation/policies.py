@@ -22,6 +22,13 @@ Think first if you need to, then give the final query in a ```sql fenced block. 
 are available and the query is not run before it is scored."""
 
 
+def single_turn_system_prompt(engine: str = "sqlite") -> str:
+    """The single-turn prompt, naming the database engine's SQL dialect (SQLite's text as it always was)."""
+    from t2s.env.databases import ENGINE_NAMES
+
+    return SINGLE_TURN_SYSTEM_PROMPT.replace("SQLite", ENGINE_NAMES[engine])
+
+
 
 def episode_config(args, mode: str):
     from t2s.env.episode import EpisodeConfig
@@ -50,8 +57,9 @@ def single_turn_messages(row: dict) -> list[dict]:
     from t2s.env.databases import ref_from_row
     from t2s.env.schema import get_schema
 
-    schema = get_schema(ref_from_row(row))
-    return [{"role": "system", "content": SINGLE_TURN_SYSTEM_PROMPT},
+    ref = ref_from_row(row)
+    schema = get_schema(ref)
+    return [{"role": "system", "content": single_turn_system_prompt(ref.engine)},
             {"role": "user", "content": protocol.user_prompt(row, "full", schema)}]
 
 

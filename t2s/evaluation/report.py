@@ -222,6 +222,8 @@ def published_differences(config: dict) -> list[str]:
         if config.get("endpoint_mode") == "chat":
             reason = "a chat endpoint"
         differences.insert(0, f"{reason} does not play the training token stream")
+    if config.get("database_engine", "sqlite") != "sqlite":  # the published figures are on SQLite files
+        differences.append(f"database engine {config['database_engine']} (published: sqlite)")
     return differences
 
 

@@ -19,10 +19,10 @@ import sqlite3
 import time
 from pathlib import Path
 
-from t2s.env.databases import file_checksum
+from t2s.env.databases import file_checksum, is_dsn
 from t2s.errors import writing
 from t2s.evaluation.records import score_record
-from t2s.evaluation.policies import SINGLE_TURN_SYSTEM_PROMPT, Runner
+from t2s.evaluation.policies import Runner, single_turn_system_prompt
 from t2s.errors import EvalError
 from t2s.evaluation.options import check_policy_args, read_system_prompt
 from t2s.evaluation.report import published_differences
@@ -212,7 +212,8 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
     if not data.exists():
         raise EvalError(f"Error: data file not found: {data}")
     try:
-        rows = load_json_rows(data, args.db_root, require_databases=False)
+        rows = load_json_rows(data, args.db_root, require_databases=False, engine=getattr(args, "engine", "sqlite"),
+                              dsn=getattr(args, "dsn", None))
     except DataError as exc:
         raise EvalError(str(exc)) from None
     if not rows:
@@ -226,7 +227,9 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
         unique.setdefault(row["question_id"], row)
     repeated = sorted({row["question_id"] for row in selected} & set(rows.repeated_ids))
     selected = list(unique.values())
-    missing = {r["db_id"] for r in selected if r.get("db_path") and not Path(r["db_path"]).is_file()}
+    missing = {r["db_id"] for r in selected if r.get("db_path") and not is_dsn(r["db_path"])
+               and not Path(r["db_path"]).is_file()}
+    missing |= {r["db_id"] for r in selected if r["db_id"] in rows.missing_databases}  # a server without it
     skipped = {"questions": 0, "db_ids": [], "repeated_ids": repeated}
     if missing:
         if not args.skip_missing_dbs:
@@ -257,11 +260,12 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
     chat = args.policy == "endpoint" and args.endpoint_mode in ("chat", "tools")
     system_prompt = read_system_prompt(args.system_prompt_file) if args.system_prompt_file else None
     if mode == "single":
-        system_prompt = SINGLE_TURN_SYSTEM_PROMPT
+        system_prompt = single_turn_system_prompt(getattr(args, "engine", "sqlite"))
     elif system_prompt is None:
         from t2s.env.protocol import default_system_prompt
 
-        system_prompt = default_system_prompt(getattr(args, "dialect", "exec_plan"), getattr(args, "tool_format", "json"))
+        system_prompt = default_system_prompt(getattr(args, "dialect", "exec_plan"), getattr(args, "tool_format", "json"),
+                                              getattr(args, "engine", "sqlite"))
     config = {
         "policy": args.policy,
         "mode": mode,
@@ -297,6 +301,8 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
     for key, default in (("dialect", "exec_plan"), ("tool_format", "json")):  # recorded when not the default, so
         if getattr(args, key, default) != default:  # folders of earlier default runs still resume
             config[key] = getattr(args, key)
+    if getattr(args, "engine", "sqlite") != "sqlite":  # the databases' engine (sqlite, duckdb, postgres)
+        config["database_engine"] = args.engine
     config["comparable"] = not published_differences(config)
     return config
 

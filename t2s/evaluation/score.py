@@ -112,7 +112,11 @@ def read_predictions(path, rows: list[dict]) -> Predictions:
 
 
 def _database_missing(row: dict) -> bool:
-    return row.get("schema_id") is None and not (row.get("db_path") and Path(row["db_path"]).is_file())
+    """No database file (a server database that cannot be reached is found by ``database_problems``)."""
+    from t2s.env.databases import is_dsn
+
+    path = row.get("db_path")
+    return row.get("schema_id") is None and not (path and (is_dsn(path) or Path(path).is_file()))
 
 
 def _unscored(line: dict, reason: str, error: str) -> dict:
@@ -253,12 +257,14 @@ def score_warnings(summary: dict, problem_report: dict, lines: list[dict]) -> li
     return out
 
 
-def score_files(data, predictions_file, output, *, db_root=None, workers: int = 4, progress: bool = True) -> dict:
-    """Score a predictions file against a data file; writes scores.jsonl, summary.json and problems.json."""
+def score_files(data, predictions_file, output, *, db_root=None, workers: int = 4, progress: bool = True,
+                engine: str = "sqlite", dsn: str | None = None) -> dict:
+    """Score a predictions file against a data file; writes scores.jsonl, summary.json and problems.json.
+    ``engine``/``dsn``: the databases' engine (see ``loaders.load_json_rows``)."""
     from t2s.data.db_probe import database_problems
     from t2s.data.loaders import load_json_rows
 
-    rows = list(load_json_rows(data, db_root, require_databases=None))
+    rows = list(load_json_rows(data, db_root, require_databases=None, engine=engine, dsn=dsn))
     predictions = read_predictions(predictions_file, rows)
     with run_folder_lock(output) as out:
         unusable = database_problems(rows)

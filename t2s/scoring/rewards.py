@@ -154,8 +154,8 @@ def _statement_types() -> tuple:
     return tuple(getattr(exp, name) for name in names if hasattr(exp, name))
 
 
-def parses_as_sql(sql) -> bool:
-    """True when ``sql`` parses (sqlglot, sqlite dialect) into one or more statements, not a bare expression."""
+def parses_as_sql(sql, dialect: str = "sqlite") -> bool:
+    """True when ``sql`` parses (sqlglot; the engine's dialect) into statements, not a bare expression."""
     if not isinstance(sql, str) or not sql.strip():
         return False
     import sqlglot
@@ -165,7 +165,7 @@ def parses_as_sql(sql) -> bool:
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
-        expressions = sqlglot.parse(sql, read="sqlite")
+        expressions = sqlglot.parse(sql, read=dialect)
     except (SqlglotError, ValueError, RecursionError):
         return False
     finally:
@@ -174,11 +174,11 @@ def parses_as_sql(sql) -> bool:
     return bool(statements) and all(isinstance(e, _statement_types()) for e in statements)
 
 
-def _tables(sql: str) -> frozenset[str]:
+def _tables(sql: str, dialect: str = "sqlite") -> frozenset[str]:
     from t2s.env.schema import tables_in_sql
 
     try:
-        return frozenset(tables_in_sql(sql))
+        return frozenset(tables_in_sql(sql, dialect))
     except Exception:  # unparsable SQL reads no table we can name
         return frozenset()
 
@@ -212,13 +212,17 @@ def _gold_features(ref, gold_sql: str) -> _GoldFeatures:
             return _gold_features_cache[key]
     result = databases.gold_result(ref, gold_sql)
     cells = _cells(result.rows) if result.ok and not result.over_cap else Counter()
-    features = _GoldFeatures(result=result, cells=cells, tables=_tables(gold_sql))
+    features = _GoldFeatures(result=result, cells=cells, tables=_tables(gold_sql, _dialect(ref)))
     if not result.timed_out:
         with _gold_features_lock:
             _gold_features_cache[key] = features
             while len(_gold_features_cache) > _GOLD_FEATURES_MAX:
                 _gold_features_cache.popitem(last=False)
     return features
+
+
+def _dialect(ref) -> str:  # sqlglot's name for the SQL dialect of ref's engine
+    return {"duckdb": "duckdb", "postgres": "postgres"}.get(getattr(ref, "engine", "sqlite"), "sqlite")
 
 
 def execute_final(row: dict, final_sql, *, episode_write_attempt: bool = False) -> ExecutionOutcome:
@@ -238,8 +242,8 @@ def execute_final(row: dict, final_sql, *, episode_write_attempt: bool = False) 
     if not isinstance(final_sql, str) or not final_sql.strip():
         outcome.error = "Error: no final SQL"
         return outcome
-    outcome.parses = parses_as_sql(final_sql)
     ref = databases.ref_from_row(row)
+    outcome.parses = parses_as_sql(final_sql, _dialect(ref))
     gold = _gold_features(ref, row["gold_sql"])
     if not gold.result.ok or gold.result.timed_out or gold.result.over_cap:
         outcome.gold_error = gold.result.error or ("Error: gold over the scoring cap" if gold.result.over_cap
@@ -253,7 +257,7 @@ def execute_final(row: dict, final_sql, *, episode_write_attempt: bool = False) 
         return outcome
     outcome.executes = True
     outcome.non_empty = bool(pred.rows)
-    pred_tables = _tables(final_sql)
+    pred_tables = _tables(final_sql, _dialect(ref))
     outcome.reads_tables = bool(pred_tables)
     outcome.join = len(gold.tables) >= 2 and pred_tables == gold.tables
     if pred.over_cap:  # never equivalent, F1 0, no consensus signature

@@ -53,6 +53,17 @@ class T2SScriptArguments:
         metadata={"help": "Folder holding one sub-folder per db_id. Default: the data file's sibling "
                   "dev_databases/, train_databases/, database/ or databases/ folder."},
     )
+    engine: str = field(
+        default="sqlite",
+        metadata={"help": "The databases' engine: sqlite (the files as shipped), duckdb (<db_root>/<db_id>/<db_id>.duckdb, "
+                  "as `t2s data convert --engine duckdb` writes them) or postgres (one database per db_id on the "
+                  "server at `dsn`). The prompts name the engine's SQL dialect."},
+    )
+    dsn: str | None = field(
+        default=None,
+        metadata={"help": "engine postgres: the server's URL, e.g. postgresql://reader@host/postgres (keep passwords in "
+                  "PGPASSWORD or ~/.pgpass). Default: $T2S_DSN."},
+    )
     sqale_schemas: str | None = field(
         default=None,
         metadata={"help": "SQaLe only: the schema table (local parquet/JSONL/JSON, a folder, or a Hub id) joined to "

@@ -52,8 +52,29 @@ def load_training_rows(script_args, training_args, tokenizer=None) -> tuple[list
 
     data_path, db_root = check_data_paths(script_args)
     opts = {"schemas": script_args.sqale_schemas} if script_args.dataset_kind == "sqale" else {}
-    rows = list(load_rows(script_args.dataset_kind, str(data_path or script_args.dataset_path),
-                          str(db_root) if db_root else None, **opts))
+    engine = getattr(script_args, "engine", "sqlite") or "sqlite"
+    if engine != "sqlite":
+        opts["require_databases"] = False  # no SQLite files beside converted data: with_engine checks the engine's
+    import logging
+
+    quiet = logging.getLogger("t2s.data.loaders")
+    disabled, quiet.disabled = quiet.disabled, engine != "sqlite"  # converted data has no SQLite files beside it
+    try:
+        rows = load_rows(script_args.dataset_kind, str(data_path or script_args.dataset_path),
+                         str(db_root) if db_root else None, **opts)
+    finally:
+        quiet.disabled = disabled
+    if engine != "sqlite":  # the same questions on DuckDB files or a PostgreSQL server (`t2s data convert`)
+        import os
+
+        from t2s.data.loaders import with_engine
+        from t2s.data.rows import DataError
+
+        try:
+            rows = with_engine(rows, engine, script_args.dsn or os.environ.get("T2S_DSN"), require_databases=True)
+        except DataError as exc:
+            raise ConfigError(str(exc)) from None
+    rows = list(rows)
     counts: dict = {"loaded": len(rows)}
     if script_args.difficulties:
         wanted = set(script_args.difficulties)

@@ -11,6 +11,10 @@ Every query a model sends runs through :func:`execute` on a sandboxed connection
 * :mod:`~t2s.env.databases.connections` and :mod:`~t2s.env.databases.threads`: each thread's tool and scoring
   connections.
 * :mod:`~t2s.env.databases.executing` and :mod:`~t2s.env.databases.fetching`: running one statement and reading its rows.
+* :mod:`~t2s.env.databases.engines`: the engine layer. A ``DatabaseRef`` names its engine (``sqlite``, ``duckdb``,
+  ``postgres``); DuckDB files (:mod:`~t2s.env.databases.duckdb_engine`) and PostgreSQL databases
+  (:mod:`~t2s.env.databases.postgres_engine`, :mod:`~t2s.env.databases.postgres_guard`) run under the same deadlines and
+  caps, with values normalised to what sqlite3 returns (:mod:`~t2s.env.databases.engine_base`).
 * :mod:`~t2s.env.databases.sqltext`: reading SQL text without SQLite (leading keyword, comment-only statements).
 * :mod:`~t2s.env.databases.hashing` and :mod:`~t2s.env.databases.gold`: what a database holds, and cached gold results.
 * :mod:`~t2s.env.databases.payloads`: row-payload databases (DDL plus rows) built in memory.
@@ -30,6 +34,8 @@ import types
 from t2s.env.databases import (
     connections,
     deadlines,
+    engine_base,
+    engines,
     executing,
     fetching,
     functions,
@@ -38,6 +44,7 @@ from t2s.env.databases import (
     limits,
     opening,
     payloads,
+    results,
     sandbox,
     sqltext,
     threads,
@@ -45,14 +52,17 @@ from t2s.env.databases import (
 
 _HOMES = {
     limits: limits.NAMES,
-    opening: ("DatabaseRef", "DatabaseOpenError", "benchmark_db", "user_db", "ref_from_row", "database_uri",
-              "database_problem"),
+    opening: ("DatabaseRef", "DatabaseOpenError", "benchmark_db", "user_db", "server_db", "ref_from_row",
+              "database_uri", "database_problem", "is_dsn", "file_engine", "server_url"),
+    engine_base: ("ENGINES", "ENGINE_NAMES", "SQLGLOT_DIALECTS", "check_engine", "normalise_value"),
+    engines: ("read_catalog", "server_databases"),
     functions: ("printf_too_wide",),
     sandbox: ("SandboxConnection",),
     connections: ("tool_connection", "scoring_connection", "close_thread_connections"),
     threads: ("_thread_connections",),
-    executing: ("QueryResult", "execute", "run_tool_query", "run_scoring_query", "scoring_timeout"),
+    executing: ("execute", "run_tool_query", "run_scoring_query", "scoring_timeout"),
     fetching: ("_fetch",),
+    results: ("QueryResult",),
     hashing: ("file_checksum", "database_hash"),
     gold: ("ByteLRU", "gold_result", "_gold_cache"),
     payloads: ("build_payload_image", "payload_source_digest", "register_payload", "_payloads", "_thread_copies",

@@ -14,6 +14,10 @@ from t2s.env.databases.sandbox import SandboxConnection, apply_sandbox
 from t2s.env.databases.threads import _local, _thread_connections
 
 def _connection(ref: DatabaseRef, purpose: str) -> SandboxConnection:
+    if ref.engine != "sqlite":
+        from t2s.env.databases.engines import engine_connection
+
+        return engine_connection(ref, purpose)
     key = (purpose, ref)
     try:
         conn = _local.conns[key]

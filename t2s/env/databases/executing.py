@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from dataclasses import dataclass, field
 
-from t2s.env.databases import deadlines, fetching, limits, rowcost
+from t2s.env.databases import deadlines, engines, fetching, limits, rowcost
 from t2s.env.databases.connections import _connection
 from t2s.env.databases.opening import DatabaseOpenError, DatabaseRef
+from t2s.env.databases.results import QueryResult
 from t2s.env.databases.sandbox import SandboxConnection
 from t2s.env.databases.sqltext import only_comments, starts_with_reindex
 
@@ -22,22 +22,6 @@ _WRITE_ERROR_MARKERS = (
     "may not be modified",
     "too many attached databases",
 )
-
-
-@dataclass(slots=True)
-class QueryResult:
-    columns: list[str] = field(default_factory=list)
-    rows: list[tuple] = field(default_factory=list)
-    more: bool = False  # more rows existed beyond those fetched
-    error: str | None = None
-    timed_out: bool = False
-    write_attempt: bool = False
-    over_cap: bool = False
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
 
 
 def _tolerant_text(data: bytes) -> str:
@@ -149,6 +133,9 @@ def run_tool_query(ref: DatabaseRef, sql: str, *, max_rows: int, timeout: float 
 
     ``timeout`` defaults to ``TOOL_TIMEOUT``.
     """
+    if ref.engine != "sqlite":
+        return engines.run_query(ref, "tool", sql, timeout=limits.TOOL_TIMEOUT if timeout is None else timeout,
+                                 max_rows=max_rows)
     try:
         conn = _connection(ref, "tool")
     except DatabaseOpenError as exc:
@@ -158,6 +145,9 @@ def run_tool_query(ref: DatabaseRef, sql: str, *, max_rows: int, timeout: float 
 
 def run_scoring_query(ref: DatabaseRef, sql: str, *, timeout: float) -> QueryResult:
     """A query to score, on this thread's scoring connection: the full result, under the scoring caps."""
+    if ref.engine != "sqlite":
+        return engines.run_query(ref, "scoring", sql, timeout=timeout, max_rows=None,
+                                 max_cells=limits.SCORING_MAX_CELLS, max_bytes=limits.SCORING_MAX_BYTES)
     try:
         conn = _connection(ref, "scoring")
     except DatabaseOpenError as exc:

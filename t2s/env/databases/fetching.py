@@ -13,8 +13,9 @@ def _cell_bytes(rows) -> int:
     return len(marshal.dumps(rows))
 
 
-def _fetch(cursor, max_cells, max_bytes) -> tuple[list, bool, bool]:
-    """(rows, more, over_cap) of a full read, in batches, stopping past ``max_cells`` cells or about ``max_bytes``."""
+def _fetch(cursor, max_cells, max_bytes, convert=None) -> tuple[list, bool, bool]:
+    """(rows, more, over_cap) of a full read, in batches, stopping past ``max_cells`` cells or about ``max_bytes``.
+    ``convert`` maps each batch first (other engines' values as sqlite3's: ``engine_base.normalise_rows``)."""
     if max_cells is None and max_bytes is None:
         return cursor.fetchall(), False, False
     width = max(1, len(cursor.description or ()))
@@ -25,6 +26,8 @@ def _fetch(cursor, max_cells, max_bytes) -> tuple[list, bool, bool]:
         if max_bytes is not None:  # a batch can never hold much more than the bytes still allowed
             batch_size = min(limits.FETCH_BATCH, max(16, (max_bytes - size) // (width * limits.MAX_VALUE_LENGTH)))
         batch = cursor.fetchmany(batch_size)
+        if convert is not None:
+            batch = convert(batch)
         if not batch:
             return rows, False, False
         rows.extend(batch)

@@ -33,6 +33,10 @@ def database_hash(ref: DatabaseRef) -> str:
     """
     if ref.schema_id is not None:
         return "payload:" + _payloads.digest(ref.schema_id)
+    if ref.engine == "postgres":
+        from t2s.env.databases.engines import server_hash
+
+        return server_hash(ref)
     if ref.immutable:
         found = _immutable_hashes.get(ref)
         if found is None:

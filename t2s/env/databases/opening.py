@@ -38,6 +38,7 @@ class DatabaseRef(NamedTuple):
     path: str | None = None  # SQLite file
     immutable: bool = True  # benchmark files; user files (ask --db) open with mode=ro only
     schema_id: str | None = None  # row-payload database registered in this process
+    engine: str = "sqlite"  # sqlite, duckdb (path: a .duckdb file) or postgres (path: a postgresql:// URL)
 
 
 class DatabaseOpenError(Exception):
@@ -68,7 +69,7 @@ def _wal_has_frames(path: str) -> bool:
 
 def database_problem(ref: DatabaseRef) -> str | None:
     """Why a database file cannot be read as a whole (without ``Error:``), or None: a hot journal next to it."""
-    if ref.path is None:
+    if ref.path is None or ref.engine != "sqlite":
         return None
     journal = _hot_journal(ref.path)
     if journal is None:
@@ -87,9 +88,51 @@ def _is_wal(path: str) -> bool:
     return len(header) == 20 and header[:16] == b"SQLite format 3\x00" and header[18] == 2
 
 
+_DSN_PREFIXES = ("postgresql://", "postgres://")
+_DUCKDB_SUFFIXES = (".duckdb", ".ddb")
+
+
+def is_dsn(path) -> bool:
+    """True for a PostgreSQL URL (``postgresql://...``) rather than a file path."""
+    return isinstance(path, str) and path.lower().startswith(_DSN_PREFIXES)
+
+
+def file_engine(path: str) -> str:
+    """``duckdb`` for a file named ``.duckdb``/``.ddb`` or whose header says DuckDB, else ``sqlite``."""
+    if path.lower().endswith(_DUCKDB_SUFFIXES):
+        return "duckdb"
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(12)
+    except OSError:
+        return "sqlite"
+    return "duckdb" if header[8:12] == b"DUCK" else "sqlite"
+
+
+def server_db(dsn: str, db_id: str | None = None) -> DatabaseRef:
+    """A database on a PostgreSQL server; ``db_id`` defaults to the URL's database name."""
+    if db_id is None:
+        from urllib.parse import unquote, urlsplit
+
+        db_id = unquote(urlsplit(dsn).path.lstrip("/")) or "postgres"
+    return DatabaseRef(db_id=db_id, path=dsn, immutable=False, engine="postgres")
+
+
+def server_url(dsn: str, database: str) -> str:
+    """``dsn`` with its database replaced by ``database`` (query parameters such as ``host=`` kept): where
+    ``data convert --engine postgres`` puts each ``db_id``."""
+    from urllib.parse import quote as url_quote, urlsplit
+
+    parts = urlsplit(dsn)
+    query = f"?{parts.query}" if parts.query else ""
+    return f"{parts.scheme}://{parts.netloc}/{url_quote(database, safe='')}{query}"
+
+
 def benchmark_db(path, db_id: str | None = None) -> DatabaseRef:
     """A benchmark file: opened ``immutable`` unless its header says WAL mode or a journal or WAL lies next to it (an
-    absolute path is looked up once)."""
+    absolute path is looked up once). A ``postgresql://`` URL is a database on a server."""
+    if is_dsn(path):
+        return server_db(path, db_id)
     if isinstance(path, str) and os.path.isabs(path):
         return _absolute_benchmark_db(path, db_id)
     return _absolute_benchmark_db.__wrapped__(str(Path(path).expanduser().resolve()), db_id)
@@ -99,14 +142,19 @@ def benchmark_db(path, db_id: str | None = None) -> DatabaseRef:
 def _absolute_benchmark_db(path: str, db_id: str | None) -> DatabaseRef:
     resolved = str(Path(path).resolve())
     name = db_id if db_id is not None else Path(resolved).stem
+    if file_engine(resolved) == "duckdb":  # opened read-only; a benchmark file is taken never to change
+        return DatabaseRef(db_id=name, path=resolved, immutable=True, engine="duckdb")
     changing = _is_wal(resolved) or _wal_has_frames(resolved) or _hot_journal(resolved) is not None
     return DatabaseRef(db_id=name, path=resolved, immutable=not changing)
 
 
 def user_db(path) -> DatabaseRef:
-    """A user's own file (``ask --db``): never ``immutable`` in rollback mode, so another program's commits show."""
+    """A user's own file (``ask --db``): never ``immutable`` in rollback mode, so another program's commits show.
+    A ``.duckdb`` file opens read-only in DuckDB; a ``postgresql://`` URL is a database on a server."""
+    if is_dsn(path):
+        return server_db(path)
     resolved = str(Path(path).expanduser().resolve())
-    return DatabaseRef(db_id=Path(resolved).stem, path=resolved, immutable=False)
+    return DatabaseRef(db_id=Path(resolved).stem, path=resolved, immutable=False, engine=file_engine(resolved))
 
 
 def ref_from_row(row: dict) -> DatabaseRef:
@@ -127,7 +175,7 @@ def unlocked_state(ref: DatabaseRef) -> tuple | None:
     """For a file read without locks that may change (a WAL file that is not an unchanging benchmark file): the size
     and modification time of it and its ``-wal``, to compare before each statement. None for any other file."""
     path = ref.path
-    if path is None or (ref.immutable and not _wal_has_frames(path)) or not (_is_wal(path) or _wal_has_frames(path)):
+    if path is None or ref.engine != "sqlite" or (ref.immutable and not _wal_has_frames(path)) or not (_is_wal(path) or _wal_has_frames(path)):
         return None
     state = []
     for name in (path, path + _WAL_SUFFIX):

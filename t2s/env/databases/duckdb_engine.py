@@ -1,0 +1,160 @@
+"""DuckDB files, read-only, with SQLite's sandbox guarantees.
+
+Layers, each tested (``tests/test_engines_sandbox.py``):
+
+* **Opening**: ``read_only``, so DuckDB refuses every write and creates no WAL. ``enable_external_access=false``: no
+  file, URL or other database is read or written (``read_csv``, ``COPY``, ``ATTACH``, ``glob``, ``INSTALL``).
+  Extensions are neither installed nor loaded automatically, community extensions are off, and
+  ``lock_configuration`` then forbids every ``SET``/``PRAGMA`` that would change a setting. ``temp_directory`` is empty,
+  so a large query never spills files next to the database; ``memory_limit`` and ``threads`` bound its work.
+* **Statements**: DuckDB's own parser (``extract_statements``) must find exactly one statement, of type ``SELECT``
+  (which covers ``WITH``, ``VALUES``, ``FROM t``, ``DESCRIBE`` and ``SUMMARIZE``). So ``CREATE TEMP TABLE``, which a
+  read-only database still allows and which would shadow a real table for later queries, is refused too.
+* **Functions**: DuckDB's own parse of the statement (``json_serialize_sql``) must call none of
+  :data:`DENIED_FUNCTIONS`, which build values as large as their arguments ask inside one call that no interrupt
+  reaches (``range(1000000000)``, ``list_resize``, ``repeat``, ``lpad``, ``printf``...).
+* **Deadlines**: the watchdog of :mod:`t2s.env.databases.deadlines` calls ``interrupt()`` on a statement past its
+  deadline; fetching is capped in rows, cells and bytes (:func:`engine_base.fetch_capped`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from t2s.env.databases.engine_base import Catalog, EngineConnection, fetch_capped, refused
+from t2s.env.databases.results import QueryResult
+
+MEMORY_LIMIT = "1GB"
+THREADS = 1  # one thread: a query without ORDER BY returns its rows in the same order every time (strict EX)
+CONFIG = {
+    "enable_external_access": False,
+    "autoinstall_known_extensions": False,
+    "autoload_known_extensions": False,
+    "allow_community_extensions": False,
+    "temp_directory": "",
+    "memory_limit": MEMORY_LIMIT,
+    "threads": THREADS,
+    "lock_configuration": True,
+}
+# Functions that build a value as large as an argument asks, inside one call that no interrupt reaches (measured:
+# `SELECT range(1000000000)` ran 79 s past an interrupt sent at 1 s, `list_resize([1], 1000000000)` 40 s).
+DENIED_FUNCTIONS = frozenset({"range", "generate_series", "list_resize", "array_resize", "repeat", "repeat_row",
+                              "lpad", "rpad", "printf", "format", "bitstring"})
+_WRITE_TYPES = {"INSERT", "UPDATE", "DELETE", "CREATE", "DROP", "ALTER", "ATTACH", "DETACH", "COPY", "COPY_DATABASE",
+                "EXPORT", "LOAD", "VACUUM", "TRANSACTION", "ANALYZE", "MERGE_INTO", "UPDATE_EXTENSIONS"}
+
+
+def connect(path: str):
+    """A read-only DuckDB connection under the sandbox's configuration (raises what DuckDB raises)."""
+    import duckdb
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"database file not found: {path}")
+    return duckdb.connect(path, read_only=True, config=dict(CONFIG))
+
+
+def statement_refusal(sql: str) -> QueryResult | None:
+    """None for one SELECT statement; else the refusal (DuckDB's parser decides what the statement is)."""
+    import duckdb
+
+    try:
+        statements = duckdb.extract_statements(sql)
+    except duckdb.Error as exc:
+        return QueryResult(error="Error: " + " ".join(str(exc).split()))
+    if not statements:
+        return QueryResult(error="Error: empty SQL")
+    if len(statements) > 1:
+        return QueryResult(error="Error: only one SQL statement per call is allowed")
+    kind = str(statements[0].type).rpartition(".")[2]
+    if kind == "SELECT":
+        return None
+    return refused(kind.replace("_", " "), write=kind in _WRITE_TYPES)
+
+
+class DuckDBConnection(EngineConnection):
+    engine = "duckdb"
+
+    def __init__(self, path: str, label: str = ""):
+        self.conn = connect(path)
+        self.label = label
+        self._cursor = None
+
+    def function_refusal(self, sql: str) -> QueryResult | None:
+        """None when DuckDB's parse of the SELECT calls no denied function; else the refusal."""
+        cursor = self.conn.cursor()
+        try:
+            tree = json.loads(cursor.execute("SELECT json_serialize_sql(?)", [sql]).fetchone()[0])
+        finally:
+            cursor.close()
+        if tree.get("error"):
+            return QueryResult(error="Error: " + str(tree.get("error_message") or "the query cannot be read"))
+        stack = [tree]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(item)
+            elif isinstance(item, dict):
+                name = item.get("function_name")
+                if isinstance(name, str) and name.lower() in DENIED_FUNCTIONS:
+                    return refused(f"function {name}() (it builds values of any size)")
+                stack.extend(value for value in item.values() if isinstance(value, (dict, list)))
+        return None
+
+    def run(self, sql, timeout, max_rows, max_cells, max_bytes) -> QueryResult:
+        refusal = statement_refusal(sql) or self.function_refusal(sql)
+        if refusal is not None:
+            return refusal
+        cursor = self.conn.cursor()
+        self._cursor = cursor
+        try:
+            cursor.execute(sql)
+            if cursor.description is None:
+                return QueryResult()
+            columns = [column[0] for column in cursor.description]
+            rows, more, over_cap = fetch_capped(cursor, max_rows, max_cells, max_bytes)
+            return QueryResult(columns, rows, more, None, False, False, over_cap)
+        finally:
+            self._cursor = None
+            cursor.close()
+
+    def error(self, exc, timeout) -> QueryResult:
+        result = super().error(exc, timeout)
+        lowered = (result.error or "").lower()
+        if not result.timed_out and ("read-only mode" in lowered or "read only" in lowered):
+            result.write_attempt = True
+        return result
+
+    def _interrupt(self) -> None:
+        (self._cursor or self.conn).interrupt()
+
+    def read_catalog(self) -> Catalog:
+        cursor = self.conn.cursor()
+        try:
+            rows = cursor.execute(
+                "SELECT table_name, sql FROM duckdb_tables() WHERE NOT internal AND NOT temporary "
+                "AND schema_name = current_schema() ORDER BY table_oid"
+            ).fetchall()
+            tables = [name for name, _ in rows]
+            ddl = {name: " ".join((sql or "").split()).rstrip(";") for name, sql in rows}
+            columns: dict[str, list[tuple[str, str]]] = {name: [] for name in tables}
+            comments: dict[str, dict[str, str]] = {}
+            for table, column, kind, comment in cursor.execute(
+                "SELECT table_name, column_name, data_type, comment FROM duckdb_columns() WHERE NOT internal "
+                "AND schema_name = current_schema() ORDER BY table_oid, column_index"
+            ).fetchall():
+                if table in columns:
+                    columns[table].append((column, kind or ""))
+                    if comment:
+                        comments.setdefault(table, {})[column] = str(comment)
+            fks = []
+            for table, src_cols, parent, dst_cols in cursor.execute(
+                "SELECT table_name, constraint_column_names, referenced_table, referenced_column_names "
+                "FROM duckdb_constraints() WHERE constraint_type = 'FOREIGN KEY' AND schema_name = current_schema() "
+                "ORDER BY table_oid, constraint_index"
+            ).fetchall():
+                for src, dst in zip(src_cols or [], dst_cols or []):
+                    fks.append((table, src, parent, dst))
+            return Catalog(tables, ddl, columns, fks, comments)
+        finally:
+            cursor.close()

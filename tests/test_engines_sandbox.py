@@ -1,0 +1,270 @@
+"""The attack corpus on DuckDB and PostgreSQL: nothing a model sends changes the database, creates a file, reaches a
+file, the network, an extension or a setting, or runs past its deadline.
+
+DuckDB proves it with the file's checksum (and the folder's listing); PostgreSQL with every table's row count and a
+snapshot of the catalog (relations, functions, extensions, roles, large objects, settings). The PostgreSQL server runs
+as its superuser, so every refusal is the sandbox's own, not a missing privilege.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from t2s.env import databases
+
+DEADLINE = 1.0  # seconds given to each runaway statement
+SLACK = 2.0  # what "never past the deadline" allows on a loaded 2-core machine
+
+WRITES = [
+    "INSERT INTO clubs (club_id, club_name) VALUES (999, 'x')",
+    "UPDATE clubs SET club_name = 'x'",
+    "DELETE FROM clubs",
+    "DROP TABLE rides",
+    "CREATE TABLE evil (a INT)",
+    "CREATE TEMP TABLE clubs AS SELECT 1 AS club_id",
+    "CREATE VIEW v AS SELECT 1",
+    "ALTER TABLE clubs ADD COLUMN evil INT",
+    "TRUNCATE clubs",
+    "CREATE INDEX i ON clubs (city)",
+    "SELECT 1; DELETE FROM clubs",
+    "WITH d AS (DELETE FROM clubs RETURNING *) SELECT * FROM d",
+    "SELECT * INTO evil FROM clubs",
+]
+COMMON_OTHERS = [
+    "BEGIN",
+    "COMMIT",
+    "SET memory_limit = '100GB'",
+    "SET search_path = evil",
+    "RESET ALL",
+    "VACUUM",
+    "CHECKPOINT",
+]
+DUCKDB_ATTACKS = WRITES + COMMON_OTHERS + [
+    "COPY clubs TO '{tmp}/out.csv'",
+    "COPY clubs FROM '{tmp}/in.csv'",
+    "EXPORT DATABASE '{tmp}/export'",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "SELECT * FROM read_text('/etc/hostname')",
+    "SELECT * FROM glob('/*')",
+    "SELECT * FROM read_parquet('https://example.com/x.parquet')",
+    "ATTACH '{tmp}/other.duckdb' AS other",
+    "ATTACH ':memory:' AS m",
+    "INSTALL httpfs",
+    "LOAD httpfs",
+    "PRAGMA enable_profiling",
+    "SET enable_external_access = true",
+    "SET lock_configuration = false",
+    "SELECT * FROM query('DROP TABLE clubs')",
+    "CALL checkpoint()",
+    "SELECT * FROM sqlite_scan('{tmp}/x.db', 't')",
+    "SELECT range(1000000000)",
+    "SELECT list_resize([1], 1000000000)",
+    "SELECT repeat('x', 1000000000)",
+    "SELECT lpad('x', 1000000000, 'y')",
+    "SELECT printf('%1000000000d', 1)",
+    "SELECT len(x) FROM (SELECT unnest(generate_series(1, 1000000000)) AS x)",
+    "SELECT bitstring('1', 1000000000)",
+]
+POSTGRES_ATTACKS = WRITES + COMMON_OTHERS + [
+    "COPY clubs TO '{tmp}/out.csv'",
+    "COPY clubs FROM '{tmp}/in.csv'",
+    "COPY clubs TO PROGRAM 'touch {tmp}/pwned'",
+    "COPY (SELECT 1) TO STDOUT",
+    "SELECT pg_read_file('/etc/passwd')",
+    "SELECT pg_catalog.pg_read_binary_file('/etc/passwd')",
+    "SELECT lo_import('/etc/passwd')",
+    "SELECT lo_export(1, '{tmp}/pwned')",
+    "SELECT * FROM pg_ls_dir('.')",
+    "DO $$ BEGIN EXECUTE 'DROP TABLE rides'; END $$",
+    "SELECT dblink_exec('dbname=postgres', 'CREATE TABLE pwned (a int)')",
+    "SELECT * FROM dblink('dbname=postgres', 'SELECT 1') AS t(a int)",
+    "SELECT set_config('statement_timeout', '0', false)",
+    "SELECT current_setting('data_directory')",
+    "SELECT query_to_xml('DELETE FROM clubs RETURNING *', true, true, '')",
+    "SELECT pg_terminate_backend(pg_backend_pid())",
+    "SELECT * FROM pg_authid",
+    "SELECT * FROM pg_catalog.pg_shadow",
+    "SELECT * FROM information_schema.tables",
+    "SELECT * FROM clubs FOR UPDATE",
+    "CREATE EXTENSION file_fdw",
+    "LOAD 'dblink'",
+    "ALTER SYSTEM SET fsync = off",
+    "CREATE ROLE evil SUPERUSER",
+    "GRANT ALL ON clubs TO PUBLIC",
+    "LISTEN x",
+    "PREPARE p AS DELETE FROM clubs",
+    "SELECT repeat('x', 500000000)",
+    "SELECT lpad('x', 500000000)",
+    "SELECT format('%500000000s', 'x')",
+    "SELECT * FROM other_db.public.clubs",
+]
+RUNAWAYS = [
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r",
+    "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT string_agg(CAST(n AS TEXT), ',') FROM r",
+    "SELECT length(string_agg(a.route_name || b.route_name, ',')) FROM routes a, routes b, rides c, rides d",
+    "SELECT count(*) FROM rides a, rides b, rides c, rides d",
+    "SELECT count(*) FROM (SELECT * FROM rides a CROSS JOIN rides b CROSS JOIN rides c) x WHERE random() > 2",
+]
+POSTGRES_RUNAWAYS = RUNAWAYS + ["SELECT pg_sleep(30)", "SELECT count(*) FROM generate_series(1, 10000000000)"]
+
+
+def _attack(ref, sqls, tmp) -> list:
+    """Every attack through both the tool and the scoring paths; each must come back as an Error: text."""
+    results = []
+    for sql in sqls:
+        sql = sql.replace("{tmp}", str(tmp))
+        for run in (lambda s: databases.run_tool_query(ref, s, max_rows=5),
+                    lambda s: databases.run_scoring_query(ref, s, timeout=5)):
+            result = run(sql)
+            assert result.error is not None and result.error.startswith("Error:"), (sql, result)
+            results.append((sql, result))
+    return results
+
+
+def _runaways(ref, sqls) -> None:
+    for sql in sqls:
+        started = time.monotonic()
+        result = databases.run_tool_query(ref, sql, max_rows=5, timeout=DEADLINE)
+        took = time.monotonic() - started
+        assert result.error is not None, sql
+        assert took < DEADLINE + SLACK, (sql, took, result.error)
+
+
+def _listing(folder) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.fixture()
+def duckdb_target(duckdb_demo, tmp_path):
+    folder, _ = duckdb_demo
+    copy = tmp_path / "db"
+    copy.mkdir()
+    target = copy / "cycling_club.duckdb"
+    shutil.copy(folder / "dev_databases" / "cycling_club" / "cycling_club.duckdb", target)
+    os.chmod(target, 0o644)
+    databases.close_thread_connections()
+    yield databases.benchmark_db(str(target), "cycling_club"), copy
+    databases.close_thread_connections()
+
+
+def test_duckdb_attacks_change_nothing_and_create_no_file(duckdb_target, tmp_path):
+    ref, folder = duckdb_target
+    before, listing = databases.file_checksum(ref.path), _listing(folder)
+    (tmp_path / "in.csv").write_text("club_id,club_name\n999,x\n")
+    results = _attack(ref, DUCKDB_ATTACKS, tmp_path)
+    writes = {sql for sql, result in results if result.write_attempt}
+    assert {"INSERT INTO clubs (club_id, club_name) VALUES (999, 'x')", "DELETE FROM clubs", "DROP TABLE rides"} <= writes
+    assert databases.run_tool_query(ref, "SELECT count(*) FROM clubs", max_rows=1).rows == [(6,)]
+    _runaways(ref, RUNAWAYS)
+    databases.close_thread_connections()
+    assert databases.file_checksum(ref.path) == before
+    assert _listing(folder) == listing
+    assert not (tmp_path / "out.csv").exists() and not (tmp_path / "export").exists()
+    assert not (tmp_path / "other.duckdb").exists()
+
+
+def test_duckdb_caps_rows_and_bytes(duckdb_target):
+    ref, _ = duckdb_target
+    shown = databases.run_tool_query(ref, "SELECT a.ride_id FROM rides a, rides b, rides c, rides d", max_rows=5)
+    assert len(shown.rows) == 5 and shown.more and shown.seconds < 5
+    big = databases.run_scoring_query(ref, "SELECT a.ride_id, b.ride_id FROM rides a, rides b, rides c", timeout=5)
+    assert big.over_cap or big.timed_out
+
+
+def _pg_snapshot(dsn) -> dict:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        tables = [r[0] for r in conn.execute(
+            "SELECT relname FROM pg_class WHERE relkind = 'r' AND relnamespace = 'public'::regnamespace")]
+        return {
+            "rows": {t: conn.execute(f'SELECT count(*) FROM "{t}"').fetchone()[0] for t in tables},
+            "relations": conn.execute("SELECT relname, relkind FROM pg_class ORDER BY 1, 2").fetchall(),
+            "functions": conn.execute("SELECT count(*) FROM pg_proc").fetchone(),
+            "extensions": conn.execute("SELECT extname FROM pg_extension ORDER BY 1").fetchall(),
+            "roles": conn.execute("SELECT rolname, rolsuper FROM pg_roles ORDER BY 1").fetchall(),
+            "large_objects": conn.execute("SELECT count(*) FROM pg_largeobject_metadata").fetchone(),
+            "settings": conn.execute("SELECT name, setting FROM pg_settings WHERE source NOT IN ('default', "
+                                     "'session', 'client') ORDER BY 1").fetchall(),
+            "databases": conn.execute("SELECT datname FROM pg_database ORDER BY 1").fetchall(),
+        }
+
+
+@pytest.fixture()
+def postgres_target(postgres_demo):
+    """A copy of the demo's cycling_club database with dblink installed, so that dblink attacks meet a real
+    function."""
+    import psycopg
+
+    _, _, dsn = postgres_demo
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute('DROP DATABASE IF EXISTS "attack" WITH (FORCE)')
+        admin.execute('CREATE DATABASE "attack" TEMPLATE "cycling_club"')
+    url = databases.server_url(dsn, "attack")
+    with psycopg.connect(url, autocommit=True) as conn:
+        try:
+            conn.execute("CREATE EXTENSION IF NOT EXISTS dblink")
+        except psycopg.Error:
+            pass  # postgresql-contrib absent: the dblink attacks still meet the function allowlist
+    databases.close_thread_connections()
+    yield databases.server_db(url, "attack")
+    databases.close_thread_connections()
+
+
+def test_postgres_attacks_change_nothing(postgres_target, tmp_path):
+    ref = postgres_target
+    before = _pg_snapshot(ref.path)
+    (tmp_path / "in.csv").write_text("999,x\n")
+    os.chmod(tmp_path, 0o777)
+    results = _attack(ref, POSTGRES_ATTACKS, tmp_path)
+    writes = {sql for sql, result in results if result.write_attempt}
+    assert {"DELETE FROM clubs", "DROP TABLE rides", "WITH d AS (DELETE FROM clubs RETURNING *) SELECT * FROM d",
+            "SELECT * INTO evil FROM clubs"} <= writes
+    refused = dict(results)
+    assert "function pg_read_file" in refused["SELECT pg_read_file('/etc/passwd')"].error
+    assert "system catalog" in refused["SELECT * FROM pg_authid"].error
+    _runaways(ref, POSTGRES_RUNAWAYS)
+    assert databases.run_tool_query(ref, "SELECT count(*) FROM clubs", max_rows=1).rows == [(6,)]
+    databases.close_thread_connections()
+    assert _pg_snapshot(ref.path) == before
+    assert not (tmp_path / "out.csv").exists() and not (tmp_path / "pwned").exists()
+
+
+def test_postgres_runs_reads_in_a_read_only_transaction(postgres_target):
+    ref = postgres_target
+    shown = databases.run_tool_query(ref, "SELECT a.ride_id FROM rides a, rides b, rides c, rides d", max_rows=5,
+                                     timeout=5)  # a cursor: five rows come over, not the billions
+    assert len(shown.rows) == 5 and shown.more and shown.seconds < 5
+    mode = databases.run_tool_query(ref, "SELECT 1 WHERE current_setting('transaction_read_only') = 'on'",
+                                    max_rows=1)
+    assert mode.error is not None  # current_setting is not on the allowlist either
+    ok = databases.run_tool_query(ref, "SELECT club_name FROM clubs ORDER BY club_id LIMIT 2", max_rows=5)
+    assert ok.error is None and len(ok.rows) == 2
+    after_error = databases.run_tool_query(ref, "SELECT nope FROM clubs", max_rows=5)
+    assert after_error.error.startswith("Error:")
+    again = databases.run_tool_query(ref, "SELECT count(*) FROM clubs", max_rows=5)
+    assert again.rows == [(6,)]  # the failed statement's transaction was rolled back
+
+
+def test_the_readme_read_only_role_works(postgres_target):
+    """The role the README tells users to create reads and can do nothing else, even without our guard."""
+    import psycopg
+
+    with psycopg.connect(postgres_target.path, autocommit=True) as admin:
+        admin.execute("DROP ROLE IF EXISTS t2s_reader")
+        admin.execute("CREATE ROLE t2s_reader LOGIN")
+        admin.execute("ALTER ROLE t2s_reader SET default_transaction_read_only = on")
+        admin.execute('GRANT CONNECT ON DATABASE "attack" TO t2s_reader')
+        admin.execute("GRANT USAGE ON SCHEMA public TO t2s_reader")
+        admin.execute("GRANT SELECT ON ALL TABLES IN SCHEMA public TO t2s_reader")
+    url = postgres_target.path.replace("user=postgres", "user=t2s_reader")
+    ref = databases.server_db(url, "attack")
+    assert databases.run_tool_query(ref, "SELECT count(*) FROM clubs", max_rows=1).rows == [(6,)]
+    with psycopg.connect(url, autocommit=True) as reader:
+        with pytest.raises(psycopg.Error):
+            reader.execute("DELETE FROM clubs")
+    databases.close_thread_connections()
