@@ -50,6 +50,10 @@ def learn_arguments(parser: argparse.ArgumentParser) -> None:
                         "colocated in the trainer (make install-vllm) (default: transformers)")
 
 
+def sandbox_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--only", type=positive_int, default=None,
+                        help="time only the first N blow-ups (default: every one)")
+
 
 BENCHMARKS = {
     "env": ("t2s.bench.env", env_arguments, "environment overhead against plain sqlite3 on a pinned workload"),
@@ -57,6 +61,7 @@ BENCHMARKS = {
                 "async vs turn-synchronous rollout scheduling on a simulated engine"),
     "learn": ("t2s.bench.learn", learn_arguments,
               "CPU proof that training learns: warm start, then GRPO against a permuted-reward control"),
+    "sandbox": ("t2s.bench.sandbox", sandbox_arguments, "how soon the sandbox ends each resource blow-up"),
 }
 
 
