@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import sqlite3
 import tempfile
-import time
 from pathlib import Path
 
 #: the slowest blow-up should end within this, on an idle machine

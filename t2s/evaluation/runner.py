@@ -175,8 +175,8 @@ class Progress:
         from t2s.ui.console import console
 
         self._progress = RichProgress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("official EX {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+            TextColumn("official EX {task.fields[acc]}", markup=False), TimeElapsedColumn(), TimeRemainingColumn(),
             console=console(stderr=True), transient=False,
         )  # fmt: skip
         self._progress.start()

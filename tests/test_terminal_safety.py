@@ -1,0 +1,217 @@
+"""Untrusted text (model output, database cells, questions, evidence, SQL, paths) never drives the terminal.
+
+Every printer is fed random text full of control characters, escape sequences, bidi characters and rich markup, with
+the terminal forced on and off: no raw C0 (other than newline and tab), ESC, DEL, C1 or bidi control reaches the
+output bytes (rich's own colour codes aside), no markup is read (no OSC 8 link), and the offending characters show as
+escapes. Ordinary text (letters of any script, CJK, emoji, SQL with brackets, markup-looking text) prints unchanged.
+The forbidden set and the escape form are written out here again, not imported, so that the test checks the console
+layer rather than repeating it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+FORBIDDEN = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+#: rich's own styling when the terminal is on: SGR sequences only
+SGR = re.compile("\x1b\\[[0-9;]*m")
+BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+HOSTILE_PIECES = [
+    "\x1b]0;pwned\x07", "\x1b[2J", "\x1b]8;;https://evil.example/x\x1b\\click\x1b]8;;\x1b\\", "\x9b31m", "\x9d",
+    "[link=https://evil.example/x]click me[/link]", "[bold red]x[/]", ":smile:", "\r", "\x08", "\x7f", "\x00",
+    "\u202e", "\u2066", "\u200f", "\u061c", "SELECT [a] FROM t", "\\x1b",
+]
+ORDINARY_PIECES = ["SELECT name FROM \"t\" WHERE a[1] = 'x'", "[link=https://evil.example/x]click me[/link]",
+                   "[bold]not bold[/bold]", "東京都の人口", "Ünïcödé", "👩‍💻🎉", "مرحبا", ":smile:", "x := [1, 2]"]
+
+hostile_text = st.lists(
+    st.one_of(st.sampled_from(HOSTILE_PIECES), st.characters(codec="utf-8", exclude_categories=("Cs",)),
+              st.sampled_from([chr(c) for c in range(0x00, 0x20)] + [chr(c) for c in range(0x7f, 0xa0)] + list(BIDI))),
+    min_size=1, max_size=25,
+).map("".join)
+ordinary_text = st.lists(
+    st.one_of(st.sampled_from(ORDINARY_PIECES),
+              st.characters(categories=("L", "N", "P", "S"), exclude_characters="\u00ad")),
+    min_size=1, max_size=20,
+).map(lambda parts: " ".join(parts).strip()).filter(bool)
+
+
+def escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+@contextlib.contextmanager
+def terminal(on: bool):
+    """stdout and stderr captured; rich's consoles made inside believe they are (on) or are not (off) a terminal."""
+    saved = {key: os.environ.get(key) for key in ("TTY_COMPATIBLE", "COLORTERM", "FORCE_COLOR", "NO_COLOR")}
+    os.environ.update(TTY_COMPATIBLE="1" if on else "0", COLORTERM="truecolor")
+    os.environ.pop("FORCE_COLOR", None)
+    os.environ.pop("NO_COLOR", None)
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            yield lambda: out.getvalue() + err.getvalue()
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def record(text: str) -> dict:
+    sql = f"SELECT '{text}' FROM t"
+    preview = {"columns": [text, "n"], "rows": [[text, 1], [None, 2]], "more": True}
+    return {
+        "question_id": text, "db_id": text, "mode": "full", "difficulty": text, "sample": 1, "question": text,
+        "evidence": text, "final_sql": sql, "final_sql_source": text, "gold_sql": sql, "error": text,
+        "turns": [{"assistant": f"{text}</think>{{\"tool\": \"run_query\", \"args\": {{\"sql\": {json.dumps(sql)}}}}}",
+                   "calls": [{"tool": "run_query", "args": {"sql": sql, "limit": text}}], "observation": text},
+                  {"assistant": f"<think>{text}</think>{text}", "calls": [], "observation": ""}],
+        "counters": {"turns": 2, "note": text}, "official": 0, "gold_result": preview,
+        "pred_result": {"error": f"Error: {text}"},
+    }
+
+
+# every printer of untrusted text, fed ``text``; the ones marked True print ``text`` whole, where it must be visible
+def _transcript(text):
+    from t2s.evaluation.transcript import print_transcript
+    from t2s.ui.console import console
+
+    print_transcript(record(text), console(), fold_thinking=False)
+
+
+def _show_list(text):
+    from t2s.evaluation.browse import print_list
+    from t2s.ui.console import console
+
+    line = {"question_id": text, "db_id": text, "mode": "full", "difficulty": text, "official": 0,
+            "final_sql_source": text, "counters": {"turns": 1}}
+    print_list(console(), [line, line], f"{text} episodes", labels=[text, "only_b"])
+
+
+def _ask_live(text):
+    from t2s.commands import ask
+    from t2s.ui.console import console
+
+    out = console()
+    ask._show_turn(out, f"{text}</think>{text}")
+    ask._show_turn(out, f"{text}</think>{{\"tool\": \"run_query\", \"args\": {{\"sql\": {json.dumps(text)}}}}}")
+    ask._show_turn(out, f"{text}</think><tool_call>\n<function=run_query>\n<parameter=sql>\n{text}\n"
+                        f"</parameter>\n</function>\n</tool_call>", "native")
+    ask._show_observation(out, f"[run_query]\n{text}")
+
+
+def _ask_json(text):
+    from t2s.ui.console import safe_json
+
+    value = record(text)
+    printed = safe_json(value)
+    assert json.loads(printed) == value  # valid JSON that reads back as the record
+    print(printed)
+
+
+def _eval_summary(text):
+    from t2s.evaluation.report import print_summaries
+
+    summary = {"n": 3, "execution_accuracy_official": 0.5, "skipped_missing_dbs": 1, "missing_db_ids": [text],
+               "config": {"model": text, "policy": "model", "sampling": {"temperature": 0.0}}}
+    print_summaries({text: summary, "withheld": summary})
+
+
+def _data_check(text):
+    from t2s.data import hygiene
+    from t2s.ui.console import console, print_table
+
+    counts = {name: 1 for name in hygiene.OUTCOMES}
+    print_table(console(), hygiene.summary_table({"per_db": {text: counts}, "overall": counts},
+                                                 title=f"gold SQL check: {text}"))
+
+
+def _train_steps(text):
+    from t2s.training.progress import STEP_COLUMNS, step_printer
+    from t2s.ui.console import console, print_table
+
+    class State:
+        global_step, max_steps = 1, 2
+
+    out = console()
+    printer = step_printer(out)
+    printer.on_log(None, State(), None, logs={key: 0.5 for key, _, _ in STEP_COLUMNS})
+    print_table(out, printer.table())
+    out.print(f"trained 1 steps; model in {text}", highlight=False)  # the demo's closing line names a path
+
+
+def _error_lines(text):
+    from t2s.errors import error_line
+    from t2s.ui.console import console, print_line
+
+    print_line(error_line(ValueError(f"cannot run {text}")), stderr=True)
+    console(stderr=True).print(error_line(OSError(2, "No such file or directory", text)), style="red")
+
+
+def _usage_error(text):
+    from t2s.ui.args import CommandParser
+
+    with pytest.raises(SystemExit):
+        CommandParser(prog="t2s show").error(f"argument RUN: {text}")
+
+
+PRINTERS = {"transcript": (_transcript, True), "show list": (_show_list, True), "ask live": (_ask_live, False),
+            "ask --json": (_ask_json, False), "eval summary": (_eval_summary, True),
+            "data check": (_data_check, True), "train and demo": (_train_steps, True),
+            "error lines": (_error_lines, False), "usage error": (_usage_error, False)}
+
+
+def _printed(printer, text: str, on: bool) -> str:
+    with terminal(on) as captured:
+        printer(text)
+    out = captured()
+    if not on:
+        assert "\x1b" not in out, "a colour code with the terminal off"
+    return SGR.sub("", out)
+
+
+@pytest.mark.parametrize("name", list(PRINTERS))
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=hostile_text, on=st.booleans())
+def test_nothing_unsafe_reaches_the_terminal(name, text, on):
+    printer, whole = PRINTERS[name]
+    out = _printed(printer, text, on)
+    unsafe = FORBIDDEN.findall(out)
+    assert not unsafe, f"{name} printed {unsafe!r} raw"
+    assert "\x1b" not in out and "\x1b]8;" not in out and "\x9d8;" not in out  # no escape sequence, no OSC 8 link
+    if whole:  # each offending character shows as its escape
+        for char in set(FORBIDDEN.findall(text)):
+            assert escaped(char) in out, f"{name}: {char!r} is not visible as {escaped(char)}"
+    if "[link=https://evil.example/x]click me[/link]" in text and whole:
+        assert "[link=https://evil.example/x]click me[/link]" in out  # brackets print as brackets
+
+
+@pytest.mark.parametrize("name", list(PRINTERS))
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=ordinary_text, on=st.booleans())
+def test_ordinary_text_prints_unchanged(name, text, on):
+    printer, _ = PRINTERS[name]
+    out = _printed(printer, text, on)
+    expected = json.dumps(text, ensure_ascii=False)[1:-1] if name == "ask --json" else text  # JSON: as JSON writes it
+    assert expected in out, f"{name} changed {text!r}"
+
+
+def test_the_escapes_are_python_style_and_json_stays_json():
+    from t2s.ui.console import safe_json, safe_text
+
+    raw = "a\x1b]0;t\x07b\x9d\u202e\x7f\n\tc"
+    assert safe_text(raw) == "a\\x1b]0;t\\x07b\\x9d\\u202e\\x7f\n\tc"
+    assert safe_json({"v": raw}) == '{"v": "a\\u001b]0;t\\u0007b\\u009d\\u202e\\u007f\\n\\tc"}'
+    assert json.loads(safe_json({"v": raw})) == {"v": raw}
+    assert safe_text("東京 [bold]x[/bold] 👩‍💻") == "東京 [bold]x[/bold] 👩‍💻"
