@@ -215,3 +215,125 @@ def test_the_escapes_are_python_style_and_json_stays_json():
     assert safe_json({"v": raw}) == '{"v": "a\\u001b]0;t\\u0007b\\u009d\\u202e\\u007f\\n\\tc"}'
     assert json.loads(safe_json({"v": raw})) == {"v": raw}
     assert safe_text("東京 [bold]x[/bold] 👩‍💻") == "東京 [bold]x[/bold] 👩‍💻"
+
+
+# ------------------------------------------------------------------------------------------------- on a real TTY
+HOSTILE_CELL = "Ann \x1b]0;pwned-by-db\x07\x1b[2J\u202e evil"
+HOSTILE_SQL = "SELECT '\x1b]0;pwned\x07\x1b[2J' AS x, '[link=https://evil.example/x]click me[/link]' AS y"
+HOSTILE_QUESTION = "Who is \x1b[2J\u202eevil\u202c and \x9d0;t\x9c?"
+LINK = "[link=https://evil.example/x]click me[/link]"
+
+
+def on_a_pty(*args, timeout: float = 240.0) -> str:
+    """``python -m t2s ARGS`` with stdin, stdout and stderr on a pseudo-terminal; everything it wrote, decoded."""
+    import pty
+    import select
+    import subprocess
+    import sys
+    import time
+
+    from t2s.settings import REPO_ROOT
+
+    controller, device = pty.openpty()
+    env = {key: value for key, value in os.environ.items() if key not in ("FORCE_COLOR", "NO_COLOR", "TTY_COMPATIBLE")}
+    env.update(TERM="xterm-256color", COLORTERM="truecolor", COLUMNS="160", LINES="50")
+    process = subprocess.Popen([sys.executable, "-m", "t2s", *map(str, args)], stdin=device, stdout=device,
+                               stderr=device, cwd=REPO_ROOT, env=env, close_fds=True)
+    os.close(device)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([controller], [], [], 1.0)
+            if ready:
+                try:
+                    data = os.read(controller, 65536)
+                except OSError:  # EIO: every writer closed the terminal
+                    break
+                if not data:
+                    break
+                chunks.append(data)
+            elif process.poll() is not None:
+                break
+        process.wait(timeout=10)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(controller)
+    raw = b"".join(chunks)
+    assert process.returncode == 0, raw.decode("utf-8", "replace")
+    return raw.decode("utf-8")
+
+
+#: rich's own live-display controls (a progress bar): hide and show the cursor, go up a line, erase the line
+LIVE = re.compile("\x1b\\[\\?25[lh]|\r?\x1b\\[2K|\x1b\\[[0-9]*A")
+
+
+def assert_safe_on_a_tty(out: str, *visible: str) -> None:
+    plain = SGR.sub("", out)
+    leftover = sorted(set(FORBIDDEN.findall(LIVE.sub("", plain).replace("\r\n", "\n"))))
+    assert not leftover, f"raw {leftover!r} on the terminal"
+    assert "\x1b]" not in out and "\x1b[2J" not in out and "\x1b]8;" not in out  # no title, no clear, no link
+    for piece in visible:
+        assert piece in plain, f"{piece!r} is not shown"
+
+
+def test_show_of_a_hostile_prediction_on_a_tty(tmp_path):
+    line = record("x")
+    line.update(question_id="q1", db_id="shop", question=HOSTILE_QUESTION, final_sql=HOSTILE_SQL,
+                final_sql_source="submitted", error=None, evidence=HOSTILE_CELL,
+                turns=[{"assistant": f"Look.</think>{json.dumps({'tool': 'run_query', 'args': {'sql': HOSTILE_SQL}})}",
+                        "calls": [{"tool": "run_query", "args": {"sql": HOSTILE_SQL}}],
+                        "observation": f"[run_query]\nx | y\n{HOSTILE_CELL} | {LINK}"}],
+                pred_result={"columns": ["x", "y"], "rows": [[HOSTILE_CELL, LINK]], "more": False})
+    episodes = tmp_path / "episodes.jsonl"
+    episodes.write_text(json.dumps(line) + "\n" + json.dumps({**line, "question_id": "q2"}) + "\n")
+    transcript = on_a_pty("show", episodes, "--id", "q1")
+    assert_safe_on_a_tty(transcript, "\\x1b]0;pwned\\x07\\x1b[2J", "\\u202eevil\\u202c", "\\x9d0;t\\x9c",
+                         "\\x1b]0;pwned-by-db\\x07", LINK)
+    listing = on_a_pty("show", episodes)
+    assert_safe_on_a_tty(listing, "q1", "q2")
+
+
+def test_ask_on_a_hostile_database_on_a_tty(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "people.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE people (name TEXT)")
+    conn.executemany("INSERT INTO people VALUES (?)", [(HOSTILE_CELL,), ("Bob",)])
+    conn.commit()
+    conn.close()
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text("".join(json.dumps(t) + "\n" for t in [
+        'Look.</think>{"tool": "run_query", "args": {"sql": "SELECT name FROM people"}}',
+        '</think>{"tool": "submit_sql", "args": {"sql": "SELECT name FROM people"}}',
+    ]))
+    out = on_a_pty("ask", "--db", path, "--replay", turns, HOSTILE_QUESTION)
+    plain = SGR.sub("", out)
+    assert_safe_on_a_tty(out, "\\x1b]0;pwned-by-db\\x07\\x1b[2J\\u202e evil")
+    assert plain.count("\\x1b]0;pwned-by-db") >= 2  # in the tool result and in the predicted rows
+    printed = on_a_pty("ask", "--db", path, "--replay", turns, "--json", HOSTILE_QUESTION)
+    assert_safe_on_a_tty(printed, "\\u001b]0;pwned-by-db\\u0007\\u001b[2J\\u202e evil")
+    value = json.loads(printed.replace("\r\n", "\n"))  # the terminal's line discipline writes CR LF
+    assert HOSTILE_CELL in value["turns"][0]["observation"]  # the JSON reads back as the cell held it
+
+
+def test_eval_compare_and_show_of_a_hostile_run_on_a_tty(demo_dir, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "dev_databases").symlink_to(demo_dir / "dev_databases")
+    rows = json.loads((demo_dir / "dev.json").read_text())[:4]
+    rows[0]["question"] = HOSTILE_QUESTION
+    (data / "dev.json").write_text(json.dumps(rows))
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text("\n".join(json.dumps({"question_id": r["question_id"],
+                                                 "sql": HOSTILE_SQL if r is rows[0] else r["SQL"]}) for r in rows))
+    gold = on_a_pty("eval", "--policy", "gold", "--data", data, "--output", tmp_path / "gold")
+    assert_safe_on_a_tty(gold, "t2s eval")
+    hostile = on_a_pty("eval", "--policy", "predictions", "--predictions", predictions, "--data", data,
+                       "--output", tmp_path / "hostile")
+    assert_safe_on_a_tty(hostile, "t2s eval")
+    compared = on_a_pty("compare", tmp_path / "gold", tmp_path / "hostile")
+    assert_safe_on_a_tty(compared, "only_a")
+    wrong = on_a_pty("show", tmp_path / "hostile", "--wrong")
+    assert_safe_on_a_tty(wrong, "\\x1b]0;pwned\\x07\\x1b[2J", "\\x1b[2J\\u202eevil", LINK)
