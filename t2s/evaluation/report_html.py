@@ -3,7 +3,9 @@
 No network and no external script or style: the data is a JSON block inside the page, read by inline JavaScript.
 The page holds the summary table, the plot (summary.png, embedded), accuracy per difficulty and per database, and a
 filterable list of episodes; an episode opens into its transcript (thinking folded, tool calls, observations,
-formatted SQL) with the gold and predicted rows side by side.
+formatted SQL) with the gold and predicted rows side by side. With k samples per question the page holds each
+question's first sample in full, with every sample's scores and the question's vote (``votes.jsonl``) beside it, so
+that its size grows with the number of questions, not with k.
 
 The first screen holds the summary table, the plot and the list of episodes (in data order: mode by mode, then
 question id, then sample); the tables per difficulty and per database follow the list.
@@ -31,7 +33,8 @@ PAGE_TITLE = "t2s eval report"
 HASH_PARAMETERS = (
     ("id=QUESTION_ID", "open that question (the id show --id takes)"),
     ("mode=M", "list mode M only (with id: open that mode's episode)"),
-    ("sample=S", "with id: open sample S"),
+    ("sample=S", "with id: open sample S (with k samples the page holds each question's first sample in full and "
+                 "every sample's scores: the question opens on its first sample)"),
     ("db=DB", "list database DB only"),
     ("difficulty=D", "list difficulty D only"),
     ("wrong=1", "list the wrong answers only"),
@@ -85,10 +88,38 @@ def render_page(data: dict) -> str:
             .replace("__LINKS__", links).replace("__DATA__", payload))
 
 
+SAMPLE_SCORES = ("sample", "official", "strict", "soft_f1")
+
+
+def question_lines(path: Path, mode: str, votes: dict[str, dict]) -> list[dict]:
+    """The page's lines of one mode's episodes file, read a line at a time: each question's first sample, with
+    ``samples`` (every sample's scores) and ``vote`` added when it has more than one sample or a vote."""
+    firsts: dict[str, dict] = {}
+    scores: dict[str, list[dict]] = {}
+    with open(path, encoding="utf-8") as handle:
+        for text in handle:
+            if not text.strip():
+                continue
+            line = json.loads(text)
+            key = str(line.get("question_id"))
+            scores.setdefault(key, []).append({name: line.get(name) for name in SAMPLE_SCORES})
+            if key not in firsts or int(line.get("sample") or 0) < int(firsts[key].get("sample") or 0):
+                firsts[key] = line
+    lines = []
+    for key, line in firsts.items():
+        line = {**line, "mode": line.get("mode") or mode}
+        if len(scores[key]) > 1 or key in votes:
+            line["samples"] = sorted(scores[key], key=lambda s: int(s.get("sample") or 0))
+            if key in votes:
+                line["vote"] = {name: votes[key].get(name) for name in ("sample", "official")}
+        lines.append(_page_line(line))
+    return lines
+
+
 def write_report(folder) -> Path:
-    """Write ``folder/report.html`` from an eval folder's summary.json, summary.png and episodes."""
+    """Write ``folder/report.html`` from an eval folder's summary.json, summary.png, episodes and votes."""
     from t2s.evaluation.browse import in_data_order
-    from t2s.evaluation.run_folders import EPISODES, read_jsonl, read_summaries
+    from t2s.evaluation.run_folders import EPISODES, VOTES, read_jsonl, read_summaries
 
     folder = Path(folder)
     summaries = read_summaries(folder)
@@ -96,8 +127,10 @@ def write_report(folder) -> Path:
     for mode in summaries:
         path = folder / mode / EPISODES
         if path.is_file():
-            lines += [{**line, "mode": line.get("mode") or mode} for line in read_jsonl(path)]
-    episodes = [_page_line(line) for line in in_data_order(lines)]
+            votes_path = folder / mode / VOTES
+            votes = {str(v["question_id"]): v for v in read_jsonl(votes_path)} if votes_path.is_file() else {}
+            lines += question_lines(path, mode, votes)
+    episodes = in_data_order(lines)
     data = {"title": f"{PAGE_TITLE}: {folder.name}", "summaries": summaries,
             "plot": _embedded_png(folder / "summary.png"), "episodes": episodes}
     out = folder / "report.html"
@@ -221,7 +254,8 @@ function state(){return {q:document.getElementById('f-q').value.toLowerCase(),mo
 function render(){var st=state();var tb=document.querySelector('#episodes tbody');tb.textContent='';var shown=0;
  episodes.forEach(function(e,i){if(st.mode&&e.mode!==st.mode)return;if(st.db&&e.db_id!==st.db)return;if(st.difficulty&&e.difficulty!==st.difficulty)return;
   if(st.wrong&&!wrong(e))return;if(st.q&&hay(e).indexOf(st.q)<0)return;shown++;
-  var cell=e.other?el('td',{},[e.flip+' A ',mark(e),' B ',mark(e.other)]):el('td',{text:score(e),cls:'score'});
+  var sampled=e.samples?' ('+e.samples.filter(function(s){return s.official===1;}).length+'/'+e.samples.length+(e.vote?', vote '+fmt(e.vote.official,'d'):'')+')':'';
+  var cell=e.other?el('td',{},[e.flip+' A ',mark(e),' B ',mark(e.other)]):el('td',{text:score(e)+sampled,cls:'score'});
   var tr=el('tr',{cls:e.other?'pair':(wrong(e)?'bad':'ok'),'data-index':String(i)},[el('td',{text:String(e.question_id)+(e.sample?' #'+e.sample:'')}),el('td',{text:e.mode||''}),
    el('td',{text:e.db_id||''}),el('td',{text:e.difficulty||''}),cell,el('td',{text:String((e.counters||{}).turns||0)}),
    el('td',{text:e.question||''})]);tr.addEventListener('click',function(){open(i);});tb.appendChild(tr);});
@@ -244,7 +278,9 @@ function transcript(e){var box=el('div');
  box.appendChild(el('h3',{text:'final SQL ('+(e.final_sql_source||'none')+')'}));box.appendChild(el('pre',{cls:'sql',text:e.final_sql||'none'}));
  if(e.gold_sql){box.appendChild(el('h3',{text:'gold SQL'}));box.appendChild(el('pre',{cls:'sql',text:e.gold_sql}));}
  var sc=['official','strict','soft_f1','reward','tier','f1','join','consensus'].filter(function(k){return e[k]!==undefined&&e[k]!==null;}).map(function(k){return k+'='+e[k];});
- box.appendChild(el('p',{text:sc.join('  ')}));box.appendChild(el('p',{cls:'dim',text:Object.keys(e.counters||{}).map(function(k){return k+'='+e.counters[k];}).join(' ')}));
+ box.appendChild(el('p',{text:sc.join('  ')}));
+ if(e.samples){box.appendChild(el('p',{cls:'samples',text:e.samples.length+' samples, official EX of each: '+e.samples.map(function(s){return '#'+s.sample+' '+fmt(s.official,'d');}).join(', ')
+  +(e.vote?'; vote: sample '+fmt(e.vote.sample,'d')+', official '+fmt(e.vote.official,'d'):'')+' (the transcript is sample '+(e.sample||0)+')'}));}box.appendChild(el('p',{cls:'dim',text:Object.keys(e.counters||{}).map(function(k){return k+'='+e.counters[k];}).join(' ')}));
  if(e.error)box.appendChild(el('p',{cls:'err',text:e.error}));
  box.appendChild(el('div',{cls:'side'},[rows('gold rows',e.gold_result),rows('predicted rows',e.pred_result)]));return box;}
 function open(i){var e=episodes[i];var d=document.getElementById('detail');d.textContent='';d.hidden=false;d.setAttribute('data-question-id',String(e.question_id));
@@ -260,7 +296,8 @@ function fromHash(){var h=(location.hash||'').replace(/^#/,'');var params={};h.s
   document.getElementById('count').textContent+=' (no episode of question '+params.id+(params.mode?' in mode '+params.mode:'')+')';}}
  else if(params.open!==undefined&&episodes[Number(params.open)])open(Number(params.open));}
 function find(p){for(var i=0;i<episodes.length;i++){var e=episodes[i];if(String(e.question_id)!==p.id)continue;
- if(p.mode&&e.mode!==p.mode)continue;if(p.sample!==undefined&&String(e.sample||0)!==p.sample)continue;return i;}return -1;}
+ if(p.mode&&e.mode!==p.mode)continue;if(p.sample!==undefined&&String(e.sample||0)!==p.sample
+  &&!(e.samples||[]).some(function(s){return String(s.sample)===p.sample;}))continue;return i;}return -1;}
 summary();options('f-mode','mode');options('f-db','db_id');options('f-difficulty','difficulty');
 ['f-q','f-mode','f-db','f-difficulty','f-wrong'].forEach(function(id){var n=document.getElementById(id);n.addEventListener('input',render);n.addEventListener('change',render);});
 window.addEventListener('hashchange',fromHash);fromHash();
