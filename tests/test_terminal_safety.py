@@ -159,6 +159,22 @@ def _error_lines(text):
     console(stderr=True).print(error_line(OSError(2, "No such file or directory", text)), style="red")
 
 
+def _log_warning(text):
+    import logging
+
+    from t2s.ui.console import escape_log_records
+
+    escape_log_records()  # as python -m t2s does before a command runs
+    logger = logging.getLogger("t2s.tests.terminal")
+    logger.propagate = False
+    handler = logging.StreamHandler()  # the stderr of this moment, as a command's handler writes to
+    logger.addHandler(handler)
+    try:
+        logger.warning("skipped %s: its database is missing", text)
+    finally:
+        logger.removeHandler(handler)
+
+
 def _usage_error(text):
     from t2s.ui.args import CommandParser
 
@@ -169,7 +185,8 @@ def _usage_error(text):
 PRINTERS = {"transcript": (_transcript, True), "show list": (_show_list, True), "ask live": (_ask_live, False),
             "ask --json": (_ask_json, False), "eval summary": (_eval_summary, True),
             "data check": (_data_check, True), "train and demo": (_train_steps, True),
-            "error lines": (_error_lines, False), "usage error": (_usage_error, False)}
+            "error lines": (_error_lines, False), "usage error": (_usage_error, False),
+            "log warning": (_log_warning, True)}
 
 
 def _printed(printer, text: str, on: bool) -> str:

@@ -13,6 +13,7 @@ import importlib.util
 import sys
 
 from t2s.ui.args import CommandParser
+from t2s.ui.console import escape_log_records
 from t2s.errors import UsageError, error_line, user_facing
 
 # name -> (module, one-line help). Only commands whose module exists are offered.
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(available_commands()[args.command][0])
+    escape_log_records()  # a library's warning may quote a path or a cell
     try:
         return int(module.run(args) or 0)
     except KeyboardInterrupt:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import re
 import sys
 
@@ -59,6 +60,20 @@ def safe_json(value, **dumps_options) -> str:
     that reads back equal, and safe on a terminal."""
     text = json.dumps(value, ensure_ascii=False, **dumps_options)
     return UNSAFE.sub(_json_escape, text) if UNSAFE.search(text) else text
+
+
+def escape_log_records() -> None:
+    """Make every log message (a library's warning naming a path, a cell or a SQL) escaped by :func:`safe_text`,
+    whichever handler writes it: the process's log records are made by a LogRecord whose message is escaped."""
+    if logging.getLogRecordFactory() is logging.LogRecord:  # not over a library's own factory
+        logging.setLogRecordFactory(EscapedLogRecord)
+
+
+class EscapedLogRecord(logging.LogRecord):
+    """A log record whose message is escaped by :func:`safe_text`."""
+
+    def getMessage(self) -> str:
+        return safe_text(super().getMessage())
 
 
 def print_line(*parts, stderr: bool = False) -> None:
