@@ -144,7 +144,9 @@ def chromium() -> str | None:
 
 
 def page_clock(url: str, key: str) -> tuple[float, dict]:
-    """Seconds the page's own clock wrote into ``#status`` as ``data-<key>`` in headless Chromium, and the status."""
+    """Seconds the page's own clock wrote into ``#status`` as ``data-<key>`` in headless Chromium, and the status
+    (with ``wall``: the seconds of the whole Chromium run, start and DOM dump included)."""
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="t2s-chromium-") as profile:
         done = subprocess.run([chromium(), "--headless", "--disable-gpu", "--no-sandbox", "--hide-scrollbars",
                                f"--user-data-dir={profile}", "--window-size=1400,1000", "--dump-dom", url],
@@ -153,7 +155,7 @@ def page_clock(url: str, key: str) -> tuple[float, dict]:
     status = dict(re.findall(r'data-([a-z-]+)="([^"]*)"', tag.group(0))) if tag else {}
     if key not in status:
         raise RuntimeError(f"Error: Chromium did not report {key} for {url}: {done.stderr.strip()[-400:]}")
-    return float(status[key]) / 1000, status
+    return float(status[key]) / 1000, {**status, "wall": time.perf_counter() - started}
 
 
 def timed(*args: str) -> tuple[float, int]:
@@ -198,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
         rows = [("episodes.jsonl", f"{episode_bytes / 1e6:.1f} MB ({episode_bytes / episodes / 1e3:.1f} KB an episode)",
                  f"≥ {MIN_EPISODE_BYTES / 1e3:.0f} KB an episode"),
                 ("write report.html", f"{write_s:.2f} s", ""), ("report.html", f"{size_mb:.1f} MB", "< 60 MB"),
-                ("Chromium: episode list", f"{list_s:.2f} s ({status.get('shown', '?')} rows)", "≤ 3 s"),
+                ("Chromium: episode list", f"{list_s:.2f} s ({status.get('shown', '?')} rows; the whole Chromium run "
+                 f"{status.get('wall', float('nan')):.1f} s)", "≤ 3 s"),
                 ("Chromium: open a transcript", f"{open_s:.3f} s", "≤ 0.5 s"),
                 ("show RUN --wrong", f"{show_s:.2f} s (exit {show_rc})", ""),
                 ("compare RUN/full RUN/withheld", f"{compare_s:.2f} s (exit {compare_rc})", "")]
