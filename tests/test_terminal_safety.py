@@ -91,12 +91,13 @@ def _transcript(text):
 
 
 def _show_list(text):
-    from t2s.evaluation.browse import print_list
+    from t2s.evaluation.browse import print_list, print_pairs
     from t2s.ui.console import console
 
     line = {"question_id": text, "db_id": text, "mode": "full", "difficulty": text, "official": 0,
-            "final_sql_source": text, "counters": {"turns": 1}}
-    print_list(console(), [line, line], f"{text} episodes", labels=[text, "only_b"])
+            "question": text, "final_sql_source": text, "counters": {"turns": 1}}
+    print_list(console(), [line, line], f"{text} episodes")
+    print_pairs(console(), [("only_b", line, {**line, "official": 1})], f"flipped: {text}")
 
 
 def _ask_live(text):
@@ -327,12 +328,13 @@ def test_ask_on_a_hostile_database_on_a_tty(tmp_path):
     ]))
     out = on_a_pty("ask", "--db", path, "--replay", turns, HOSTILE_QUESTION)
     plain = SGR.sub("", out)
-    assert_safe_on_a_tty(out, "\\x1b]0;pwned-by-db\\x07\\x1b[2J\\u202e evil")
+    assert_safe_on_a_tty(out, "\\x1b]0;pwned-by-db\\x07\\x1b[2J\\u202e evil", "\\x1b[2J\\u202eevil\\u202c")  # cell, question
     assert plain.count("\\x1b]0;pwned-by-db") >= 2  # in the tool result and in the predicted rows
     printed = on_a_pty("ask", "--db", path, "--replay", turns, "--json", HOSTILE_QUESTION)
     assert_safe_on_a_tty(printed, "\\u001b]0;pwned-by-db\\u0007\\u001b[2J\\u202e evil")
     value = json.loads(printed.replace("\r\n", "\n"))  # the terminal's line discipline writes CR LF
     assert HOSTILE_CELL in value["turns"][0]["observation"]  # the JSON reads back as the cell held it
+    assert value["question"] == HOSTILE_QUESTION
 
 
 def test_eval_compare_and_show_of_a_hostile_run_on_a_tty(demo_dir, tmp_path):

@@ -290,7 +290,7 @@ function render(){var st=state();var tb=document.querySelector('#episodes tbody'
  document.getElementById('count').textContent=shown+' of '+episodes.length+' episodes';
  var s=document.getElementById('status');s.setAttribute('data-shown',String(shown));s.setAttribute('data-total',String(episodes.length));
  var first=tb.querySelector('tr');s.setAttribute('data-first-row-top',first?String(Math.round(first.getBoundingClientRect().top+window.scrollY)):'');
- if(!s.hasAttribute('data-list-ms')){void tb.offsetHeight;s.setAttribute('data-list-ms',String(Math.round(performance.now())));}}
+ if(s.getAttribute('data-list-ms')===null){void tb.offsetHeight;s.setAttribute('data-list-ms',String(Math.round(performance.now())));}}
 function rows(title,p){var box=el('div',{},[el('h3',{text:title})]);if(!p){box.appendChild(el('p',{cls:'dim',text:'not run'}));return box;}
  if(p.error){box.appendChild(el('p',{cls:'err',text:p.error}));return box;}
  box.appendChild(table(p.columns&&p.columns.length?p.columns:['(no columns)'],(p.rows||[]).map(function(r){return r.map(function(v){return v===null?'NULL':String(v);});}),false));
