@@ -28,7 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ask": ("t2s.commands.ask", "one agentic episode against any SQLite file, read-only"),
     "export": ("t2s.commands.export", "write a vLLM-loadable model folder from a checkpoint"),
     "data": ("t2s.commands.data", "prepare, check, estimate difficulty, pass-rate filter"),
-    "bench": ("t2s.commands.bench", "performance benchmarks (env, rollout) and the CPU learning proof (learn)"),
+    "bench": ("t2s.commands.bench",
+              "performance benchmarks (env, rollout, report, sandbox) and the CPU learning proof (learn)"),
 }
 
 
