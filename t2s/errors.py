@@ -63,7 +63,7 @@ def user_facing(exc: BaseException) -> bool:
 
 
 def error_line(exc: BaseException) -> str:
-    """One ``Error: ...`` line describing ``exc``."""
+    """One ``Error: ...`` line describing ``exc``, safe on a terminal (``t2s.ui.console.safe_text``)."""
     if isinstance(exc, OSError) and not isinstance(exc, T2SError):
         text = _os_error_text(exc)
     elif isinstance(exc, UnicodeDecodeError):
@@ -72,5 +72,7 @@ def error_line(exc: BaseException) -> str:
         text = f"not valid YAML: {exc}"
     else:
         text = str(exc) or type(exc).__name__
-    text = _one_line(text)
+    from t2s.ui.console import safe_text
+
+    text = safe_text(_one_line(text))  # it may quote a SQL, a path or a cell
     return text if text.startswith("Error:") else f"Error: {text}"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import threading
 from pathlib import Path
 
 import pytest
 
+from t2s.bench.sandbox import BLOWUPS, DEADLINE_SECONDS, build_attack_db, may_succeed
 from t2s.env import databases
 from t2s.env.databases import (
     benchmark_db,
@@ -24,31 +26,13 @@ BASELINE_SQL = "SELECT count(*), sum(a), max(b) FROM t WHERE b LIKE 'ROW%'"
 MARGIN = 1.0  # seconds allowed past a deadline on a busy 2-core machine
 
 
-def _build(path: Path) -> None:
-    conn = sqlite3.connect(path)
-    conn.executescript(
-        """
-        CREATE TABLE t (a INTEGER PRIMARY KEY, b TEXT COLLATE NOCASE);
-        CREATE INDEX t_b ON t(b);
-        CREATE TABLE big (x INTEGER, y TEXT);
-        CREATE TABLE raw (id INTEGER, v TEXT);
-        CREATE VIEW v AS SELECT a, b FROM t;
-        """
-    )
-    conn.executemany("INSERT INTO t VALUES (?, ?)", [(i, f"row{i}") for i in range(200)])
-    conn.executemany("INSERT INTO big VALUES (?, ?)", [(i, "y" * 10) for i in range(3000)])
-    conn.execute("INSERT INTO raw VALUES (1, CAST(x'41ff42' AS TEXT))")
-    conn.commit()
-    conn.close()
-
-
 @pytest.fixture()
 def db(tmp_path):
     """The attack database; after every test its checksum and its folder's listing must be unchanged."""
     folder = tmp_path / "db"
     folder.mkdir()
     path = folder / "attack.sqlite"
-    _build(path)
+    build_attack_db(path)
     before, listing = file_checksum(path), sorted(os.listdir(folder))
     yield path
     assert file_checksum(path) == before, "the database file changed"
@@ -233,38 +217,27 @@ def test_runaway_queries_end_at_the_deadline(db, sql):
     assert run_tool_query(ref, "SELECT count(*) FROM big", max_rows=5).rows == [(3000,)]
 
 
-@pytest.mark.parametrize(
-    "sql",
-    [
-        "SELECT randomblob(2000000000)",
-        "SELECT zeroblob(300000000)",
-        "SELECT length(randomblob(2000000000))",
-        "SELECT printf('%.*c', 999999999, 'x')",
-        "SELECT format('%.*c', 999999999, 'x')",
-        "SELECT printf('%999999999d', 1)",
-        "SELECT printf('%*s', -999999999, 'x')",
-        "SELECT printf('%s%.*c', 'a', '999999999', 'x')",
-        "SELECT printf('%.*c', CAST('999999999' AS BLOB), 'x')",
-        "SELECT printf('%.*c', ' +999999999.5e0', 'x')",
-        "SELECT printf('%l999999999c', 'x')",
-        "SELECT printf('%.1l999999999c', 'x')",
-        "SELECT length(replace(hex(zeroblob(400000)), '0', 'abcdefgh'))",
-        "SELECT length(replace(replace(hex(zeroblob(90000)), '0', '0000000000'), '0', '0000000000'))",
-        "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r WHERE n < 3000000) "
-        "SELECT length(group_concat('xxxxxxxxxx')) FROM r",
-        "SELECT length(group_concat(a.y || b.y)) FROM big a, big b",
-        "SELECT trim(hex(zeroblob(499999)), hex(zeroblob(250000)) || 'x')",
-        "SELECT ltrim(replace(hex(zeroblob(499999)), '0', 'a'), replace(hex(zeroblob(250000)), '0', 'b') || 'a')",
-    ],
-)
-def test_blowups_end_fast(db, sql):
+@pytest.mark.parametrize("sql", BLOWUPS)
+def test_blowups_end_by_a_limit(db, sql):
+    """Each blow-up ends, by a limit and not by the deadline; how soon is `bench sandbox`'s figure, not a test's."""
     ref = benchmark_db(db)
-    result = run_tool_query(ref, sql, max_rows=5, timeout=5.0)
-    if "trim(" not in sql:  # SQLite's trim with a huge character set is quadratic; ours is linear and succeeds
+    result = run_tool_query(ref, sql, max_rows=5, timeout=DEADLINE_SECONDS)
+    if not may_succeed(sql):  # SQLite's trim with a huge character set is quadratic; ours is linear
         assert result.error and result.error.startswith("Error:")
     assert not result.timed_out, "stopped by a limit, not by the deadline"
-    assert result.seconds < 2.0
     assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).rows == [(200,)]
+
+
+def test_bench_sandbox_prints_its_figures():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "t2s", "bench", "sandbox", "--only", "3"], capture_output=True,
+                         text=True, timeout=300)
+    last = out.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"sandbox: blowups=3 worst_s=\d+\.\d{3} total_s=\d+\.\d{3}", last), out.stdout + out.stderr
+    assert "randomblob(2000000000)" in out.stderr and "limit" in out.stderr
+    assert out.returncode in (0, 1) and ("target missed" in out.stdout) == (out.returncode == 1)
 
 
 def test_capped_printf_agrees_with_sqlite_below_the_cap(db):

@@ -310,15 +310,15 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a missing or malformed data file
         message = str(exc)
         message = message if message.startswith("Error:") else f"Error: cannot load {args.data}: {message}"
-        print(message, file=sys.stderr)
+        consoles.print_line(message, stderr=True)
         return 2
     rows = [r for r in rows if r.get("db_path") and Path(r["db_path"]).is_file()]
     if not rows:
-        print(f"Error: no question in {args.data} has its database file (check --db-root)", file=sys.stderr)
+        consoles.print_line(f"Error: no question in {args.data} has its database file (check --db-root)", stderr=True)
         return 2
     unusable = database_problems(rows)
     if unusable:
-        print(f"Error: {len(unusable)} database(s) cannot be read: {problems_text(unusable)}", file=sys.stderr)
+        consoles.print_line(f"Error: {len(unusable)} database(s) cannot be read: {problems_text(unusable)}", stderr=True)
         return 1
     chosen = random.Random(args.seed).sample(rows, min(QUESTIONS, len(rows)))
     refs = {databases.ref_from_row(r) for r in chosen}

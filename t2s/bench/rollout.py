@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
     if args.episodes < 1:
         print("Error: --n must be at least 1")
         return 2
-    from t2s.ui.console import console as make_console, print_table
+    from t2s.ui.console import console as make_console, print_line, print_table
 
     console = make_console()
     try:
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
         )
     except (OSError, ValueError) as exc:
         message = str(exc)
-        print(message if message.startswith("Error:") else f"Error: {message}")
+        print_line(message if message.startswith("Error:") else f"Error: {message}")
         return 1
     table = Table(
         title=f"Rollout scheduling: {len(plans)} episodes, {args.dialect} tools in {args.tool_format} calls, "

@@ -13,6 +13,7 @@ import importlib.util
 import sys
 
 from t2s.ui.args import CommandParser
+from t2s.ui.console import escape_log_records
 from t2s.errors import UsageError, error_line, user_facing
 
 # name -> (module, one-line help). Only commands whose module exists are offered.
@@ -27,7 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ask": ("t2s.commands.ask", "one agentic episode against any SQLite file, read-only"),
     "export": ("t2s.commands.export", "write a vLLM-loadable model folder from a checkpoint"),
     "data": ("t2s.commands.data", "prepare, check, estimate difficulty, pass-rate filter"),
-    "bench": ("t2s.commands.bench", "performance benchmarks (env, rollout) and the CPU learning proof (learn)"),
+    "bench": ("t2s.commands.bench",
+              "performance benchmarks (env, rollout, report, sandbox) and the CPU learning proof (learn)"),
 }
 
 
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     module = importlib.import_module(available_commands()[args.command][0])
+    escape_log_records()  # a library's warning may quote a path or a cell
     try:
         return int(module.run(args) or 0)
     except KeyboardInterrupt:

@@ -128,7 +128,9 @@ def run(args: argparse.Namespace) -> int:
              "pred_result": result_preview(result, rows=RESULT_ROWS)}
     record = {**record, **{key: extra[key] for key in RECORD_EXTRA_KEYS}}
     if args.json:
-        print(json.dumps(record, ensure_ascii=False))
+        from t2s.ui.console import safe_json
+
+        print(safe_json(record))
     elif getattr(args, "shown_live", False):  # the turns were shown as they happened: only the final SQL now
         show_trajectory({**record, "turns": []}, console)
     else:
@@ -229,24 +231,25 @@ def _show_turn(console, text: str, tool_format: str = "json") -> None:
 
     from t2s.env.native_calls import parse_turn as parse_native
     from t2s.env.turns import parse_turn
+    from t2s.ui.console import safe_text
 
     parsed = parse_native(text) if tool_format == "native" else parse_turn(text)
     shown = Text("assistant\n", style="bold")
     if parsed.thinking:
-        shown.append(parsed.thinking.strip() + "\n", style="dim italic")
+        shown.append(safe_text(parsed.thinking.strip()) + "\n", style="dim italic")
     for call in parsed.calls:
-        shown.append(json.dumps(call.as_dict(), ensure_ascii=False) + "\n", style="bold cyan")
+        shown.append(safe_text(json.dumps(call.as_dict(), ensure_ascii=False)) + "\n", style="bold cyan")
     if not parsed.calls:
-        shown.append((parsed.body.strip() or "(empty turn)") + "\n", style="" if parsed.body.strip() else "dim")
+        shown.append(safe_text(parsed.body.strip() or "(empty turn)") + "\n", style="" if parsed.body.strip() else "dim")
     console.print(shown)
 
 
 def _show_observation(console, observation: str) -> None:
-    from rich.text import Text
+    from t2s.ui.console import untrusted
 
     if observation.strip():
         console.rule("observation", align="left", style="green")
-        console.print(Text(observation.strip(), style="green"))
+        console.print(untrusted(observation.strip(), style="green"))
 
 
 class LiveTextPolicy:

@@ -50,6 +50,21 @@ def learn_arguments(parser: argparse.ArgumentParser) -> None:
                         "colocated in the trainer (make install-vllm) (default: transformers)")
 
 
+def report_arguments(parser: argparse.ArgumentParser) -> None:
+    from t2s.bench.report import QUESTIONS, TURNS
+
+    parser.add_argument("--questions", type=positive_int, default=QUESTIONS,
+                        help=f"questions per mode (default: {QUESTIONS}, BIRD dev)")
+    parser.add_argument("--turns", type=positive_int, default=TURNS, help=f"turns per episode (default: {TURNS})")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic episodes (default: 0)")
+    parser.add_argument("--output", type=non_empty_path, default=None,
+                        help="an empty folder to build in and keep (default: a temporary folder, removed)")
+
+
+def sandbox_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--only", type=positive_int, default=None,
+                        help="time only the first N blow-ups (default: every one)")
+
 
 BENCHMARKS = {
     "env": ("t2s.bench.env", env_arguments, "environment overhead against plain sqlite3 on a pinned workload"),
@@ -57,6 +72,9 @@ BENCHMARKS = {
                 "async vs turn-synchronous rollout scheduling on a simulated engine"),
     "learn": ("t2s.bench.learn", learn_arguments,
               "CPU proof that training learns: warm start, then GRPO against a permuted-reward control"),
+    "report": ("t2s.bench.report", report_arguments,
+               "report.html, show and compare on a synthetic eval folder the size of BIRD dev in both modes"),
+    "sandbox": ("t2s.bench.sandbox", sandbox_arguments, "how soon the sandbox ends each resource blow-up"),
 }
 
 

@@ -3,7 +3,6 @@ bootstrap CI, the questions that flipped); the library is ``t2s.evaluation.compa
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from t2s.errors import writing
@@ -47,7 +46,7 @@ def run(args) -> int:
         raise UsageError("Error: compare: --html writes compare.html into --output DIR; pass --output")
     from rich.text import Text
 
-    from t2s.ui.console import console as make_console, print_table
+    from t2s.ui.console import console as make_console, print_table, safe_json
 
     report = compare_runs(args.run_a, args.run_b, args.metric)  # a CompareError is one Error: line in t2s.commands.main
     console = make_console()
@@ -62,7 +61,7 @@ def run(args) -> int:
     print_table(console, table)
     if report["not_scored"]:
         console.print(f"{report['not_scored']} questions are not scored in one or both runs and were left out")
-    text = json.dumps({k: v for k, v in report.items() if k != "not_scored"}, indent=2)
+    text = safe_json({k: v for k, v in report.items() if k != "not_scored"}, indent=2)
     print(text)
     if args.output:
         out = Path(args.output)

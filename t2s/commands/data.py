@@ -11,7 +11,7 @@ from pathlib import Path
 from t2s.ui.args import add_hidden_alias, non_empty_path, non_negative_int, positive_float, positive_int, unit_float
 from t2s.env.databases import file_checksum
 from t2s.errors import UsageError, error_line
-from t2s.ui.console import print_table
+from t2s.ui.console import print_line, print_table
 from t2s.settings import workspace
 
 KIND_CHOICES = ("auto", "bird", "spider", "sqale", "synsql")
@@ -101,8 +101,8 @@ def run(args: argparse.Namespace) -> int:
     handlers = {"prepare": _prepare, "check": _check, "difficulty": _difficulty, "passrate": _passrate,
                 "make-demo": _make_demo, "convert": _convert}
     if command not in handlers:
-        print("Error: choose a subcommand: prepare, check, difficulty, passrate, convert or make-demo "
-              "(`python -m t2s data --help`).", file=sys.stderr)
+        print_line("Error: choose a subcommand: prepare, check, difficulty, passrate, convert or make-demo "
+                   "(`python -m t2s data --help`).", stderr=True)
         return 2
     if command in OUTPUT_FILES and args.output and Path(args.output).is_file():  # refused before any work
         raise UsageError(f"Error: --output is a folder (it gets {OUTPUT_FILES[command]}); {args.output} is a file")
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     except UsageError:
         raise
     except ValueError as exc:  # DataError, and the policies' refusals; OSError and the rest go to t2s.commands.main
-        print(error_line(exc), file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)  # error_line escapes what it quotes
         return 1
 
 
@@ -190,7 +190,7 @@ def check_and_report(rows, *, console, data_file=None, db_root=None, workers=4, 
     summary = hygiene.summarize(outcomes)
     print_table(console, hygiene.summary_table(summary, title=title))
     if getattr(rows, "missing_databases", None):
-        console.print(f"[yellow]{rows.missing_summary()}[/yellow]")
+        console.print(rows.missing_summary(), style="yellow")
     if from_cache:
         console.print(f"(from the cache: {hygiene.cache_file(key)})")
     if output:
@@ -243,7 +243,7 @@ def _prepare(args) -> int:
         try:
             rows = loaders.load_json_rows(data_file)
         except data_rows.DataError as exc:
-            console.print(f"[yellow]{data_file}: skipped. {exc}[/yellow]")
+            console.print(f"{data_file}: skipped. {exc}", style="yellow")
             continue
         check_and_report(rows, console=console, data_file=data_file, db_root=rows.db_root, workers=args.workers,
                          title=f"gold SQL check: {data_file}")
@@ -364,7 +364,7 @@ def _passrate(args) -> int:
                          f"within 0 .. --k {args.k}, lowest first")
     rows = load_for_command(args, require_databases=None)
     if getattr(rows, "missing_databases", None):
-        console.print(f"[yellow]{rows.missing_summary()} (skipped)[/yellow]")
+        console.print(f"{rows.missing_summary()} (skipped)", style="yellow")
         rows = [r for r in rows if r["db_id"] not in rows.missing_databases]
     counts = passrate.policy_counts(rows, args)
     kept = passrate.keep_partially_solved(rows, counts, args.k, args.min_solved, high)

@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     from t2s.ui.console import console as make_console, print_table
     from t2s.settings import offline_environment
     from t2s.training.progress import quiet_libraries, step_printer
+    from rich.text import Text
 
     configure_cpu_threads(on_cpu=True)  # before torch is imported
     offline_environment()
@@ -54,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     from t2s.training.learning import grpo_run, plot_curves
     from t2s.training.configs import ConfigError
 
-    console.rule("[bold]t2s demo: a tiny Qwen3.5 learns on a CPU")  # fits 80 columns
+    console.rule(Text("t2s demo: a tiny Qwen3.5 learns on a CPU", style="bold"))  # fits 80 columns
     printer = step_printer(console)
     try:
         model_dir = Path(args.model) if args.model else cached_warm_start(console)
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     rows = list(trainer.train_dataset)
     del trainer
     code = _evaluate(console, output, args.eval_n, rows)
-    console.rule(f"[bold]demo finished in {time.perf_counter() - started:.0f} s")
+    console.rule(Text(f"demo finished in {time.perf_counter() - started:.0f} s", style="bold"))
     return code
 
 

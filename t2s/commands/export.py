@@ -32,6 +32,8 @@ def run(args) -> int:
     command_environment()
     from t2s.evaluation.export import export_model
 
+    from t2s.ui.console import print_line
+
     out = export_model(  # an ExportError is one Error: line in t2s.commands.main
         args.checkpoint,
         args.output,
@@ -43,7 +45,7 @@ def run(args) -> int:
         repo_id=args.repo_id,
         max_shard_size=args.max_shard_size,
     )
-    print(f"Exported to {out}")
+    print_line(f"Exported to {out}")
     return 0
 
 

@@ -135,7 +135,7 @@ def thread_map(fn, items: Sequence, *, workers: int = DEFAULT_WORKERS, label: st
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     results: list = [None] * len(items)
-    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn(label, markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, disable=not progress, transient=True) as bar, \
             ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         task = bar.add_task(label, total=len(items))
@@ -180,6 +180,7 @@ def summarize(outcomes: Sequence[dict]) -> dict:
 def summary_table(summary: dict, title: str = "gold SQL check"):
     """A rich table: one line per database, then the overall line."""
     from rich.table import Table
+    from rich.text import Text
 
     table = Table(title=title)
     table.add_column("database", overflow="fold")
@@ -188,8 +189,8 @@ def summary_table(summary: dict, title: str = "gold SQL check"):
     for db, counts in summary["per_db"].items():
         table.add_row(db, *[str(counts[n]) for n in OUTCOMES], str(sum(counts.values())))
     overall = summary["overall"]
-    table.add_row("[bold]overall[/bold]", *[f"[bold]{overall[n]}[/bold]" for n in OUTCOMES],
-                  f"[bold]{sum(overall.values())}[/bold]", end_section=True)
+    cells = ["overall", *[str(overall[n]) for n in OUTCOMES], str(sum(overall.values()))]
+    table.add_row(*(Text(cell, style="bold") for cell in cells), end_section=True)
     return table
 
 

@@ -131,17 +131,17 @@ LIST_COLUMNS = ("id", "sample/step", "mode", "db", "difficulty", "question", "sc
 
 
 def _print_rows(console, title: str, columns, rows) -> None:
-    """A table of plain-text cells: ids, questions and database names are shown as written, never read as markup."""
+    """A table of plain-text cells: ids, questions and database names are shown as written (controls as escapes),
+    never read as markup."""
     from rich.table import Table
-    from rich.text import Text
 
-    from t2s.ui.console import print_table
+    from t2s.ui.console import print_table, untrusted
 
-    table = Table(title=Text(title))
+    table = Table(title=untrusted(title))
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
+        table.add_row(*(untrusted(cell) for cell in row))
     print_table(console, table)
 
 

@@ -93,6 +93,7 @@ def keep_partially_solved(rows: Sequence[dict], counts: Sequence[int], k: int, l
 def histogram_table(counts: Sequence[int], k: int, low: int, high: int):
     """A rich table: how many rows were solved 0..k times, and which of them are kept."""
     from rich.table import Table
+    from rich.text import Text
 
     histogram = Counter(counts)
     table = Table(title=f"pass rate over {k} samples")
@@ -102,5 +103,5 @@ def histogram_table(counts: Sequence[int], k: int, low: int, high: int):
     for solved in range(k + 1):
         table.add_row(f"{solved}/{k}", str(histogram.get(solved, 0)), "yes" if low <= solved <= high else "")
     kept = sum(n for s, n in histogram.items() if low <= s <= high)
-    table.add_row("[bold]total[/bold]", f"[bold]{len(counts)}[/bold]", f"[bold]{kept} kept[/bold]", end_section=True)
+    table.add_row(*(Text(cell, style="bold") for cell in ("total", str(len(counts)), f"{kept} kept")), end_section=True)
     return table

@@ -3,7 +3,9 @@
 No network and no external script or style: the data is a JSON block inside the page, read by inline JavaScript.
 The page holds the summary table, the plot (summary.png, embedded), accuracy per difficulty and per database, and a
 filterable list of episodes; an episode opens into its transcript (thinking folded, tool calls, observations,
-formatted SQL) with the gold and predicted rows side by side.
+formatted SQL) with the gold and predicted rows side by side. With k samples per question the page holds each
+question's first sample in full, with every sample's scores and the question's vote (``votes.jsonl``) beside it, so
+that its size grows with the number of questions, not with k.
 
 The first screen holds the summary table, the plot and the list of episodes (in data order: mode by mode, then
 question id, then sample); the tables per difficulty and per database follow the list.
@@ -15,12 +17,16 @@ sample's episode), ``mode=M``, ``db=DB``, ``difficulty=D``, ``wrong=1`` and ``q=
 ``&``: ``#mode=full&id=42``. The page writes what it shows into ``#status`` (``data-shown``, ``data-total``,
 ``data-errors``, ``data-missing`` for an id it does not hold, ``data-first-row-top``: where the list's first row
 starts), and the open episode into ``#detail`` (``data-open``, ``data-question-id``), so a headless browser can check
-it.
+it; and its own clock: ``data-list-ms`` (from navigation start until the episode list is laid out) and
+``data-open-ms`` (the last transcript opened), which ``bench report`` reads. Each episode's turns and row previews
+are a JSON string of their own (``data.details``), parsed when the episode opens, so that the list does not wait for
+them.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 from pathlib import Path
 
@@ -31,7 +37,8 @@ PAGE_TITLE = "t2s eval report"
 HASH_PARAMETERS = (
     ("id=QUESTION_ID", "open that question (the id show --id takes)"),
     ("mode=M", "list mode M only (with id: open that mode's episode)"),
-    ("sample=S", "with id: open sample S"),
+    ("sample=S", "with id: open sample S (with k samples the page holds each question's first sample in full and "
+                 "every sample's scores: the question opens on its first sample)"),
     ("db=DB", "list database DB only"),
     ("difficulty=D", "list difficulty D only"),
     ("wrong=1", "list the wrong answers only"),
@@ -43,14 +50,36 @@ HASH_PARAMETERS = (
 def _sql(sql) -> str:
     from t2s.evaluation.transcript import format_sql
 
+    return _cached_sql(sql) if isinstance(sql, str) else format_sql(sql)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _cached_sql(sql: str) -> str:
+    """sqlparse is slow (milliseconds a statement), and an episode repeats its SQL: the submitted one, the gold one."""
+    from t2s.evaluation.transcript import format_sql
+
     return format_sql(sql)
 
 
+#: what only an opened transcript needs: the page keeps it per episode as a JSON string, parsed when it opens
+DETAIL_KEYS = ("turns", "gold_result", "pred_result")
+
+
+def _split_details(episodes: list[dict]) -> list[str]:
+    """Move each episode's DETAIL_KEYS into a JSON string of its own (``data.details[i]``)."""
+    details = []
+    for line in episodes:
+        details.append(json.dumps({key: line.pop(key) for key in DETAIL_KEYS if key in line}, ensure_ascii=False,
+                                  default=str))
+    return details
+
+
 def _page_line(line: dict) -> dict:
-    """An episode line as the page shows it: SQL formatted (the files keep it as written)."""
+    """An episode line as the page shows it: SQL formatted (the files keep it as written); a turn's text after its
+    thinking only when it made no call (the calls show it), and no ``submitted_sql`` (the final SQL shows it)."""
     from t2s.env.turns import split_thinking
 
-    shown = dict(line)
+    shown = {key: value for key, value in line.items() if key != "submitted_sql"}
     turns = []
     for turn in line.get("turns") or []:
         thinking, body, _ = split_thinking(turn.get("assistant") or "")
@@ -60,7 +89,7 @@ def _page_line(line: dict) -> dict:
             sql = args.get("sql") if isinstance(args, dict) and isinstance(args.get("sql"), str) else None
             rest = {k: v for k, v in args.items() if k != "sql"} if isinstance(args, dict) else args
             calls.append({"tool": call.get("tool"), "args": rest, "sql": _sql(sql) if sql else None})
-        turns.append({"thinking": thinking.strip(), "body": body.strip(), "calls": calls,
+        turns.append({"thinking": thinking.strip(), "body": "" if calls else body.strip(), "calls": calls,
                       "observation": turn.get("observation") or ""})
     shown["turns"] = turns
     shown["final_sql"] = _sql(line.get("final_sql"))
@@ -78,17 +107,46 @@ def render_page(data: dict) -> str:
     """The HTML page of ``data`` (title, summaries, plot, episodes, pairs)."""
     import html
 
-    payload = json.dumps(data, ensure_ascii=False, default=str).replace("</", "<\\/").replace("<!--", "<\\!--")
+    # inside <script>, "</" would end the block and "<!--" would change how it ends: both written as JSON escapes
+    payload = json.dumps(data, ensure_ascii=False, default=str).replace("</", "<\\/").replace("<!--", "<\\u0021--")
     title = json.dumps(data.get("title") or PAGE_TITLE)[1:-1].replace("<", "&lt;")
     links = "; ".join(f"<code>{html.escape(name)}</code> {html.escape(what)}" for name, what in HASH_PARAMETERS)
     return (_TEMPLATE.replace("__TITLE__", title).replace("__STYLE__", _STYLE).replace("__SCRIPT__", _SCRIPT)
             .replace("__LINKS__", links).replace("__DATA__", payload))
 
 
+SAMPLE_SCORES = ("sample", "official", "strict", "soft_f1")
+
+
+def question_lines(path: Path, mode: str, votes: dict[str, dict]) -> list[dict]:
+    """The page's lines of one mode's episodes file, read a line at a time: each question's first sample, with
+    ``samples`` (every sample's scores) and ``vote`` added when it has more than one sample or a vote."""
+    firsts: dict[str, dict] = {}
+    scores: dict[str, list[dict]] = {}
+    with open(path, encoding="utf-8") as handle:
+        for text in handle:
+            if not text.strip():
+                continue
+            line = json.loads(text)
+            key = str(line.get("question_id"))
+            scores.setdefault(key, []).append({name: line.get(name) for name in SAMPLE_SCORES})
+            if key not in firsts or int(line.get("sample") or 0) < int(firsts[key].get("sample") or 0):
+                firsts[key] = line
+    lines = []
+    for key, line in firsts.items():
+        line = {**line, "mode": line.get("mode") or mode}
+        if len(scores[key]) > 1 or key in votes:
+            line["samples"] = sorted(scores[key], key=lambda s: int(s.get("sample") or 0))
+            if key in votes:
+                line["vote"] = {name: votes[key].get(name) for name in ("sample", "official")}
+        lines.append(_page_line(line))
+    return lines
+
+
 def write_report(folder) -> Path:
-    """Write ``folder/report.html`` from an eval folder's summary.json, summary.png and episodes."""
+    """Write ``folder/report.html`` from an eval folder's summary.json, summary.png, episodes and votes."""
     from t2s.evaluation.browse import in_data_order
-    from t2s.evaluation.run_folders import EPISODES, read_jsonl, read_summaries
+    from t2s.evaluation.run_folders import EPISODES, VOTES, read_jsonl, read_summaries
 
     folder = Path(folder)
     summaries = read_summaries(folder)
@@ -96,10 +154,12 @@ def write_report(folder) -> Path:
     for mode in summaries:
         path = folder / mode / EPISODES
         if path.is_file():
-            lines += [{**line, "mode": line.get("mode") or mode} for line in read_jsonl(path)]
-    episodes = [_page_line(line) for line in in_data_order(lines)]
+            votes_path = folder / mode / VOTES
+            votes = {str(v["question_id"]): v for v in read_jsonl(votes_path)} if votes_path.is_file() else {}
+            lines += question_lines(path, mode, votes)
+    episodes = in_data_order(lines)
     data = {"title": f"{PAGE_TITLE}: {folder.name}", "summaries": summaries,
-            "plot": _embedded_png(folder / "summary.png"), "episodes": episodes}
+            "plot": _embedded_png(folder / "summary.png"), "episodes": episodes, "details": _split_details(episodes)}
     out = folder / "report.html"
     with writing(out):
         out.write_text(render_page(data), encoding="utf-8")
@@ -178,7 +238,8 @@ function note(m){errors.push(String(m));var s=document.getElementById('status');
 window.addEventListener('error',function(e){note(e.message);});
 var origError=console.error;console.error=function(){note(Array.prototype.join.call(arguments,' '));origError.apply(console,arguments);};
 var data=JSON.parse(document.getElementById('data').textContent);
-var episodes=data.episodes||[];
+var episodes=data.episodes||[];var details=data.details||[];
+function full(i){var e=episodes[i];if(typeof details[i]==='string'){var more=JSON.parse(details[i]);for(var k in more)e[k]=more[k];details[i]=null;}return e;}
 function el(tag,attrs,children){var n=document.createElement(tag);attrs=attrs||{};
  for(var k in attrs){if(k==='text')n.textContent=attrs[k];else if(k==='cls')n.className=attrs[k];else n.setAttribute(k,attrs[k]);}
  (children||[]).forEach(function(c){if(c!=null)n.appendChild(typeof c==='string'?document.createTextNode(c):c);});return n;}
@@ -221,13 +282,15 @@ function state(){return {q:document.getElementById('f-q').value.toLowerCase(),mo
 function render(){var st=state();var tb=document.querySelector('#episodes tbody');tb.textContent='';var shown=0;
  episodes.forEach(function(e,i){if(st.mode&&e.mode!==st.mode)return;if(st.db&&e.db_id!==st.db)return;if(st.difficulty&&e.difficulty!==st.difficulty)return;
   if(st.wrong&&!wrong(e))return;if(st.q&&hay(e).indexOf(st.q)<0)return;shown++;
-  var cell=e.other?el('td',{},[e.flip+' A ',mark(e),' B ',mark(e.other)]):el('td',{text:score(e),cls:'score'});
+  var sampled=e.samples?' ('+e.samples.filter(function(s){return s.official===1;}).length+'/'+e.samples.length+(e.vote?', vote '+fmt(e.vote.official,'d'):'')+')':'';
+  var cell=e.other?el('td',{},[e.flip+' A ',mark(e),' B ',mark(e.other)]):el('td',{text:score(e)+sampled,cls:'score'});
   var tr=el('tr',{cls:e.other?'pair':(wrong(e)?'bad':'ok'),'data-index':String(i)},[el('td',{text:String(e.question_id)+(e.sample?' #'+e.sample:'')}),el('td',{text:e.mode||''}),
    el('td',{text:e.db_id||''}),el('td',{text:e.difficulty||''}),cell,el('td',{text:String((e.counters||{}).turns||0)}),
    el('td',{text:e.question||''})]);tr.addEventListener('click',function(){open(i);});tb.appendChild(tr);});
  document.getElementById('count').textContent=shown+' of '+episodes.length+' episodes';
  var s=document.getElementById('status');s.setAttribute('data-shown',String(shown));s.setAttribute('data-total',String(episodes.length));
- var first=tb.querySelector('tr');s.setAttribute('data-first-row-top',first?String(Math.round(first.getBoundingClientRect().top+window.scrollY)):'');}
+ var first=tb.querySelector('tr');s.setAttribute('data-first-row-top',first?String(Math.round(first.getBoundingClientRect().top+window.scrollY)):'');
+ if(s.getAttribute('data-list-ms')===null){void tb.offsetHeight;s.setAttribute('data-list-ms',String(Math.round(performance.now())));}}
 function rows(title,p){var box=el('div',{},[el('h3',{text:title})]);if(!p){box.appendChild(el('p',{cls:'dim',text:'not run'}));return box;}
  if(p.error){box.appendChild(el('p',{cls:'err',text:p.error}));return box;}
  box.appendChild(table(p.columns&&p.columns.length?p.columns:['(no columns)'],(p.rows||[]).map(function(r){return r.map(function(v){return v===null?'NULL':String(v);});}),false));
@@ -244,13 +307,16 @@ function transcript(e){var box=el('div');
  box.appendChild(el('h3',{text:'final SQL ('+(e.final_sql_source||'none')+')'}));box.appendChild(el('pre',{cls:'sql',text:e.final_sql||'none'}));
  if(e.gold_sql){box.appendChild(el('h3',{text:'gold SQL'}));box.appendChild(el('pre',{cls:'sql',text:e.gold_sql}));}
  var sc=['official','strict','soft_f1','reward','tier','f1','join','consensus'].filter(function(k){return e[k]!==undefined&&e[k]!==null;}).map(function(k){return k+'='+e[k];});
- box.appendChild(el('p',{text:sc.join('  ')}));box.appendChild(el('p',{cls:'dim',text:Object.keys(e.counters||{}).map(function(k){return k+'='+e.counters[k];}).join(' ')}));
+ box.appendChild(el('p',{text:sc.join('  ')}));
+ if(e.samples){box.appendChild(el('p',{cls:'samples',text:e.samples.length+' samples, official EX of each: '+e.samples.map(function(s){return '#'+s.sample+' '+fmt(s.official,'d');}).join(', ')
+  +(e.vote?'; vote: sample '+fmt(e.vote.sample,'d')+', official '+fmt(e.vote.official,'d'):'')+' (the transcript is sample '+(e.sample||0)+')'}));}box.appendChild(el('p',{cls:'dim',text:Object.keys(e.counters||{}).map(function(k){return k+'='+e.counters[k];}).join(' ')}));
  if(e.error)box.appendChild(el('p',{cls:'err',text:e.error}));
  box.appendChild(el('div',{cls:'side'},[rows('gold rows',e.gold_result),rows('predicted rows',e.pred_result)]));return box;}
-function open(i){var e=episodes[i];var d=document.getElementById('detail');d.textContent='';d.hidden=false;d.setAttribute('data-question-id',String(e.question_id));
+function open(i){var t0=performance.now();var e=full(i);var d=document.getElementById('detail');d.textContent='';d.hidden=false;d.setAttribute('data-question-id',String(e.question_id));
  var x=el('button',{id:'close',text:'close'});x.addEventListener('click',function(){d.hidden=true;});d.appendChild(x);
  if(e.other){d.appendChild(el('div',{cls:'pair'},[el('div',{},[el('h2',{text:'A: '+data.names[0]}),transcript(e)]),el('div',{},[el('h2',{text:'B: '+data.names[1]}),transcript(e.other)])]));}
- else d.appendChild(transcript(e));d.setAttribute('data-open',String(i));d.scrollTop=0;}
+ else d.appendChild(transcript(e));d.setAttribute('data-open',String(i));d.scrollTop=0;
+ void d.offsetHeight;document.getElementById('status').setAttribute('data-open-ms',String(Math.round(performance.now()-t0)));}
 function fromHash(){var h=(location.hash||'').replace(/^#/,'');var params={};h.split('&').forEach(function(p){if(!p)return;var kv=p.split('=');params[decodeURIComponent(kv[0])]=decodeURIComponent(kv.slice(1).join('='));});
  if(params.q)document.getElementById('f-q').value=params.q;if(params.mode)document.getElementById('f-mode').value=params.mode;
  if(params.db)document.getElementById('f-db').value=params.db;if(params.difficulty)document.getElementById('f-difficulty').value=params.difficulty;
@@ -260,7 +326,8 @@ function fromHash(){var h=(location.hash||'').replace(/^#/,'');var params={};h.s
   document.getElementById('count').textContent+=' (no episode of question '+params.id+(params.mode?' in mode '+params.mode:'')+')';}}
  else if(params.open!==undefined&&episodes[Number(params.open)])open(Number(params.open));}
 function find(p){for(var i=0;i<episodes.length;i++){var e=episodes[i];if(String(e.question_id)!==p.id)continue;
- if(p.mode&&e.mode!==p.mode)continue;if(p.sample!==undefined&&String(e.sample||0)!==p.sample)continue;return i;}return -1;}
+ if(p.mode&&e.mode!==p.mode)continue;if(p.sample!==undefined&&String(e.sample||0)!==p.sample
+  &&!(e.samples||[]).some(function(s){return String(s.sample)===p.sample;}))continue;return i;}return -1;}
 summary();options('f-mode','mode');options('f-db','db_id');options('f-difficulty','difficulty');
 ['f-q','f-mode','f-db','f-difficulty','f-wrong'].forEach(function(id){var n=document.getElementById(id);n.addEventListener('input',render);n.addEventListener('change',render);});
 window.addEventListener('hashchange',fromHash);fromHash();

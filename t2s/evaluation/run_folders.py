@@ -24,6 +24,8 @@ from t2s.errors import T2SError
 EVAL_CONFIG = "eval_config.json"
 EPISODES = "episodes.jsonl"
 SCORES = "scores.jsonl"
+#: with k > 1: each question's vote, one line each (``t2s.scoring.voting.question_votes``)
+VOTES = "votes.jsonl"
 SUMMARY = "summary.json"
 
 

@@ -175,8 +175,8 @@ class Progress:
         from t2s.ui.console import console
 
         self._progress = RichProgress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("official EX {task.fields[acc]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+            TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),
+            TextColumn("official EX {task.fields[acc]}", markup=False), TimeElapsedColumn(), TimeRemainingColumn(),
             console=console(stderr=True), transient=False,
         )  # fmt: skip
         self._progress.start()
@@ -334,8 +334,8 @@ def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path
     """Play one mode into ``folder`` (episodes.jsonl, scores.jsonl, eval_config.json); returns its summary."""
     from t2s.evaluation.records import score_line
     from t2s.evaluation.report import summarise
-    from t2s.evaluation.run_folders import SCORES, write_jsonl
-    from t2s.scoring.voting import vote_accuracy
+    from t2s.evaluation.run_folders import SCORES, VOTES, write_jsonl
+    from t2s.scoring.voting import accuracy_of, question_votes
 
     config = build_config(args, mode, runner, data_file, len(selected))
     check_resume_config(folder, config)
@@ -353,7 +353,11 @@ def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path
     lines = sorted(log.lines, key=lambda line: (str(line["question_id"]), line["sample"]))
     write_jsonl(folder / SCORES, [score_line(line) for line in lines])
     rows_by_id = {str(r["question_id"]): r for r in selected}
-    vote = vote_accuracy(lines, rows_by_id) if args.k > 1 else None
+    vote = None
+    if args.k > 1:
+        votes = question_votes(lines, rows_by_id)
+        write_jsonl(folder / VOTES, [{"question_id": key, **value} for key, value in sorted(votes.items())])
+        vote = accuracy_of(votes)
     config = dict(config, wall_seconds=round(time.time() - started, 1))
     return summarise(lines, config=config, k=args.k, vote_at_k=vote, skipped=skipped)
 

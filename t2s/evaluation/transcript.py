@@ -1,7 +1,9 @@
 """One episode, readably, in a terminal: the question, each turn's thinking (folded unless asked for), tool calls and
 observations, the final SQL formatted with sqlparse, the counters and scores, and the gold and predicted rows.
 
-Used by ``ask`` (as the episode happens) and ``show`` (from an eval folder or a training run's logged episodes).
+Used by ``ask`` (as the episode happens) and ``show`` (from an eval folder or a training run's logged episodes). Every
+text of the record is untrusted: it goes through ``t2s.ui.console.safe_text`` (controls and bidi characters shown as
+escapes) and is never read as markup.
 """
 
 from __future__ import annotations
@@ -44,15 +46,17 @@ def result_table(title: str, preview: dict | None):
     from rich.table import Table
     from rich.text import Text
 
+    from t2s.ui.console import untrusted
+
     if preview is None:
         return Text(f"{title}: not run", style="dim")
     if preview.get("error"):
-        return Text(f"{title}: {preview['error']}", style="red")
+        return untrusted(f"{title}: {preview['error']}", style="red")
     table = Table(title=title)
     for column in preview.get("columns") or ["(no columns)"]:
-        table.add_column(Text(str(column)))
-    for row in preview.get("rows") or []:  # database text as written, never read as markup
-        table.add_row(*[Text("NULL" if v is None else str(v)) for v in row])
+        table.add_column(untrusted(column))
+    for row in preview.get("rows") or []:  # database text as written, escaped, never read as markup
+        table.add_row(*[untrusted("NULL" if v is None else v) for v in row])
     if preview.get("more"):
         table.caption = "more rows not shown"
     return table
@@ -62,18 +66,20 @@ def print_heading(record: dict, console) -> None:
     """The episode's heading: question id, database, mode (difficulty, sample), then the question and its evidence."""
     from rich.text import Text
 
+    from t2s.ui.console import safe_text, untrusted
+
     head = Text()
-    head.append(f"question {record.get('question_id')}", style="bold")
-    head.append(f"  db {record.get('db_id')}  mode {record.get('mode')}")
+    head.append(safe_text(f"question {record.get('question_id')}"), style="bold")
+    head.append(safe_text(f"  db {record.get('db_id')}  mode {record.get('mode')}"))
     if record.get("difficulty"):
-        head.append(f"  {record['difficulty']}")
+        head.append(safe_text(f"  {record['difficulty']}"))
     if record.get("sample"):
-        head.append(f"  sample {record['sample']}")
+        head.append(safe_text(f"  sample {record['sample']}"))
     console.print(head)
     if record.get("question"):
-        console.print(Text(record["question"]))
+        console.print(untrusted(record["question"]))
     if record.get("evidence"):
-        console.print(Text("evidence: " + record["evidence"], style="dim"))
+        console.print(untrusted(f"evidence: {record['evidence']}", style="dim"))
 
 
 def print_transcript(record: dict, console, *, fold_thinking: bool = True, heading: bool = True) -> None:
@@ -82,7 +88,7 @@ def print_transcript(record: dict, console, *, fold_thinking: bool = True, headi
     from rich.text import Text
 
     from t2s.env.turns import split_thinking
-    from t2s.ui.console import print_table
+    from t2s.ui.console import print_table, safe_text, untrusted
 
     if heading:
         print_heading(record, console)
@@ -90,24 +96,25 @@ def print_transcript(record: dict, console, *, fold_thinking: bool = True, headi
         thinking, body, _ = split_thinking(turn.get("assistant") or "")
         parts = Text()
         if thinking:
-            parts.append(_thinking_text(thinking, fold_thinking) + "\n", style="dim italic")
+            parts.append(safe_text(_thinking_text(thinking, fold_thinking)) + "\n", style="dim italic")
         if turn.get("calls"):
             for call in turn["calls"]:
-                parts.append(_call_text(call) + "\n", style="bold cyan")
+                parts.append(safe_text(_call_text(call)) + "\n", style="bold cyan")
         elif body.strip():
-            parts.append(body.strip() + "\n")
+            parts.append(safe_text(body.strip()) + "\n")
         if not parts:
             parts.append("(empty turn)", style="dim")
         if turn.get("observation"):
-            parts.append("\n" + turn["observation"], style="green")
+            parts.append("\n" + safe_text(turn["observation"]), style="green")
         console.rule(f"turn {number}", align="left")
         console.print(parts)
     console.rule("result", align="left")
-    final = Text(f"final SQL ({record.get('final_sql_source')}):\n", style="bold")
-    final.append(format_sql(record.get("final_sql")) or "none", style="bold" if record.get("final_sql") else "red")
+    final = untrusted(f"final SQL ({record.get('final_sql_source')}):\n", style="bold")
+    final.append(safe_text(format_sql(record.get("final_sql")) or "none"),
+                 style="bold" if record.get("final_sql") else "red")
     console.print(final)
     if record.get("gold_sql"):
-        console.print(Text("gold SQL:\n", style="bold").append(format_sql(record["gold_sql"])))
+        console.print(Text("gold SQL:\n", style="bold").append(safe_text(format_sql(record["gold_sql"]))))
     counters = record.get("counters") or {}
     console.print(" ".join(f"{key}={value}" for key, value in counters.items()), style="dim", highlight=False)
     scores = [f"{key}={record[key]}" for key in ("official", "strict", "soft_f1", "reward", "tier", "f1", "join",
@@ -115,7 +122,7 @@ def print_transcript(record: dict, console, *, fold_thinking: bool = True, headi
     if scores:
         console.print(" ".join(scores), style="bold", highlight=False)
     if record.get("error"):
-        console.print(Text(str(record["error"]), style="red"))
+        console.print(untrusted(record["error"], style="red"))
     for title, key in (("gold rows", "gold_result"), ("predicted rows", "pred_result")):
         if key in record:
             table = result_table(title, record[key])

@@ -5,6 +5,17 @@ from __future__ import annotations
 
 def vote_accuracy(lines: list[dict], rows_by_id: dict[str, dict]) -> float:
     """Official EX of execution-consistency voting over each question's samples (DESIGN §7)."""
+    return accuracy_of(question_votes(lines, rows_by_id))
+
+
+def accuracy_of(votes: dict[str, dict]) -> float:
+    """The official EX of ``question_votes``' choices."""
+    return round(sum(v["official"] for v in votes.values()) / len(votes), 6) if votes else 0.0
+
+
+def question_votes(lines: list[dict], rows_by_id: dict[str, dict]) -> dict[str, dict]:
+    """Each scored question's vote: ``{question_id: {"sample": the sample voted for (None when no sample ran),
+    "official": 1 or 0}}``."""
     from t2s.env import databases
     from t2s.env.databases import ref_from_row
     from t2s.scoring.metrics import vote
@@ -14,7 +25,7 @@ def vote_accuracy(lines: list[dict], rows_by_id: dict[str, dict]) -> float:
         if line["official"] is None:  # the gold SQL failed: not scored
             continue
         by_question.setdefault(str(line["question_id"]), []).append(line)
-    correct = 0
+    votes = {}
     for question_id, samples in by_question.items():
         samples.sort(key=lambda line: line["sample"])
         row = rows_by_id[question_id]
@@ -31,5 +42,6 @@ def vote_accuracy(lines: list[dict], rows_by_id: dict[str, dict]) -> float:
                 cache[sql] = databases.run_scoring_query(ref, sql, timeout=timeout)
             results.append(cache[sql])
         chosen = vote(results)
-        correct += int(chosen is not None and samples[chosen]["official"] == 1)
-    return round(correct / len(by_question), 6) if by_question else 0.0
+        votes[question_id] = {"sample": None if chosen is None else samples[chosen]["sample"],
+                              "official": int(chosen is not None and samples[chosen]["official"] == 1)}
+    return votes

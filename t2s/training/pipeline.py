@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -292,6 +291,7 @@ def start_command(config: str) -> Path | None:
     """
     from t2s.training.cpu_threads import configure_cpu_threads
     from t2s.settings import offline_environment
+    from t2s.ui.console import print_line
 
     configure_cpu_threads()
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -301,7 +301,7 @@ def start_command(config: str) -> Path | None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     path = resolve_path(config)
     if path is None or not path.is_file():
-        print(f"Error: recipe {config} not found.", file=sys.stderr)
+        print_line(f"Error: recipe {config} not found.", stderr=True)
         return None
     return path
 
@@ -310,10 +310,11 @@ def setup_error(exc: Exception) -> int:
     """A recipe, config or data error at start-up on stderr (a ConfigError as it is, any other as its first line,
     prefixed ``Error:``); returns the exit code (2)."""
     from t2s.training.configs import ConfigError
+    from t2s.ui.console import print_line
 
     if isinstance(exc, ConfigError):
-        print(str(exc), file=sys.stderr)
+        print_line(str(exc), stderr=True)
         return 2
     message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
-    print(message.splitlines()[0], file=sys.stderr)
+    print_line((message.splitlines() or [""])[0], stderr=True)
     return 2

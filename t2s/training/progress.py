@@ -29,6 +29,7 @@ STEP_COLUMNS = (  # (log key, column title, format)
 
 def step_printer(console):
     """A TrainerCallback that prints each step's reward components, episode rates, KL, beta and time split as it ends."""
+    from rich.text import Text
     from transformers import TrainerCallback
 
     class StepPrinter(TrainerCallback):
@@ -44,8 +45,9 @@ def step_printer(console):
                 fmt = next(f for k, _, f in STEP_COLUMNS if k == key)
                 return fmt.format(logs[key]) if logs.get(key) is not None else "-"
 
-            console.print(
-                f"[bold]step {state.global_step}/{state.max_steps}[/]  reward {show('reward')}  f1 {show('rewards/dense/f1')}  "
+            head = Text(f"step {state.global_step}/{state.max_steps}", style="bold")
+            console.print(head, Text(
+                f"  reward {show('reward')}  f1 {show('rewards/dense/f1')}  "
                 f"join {show('rewards/dense/join')}  consensus {show('rewards/dense/consensus')}\n"
                 f"  tiers: equivalent {show('tier/equivalent')}  executable {show('tier/executable')}  parsable "
                 f"{show('tier/parsable')}  invalid {show('tier/invalid')}\n"
@@ -53,8 +55,8 @@ def step_printer(console):
                 f"{show('episodes/forced_rate')}  kl {show('kl')}  beta {show('beta')}\n"
                 f"  time {show('step_time')} s: generation {show('time/generation')}  environment "
                 f"{show('time/environment')}  reward {show('time/reward')}  forward/backward "
-                f"{show('time/forward_backward')}",
-                highlight=False,
+                f"{show('time/forward_backward')}"),
+                sep="", highlight=False,
             )
 
         def table(self):

@@ -81,7 +81,9 @@ class CommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
     def error(self, message: str):
-        sys.stderr.write(f"Error: {self.prog}: {message} (see `{self.prog} --help`)\n")
+        from t2s.ui.console import safe_text
+
+        sys.stderr.write(safe_text(f"Error: {self.prog}: {message} (see `{self.prog} --help`)") + "\n")
         sys.exit(2)
 
 
