@@ -107,7 +107,8 @@ RUNAWAYS = [
     "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT string_agg(CAST(n AS TEXT), ',') FROM r",
     "SELECT length(string_agg(a.route_name || b.route_name, ',')) FROM routes a, routes b, rides c, rides d",
     "SELECT count(*) FROM rides a, rides b, rides c, rides d",
-    "SELECT count(*) FROM (SELECT * FROM rides a CROSS JOIN rides b CROSS JOIN rides c) x WHERE random() > 2",
+    "SELECT count(*) FROM (SELECT * FROM rides a CROSS JOIN rides b CROSS JOIN rides c CROSS JOIN rides d) x "
+    "WHERE random() > 2",
 ]
 POSTGRES_RUNAWAYS = RUNAWAYS + ["SELECT pg_sleep(30)", "SELECT count(*) FROM generate_series(1, 10000000000)"]
 
