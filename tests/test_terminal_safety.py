@@ -245,7 +245,7 @@ LINK = "[link=https://evil.example/x]click me[/link]"
 def on_a_pty(*args, timeout: float = 240.0) -> str:
     """``python -m t2s ARGS`` with stdin, stdout and stderr on a pseudo-terminal; everything it wrote, decoded."""
     import pty
-    import select
+    import selectors
     import subprocess
     import sys
     import time
@@ -259,10 +259,11 @@ def on_a_pty(*args, timeout: float = 240.0) -> str:
                                stderr=device, cwd=REPO_ROOT, env=env, close_fds=True)
     os.close(device)
     chunks, deadline = [], time.monotonic() + timeout
+    selector = selectors.DefaultSelector()  # epoll: select() refuses descriptors past 1023, which a long run reaches
+    selector.register(controller, selectors.EVENT_READ)
     try:
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([controller], [], [], 1.0)
-            if ready:
+            if selector.select(1.0):
                 try:
                     data = os.read(controller, 65536)
                 except OSError:  # EIO: every writer closed the terminal
@@ -276,6 +277,7 @@ def on_a_pty(*args, timeout: float = 240.0) -> str:
     finally:
         if process.poll() is None:
             process.kill()
+        selector.close()
         os.close(controller)
     raw = b"".join(chunks)
     assert process.returncode == 0, raw.decode("utf-8", "replace")
