@@ -27,10 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import os
-
-log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
@@ -92,9 +89,9 @@ SERVER_WEIGHTS = ".server-weights"
 
 def server_sync_mode(args) -> str:
     """``vllm_server_sync``, or its default: nccl where CUDA is, files elsewhere."""
-    import torch
+    from t2s.backends.vllm_engine import has_cuda
 
-    return args.vllm_server_sync or ("nccl" if torch.cuda.is_available() else "files")
+    return args.vllm_server_sync or ("nccl" if has_cuda() else "files")
 
 
 @contextlib.contextmanager
