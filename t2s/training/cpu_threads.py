@@ -67,6 +67,7 @@ KERNEL_FALLBACK = "is falling back to its reference PyTorch implementation"
 KERNEL_FALLBACK_LINE = ("CPU run: Qwen3.5's linear-attention layers use their PyTorch reference (the causal_conv1d and "
                         "flash-linear-attention kernels need a GPU)")
 HUB_KERNELS_LOGGER = "transformers.integrations.hub_kernels"
+_FALLBACK_SAID: list[bool] = []  # non-empty once the line is printed
 
 
 def quiet_kernel_fallbacks() -> None:
@@ -75,14 +76,12 @@ def quiet_kernel_fallbacks() -> None:
     import logging
 
     class OneLine(logging.Filter):
-        said = False
-
         def filter(self, record: logging.LogRecord) -> bool:
             if KERNEL_FALLBACK not in str(record.msg):
                 return True
-            if OneLine.said:
+            if _FALLBACK_SAID:  # once per process, however many filters a run installs
                 return False
-            OneLine.said = True
+            _FALLBACK_SAID.append(True)
             record.msg, record.args = KERNEL_FALLBACK_LINE, ()
             return True
 
