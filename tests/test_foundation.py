@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -110,22 +111,28 @@ def test_tiny_model_loads_from_path_and_generates(tiny_model_dir, tiny_tokenizer
     )
 
 
-@pytest.mark.parametrize("quiet", [True, False])
-def test_a_cpu_run_says_once_that_gpu_kernels_do_not_apply(tiny_model_dir, quiet):
+@pytest.mark.parametrize("quiet, ci", [(True, False), (True, True), (False, False)])
+def test_a_cpu_run_says_once_that_gpu_kernels_do_not_apply(tiny_model_dir, quiet, ci):
     """transformers warns four times that the linear-attention layers fall back from causal_conv1d and
-    flash-linear-attention; a CPU run set up by t2s prints one line instead."""
+    flash-linear-attention; a CPU run set up by t2s prints one line instead. With ``CI`` set, transformers' logger
+    also propagates to the root logger, which a command gives a handler: the line is still printed once."""
     from t2s.training.cpu_threads import KERNEL_FALLBACK, KERNEL_FALLBACK_LINE
 
     script = (
-        "import torch\nfrom t2s.training.cpu_threads import configure_cpu_threads\n"
+        "import logging, torch\nfrom t2s.training.cpu_threads import configure_cpu_threads\n"
         + ("configure_cpu_threads(on_cpu=True)\n" if quiet else "")
-        + "from transformers import AutoModelForCausalLM\n"
+        + "logging.basicConfig(level=logging.INFO, format='%(levelname)s %(name)s: %(message)s')\n"
+        "from transformers import AutoModelForCausalLM\n"
         f"model = AutoModelForCausalLM.from_pretrained({str(tiny_model_dir)!r}, dtype=torch.float32)\n"
         "model.generate(torch.tensor([[1, 2, 3, 4]]), max_new_tokens=3, do_sample=False)\n"
         "model.train()\nmodel(torch.tensor([[1, 2, 3, 4]]))\n"
+        "logging.getLogger('transformers.integrations.hub_kernels').warning('another warning passes')\n"
     )
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    env = {k: v for k, v in os.environ.items() if k != "CI"} | ({"CI": "true"} if ci else {})
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO_ROOT,
+                          env=env)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("another warning passes") == (2 if ci else 1)  # the root handler sees it too under CI
     if quiet:
         assert done.stderr.count(KERNEL_FALLBACK_LINE) == 1 and KERNEL_FALLBACK not in done.stderr
     else:  # what the line replaces: one warning per kernel function

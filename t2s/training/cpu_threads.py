@@ -71,19 +71,24 @@ _FALLBACK_SAID: list[bool] = []  # non-empty once the line is printed
 
 
 def quiet_kernel_fallbacks() -> None:
-    """For a run on a CPU: the first of transformers' kernel-fallback warnings becomes ``KERNEL_FALLBACK_LINE``, the
-    others are dropped. Other warnings pass."""
+    """For a run on a CPU: transformers' kernel-fallback warnings are dropped, and the first of them prints
+    ``KERNEL_FALLBACK_LINE`` on stderr instead. Other warnings pass.
+
+    The line is printed here, not handed on as a log record: with ``CI`` set, transformers' logger also propagates to
+    the root logger, so a record would be printed once by each handler.
+    """
     import logging
 
     class OneLine(logging.Filter):
         def filter(self, record: logging.LogRecord) -> bool:
             if KERNEL_FALLBACK not in str(record.msg):
                 return True
-            if _FALLBACK_SAID:  # once per process, however many filters a run installs
-                return False
-            _FALLBACK_SAID.append(True)
-            record.msg, record.args = KERNEL_FALLBACK_LINE, ()
-            return True
+            if not _FALLBACK_SAID:  # once per process, however many filters or handlers a run has
+                _FALLBACK_SAID.append(True)
+                from t2s.ui.console import print_line
+
+                print_line(KERNEL_FALLBACK_LINE, stderr=True)
+            return False
 
     logger = logging.getLogger(HUB_KERNELS_LOGGER)
     if not any(type(f).__name__ == "OneLine" for f in logger.filters):
