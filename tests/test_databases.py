@@ -363,6 +363,42 @@ def test_payload_copies_are_released_when_their_thread_ends():
     assert databases._payloads.total == before
 
 
+def _open_files(path: Path) -> int:
+    """How many of this process's descriptors are open on ``path``."""
+    target, count = str(path.resolve()), 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == target
+        except OSError:  # closed meanwhile
+            pass
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc to count open descriptors")
+def test_a_threads_connections_are_closed_when_the_thread_ends(tmp_path):
+    """Pools come and go (a training run starts one per rollout): each worker's connections are closed when it ends,
+    not when the garbage collector next runs a full pass, which is rare in a process holding a model."""
+    import gc
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = _make_db(tmp_path / "pooled.sqlite")
+    ref = benchmark_db(path, "pooled")
+    assert _open_files(path) == 0
+    was_enabled = gc.isenabled()
+    gc.disable()  # as if no full pass came
+    try:
+        for _ in range(3):
+            with ThreadPoolExecutor(4) as pool:
+                done = list(pool.map(lambda i: (run_tool_query(ref, f"SELECT trim(b) FROM t WHERE a = {i}", max_rows=5).rows,
+                                                run_scoring_query(ref, "SELECT count(*) FROM t", timeout=5).rows),
+                                     range(16)))
+            assert done[3] == ([("v3",)], [(10,)])
+            assert _open_files(path) == 0
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 @pytest.mark.parametrize("ddl", ["", "   -- nothing here\n", "CREATE TABLE t (a INTEGR PRIMARY KEY KEY); NOT SQL AT ALL;"])
 def test_a_payload_without_tables_loads_as_an_empty_database(ddl):
     image, counts = build_payload_image(ddl, {"t": [{"a": 1}]})

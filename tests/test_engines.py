@@ -11,6 +11,7 @@ import datetime
 import json
 import subprocess
 import sys
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -302,3 +303,37 @@ def test_data_convert_command_writes_duckdb_files(tmp_path, demo_dir):
     assert done.returncode == 0, done.stderr
     assert "kept 63 of 63 questions (100.0%)" in done.stdout
     assert (tmp_path / "out/dev_databases/cycling_club/cycling_club.duckdb").is_file()
+
+
+def test_a_pools_server_sessions_end_with_its_threads(request):
+    """A training run starts a thread pool per rollout: each worker's PostgreSQL sessions end when the worker does,
+    so steps never pile sessions up against the server's ``max_connections``."""
+    import gc
+    from concurrent.futures import ThreadPoolExecutor
+
+    import psycopg
+
+    ref = _demo_ref(request, "postgres")
+    _, options, _ = _engine_data(request, "postgres")
+
+    def sessions() -> int:
+        with psycopg.connect(options["dsn"], autocommit=True) as admin:
+            return admin.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s",
+                                 (ref.db_id,)).fetchone()[0]
+
+    before = sessions()
+    was_enabled = gc.isenabled()
+    gc.disable()  # as if no full collection came
+    try:
+        for _ in range(3):
+            with ThreadPoolExecutor(4) as pool:
+                counts = list(pool.map(lambda _: databases.run_tool_query(ref, "SELECT count(*) FROM clubs",
+                                                                           max_rows=5).rows, range(12)))
+            assert len(set(map(str, counts))) == 1 and counts[0][0][0] > 0
+            deadline = time.monotonic() + 10  # the server notices a closed session at once; allow it a moment
+            while sessions() > before and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert sessions() == before
+    finally:
+        if was_enabled:
+            gc.enable()
