@@ -47,18 +47,15 @@ def shared_data_dir() -> Path:
     return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
 
 
-def offline_environment() -> None:
-    """Set the variables that keep a run off the network and quiet (idempotent)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+def command_environment() -> None:
+    """Keep a command quiet (idempotent) without forcing the hub offline: ``--model`` and ``--base`` may name hub ids,
+    downloaded unless ``HF_HUB_OFFLINE=1`` is set (as ``train`` does)."""
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def command_environment() -> None:
-    """The quiet settings of ``settings.offline_environment`` without forcing the hub offline: ``--model`` and
-    ``--base`` may name hub ids, downloaded unless ``HF_HUB_OFFLINE=1`` is set (as ``train`` does)."""
-    hub_offline = os.environ.get("HF_HUB_OFFLINE")
-    offline_environment()
-    if hub_offline is None:
-        del os.environ["HF_HUB_OFFLINE"]
+def offline_environment() -> None:
+    """``command_environment`` and the hub offline: a run that downloads nothing (idempotent)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    command_environment()

@@ -251,6 +251,32 @@ def test_postgres_runs_reads_in_a_read_only_transaction(postgres_target):
     assert again.rows == [(6,)]  # the failed statement's transaction was rolled back
 
 
+def test_postgres_sessions_are_read_only_and_never_plan_parallel_workers(postgres_target):
+    """Set once per session: parallel plans would return rows in a varying order (strict EX)."""
+    from t2s.env.databases import postgres_engine
+
+    with postgres_engine.connect(postgres_target.path) as conn:
+        assert conn.execute("SHOW max_parallel_workers_per_gather").fetchone() == ("0",)
+        assert conn.execute("SHOW default_transaction_read_only").fetchone() == ("on",)
+
+
+def test_postgres_ddl_quotes_reserved_and_mixed_case_names(postgres_demo):
+    """The DDL a model reads writes each name as PostgreSQL needs it: ``"order"`` and ``"Mixed"`` quoted."""
+    import psycopg
+
+    _, _, dsn = postgres_demo
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute('DROP DATABASE IF EXISTS "names" WITH (FORCE)')
+        admin.execute('CREATE DATABASE "names"')
+    url = databases.server_url(dsn, "names")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute('CREATE TABLE "user" (id integer PRIMARY KEY, "order" text, "Mixed" text, plain_name text)')
+    catalog = databases.read_catalog(databases.server_db(url, "names"))
+    assert catalog.ddl["user"] == ('CREATE TABLE "user" (id integer, "order" text, "Mixed" text, plain_name text, '
+                                   'PRIMARY KEY (id))')
+    databases.close_thread_connections()
+
+
 def test_the_readme_read_only_role_works(postgres_target):
     """The role the README tells users to create reads and can do nothing else, even without our guard."""
     import psycopg

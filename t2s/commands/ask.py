@@ -57,17 +57,10 @@ POLICIES: dict[str, tuple[Callable, Callable]] = {
 
 def ask_row(question: str, evidence: str, db) -> dict:
     """A data row for a free-form question (no gold SQL)."""
-    return {
-        "question_id": "ask",
-        "question": question,
-        "evidence": evidence or "",
-        "gold_sql": None,
-        "db_id": db.db_id,
-        "db_path": db.path,
-        "schema_id": None,
-        "difficulty": None,
-        "source": "ask",
-    }
+    from t2s.data.rows import make_row
+
+    return make_row(question_id="ask", question=question, evidence=evidence, gold_sql=None, db_id=db.db_id,
+                    db_path=db.path, source="ask")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -126,7 +119,7 @@ def run(args: argparse.Namespace) -> int:
     result = databases.run_tool_query(db, sql, max_rows=RESULT_ROWS) if sql else None
     extra = {"question": row["question"], "evidence": row["evidence"],
              "pred_result": result_preview(result, rows=RESULT_ROWS)}
-    record = {**record, **{key: extra[key] for key in RECORD_EXTRA_KEYS}}
+    record = {**record, **extra}  # extra's keys are RECORD_EXTRA_KEYS, in that order
     if args.json:
         from t2s.ui.console import safe_json
 
@@ -162,11 +155,11 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _model_config(args, config):
-    from t2s.backends.base import SamplingSettings
+    from t2s.evaluation.policies import sampling_settings
 
     config.enable_thinking = args.enable_thinking
     config.max_tokens_per_turn = args.max_tokens_per_turn
-    return SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    return sampling_settings(args)
 
 
 def _model_policy(args, row: dict, config, db) -> dict:

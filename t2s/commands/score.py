@@ -9,12 +9,6 @@ from pathlib import Path
 from t2s.ui.args import add_hidden_alias, non_empty_path, positive_int
 
 
-# ---------------------------------------------------------------------------------------------------- scoring
-
-
-# ---------------------------------------------------------------------------------------------------- command
-
-
 def add_arguments(parser) -> None:
     parser.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider-style JSON data file (or its folder)")
     parser.add_argument("--predictions", required=True, type=non_empty_path,

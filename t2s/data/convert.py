@@ -171,7 +171,7 @@ def compare(sqlite_result, engine_result, ordered: bool) -> tuple[str, str] | No
 
 def convert(data, engine: str, output, *, dsn: str | None = None, db_root=None, progress=None) -> dict:
     """Convert a data file's databases and questions; writes OUT/dev.json and OUT/convert_report.json."""
-    from t2s.data.loaders import load_json_rows
+    from t2s.data.loaders import json_data_file, load_json_rows
     from t2s.env import databases
 
     if engine not in ("duckdb", "postgres"):
@@ -181,10 +181,7 @@ def convert(data, engine: str, output, *, dsn: str | None = None, db_root=None, 
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
     rows = load_json_rows(data, db_root, require_databases=False)
-    data_file = Path(data)
-    if data_file.is_dir():
-        data_file = next(p for p in (data_file / n for n in ("dev.json", "train.json", "mini_dev_sqlite.json",
-                                                            "train_spider.json")) if p.is_file())
+    data_file = json_data_file(data)
     records = read_records(data_file)
     db_reports: dict[str, dict] = {}
     refs: dict[str, object] = {}

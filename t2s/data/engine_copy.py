@@ -165,13 +165,12 @@ class SourceTable:
         self.name = name
         info = conn.execute(f"PRAGMA table_info({quote(name)})").fetchall()
         self.columns = [row[1] for row in info]
-        self.kinds = {}
-        for row in info:
-            column = row[1]
-            found = {kind for (kind,) in conn.execute(f"SELECT DISTINCT typeof({quote(column)}) FROM {quote(name)}")}
-            self.kinds[column] = _stored_kind(found, row[2])
+        # one scan: the row count, and each column's stored kinds (typeof's words, comma-separated)
+        kinds = ", ".join(f"group_concat(DISTINCT typeof({quote(row[1])}))" for row in info)
+        self.rows, *found = conn.execute(f"SELECT count(*){', ' if kinds else ''}{kinds} FROM {quote(name)}").fetchone()
+        self.kinds = {row[1]: _stored_kind(set(words.split(",")) if words else set(), row[2])
+                      for row, words in zip(info, found, strict=True)}
         self.primary_key = [row[1] for row in sorted((r for r in info if r[5]), key=lambda r: r[5])]
-        self.rows = conn.execute(f"SELECT count(*) FROM {quote(name)}").fetchone()[0]
         by_lower = {column.lower(): column for column in self.columns}
         self.foreign_keys: list[tuple[list[str], str, list[str]]] = []  # (columns, parent table, parent columns)
         grouped: dict[int, tuple[str, list, list]] = {}

@@ -35,12 +35,10 @@ _DATA_FILES = {
     "spider": ("dev.json", "train_spider.json"),
     "synsql": ("data.json", "synsql.json"),
 }
+# The data file a JSON loader reads when it is given a folder: the first of these in it.
+_JSON_DATA_FILES = ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spider.json")
 # Database folders looked for beside a data file, in order.
 _DB_FOLDERS = ("dev_databases", "train_databases", "database", "databases")
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Reading files
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -201,6 +199,26 @@ def load_synsql(path, db_root=None, *, source=None, require_databases=None, limi
     )
 
 
+def rows_on_engine(load, engine: str, dsn: str | None, require_databases=None) -> RowList:
+    """The rows ``load()`` reads (called with no SQLite files expected, so quietly) pointed at ``engine``'s databases:
+    DuckDB files or a PostgreSQL server, as ``data convert`` writes them (``with_engine``)."""
+    disabled, log.disabled = log.disabled, True  # the SQLite files are not expected beside converted data
+    try:
+        rows = load()
+    finally:
+        log.disabled = disabled
+    return with_engine(rows, engine, dsn, require_databases)
+
+
+def json_data_file(path) -> Path:
+    """The file a JSON loader reads for ``path``: ``path`` itself, or for a folder the first of ``_JSON_DATA_FILES`` in
+    it (``path`` as it is when none is there: reading it then fails with the usual error)."""
+    path = Path(path)
+    if path.is_dir():
+        return next((path / name for name in _JSON_DATA_FILES if (path / name).is_file()), path)
+    return path
+
+
 def load_json_rows(path, db_root=None, source=None, *, require_databases=None, engine: str = "sqlite",
                    dsn: str | None = None) -> RowList:
     """A BIRD- or Spider-style JSON file, told apart by its SQL field (``SQL`` or ``query``).
@@ -210,18 +228,9 @@ def load_json_rows(path, db_root=None, source=None, *, require_databases=None, e
     ``<db_id>`` on the server at ``dsn`` (as ``data convert`` writes them).
     """
     if engine != "sqlite":
-        disabled, log.disabled = log.disabled, True  # the SQLite files are not expected beside converted data
-        try:
-            rows = load_json_rows(path, db_root, source, require_databases=False)
-        finally:
-            log.disabled = disabled
-        return with_engine(rows, engine, dsn, require_databases)
-    data_file = Path(path)
-    if data_file.is_dir():
-        for name in ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spider.json"):
-            if (data_file / name).is_file():
-                data_file = data_file / name
-                break
+        return rows_on_engine(lambda: load_json_rows(path, db_root, source, require_databases=False), engine, dsn,
+                              require_databases)
+    data_file = json_data_file(path)
     records = read_records(data_file)
     first = records[0] if records else {}
     if "gold_sql" in first:
@@ -322,10 +331,3 @@ def load_rows(kind: str, path=None, db_root=None, **opts) -> RowList:
     if kind in ("json", "auto"):
         return load_json_rows(path, db_root, opts.get("source"), require_databases=opts.get("require_databases"))
     raise DataError(f"Error: unknown data kind {kind!r} (expected one of {', '.join(KINDS)})")
-
-
-def database_ref(row: dict):
-    """The DatabaseRef of a row (the registry: ``databases.ref_from_row``)."""
-    from t2s.env import databases
-
-    return databases.ref_from_row(row)

@@ -70,11 +70,6 @@ def default_system_prompt(dialect: str = "exec_plan", tool_format: str = "json",
     return f"{intro}\n\nTools:\n{tool_schemas.prompt_lines(dialect)}\n\n{_JSON_RULES[dialect]}"
 
 
-EXEC_PLAN_SYSTEM_PROMPT = default_system_prompt("exec_plan")
-SIBLING_SYSTEM_PROMPT = default_system_prompt("sibling")
-SUBMIT_TOOLS = tool_schemas.SUBMIT_TOOLS
-
-
 def system_prompt(dialect: str = "exec_plan", path: str | Path | None = None, tool_format: str = "json",
                   engine: str = "sqlite") -> str:
     """The tool instructions; ``path`` replaces them with a file's text.

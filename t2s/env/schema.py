@@ -10,46 +10,13 @@ import csv
 import difflib
 import functools
 import io
-import re
 import threading
 from collections import deque
 from pathlib import Path
 
-from t2s.env.databases import DatabaseRef, read_catalog, tool_connection
-
-_PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_RESERVED = frozenset(
-    """abort action add after all alter analyze and as asc attach autoincrement before begin between by cascade case
-    cast check collate column commit conflict constraint create cross current current_date current_time
-    current_timestamp database default deferrable deferred delete desc detach distinct do drop each else end escape
-    except exclusive exists explain fail filter for foreign from full glob group having if ignore immediate in index
-    indexed initially inner insert instead intersect into is isnull join key left like limit match natural no not
-    nothing notnull null of offset on or order outer over plan pragma primary query raise recursive references regexp
-    reindex release rename replace restrict returning right rollback row rows savepoint select set table temp temporary
-    then to transaction trigger union unique update using vacuum values view virtual when where window with without""".split()
-)
-
-
-# Words DuckDB and PostgreSQL reserve beyond SQLite's list above.
-_SERVER_RESERVED = _RESERVED | frozenset(
-    """analyse any array asymmetric authorization binary both cast current_catalog current_role current_schema
-    current_user fetch freeze grant ilike lateral leading localtime localtimestamp only overlaps placing returning
-    session_user similar some symmetric tablesample trailing true false user variadic verbose""".split()
-)
-
+from t2s.env.databases import DatabaseRef, quote_identifier, read_catalog, tool_connection
 
 @functools.lru_cache(maxsize=4096)
-def quote_identifier(name: str, engine: str = "sqlite") -> str:
-    """``name`` as written when it is a plain, non-reserved identifier, else double-quoted safely. On PostgreSQL and
-    DuckDB a name with capitals is quoted too (PostgreSQL folds bare names to lowercase)."""
-    if engine == "sqlite":
-        if _PLAIN_IDENTIFIER.fullmatch(name) and name.lower() not in _RESERVED:
-            return name
-    elif _PLAIN_IDENTIFIER.fullmatch(name) and name == name.lower() and name not in _SERVER_RESERVED:
-        return name
-    return '"' + name.replace('"', '""') + '"'
-
-
 def one_line_ddl(sql: str) -> str:
     """Collapse whitespace runs to one space outside quoted strings and identifiers; ``--`` comments become ``/* */``."""
     out: list[str] = []

@@ -15,8 +15,9 @@ import json
 from pathlib import Path
 
 from t2s.errors import T2SError
+from t2s.evaluation.run_folders import EPISODES, SCORES
 
-RUN_FILES = ("scores.jsonl", "episodes.jsonl")
+RUN_FILES = (SCORES, EPISODES)
 
 
 class CompareError(T2SError, ValueError):
@@ -109,7 +110,7 @@ def compare_runs(run_a, run_b, metric: str = "official") -> dict:
 def write_html(run_a, run_b, report: dict, out: Path) -> Path:
     """compare.html of the two runs' flipped questions (their episodes.jsonl)."""
     from t2s.evaluation.report_html import write_compare_report
-    from t2s.evaluation.run_folders import EPISODES, read_jsonl
+    from t2s.evaluation.run_folders import read_jsonl
     from t2s.evaluation.browse import flipped, in_data_order
 
     lines = []

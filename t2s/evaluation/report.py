@@ -277,9 +277,10 @@ def write_reports(folder, summaries: dict[str, dict]) -> None:
     from pathlib import Path
 
     from t2s.evaluation.report_html import write_report
+    from t2s.evaluation.run_folders import SUMMARY
 
     folder = Path(folder)
-    (folder / "summary.json").write_text(json.dumps({"modes": summaries}, indent=2) + "\n")
+    (folder / SUMMARY).write_text(json.dumps({"modes": summaries}, indent=2) + "\n")
     (folder / "summary.md").write_text(modes_markdown(summaries))
     plot_summaries(summaries, folder / "summary.png")
     write_report(folder)

@@ -26,6 +26,7 @@ from t2s.evaluation.policies import Runner, single_turn_system_prompt
 from t2s.errors import EvalError
 from t2s.evaluation.options import check_policy_args, read_system_prompt
 from t2s.evaluation.report import published_differences
+from t2s.evaluation.run_folders import EPISODES, EVAL_CONFIG
 from t2s.run_lock import run_folder_lock
 
 PACKAGES = ("torch", "transformers", "trl", "vllm", "peft", "sqlglot")
@@ -75,7 +76,7 @@ class EpisodeLog:
 
     def __init__(self, folder: Path):
         self.folder = folder
-        self.path = folder / "episodes.jsonl"
+        self.path = folder / EPISODES
         self.lines: list[dict] = []
         self._handle = None
 
@@ -138,7 +139,7 @@ def resume_config(config: dict) -> dict:
 
 def check_resume_config(folder: Path, config: dict) -> None:
     """Write ``eval_config.json``, or refuse when the folder holds results of another configuration."""
-    path = folder / "eval_config.json"
+    path = folder / EVAL_CONFIG
     wanted = resume_config(config)
     if path.is_file():
         try:
@@ -152,7 +153,7 @@ def check_resume_config(folder: Path, config: dict) -> None:
                 f"Error: {folder} holds results of a different configuration (changed: {', '.join(changed)}); "
                 "re-run with the same settings to resume, or choose another --output"
             )
-    elif (folder / "episodes.jsonl").is_file():
+    elif (folder / EPISODES).is_file():
         raise EvalError(f"Error: {folder} has episodes.jsonl but no eval_config.json; choose another --output")
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({k: v for k, v in config.items() if k not in TIMING_KEYS}, indent=2) + "\n")
@@ -205,7 +206,7 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
     questions are left out, and counted with the database ids in ``skipped``.
     """
     from t2s.data.db_probe import database_problems, problems_text
-    from t2s.data.loaders import load_json_rows
+    from t2s.data.loaders import json_data_file, load_json_rows
     from t2s.data.rows import DataError
 
     data = Path(args.data)
@@ -218,9 +219,7 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
         raise EvalError(str(exc)) from None
     if not rows:
         raise EvalError(f"Error: no questions in {data}")
-    data_file = data
-    if data.is_dir():
-        data_file = next(p for p in (data / n for n in ("dev.json", "train.json", "mini_dev_sqlite.json", "train_spider.json")) if p.is_file())
+    data_file = json_data_file(data)
     selected = select_rows(list(rows), args.n, args.seed)
     unique: dict[str, dict] = {}
     for row in selected:  # a row repeated word for word (rows.repeated_ids) is played and counted once

@@ -225,8 +225,11 @@ def score_table(summary: dict, lines: list[dict]):
 
 
 def score_warnings(summary: dict, problem_report: dict, lines: list[dict]) -> list[str]:
-    def some(ids):
-        return ", ".join(map(str, ids[:5])) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+    from functools import partial
+
+    from t2s.ui.console import some
+
+    some = partial(some, limit=5)
 
     out = []
     if summary["missing"]:

@@ -212,17 +212,14 @@ def _gold_features(ref, gold_sql: str) -> _GoldFeatures:
             return _gold_features_cache[key]
     result = databases.gold_result(ref, gold_sql)
     cells = _cells(result.rows) if result.ok and not result.over_cap else Counter()
-    features = _GoldFeatures(result=result, cells=cells, tables=_tables(gold_sql, _dialect(ref)))
+    tables = _tables(gold_sql, databases.SQLGLOT_DIALECTS.get(ref.engine, "sqlite"))
+    features = _GoldFeatures(result=result, cells=cells, tables=tables)
     if not result.timed_out:
         with _gold_features_lock:
             _gold_features_cache[key] = features
             while len(_gold_features_cache) > _GOLD_FEATURES_MAX:
                 _gold_features_cache.popitem(last=False)
     return features
-
-
-def _dialect(ref) -> str:  # sqlglot's name for the SQL dialect of ref's engine
-    return {"duckdb": "duckdb", "postgres": "postgres"}.get(getattr(ref, "engine", "sqlite"), "sqlite")
 
 
 def execute_final(row: dict, final_sql, *, episode_write_attempt: bool = False) -> ExecutionOutcome:
@@ -243,7 +240,8 @@ def execute_final(row: dict, final_sql, *, episode_write_attempt: bool = False) 
         outcome.error = "Error: no final SQL"
         return outcome
     ref = databases.ref_from_row(row)
-    outcome.parses = parses_as_sql(final_sql, _dialect(ref))
+    dialect = databases.SQLGLOT_DIALECTS.get(ref.engine, "sqlite")  # sqlglot's name for the SQL of ref's engine
+    outcome.parses = parses_as_sql(final_sql, dialect)
     gold = _gold_features(ref, row["gold_sql"])
     if not gold.result.ok or gold.result.timed_out or gold.result.over_cap:
         outcome.gold_error = gold.result.error or ("Error: gold over the scoring cap" if gold.result.over_cap
@@ -257,7 +255,7 @@ def execute_final(row: dict, final_sql, *, episode_write_attempt: bool = False) 
         return outcome
     outcome.executes = True
     outcome.non_empty = bool(pred.rows)
-    pred_tables = _tables(final_sql, _dialect(ref))
+    pred_tables = _tables(final_sql, dialect)
     outcome.reads_tables = bool(pred_tables)
     outcome.join = len(gold.tables) >= 2 and pred_tables == gold.tables
     if pred.over_cap:  # never equivalent, F1 0, no consensus signature

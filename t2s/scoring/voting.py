@@ -3,11 +3,6 @@
 from __future__ import annotations
 
 
-def vote_accuracy(lines: list[dict], rows_by_id: dict[str, dict]) -> float:
-    """Official EX of execution-consistency voting over each question's samples (DESIGN §7)."""
-    return accuracy_of(question_votes(lines, rows_by_id))
-
-
 def accuracy_of(votes: dict[str, dict]) -> float:
     """The official EX of ``question_votes``' choices."""
     return round(sum(v["official"] for v in votes.values()) / len(votes), 6) if votes else 0.0

@@ -67,29 +67,34 @@ KERNEL_FALLBACK = "is falling back to its reference PyTorch implementation"
 KERNEL_FALLBACK_LINE = ("CPU run: Qwen3.5's linear-attention layers use their PyTorch reference (the causal_conv1d and "
                         "flash-linear-attention kernels need a GPU)")
 HUB_KERNELS_LOGGER = "transformers.integrations.hub_kernels"
-_FALLBACK_SAID: list[bool] = []  # non-empty once the line is printed
 
 
-def quiet_kernel_fallbacks() -> None:
-    """For a run on a CPU: transformers' kernel-fallback warnings are dropped, and the first of them prints
-    ``KERNEL_FALLBACK_LINE`` on stderr instead. Other warnings pass.
+class _KernelFallbackLine:
+    """A logging filter: drops transformers' kernel-fallback warnings, and prints ``KERNEL_FALLBACK_LINE`` on stderr
+    for the first of them in the process.
 
     The line is printed here, not handed on as a log record: with ``CI`` set, transformers' logger also propagates to
     the root logger, so a record would be printed once by each handler.
     """
+
+    said = False  # once per process, however many filters or handlers a run has
+
+    def filter(self, record) -> bool:
+        if KERNEL_FALLBACK not in str(record.msg):
+            return True
+        if not _KernelFallbackLine.said:
+            _KernelFallbackLine.said = True
+            from t2s.ui.console import print_line
+
+            print_line(KERNEL_FALLBACK_LINE, stderr=True)
+        return False
+
+
+def quiet_kernel_fallbacks() -> None:
+    """For a run on a CPU: one line instead of transformers' kernel-fallback warnings (``_KernelFallbackLine``).
+    Other warnings pass."""
     import logging
 
-    class OneLine(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            if KERNEL_FALLBACK not in str(record.msg):
-                return True
-            if not _FALLBACK_SAID:  # once per process, however many filters or handlers a run has
-                _FALLBACK_SAID.append(True)
-                from t2s.ui.console import print_line
-
-                print_line(KERNEL_FALLBACK_LINE, stderr=True)
-            return False
-
     logger = logging.getLogger(HUB_KERNELS_LOGGER)
-    if not any(type(f).__name__ == "OneLine" for f in logger.filters):
-        logger.addFilter(OneLine())
+    if not any(isinstance(f, _KernelFallbackLine) for f in logger.filters):
+        logger.addFilter(_KernelFallbackLine())

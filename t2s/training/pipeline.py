@@ -52,25 +52,20 @@ def load_training_rows(script_args, training_args, tokenizer=None) -> tuple[list
     data_path, db_root = check_data_paths(script_args)
     opts = {"schemas": script_args.sqale_schemas} if script_args.dataset_kind == "sqale" else {}
     engine = getattr(script_args, "engine", "sqlite") or "sqlite"
-    if engine != "sqlite":
-        opts["require_databases"] = False  # no SQLite files beside converted data: with_engine checks the engine's
-    import logging
 
-    quiet = logging.getLogger("t2s.data.loaders")
-    disabled, quiet.disabled = quiet.disabled, engine != "sqlite"  # converted data has no SQLite files beside it
-    try:
-        rows = load_rows(script_args.dataset_kind, str(data_path or script_args.dataset_path),
-                         str(db_root) if db_root else None, **opts)
-    finally:
-        quiet.disabled = disabled
-    if engine != "sqlite":  # the same questions on DuckDB files or a PostgreSQL server (`t2s data convert`)
-        import os
+    def load(**more):
+        return load_rows(script_args.dataset_kind, str(data_path or script_args.dataset_path),
+                         str(db_root) if db_root else None, **opts, **more)
 
-        from t2s.data.loaders import with_engine
+    if engine == "sqlite":
+        rows = load()
+    else:  # the same questions on DuckDB files or a PostgreSQL server (`t2s data convert`)
+        from t2s.data.loaders import rows_on_engine
         from t2s.data.rows import DataError
 
         try:
-            rows = with_engine(rows, engine, script_args.dsn or os.environ.get("T2S_DSN"), require_databases=True)
+            rows = rows_on_engine(lambda: load(require_databases=False), engine,
+                                  script_args.dsn or os.environ.get("T2S_DSN"), require_databases=True)
         except DataError as exc:
             raise ConfigError(str(exc)) from None
     rows = list(rows)
@@ -231,12 +226,6 @@ def resume_checkpoint(training_args) -> str | None:
     return str(value)
 
 
-def train(script_args, training_args, model_args, *, callbacks=None):
-    """Build, train, save; returns the trainer."""
-    trainer, counts = build_trainer(script_args, training_args, model_args, callbacks=callbacks)
-    return fit(trainer, counts, resume_checkpoint(training_args))
-
-
 def fit(trainer, counts: dict, checkpoint: str | None = None):
     """Train (from ``checkpoint`` when given), save the model and a summary in output_dir, then end the run.
 
@@ -285,19 +274,16 @@ def use_step_printer(trainer) -> None:
 
 
 def start_command(config: str) -> Path | None:
-    """What ``train`` and ``sft`` do first: CPU threads (before torch is imported), quiet offline settings, logging.
+    """What ``train`` and ``sft`` do first: CPU threads (before torch is imported), quiet settings, logging.
 
     Returns the recipe's path, or None after one ``Error:`` line when it is not found.
     """
     from t2s.training.cpu_threads import configure_cpu_threads
-    from t2s.settings import offline_environment
+    from t2s.settings import command_environment
     from t2s.ui.console import print_line
 
     configure_cpu_threads()
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        offline_environment()
+    command_environment()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     path = resolve_path(config)
     if path is None or not path.is_file():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import decimal
 import json
+import re
 
 from t2s.env.databases.fetching import _fetch
 from t2s.env.databases.results import QueryResult
@@ -80,8 +81,6 @@ def fetch_capped(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bo
         max_rows = max(0, int(max_rows))
         rows = normalise_rows(cursor.fetchmany(max_rows + 1))
         return rows[:max_rows], len(rows) > max_rows, False
-    if max_cells is None and max_bytes is None:
-        return normalise_rows(cursor.fetchall()), False, False
     return _fetch(cursor, max_cells, max_bytes, normalise_rows)
 
 
@@ -141,6 +140,38 @@ def refused(reason: str, write: bool = False) -> QueryResult:
         return QueryResult(error=f"Error: the database is read-only; writes are not allowed ({reason})",
                            write_attempt=True)
     return QueryResult(error=f"Error: not allowed in the read-only sandbox: {reason}")
+
+
+_PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_RESERVED = frozenset(
+    """abort action add after all alter analyze and as asc attach autoincrement before begin between by cascade case
+    cast check collate column commit conflict constraint create cross current current_date current_time
+    current_timestamp database default deferrable deferred delete desc detach distinct do drop each else end escape
+    except exclusive exists explain fail filter for foreign from full glob group having if ignore immediate in index
+    indexed initially inner insert instead intersect into is isnull join key left like limit match natural no not
+    nothing notnull null of offset on or order outer over plan pragma primary query raise recursive references regexp
+    reindex release rename replace restrict returning right rollback row rows savepoint select set table temp temporary
+    then to transaction trigger union unique update using vacuum values view virtual when where window with without""".split()
+)
+
+
+# Words DuckDB and PostgreSQL reserve beyond SQLite's list above.
+_SERVER_RESERVED = _RESERVED | frozenset(
+    """analyse any array asymmetric authorization binary both cast current_catalog current_role current_schema
+    current_user fetch freeze grant ilike lateral leading localtime localtimestamp only overlaps placing returning
+    session_user similar some symmetric tablesample trailing true false user variadic verbose""".split()
+)
+
+
+def quote_identifier(name: str, engine: str = "sqlite") -> str:
+    """``name`` as written when it is a plain, non-reserved identifier, else double-quoted safely. On PostgreSQL and
+    DuckDB a name with capitals is quoted too (PostgreSQL folds bare names to lowercase)."""
+    if engine == "sqlite":
+        if _PLAIN_IDENTIFIER.fullmatch(name) and name.lower() not in _RESERVED:
+            return name
+    elif _PLAIN_IDENTIFIER.fullmatch(name) and name == name.lower() and name not in _SERVER_RESERVED:
+        return name
+    return '"' + name.replace('"', '""') + '"'
 
 
 def quote(name: str) -> str:

@@ -17,7 +17,8 @@ def _fetch(cursor, max_cells, max_bytes, convert=None) -> tuple[list, bool, bool
     """(rows, more, over_cap) of a full read, in batches, stopping past ``max_cells`` cells or about ``max_bytes``.
     ``convert`` maps each batch first (other engines' values as sqlite3's: ``engine_base.normalise_rows``)."""
     if max_cells is None and max_bytes is None:
-        return cursor.fetchall(), False, False
+        rows = cursor.fetchall()
+        return (rows if convert is None else convert(rows)), False, False
     width = max(1, len(cursor.description or ()))
     rows: list = []
     size = 0

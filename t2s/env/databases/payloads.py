@@ -13,6 +13,7 @@ import threading
 from collections import OrderedDict
 
 from t2s.env.databases import limits
+from t2s.env.databases.engine_base import quote
 from t2s.env.databases.opening import DatabaseOpenError, DatabaseRef
 from t2s.env.databases.sandbox import SandboxConnection
 from t2s.env.databases.sqltext import only_comments, statement_end
@@ -77,10 +78,6 @@ def _ddl_statements(ddl) -> list[str]:
     return [piece for piece in pieces if not only_comments(piece)]
 
 
-def _quote(name: str) -> str:
-    return '"' + str(name).replace('"', '""') + '"'
-
-
 def build_payload_image(ddl, rows: dict | None) -> tuple[bytes, dict]:
     """Build a row-payload database in memory and serialise it: (image, counts of what was kept and skipped)."""
     counts = {"ddl_ok": 0, "ddl_skipped": 0, "rows": 0, "rows_skipped": 0, "tables_skipped": 0}
@@ -104,7 +101,7 @@ def build_payload_image(ddl, rows: dict | None) -> tuple[bytes, dict]:
             if table is None or not isinstance(table_rows, list):
                 counts["tables_skipped"] += 1
                 continue
-            columns = {str(info[1]).lower(): info[1] for info in conn.execute(f"PRAGMA table_info({_quote(table)})")}
+            columns = {str(info[1]).lower(): info[1] for info in conn.execute(f"PRAGMA table_info({quote(table)})")}
             for row in table_rows:
                 if not isinstance(row, dict):
                     counts["rows_skipped"] += 1
@@ -113,11 +110,11 @@ def build_payload_image(ddl, rows: dict | None) -> tuple[bytes, dict]:
                 if not kept:
                     counts["rows_skipped"] += 1
                     continue
-                names = ", ".join(_quote(name) for name, _ in kept)
+                names = ", ".join(quote(name) for name, _ in kept)
                 marks = ", ".join("?" * len(kept))
                 try:
                     conn.execute(
-                        f"INSERT OR IGNORE INTO {_quote(table)} ({names}) VALUES ({marks})",
+                        f"INSERT OR IGNORE INTO {quote(table)} ({names}) VALUES ({marks})",
                         [_payload_value(value) for _, value in kept],
                     )
                     counts["rows"] += 1

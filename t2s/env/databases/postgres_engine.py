@@ -17,12 +17,17 @@ The README gives the read-only role to create, so that even a bug here could not
 
 from __future__ import annotations
 
+import functools
+
 from t2s.env.databases import postgres_guard
-from t2s.env.databases.engine_base import Catalog, EngineConnection, fetch_capped, quote, refused
+from t2s.env.databases.engine_base import Catalog, EngineConnection, fetch_capped, quote_identifier, refused
 from t2s.env.databases.results import QueryResult
 
 CONNECT_TIMEOUT = 5  # seconds
-_OPTIONS = "-c default_transaction_read_only=on -c idle_in_transaction_session_timeout=60000"
+# Read-only transactions, and no parallel plans, so that rows come in one order every time (strict EX). The guard refuses
+# SET and set_config, so a statement cannot change either.
+_OPTIONS = ("-c default_transaction_read_only=on -c idle_in_transaction_session_timeout=60000 "
+            "-c max_parallel_workers_per_gather=0")
 
 
 def connect(dsn: str):
@@ -69,7 +74,6 @@ class PostgresConnection(EngineConnection):
         conn = self.conn
         try:
             conn.execute(f"SET LOCAL statement_timeout = {max(1, int(timeout * 1000))}")
-            conn.execute("SET LOCAL max_parallel_workers_per_gather = 0")  # rows in one order every time (strict EX)
             cursor = conn.cursor(name="t2s_query")
             try:
                 cursor.execute(sql)
@@ -148,10 +152,7 @@ class PostgresConnection(EngineConnection):
         return Catalog(tables, ddl, columns, fks, comments)
 
 
-def _name(name: str) -> str:
-    """An identifier as PostgreSQL needs it written: bare when it is lowercase and plain, else double-quoted."""
-    plain = name and (name[0].isalpha() or name[0] == "_") and all(c.isalnum() or c == "_" for c in name)
-    return name if plain and name == name.lower() and name.isascii() else quote(name)
+_name = functools.partial(quote_identifier, engine="postgres")  # bare when plain, lowercase and not reserved
 
 
 def _ddl(table, columns, not_null, primary_key, fks) -> str:
