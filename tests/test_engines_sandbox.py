@@ -195,17 +195,23 @@ def _pg_snapshot(dsn) -> dict:
         }
 
 
+def _fresh_database(dsn: str, name: str, template: str | None = None) -> str:
+    """A new database ``name`` on the session's server (a copy of ``template`` when given); returns its URL."""
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+    return databases.server_url(dsn, name)
+
+
 @pytest.fixture()
 def postgres_target(postgres_demo):
     """A copy of the demo's cycling_club database with dblink installed, so that dblink attacks meet a real
     function."""
     import psycopg
 
-    _, _, dsn = postgres_demo
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute('DROP DATABASE IF EXISTS "attack" WITH (FORCE)')
-        admin.execute('CREATE DATABASE "attack" TEMPLATE "cycling_club"')
-    url = databases.server_url(dsn, "attack")
+    url = _fresh_database(postgres_demo[2], "attack", template="cycling_club")
     with psycopg.connect(url, autocommit=True) as conn:
         try:
             conn.execute("CREATE EXTENSION IF NOT EXISTS dblink")
@@ -264,11 +270,7 @@ def test_postgres_ddl_quotes_reserved_and_mixed_case_names(postgres_demo):
     """The DDL a model reads writes each name as PostgreSQL needs it: ``"order"`` and ``"Mixed"`` quoted."""
     import psycopg
 
-    _, _, dsn = postgres_demo
-    with psycopg.connect(dsn, autocommit=True) as admin:
-        admin.execute('DROP DATABASE IF EXISTS "names" WITH (FORCE)')
-        admin.execute('CREATE DATABASE "names"')
-    url = databases.server_url(dsn, "names")
+    url = _fresh_database(postgres_demo[2], "names")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute('CREATE TABLE "user" (id integer PRIMARY KEY, "order" text, "Mixed" text, plain_name text)')
     catalog = databases.read_catalog(databases.server_db(url, "names"))
