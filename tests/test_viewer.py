@@ -317,7 +317,7 @@ def _status(dom: str) -> dict:
     return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', tag))
 
 
-@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed (Debian: apt-get install chromium)")
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed: `make install-chromium` (as root) installs it")
 def test_report_html_in_headless_chromium(demo_dir, tmp_path):
     out = tmp_path / "out"
     gold_eval(demo_dir, out, "full", "withheld", n="63")

@@ -56,20 +56,66 @@ def _episodes(out) -> dict[str, dict]:
     return {e["question_id"]: e for e in map(json.loads, filter(None, lines))}
 
 
+def _server_turns(url: str, tokenizer, max_tokens: int, n: int, temperature: float) -> list[tuple[str, list]]:
+    """(the raw text, the server's tool calls) of every sampled first turn of each question, the raw text decoded
+    from the token ids the server returns beside its parsed message."""
+    import httpx
+
+    from t2s.data.loaders import load_json_rows
+    from t2s.env import protocol, tool_schemas
+    from t2s.env.databases import ref_from_row
+    from t2s.env.episode import EpisodeConfig
+    from t2s.env.schema import get_schema
+
+    config = EpisodeConfig(dialect="sibling", tool_format="native", mode="withheld")
+    model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    out = []
+    for row in load_json_rows(ROOT / "data" / "demo" / "dev.json")[:QUESTIONS]:
+        messages = protocol.initial_messages(row, config, get_schema(ref_from_row(row)))
+        reply = httpx.post(url + "/v1/chat/completions", timeout=300, json={
+            "model": model, "messages": messages, "tools": tool_schemas.function_schemas("sibling"), "n": n,
+            "max_tokens": max_tokens, "temperature": temperature, "seed": 0, "return_token_ids": True,
+            "chat_template_kwargs": {"enable_thinking": True}}).json()
+        for choice in reply["choices"]:
+            text = tokenizer.decode(choice["token_ids"], skip_special_tokens=False)
+            calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                     for c in choice["message"].get("tool_calls") or []]
+            out.append((text, calls))
+    return out
+
+
 def test_tools_mode_calls_reach_our_tools_and_score_as_completions(native_model_dir, tmp_path):
+    """Two properties that hold for any text the model writes, on any machine:
+    - the server's ``qwen3_xml`` parser and ``native_calls.parse_turn`` read the same calls from every turn the
+      server samples: greedy, and at temperature 1 with token limits that cut turns off inside their calls;
+    - the two eval paths play the same episodes: one request at a time and no prefix cache, so the server computes
+      each prompt the same way in both, and each question's calls, final SQL and verdict are the same."""
+    from transformers import AutoTokenizer
+
+    from t2s.env.native_calls import parse_turn
+    from t2s.env.tool_schemas import function_schemas
+
+    tokenizer = AutoTokenizer.from_pretrained(native_model_dir)
     with served(native_model_dir, tmp_path / "server.log", "--enable-auto-tool-choice",
-                "--tool-call-parser", "qwen3_xml") as url:
+                "--tool-call-parser", "qwen3_xml", "--no-enable-prefix-caching") as url:
+        sampled = _server_turns(url, tokenizer, 96, 1, 0.0)
+        for max_tokens in (12, 24, 40):
+            sampled += _server_turns(url, tokenizer, max_tokens, 6, 1.0)
+        one_at_a_time = [*EPISODE, "--concurrency", "1"]
         _t2s("eval", "--policy", "endpoint", "--endpoint", url, "--endpoint-mode", "tools", "--data",
-             str(ROOT / "data" / "demo"), "--n", str(QUESTIONS), *EPISODE, "--output", str(tmp_path / "tools"))
+             str(ROOT / "data" / "demo"), "--n", str(QUESTIONS), *one_at_a_time, "--output", str(tmp_path / "tools"))
         _t2s("eval", "--policy", "endpoint", "--endpoint", url, "--endpoint-mode", "completions", "--tool-format",
              "native", "--tokenizer", str(native_model_dir), "--data", str(ROOT / "data" / "demo"), "--n",
-             str(QUESTIONS), *EPISODE, "--output", str(tmp_path / "completions"))
+             str(QUESTIONS), *one_at_a_time, "--output", str(tmp_path / "completions"))
+    tools_declared = function_schemas("sibling")
+    disagree = [(text, calls) for text, calls in sampled
+                if [(c.tool, c.args) for c in parse_turn(text, tools=tools_declared).calls] != calls]
+    assert not disagree, f"{len(disagree)} of {len(sampled)} turns read otherwise than the server: {disagree[0]!r}"
+    assert any(calls for _, calls in sampled), "the warm-started model wrote no call the server parsed"
     tools, completions = _episodes(tmp_path / "tools"), _episodes(tmp_path / "completions")
     assert set(tools) == set(completions) and len(tools) == QUESTIONS
-    submitted = [e for e in tools.values() if e["final_sql_source"] == "submitted"]
-    assert submitted, "no tools-mode episode submitted: the parser's tool_calls never reached the submit tool"
-    for episode in submitted:
-        assert episode["turns"][0]["calls"][0]["tool"] == "submit"
     for qid, episode in tools.items():
+        assert [c["tool"] for c in episode["turns"][0]["calls"]] == [
+            c["tool"] for c in completions[qid]["turns"][0]["calls"]], qid
         assert episode["final_sql"] == completions[qid]["final_sql"], qid
         assert episode["official"] == completions[qid]["official"], qid

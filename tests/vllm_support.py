@@ -71,6 +71,10 @@ def served(model_dir: Path, log_path: Path, *serve_args: str):
                 pass
             assert time.monotonic() < deadline, f"no /health within 180 s; see {log.name}"
             time.sleep(1)
+        log.flush()
+        started = Path(log.name).read_text(encoding="utf-8", errors="replace")
+        assert not [line for line in started.splitlines() if "DeprecationWarning" in line and "vllm" in line], (
+            f"the server's entry point is deprecated; see {log.name}")
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
