@@ -195,6 +195,14 @@ AGAINST_VLLM = [_CALL[:cut] for cut in range(len(_CALL) + 1)] + [_CALL + "\n" + 
     "<tool_call>\nhello\n<tool_call>\n<function=submit>\n</function>\n</tool_call>",
     "<tool_call>\n<function=sub<|im_end|>mit>\n<parameter=sql>\nSELECT<|im_start|> 1\n</parameter>\n</function>",
     "<function=submit>\n<parameter=sql>\nSELECT a FROM t WHERE x > 3 AND y <parameter\n</parameter>\n</function>",
+    '<function=>"name": " submit "<parameter=sql>SELECT 1</parameter></function>',
+    '<function= >{"name": "submit", "arguments": {"sql": "x"}}</function>',
+    '<function= >"name": "submit"</function>',
+    '<function=>{"n\\u0061me": "submit", "arguments": {"sql": "x"}}</function>',
+    '<function=>{"name": "", "name": "submit"}</function>',
+    '<function=>{"name": "sample_rows", "parameters": "{\\"limit\\": \\"5\\"}"}</function>',
+    *(render_call("sample_rows", {"table_name": "t", "limit": v}) for v in
+      ("5.0", "1e1", "true", "null", "[5]", '"5"', "NaN", "1e999", "[1e999]", "{}", " 0x10 ")),
 ]
 _FRAGMENTS = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", ">", "<", "\n",
               " ", "submit", "sample_rows", "sql", "limit", "table_name", "SELECT 1", "5", " 7 ", "five", "<think>",
@@ -207,6 +215,15 @@ def _fuzzed(n: int, seed: int = 0) -> list[str]:
 
     rng = random.Random(seed)
     return ["".join(rng.choice(_FRAGMENTS) for _ in range(rng.randint(1, 14))) for _ in range(n)]
+
+
+def test_space_is_the_parsers_whitespace():
+    """vLLM's parameter pattern is written for the ``regex`` module, whose ``\\s`` is Unicode White_Space."""
+    regex = pytest.importorskip("regex")
+    from t2s.env.native_reader import _SPACE
+
+    pattern = regex.compile(r"\s")
+    assert _SPACE == {chr(c) for c in range(0x110000) if pattern.fullmatch(chr(c))}
 
 
 @pytest.mark.vllm

@@ -103,4 +103,6 @@ def test_bench_rollout_on_the_real_server(vllm_server, attention_model_dir):
     match = re.fullmatch(r"vllm: async_s=([\d.]+) turnsync_s=([\d.]+) turnsync_over_async=([\d.]+)", last)
     assert match, last
     async_s, turnsync_s, ratio = map(float, match.groups())
-    assert async_s > 0 and turnsync_s > 0 and abs(ratio - turnsync_s / async_s) < 0.01
+    # the times are printed to 2 decimals: the ratio recomputed from them may be off by that rounding, and no more
+    rounding = 0.005 * (1 + ratio) / min(async_s, turnsync_s) + 0.0005
+    assert async_s > 0 and turnsync_s > 0 and abs(ratio - turnsync_s / async_s) <= rounding

@@ -46,7 +46,7 @@ def native_model_dir(tmp_path_factory):
     rl_recipe.write_text("\n".join(keep) + "\n", encoding="utf-8")
     out = folder / "sft"
     _t2s("sft", "--config", str(ROOT / "recipes" / "demo_sft.yaml"), "--model_name_or_path", str(base),
-         "--rl_recipe", str(rl_recipe), "--near_misses", "0", "--max_steps", "150", "--max_length", "2048",
+         "--rl_recipe", str(rl_recipe), "--near_misses", "0", "--max_steps", "40", "--max_length", "2048",
          "--per_device_train_batch_size", "16", "--output_dir", str(out))
     return out
 

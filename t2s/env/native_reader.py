@@ -17,6 +17,7 @@ It scans with ``str.find`` and bounded look-aheads only, in linear time, whateve
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 from t2s.env import turns
@@ -26,9 +27,6 @@ from t2s.env.turns import ParsedTurn, ToolCall
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
 PARAMETER_OPEN, PARAMETER_CLOSE = "<parameter=", "</parameter>"
-
-
-
 CHATML_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", IM_END)  # the special tokens of Qwen's tokenizers
 _TAGS = (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, FUNCTION_OPEN, FUNCTION_CLOSE,
          PARAMETER_OPEN, PARAMETER_CLOSE, ">")
@@ -190,27 +188,72 @@ def _parameters(body: str) -> tuple[dict[str, str], bool, bool]:
 
 
 def _arg_types(tools: list[dict] | None) -> dict[str, dict[str, str]]:
-    """``{tool: {argument: its declared type}}`` from function schemas."""
+    """``{tool: {argument: its declared type}}`` from function schemas (the first declaration of a name counts)."""
     out: dict[str, dict[str, str]] = {}
     for tool in tools or []:
-        fn = tool.get("function", tool) if isinstance(tool, dict) else {}
-        props = ((fn.get("parameters") or {}).get("properties") or {}) if isinstance(fn, dict) else {}
-        out.setdefault(fn.get("name"), {k: v.get("type") for k, v in props.items() if isinstance(v, dict)})
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        params = fn.get("parameters") if isinstance(fn, dict) else None
+        props = params.get("properties") if isinstance(params, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"] not in out:
+            props = props if isinstance(props, dict) else {}
+            out[fn["name"]] = {k: v.get("type") for k, v in props.items() if isinstance(v, dict)}
     return out
 
 
+def _finite(value) -> bool:
+    """No infinity or NaN anywhere in a decoded JSON value (walked without recursion)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return False
+        if isinstance(item, dict):
+            stack += item.values()
+        elif isinstance(item, list):
+            stack += item
+    return True
+
+
 def _typed(value, declared: str | None):
-    """A value as vLLM's schema coercion leaves it: an integer argument becomes one when ``int()`` reads it, a text
-    argument given as another JSON value becomes its JSON text; anything else stays as it is."""
+    """A value as vLLM's schema coercion leaves it. A text argument given as another JSON value becomes its JSON
+    text. An integer argument becomes one when ``int()`` reads it, else the JSON value it decodes to (finite), else it
+    stays text. Anything else stays as it is."""
     if declared not in ("integer", "string") or isinstance(value, (dict, list)):
         return value
     text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    if declared == "integer":
-        try:
-            return int(text)
-        except ValueError:
-            return text
-    return text
+    if declared == "string":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        decoded = json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+    return decoded if _finite(decoded) else text
+
+
+def _json_call(body: str) -> tuple[str, object] | None:
+    """A call written as a JSON object in a function body without a name: ``{"name": ..., "arguments": ...}``
+    (``parameters`` also read, or the object's other keys), as the parser takes it; None when it is no such call."""
+    try:
+        obj = json.loads(body.strip())
+    except (ValueError, RecursionError):
+        return None
+    name = obj.get("name", "") if isinstance(obj, dict) else ""
+    if not isinstance(name, str) or not name:
+        return None
+    for key in ("arguments", "parameters"):
+        if key in obj:
+            args = obj[key]
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except (ValueError, RecursionError):
+                    pass
+            return name, args
+    return name, {k: v for k, v in obj.items() if k != "name"}
 
 
 def _named_in(body: str) -> str:
@@ -253,7 +296,8 @@ def parse_turn(text: str, expect_think: bool = True, tools: list[dict] | None = 
     try:
         text = turns.valid_text(text)
         end, body, kinds = turns.split_body(text, expect_think)
-        slots, content = _slots(text, tuple(special_tokens))
+        special = tuple(t for t in special_tokens if t and t not in _TAGS)  # the parser never drops its own tags
+        slots, content = _slots(text, special)
         return _read(text, end, len(text) - len(body), body, kinds, slots, content, _arg_types(tools))
     except Exception as exc:  # noqa: BLE001 - whatever the text, a turn is read as a deviation, never an exception
         kinds = ["unreadable_turn"]
@@ -264,12 +308,15 @@ def _read(text: str, think_end: int, body_start: int, body: str, kinds: list[str
           content: list[tuple[int, str]], types: dict) -> ParsedTurn:
     calls: list[ToolCall] = []
     errors: list[str] = []
+    ignored_json = False
     for slot in slots:
         raw_args = "".join(slot.args)
         dropped = "".join(slot.dropped).strip()
-        name = "".join(slot.name).strip()
-        spelled = dropped.startswith("{") and not name  # Qwen3's JSON spelling, which this parser drops
+        raw_name = "".join(slot.name) or _named_in(raw_args)  # a name-less function takes the first "name" inside
+        name = raw_name.strip()
+        spelled = dropped.startswith("{") and not name  # Qwen3's JSON spelling inside <tool_call>: dropped
         if spelled:
+            ignored_json = True
             kinds.append("call_spelling" if turns.parse_turn(dropped, expect_think=False).calls else "bad_json")
         elif dropped:
             kinds.append("call_text")
@@ -281,8 +328,7 @@ def _read(text: str, think_end: int, body_start: int, body: str, kinds: list[str
             if cut:
                 kinds.append("unclosed_call")
             call = (name, params)
-        elif named := _named_in(raw_args):
-            call = (named, {})
+        elif raw_args.strip() and (call := _json_call(raw_args)):
             kinds.append("call_spelling")
         if call is None:
             if not spelled:
@@ -303,7 +349,7 @@ def _read(text: str, think_end: int, body_start: int, body: str, kinds: list[str
         kinds.append("prose")
     if "not_a_call" in kinds:
         errors.append(f"Error: a {TOOL_CALL_OPEN} without <function=NAME> was ignored.")
-    if "call_spelling" in kinds or "bad_json" in kinds:
+    if ignored_json:
         errors.append(f"Error: a JSON call inside {TOOL_CALL_OPEN} was ignored: call a tool as "
                       f"<function=NAME> with one <parameter=NAME> block per argument.")
     kinds = list(dict.fromkeys(kinds))
