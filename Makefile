@@ -21,9 +21,6 @@ MODEL ?= Qwen/Qwen3.5-2B
 PORT ?= 8000
 MAX_MODEL_LEN ?= 16384
 PYTEST_ARGS ?=
-# The suite runs on every core this process may use (pytest-xdist; `nproc` counts the cores a `taskset` leaves), in one
-# process where that is one core. tests/conftest.py puts the longest files first and keeps each file on one worker.
-PYTEST_WORKERS ?= $(shell nproc 2>/dev/null || echo 1)
 TRAIN_ARGS ?=
 
 .PHONY: install install-gpu install-vllm install-postgres install-chromium test demo train serve data bench-env bench-rollout eval-sibling clean help
@@ -85,7 +82,7 @@ endif
 test demo: export HF_HUB_OFFLINE := 1
 
 test: install install-vllm
-	$(PY) -m pytest $(if $(filter-out 0 1,$(PYTEST_WORKERS)),-n $(PYTEST_WORKERS) --dist loadgroup --no-loadscope-reorder) $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: install
 	$(PY) -m t2s demo

@@ -71,29 +71,6 @@ def install_network_guard() -> None:
 install_network_guard()
 
 
-#: files whose tests are independent runs, each long: spread over the workers test by test, not kept together
-SPREAD_FILES = {"test_vllm_training.py"}
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    """The longest files first (the real vLLM engine's, then the training runs'), each file's tests in their order;
-    under ``pytest -n N --dist loadgroup`` (``make test`` on N cores) each file is one group, run by one worker with
-    its module fixtures set up once, but for ``SPREAD_FILES``, whose tests go to whichever worker is free."""
-
-    def cost(item) -> int:
-        return 0 if item.get_closest_marker("vllm") else 1 if item.get_closest_marker("slow") else 2
-
-    first_seen, tier = {}, {}
-    for index, item in enumerate(items):
-        first_seen.setdefault(item.path, index)
-        tier[item.path] = min(tier.get(item.path, 2), cost(item))
-    items.sort(key=lambda item: (tier[item.path], first_seen[item.path]))
-    for item in items:
-        if item.path.name not in SPREAD_FILES:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
-
-
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """The tiny Qwen3.5 model and tokenizer, built once per test session and saved to a folder."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 
-from t2s.env import native_calls, protocol, tool_schemas
+from t2s.env import native_calls, native_reader, protocol, tool_schemas
 from t2s.env import turns
 from t2s.env.protocol import budget_line, forced_message, render_observation
 from t2s.env.turns import ParsedTurn, ToolCall, parse_turn
@@ -62,11 +62,14 @@ class EpisodeConfig:
 class Episode:
     """One question's episode. ``start`` -> (``next_max_tokens`` -> ``step`` -> ``add_env_tokens``)* -> ``record``."""
 
-    def __init__(self, row: dict, config: EpisodeConfig | None = None, db=None, *, schema=None, env_tokens=None):
+    def __init__(self, row: dict, config: EpisodeConfig | None = None, db=None, *, schema=None, env_tokens=None,
+                 special_tokens: tuple[str, ...] = native_reader.CHATML_SPECIAL_TOKENS):
         """``env_tokens(observation) -> int`` counts the environment suffix that will carry an observation (the
-        rollout passes the exact count from the tokenizer); without it, a conservative estimate from its length."""
+        rollout passes the exact count from the tokenizer); without it, a conservative estimate from its length.
+        ``special_tokens``: the tokenizer's, which a native turn's reader drops (``native_reader.special_tokens_of``)."""
         self.row = row
         self.env_tokens = env_tokens
+        self.special_tokens = special_tokens
         self.config = config or EpisodeConfig()
         self.native = tool_schemas.check_tool_format(self.config.tool_format) == "native"
         self.db = db if db is not None else row_database(row)
@@ -181,7 +184,7 @@ class Episode:
     def parse(self, text: str) -> ParsedTurn:
         """Read an assistant turn's calls in the episode's call format."""
         if self.native:
-            return native_calls.parse_turn(text, self.config.enable_thinking, self.tools)
+            return native_calls.parse_turn(text, self.config.enable_thinking, self.tools, self.special_tokens)
         return parse_turn(text, self.config.enable_thinking)
 
     def _observation(self, results: list, tail: str, n_calls: int = 0) -> str:

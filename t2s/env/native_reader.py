@@ -36,6 +36,11 @@ _SPACE = frozenset("\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\
                    "\u2028\u2029\u202f\u205f\u3000")
 
 
+def special_tokens_of(tokenizer) -> tuple[str, ...]:
+    """The special tokens the parser drops from a turn: the tokenizer's, but for the format's own tags."""
+    return tuple(t for t in getattr(tokenizer, "all_special_tokens", ()) if isinstance(t, str) and t and t not in _TAGS)
+
+
 class _Finder:
     """``text.find(needle, pos)`` for positions that only move forward, each needle's answer reused until passed:
     every needle's occurrences are scanned once, so reading a turn stays linear whatever it holds."""

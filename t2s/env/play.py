@@ -9,6 +9,7 @@ import contextlib
 from t2s.env import native_calls, protocol
 from t2s.env import turns
 from t2s.env.episode import Episode, EpisodeConfig
+from t2s.env.native_reader import special_tokens_of
 from t2s.env.turns import ParsedTurn
 
 
@@ -69,6 +70,7 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
     ``policy(episode)`` returns a turn's text, or a ``ParsedTurn`` when a server already read its calls."""
     cfg = episode.config
     if tokenizer is not None:
+        episode.special_tokens = special_tokens_of(tokenizer)
         if episode.env_tokens is None:
             episode.env_tokens = env_token_counter(tokenizer, cfg.enable_thinking)
         counter = episode.env_tokens  # the suffixes added are the ones counted, when the counter is ours

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from t2s.backends.base import SamplingSettings, TurnOutput
 from t2s.env.episode import COUNTER_KEYS, Episode, EpisodeConfig
+from t2s.env.native_reader import special_tokens_of
 from t2s.env.play import EnvTokenCounter, first_prompt_ids
 
 logger = logging.getLogger(__name__)
@@ -136,7 +137,8 @@ class _Run:
         self.env_tokens = EnvTokenCounter(
             rollout.tokenizer, rollout.config.enable_thinking, lock=rollout.tokenizer_lock
         )
-        self.episode = Episode(self.row, rollout.config, db, env_tokens=self.env_tokens)
+        self.episode = Episode(self.row, rollout.config, db, env_tokens=self.env_tokens,
+                               special_tokens=rollout.special_tokens)
 
     def begin(self) -> None:  # driving thread
         tok = self.rollout.tokenizer
@@ -241,6 +243,7 @@ class Rollout:
         # Tool threads count observation tokens while the driving thread tokenizes: one tokenizer user at a time.
         self.tokenizer_lock = threading.Lock()
         self.tokenizer = tokenizer
+        self.special_tokens = special_tokens_of(tokenizer)  # what a native turn's reader drops, as the server does
         self.config = episode_config or EpisodeConfig()
         self.sampling = sampling or SamplingSettings.training()
         self.scorer = (scorer or default_scorer) if score else None
