@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_support import ROOT, VLLM_ENV, attention_model, served
+from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, attention_model, served
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(MODULE_TIMEOUT_S)]
 
 EPISODES = ["--mode", "withheld", "--n", "3", "--max-turns", "2", "--max-tokens-per-turn", "40",
             "--episode-token-budget", "4096", "--temperature", "0", "--quiet"]
@@ -37,7 +37,7 @@ def run_eval(out: Path, *argv) -> list[list[str]]:
     episodes land in the order they finish)."""
     cmd = [sys.executable, "-m", "t2s", "eval", "--data", str(ROOT / "data" / "demo"), *EPISODES, "--output", str(out),
            *map(str, argv)]
-    done = subprocess.run(cmd, cwd=ROOT, env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(cmd, cwd=ROOT, env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     lines = (out / "withheld" / "episodes.jsonl").read_text().splitlines()
     episodes = sorted((json.loads(line) for line in lines if line.strip()), key=lambda e: (e["question_id"], e["sample"]))
@@ -97,7 +97,7 @@ def test_bench_rollout_on_the_real_server(vllm_server, attention_model_dir):
 
     done = subprocess.run([sys.executable, "-m", "t2s", "bench", "rollout", "--engine", "vllm", "--endpoint",
                            vllm_server, "--tokenizer", str(attention_model_dir), "--n", "8"],
-                          cwd=ROOT, env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     last = done.stdout.strip().splitlines()[-1]
     match = re.fullmatch(r"vllm: async_s=([\d.]+) turnsync_s=([\d.]+) turnsync_over_async=([\d.]+)", last)

@@ -14,18 +14,18 @@ import sys
 
 import pytest
 
-from tests.vllm_support import ROOT, VLLM_ENV, attention_model, served
+from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, attention_model, served
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(MODULE_TIMEOUT_S)]
 
 QUESTIONS = 2
 EPISODE = ["--dialect", "sibling", "--mode", "withheld", "--max-turns", "1", "--max-tokens-per-turn", "96",
            "--episode-token-budget", "4096", "--temperature", "0", "--quiet"]
 
 
-def _t2s(*argv: str, timeout: int = 400) -> None:
+def _t2s(*argv: str, timeout: int = HANG_GUARD_S) -> None:
     done = subprocess.run([sys.executable, "-m", "t2s", *argv], cwd=ROOT, env=os.environ | VLLM_ENV,
                           capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -72,7 +72,7 @@ def _server_turns(url: str, tokenizer, max_tokens: int, n: int, temperature: flo
     out = []
     for row in load_json_rows(ROOT / "data" / "demo" / "dev.json")[:QUESTIONS]:
         messages = protocol.initial_messages(row, config, get_schema(ref_from_row(row)))
-        reply = httpx.post(url + "/v1/chat/completions", timeout=300, json={
+        reply = httpx.post(url + "/v1/chat/completions", timeout=HANG_GUARD_S, json={
             "model": model, "messages": messages, "tools": tool_schemas.function_schemas("sibling"), "n": n,
             "max_tokens": max_tokens, "temperature": temperature, "seed": 0, "return_token_ids": True,
             "chat_template_kwargs": {"enable_thinking": True}}).json()

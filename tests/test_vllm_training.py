@@ -19,11 +19,11 @@ from collections import Counter
 
 import pytest
 
-from tests.vllm_support import ROOT, VLLM_ENV, attention_model, free_port, served
+from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, attention_model, free_port, served
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(MODULE_TIMEOUT_S)]
 
 LOGP_GAP_BOUND = 0.01  # float32 engine and trainer on one CPU: measured about 1e-6
 SCRIPT = ROOT / "tests" / "_vllm_train_script.py"
@@ -36,7 +36,7 @@ def model_dir(tmp_path_factory):
 
 def _run(command: list[str], output) -> list[dict]:
     env = os.environ | VLLM_ENV | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, (done.stdout[-2000:] + done.stderr[-4000:])
     return [json.loads(p.read_text()) for p in sorted(output.glob("result_rank*.json"))]
 

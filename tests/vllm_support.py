@@ -16,6 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1",
             "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
 SERVER_MAX_MODEL_LEN = 8192
+# Hang guards, not speed targets: a subprocess or server start that takes longer than this has hung. Generous, since
+# the suite must pass on one core beside other work (`taskset -c 0`), where a start takes several times as long.
+HANG_GUARD_S = 1200
+MODULE_TIMEOUT_S = 3600  # pytest-timeout for a whole vLLM test (its fixtures included)
 
 
 def free_port() -> int:
@@ -60,7 +64,7 @@ def served(model_dir: Path, log_path: Path, *serve_args: str):
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + HANG_GUARD_S
         while True:
             assert proc.poll() is None, f"the server exited ({proc.returncode}); see {log.name}"
             try:
@@ -69,7 +73,7 @@ def served(model_dir: Path, log_path: Path, *serve_args: str):
                         break
             except OSError:
                 pass
-            assert time.monotonic() < deadline, f"no /health within 180 s; see {log.name}"
+            assert time.monotonic() < deadline, f"no /health within {HANG_GUARD_S} s; see {log.name}"
             time.sleep(1)
         log.flush()
         started = Path(log.name).read_text(encoding="utf-8", errors="replace")
