@@ -2,8 +2,10 @@
 
 A run that writes a folder (``eval``, ``score``, ``train``'s ``output_dir``) holds an exclusive ``fcntl.flock`` on
 ``LOCK_NAME`` inside it for as long as it runs. The lock file records the holder (pid, host, command, start time), so a
-second run into the same folder stops at once with one ``Error:`` line naming it, before doing any work. The kernel
-drops the lock when the holder exits, however it exits; the file stays behind, and only the lock counts.
+second run into the same folder stops at once with one ``Error:`` line naming it, before doing any work. A run that
+ends removes the file (a finished folder, uploaded or shared, carries no pid, host or command). The kernel drops the
+lock when the holder exits, however it exits; a killed run's file stays behind, and only the lock counts. A run that
+takes the lock checks that the file it locked is still the folder's, since one that ended may have just removed it.
 """
 
 from __future__ import annotations
@@ -64,13 +66,20 @@ def run_folder_lock(folder, command: str | None = None):
     """Hold ``folder``'s run lock for the ``with`` block (creating the folder); RunFolderBusy when another run
     holds it."""
     folder = output_folder(folder)
-    handle = open(folder / LOCK_NAME, "a+", encoding="utf-8")
-    try:
+    path = folder / LOCK_NAME
+    while True:
+        handle = open(path, "a+", encoding="utf-8")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise RunFolderBusy(f"Error: {folder} is in use by another run ({_holder_text(handle)}); wait for "
-                                "it to finish, or choose another output folder") from None
+            text = _holder_text(handle)
+            handle.close()
+            raise RunFolderBusy(f"Error: {folder} is in use by another run ({text}); wait for it to finish, or "
+                                "choose another output folder") from None
+        if _same_file(handle, path):
+            break
+        handle.close()  # the file was removed by a run that ended while this one opened it: take the new one
+    try:
         holder = {
             "pid": os.getpid(),
             "host": socket.gethostname(),
@@ -83,7 +92,17 @@ def run_folder_lock(folder, command: str | None = None):
         handle.flush()
         yield folder
     finally:
+        with contextlib.suppress(OSError):
+            path.unlink()  # removed while still held: a finished folder carries no lock file
         handle.close()  # closing the file releases the lock
+
+
+def _same_file(handle, path: Path) -> bool:
+    """Whether ``path`` still names the file ``handle`` holds."""
+    try:
+        return os.fstat(handle.fileno()).st_ino == os.stat(path).st_ino
+    except OSError:
+        return False
 
 
 def rank_zero_lock(folder, command: str | None = None):

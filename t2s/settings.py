@@ -25,6 +25,39 @@ def installed_from_wheel() -> bool:
     return BUNDLED_DIR.is_dir()
 
 
+def match_umask(folder) -> None:
+    """Give the weight files in ``folder`` the mode every other file there has (``0666`` less the umask): the
+    libraries write ``*.safetensors`` through a private temp file (mode 0600), which a server running as another user
+    cannot read."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for path in Path(folder).glob("*.safetensors"):
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
+
+
+def version_line() -> str:
+    """``t2s VERSION from FOLDER`` (and the checkout's commit, where the package runs from a git checkout): which
+    t2s a virtual environment runs."""
+    import subprocess
+    from importlib import metadata
+
+    try:
+        version = metadata.version("t2s")
+    except metadata.PackageNotFoundError:
+        version = "(not installed)"
+    line = f"t2s {version} from {PACKAGE_DIR}"
+    if (REPO_ROOT / ".git").exists():
+        try:
+            done = subprocess.run(["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"], capture_output=True,
+                                  text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            done = None
+        if done is not None and done.returncode == 0 and done.stdout.strip():
+            line += f" (git {done.stdout.strip()})"
+    return line
+
+
 def shipped(relative: str | Path) -> Path:
     """A shipped file or folder by its repository path (``recipes/smoke.yaml``, ``data/demo``): the checkout's, or
     the installed package's copy."""

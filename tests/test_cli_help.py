@@ -222,3 +222,21 @@ def test_defaults_are_written_one_way():
             if action.help != argparse.SUPPRESS and re.search(r"\bdefault(?!:)\s", text, re.I) and "(default" in text:
                 odd.append(f"{name} {action.option_strings}: {text}")
     assert not odd, odd
+
+
+def test_version_says_which_t2s_runs_and_from_where():
+    """``--version``: the version and the folder the package runs from (and the checkout's commit in a checkout)."""
+    from t2s.settings import PACKAGE_DIR
+
+    done = subprocess.run([sys.executable, "-m", "t2s", "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    line = done.stdout.strip()
+    assert re.fullmatch(rf"t2s \d+\.\d+\.\d+ from {re.escape(str(PACKAGE_DIR))}( \(git [0-9a-f]{{4,}}(-dirty)?\))?",
+                        line), line
+    assert "git " in line or not (PACKAGE_DIR.parent / ".git").exists()
+
+
+def test_top_level_help_names_every_engine_ask_opens():
+    text = build_parser().format_help()
+    assert "any SQLite file" not in text
+    assert "SQLite or DuckDB file or a PostgreSQL database" in " ".join(text.split())

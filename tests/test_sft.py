@@ -228,6 +228,13 @@ def test_sft_command_output_is_taken_by_train_eval_and_export(tiny_model_dir, tm
     exported = _run("export", "--checkpoint", str(out), "--output", str(tmp_path / "export"))
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert (tmp_path / "export" / "config.json").is_file()
+    # every folder that "loads directly in vLLM" is readable as a whole by a server running as another user
+    grpo = tmp_path / "grpo"
+    for folder in (out, grpo, *grpo.glob("checkpoint-*"), tmp_path / "export"):
+        weights = list(folder.glob("*.safetensors"))
+        assert weights, folder
+        for path in weights:
+            assert path.stat().st_mode & 0o777 == (folder / "config.json").stat().st_mode & 0o777, path
 
 
 @pytest.mark.parametrize("override, message", [

@@ -145,3 +145,14 @@ def test_the_controller_file_is_written_before_trainer_state(finished_run):
         saved = json.loads((folder / KL_STATE_FILE).read_text())
         assert saved == {"beta": pytest.approx(betas[step - 1], rel=1e-12), "global_step": step}
         assert (folder / KL_STATE_FILE).stat().st_mtime_ns <= (folder / "trainer_state.json").stat().st_mtime_ns
+
+
+def test_checkpoint_weights_are_readable_as_every_other_file(finished_run):
+    """A checkpoint's weights have its other files' mode (the libraries write them 0600 through a temp file)."""
+    output, _ = finished_run
+    for step in (1, 2, 3):
+        folder = output / f"checkpoint-{step}"
+        weights = list(folder.glob("*.safetensors"))
+        assert weights
+        for path in weights:
+            assert path.stat().st_mode & 0o777 == (folder / "config.json").stat().st_mode & 0o777, path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -250,3 +251,12 @@ def test_train_cli_short_server_context_is_one_clear_line(tiny_model_dir, demo_d
     assert code == 2 and len(err) == 1, err
     assert err[0].startswith("Error: the vLLM server at") and "max_model_len 1024, below episode_token_budget 2048" in err[0]
     assert not server.requests  # refused before any episode ran
+
+
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_a_missing_recipe_is_bad_input_exit_1(command, tmp_path):
+    """A recipe file that is not there exits 1, as every other missing file does (2 is for bad usage)."""
+    result = subprocess.run([sys.executable, "-m", "t2s", command, "--config", str(tmp_path / "missing.yaml")],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip().splitlines() == [f"Error: recipe {tmp_path / 'missing.yaml'} not found."]

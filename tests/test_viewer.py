@@ -158,6 +158,23 @@ def test_show_a_pair_lists_only_the_flipped_questions(demo_dir, tmp_path, capsys
     assert "only_b: run A" in capsys.readouterr().out  # the one flip's transcripts
 
 
+def test_show_refuses_a_pair_without_shared_questions(demo_dir, tmp_path, capsys):
+    """Two runs on different questions are refused with one line, as ``compare`` refuses them, not shown as an
+    empty table."""
+    import shutil
+
+    gold_eval(demo_dir, tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    for path in (tmp_path / "b" / "full").glob("*.jsonl"):
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        path.write_text("".join(json.dumps({**r, "question_id": f"other-{r['question_id']}"}) + "\n" for r in records))
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "a"), str(tmp_path / "b")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: ") and "share no question" in err[0]
+    assert main(["compare", str(tmp_path / "a" / "full"), str(tmp_path / "b" / "full")]) == 1
+
+
 def test_show_a_pair_lists_both_runs_scores(demo_dir, tmp_path, capsys):
     gold_eval(demo_dir, tmp_path / "a", n="63")
     ids = [str(line["question_id"]) for line in lines_of(tmp_path / "a" / "full" / "scores.jsonl")]

@@ -8,6 +8,7 @@ A command imports the library packages and the foundation, never another command
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import importlib.util
 import sys
@@ -25,12 +26,25 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "score": ("t2s.commands.score", "score a predictions file with official EX, strict EX and Soft-F1"),
     "compare": ("t2s.commands.compare", "paired comparison of two runs: McNemar and bootstrap CI"),
     "show": ("t2s.commands.show", "read a run's episodes in the terminal: an eval folder, a pair of runs, a training run"),
-    "ask": ("t2s.commands.ask", "one agentic episode against any SQLite file, read-only"),
+    "ask": ("t2s.commands.ask", "one agentic episode against a SQLite or DuckDB file or a PostgreSQL database, read-only"),
     "export": ("t2s.commands.export", "write a vLLM-loadable model folder from a checkpoint"),
     "data": ("t2s.commands.data", "prepare, check, estimate difficulty, pass-rate filter"),
     "bench": ("t2s.commands.bench",
               "performance benchmarks (env, rollout, report, sandbox) and the CPU learning proof (learn)"),
 }
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the line is made only when asked for (it may ask git for the checkout's commit)."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from t2s.settings import version_line
+
+        print(version_line())
+        parser.exit()
 
 
 def _exists(module: str) -> bool:
@@ -46,6 +60,7 @@ def available_commands() -> dict[str, tuple[str, str]]:
 
 def build_parser(command: str | None = None) -> CommandParser:
     parser = CommandParser(prog="t2s", description="Agentic text-to-SQL with GRPO on TRL.")
+    parser.add_argument("--version", action=VersionAction, help="print the version and where t2s runs from, and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in available_commands().items():
         sp = sub.add_parser(name, help=help_text, description=help_text)

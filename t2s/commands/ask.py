@@ -1,4 +1,5 @@
-"""`python -m t2s ask --db FILE.sqlite QUESTION`: one agentic episode against any SQLite file, read-only.
+"""`python -m t2s ask --db DATABASE QUESTION`: one agentic episode against a SQLite or DuckDB file or a PostgreSQL
+database, read-only.
 
 The policy comes from the command line: ``--replay TURNS.jsonl`` plays recorded assistant turns (DESIGN §10),
 ``--model`` a transformers checkpoint, ``--endpoint`` a server (completions, chat or tools mode, as in ``eval``). Each entry

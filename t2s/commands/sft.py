@@ -39,8 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from t2s.training.warm_start import SUMMARY_FILE, build_sft_trainer, fit, parse_sft_recipe
 
     config_path = start_command(args.config)
-    if config_path is None:
-        return 2
+    if config_path is None:  # a missing recipe file is bad input, as every other missing file
+        return 1
     try:
         sft_args, config, model_args = parse_sft_recipe(["--config", str(config_path), *args.overrides])
         trainer, counts = build_sft_trainer(sft_args, config, model_args)

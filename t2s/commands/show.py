@@ -12,7 +12,7 @@ unknown question id, database, tier or sample) is an ``Error:`` naming what it h
 
 from __future__ import annotations
 
-from t2s.errors import UsageError
+from t2s.errors import T2SError, UsageError
 from t2s.ui.args import add_hidden_alias, non_empty_path, non_negative_int, positive_int
 
 
@@ -45,6 +45,9 @@ def run(args) -> int:
     filters = dict(wrong=args.wrong, tier=args.tier, db=args.db, ids=args.id)
     lines = run_episodes(args.run, args.mode)
     lines_b = run_episodes(args.run_b, args.mode) if args.run_b else []
+    if args.run_b and not {str(x.get("question_id")) for x in lines} & {str(x.get("question_id")) for x in lines_b}:
+        raise T2SError(f"Error: {args.run} and {args.run_b} share no question, so they cannot be paired (as `compare` "
+                       "refuses them): evaluate both on the same data")
     check_filters(lines + lines_b, args.run if not args.run_b else f"{args.run} or {args.run_b}", ids=args.id,
                   db=args.db, tier=args.tier, sample=args.sample)
     if args.sample is not None:

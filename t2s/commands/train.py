@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
                                        use_step_printer)
 
     config = start_command(args.config)
-    if config is None:
-        return 2
+    if config is None:  # a missing recipe file is bad input, as every other missing file
+        return 1
     from t2s.training.configs import parse_recipe
     from t2s.run_lock import rank_zero_lock
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from t2s.errors import ExportError
 from t2s.evaluation.model_card import SYSTEM_PROMPT_FILE, eval_summaries, model_card, trained_prompt
+from t2s.settings import match_umask
 
 
 STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
@@ -212,6 +213,7 @@ def write_safetensors(tensors: dict, out: Path, max_shard_size: int | str = MAX_
     from huggingface_hub import save_torch_state_dict
 
     save_torch_state_dict(tensors, out, max_shard_size=max_shard_size)
+    match_umask(out)
     return sorted(path.name for path in out.glob("model*.safetensors"))
 
 

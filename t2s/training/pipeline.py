@@ -14,6 +14,8 @@ import logging
 import os
 from pathlib import Path
 
+from t2s.settings import match_umask
+
 log = logging.getLogger(__name__)
 
 
@@ -241,6 +243,7 @@ def fit(trainer, counts: dict, checkpoint: str | None = None):
     trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(output_dir)
     if trainer.accelerator.is_main_process:
+        match_umask(output_dir)
         summary = {"global_step": trainer.state.global_step, "beta": trainer.beta, "data": counts}
         Path(output_dir, "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     from t2s.training.vllm_sync import release_engine

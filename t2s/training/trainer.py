@@ -48,6 +48,7 @@ import torch
 from trl import GRPOTrainer
 
 from t2s.backends.vllm_engine import checkpoint_dtype, vllm_environment
+from t2s.settings import match_umask
 from t2s.training.checkpoints import KL_STATE_FILE, restored_beta
 from t2s.training.configs import ConfigError
 from t2s.training.progress import metrics_file
@@ -419,6 +420,8 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
             with open(os.path.join(folder, KL_STATE_FILE), "w") as f:
                 json.dump({"beta": self.beta, "global_step": self.state.global_step}, f)
         super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            match_umask(folder)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)

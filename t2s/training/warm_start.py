@@ -32,6 +32,8 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from t2s.settings import match_umask
+
 log = logging.getLogger(__name__)
 WEIGHT_STEPS = 5  # near_miss_weight is realised by repetition in fifths of a gold trajectory
 SUBMIT_THINKING = ""  # the submit style closes an empty think block at once
@@ -292,6 +294,7 @@ def fit(trainer, counts: dict):
     trainer.train()
     trainer.save_model(trainer.args.output_dir)
     if trainer.accelerator.is_main_process:
+        match_umask(trainer.args.output_dir)
         summary = {"global_step": trainer.state.global_step, "trajectories": counts}
         Path(trainer.args.output_dir, SUMMARY_FILE).write_text(json.dumps(summary, indent=2, default=str))
     trainer.accelerator.end_training()
