@@ -162,6 +162,35 @@ def test_resume_after_interruption_keeps_each_question_once(demo_dir, tmp_path, 
     assert len(read_lines(out / "full")) == 12
 
 
+def test_a_two_mode_eval_stopped_in_its_first_mode_resumes_with_the_same_command(demo_dir, tmp_path, monkeypatch):
+    """Stopped during ``full`` and run again as it was: both modes end complete, every question once, and the
+    summary is a clean run's."""
+    argv = ("--policy", "gold", "--data", demo_dir, "--n", "8", "--workers", "1", "--mode", "full", "withheld")
+    clean = evaluate(eval_args(*argv, "--output", tmp_path / "clean"))
+    out = tmp_path / "out"
+    real = Runner._gold_record
+    calls = {"n": 0}
+
+    def interrupted(self, row, sample, mode):
+        calls["n"] += 1
+        if calls["n"] > 3:
+            raise KeyboardInterrupt
+        return real(self, row, sample, mode)
+
+    monkeypatch.setattr(Runner, "_gold_record", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        evaluate(eval_args(*argv, "--output", out))
+    assert len(read_lines(out / "full")) == 3 and not (out / "withheld").exists()
+    monkeypatch.setattr(Runner, "_gold_record", real)
+    resumed = evaluate(eval_args(*argv, "--output", out))
+    for mode in ("full", "withheld"):
+        ids = [(line["question_id"], line["sample"]) for line in read_lines(out / mode)]
+        assert len(ids) == len(set(ids)) == 8
+        keep = lambda s: {k: v for k, v in s.items() if k != "config"}  # noqa: E731 - wall time differs
+        assert keep(resumed[mode]) == keep(clean[mode])
+    assert list(json.loads((out / "summary.json").read_text())["modes"]) == ["full", "withheld"]
+
+
 def test_resume_refuses_changed_config(demo_dir, tmp_path, capsys):
     from t2s.commands import main
 

@@ -73,17 +73,18 @@ def test_eval_layout_is_the_same_for_one_mode_or_several(demo_dir, tmp_path, cap
     assert [s["official"] for s in scores] == [1] * 4
 
 
-def test_a_folder_of_other_modes_refuses_with_one_line(demo_dir, tmp_path, capsys):
+def test_a_folder_of_other_modes_takes_more_and_an_old_layout_refuses_with_one_line(demo_dir, tmp_path, capsys):
     out = tmp_path / "out"
     gold_eval(demo_dir, out)
-    before = files_of(out)
-    capsys.readouterr()
+    full = (out / "full" / "episodes.jsonl").read_text()
+    assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4", "--mode", "withheld",
+                 "--output", str(out), "--quiet"]) == 0  # a mode added to a finished folder
+    assert (out / "full" / "episodes.jsonl").read_text() == full and len(lines_of(out / "withheld" / "episodes.jsonl")) == 4
+    assert list(json.loads((out / "summary.json").read_text())["modes"]) == ["full", "withheld"]
     assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4", "--mode", "full", "withheld",
-                 "--output", str(out), "--quiet"]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"Error: {out} holds an eval of --mode full; re-run with those modes to resume it, or choose "
-                   "another --output"]
-    assert files_of(out) == before
+                 "--output", str(out), "--quiet"]) == 0  # both finished: nothing new
+    assert (out / "full" / "episodes.jsonl").read_text() == full and len(lines_of(out / "withheld" / "episodes.jsonl")) == 4
+    capsys.readouterr()
     old = tmp_path / "old"  # the layout of earlier versions: episodes at the top
     old.mkdir()
     (old / "episodes.jsonl").write_text('{"question_id": "1", "sample": 0}\n')

@@ -49,18 +49,25 @@ def eval_modes(folder) -> list[str]:
     return found
 
 
-def check_eval_modes(folder, modes: list[str]) -> None:
-    """Refuse to run ``modes`` into a folder that holds an eval of other modes, or one in another layout."""
+def check_eval_layout(folder) -> None:
+    """Refuse a folder in an older layout. Any modes may run into a folder of this layout: each mode's folder
+    resumes on its own (its ``eval_config.json`` must match), whatever modes ran there before or run next."""
     folder = Path(folder)
     if (folder / EVAL_CONFIG).is_file() or (folder / EPISODES).is_file():
         raise RunFolderError(f"Error: {folder} holds an eval in an older layout (episodes.jsonl at the top); "
                              "choose another --output")
-    existing = eval_modes(folder)
-    if existing and set(existing) != set(modes):
-        raise RunFolderError(
-            f"Error: {folder} holds an eval of --mode {' '.join(existing)}; re-run with those modes to resume it, "
-            "or choose another --output"
-        )
+
+
+def earlier_summaries(folder, modes: list[str]) -> dict[str, dict]:
+    """{mode: summary} of the modes an eval folder finished before, other than ``modes``: they stay in its summary
+    and reports when a run adds or resumes other modes."""
+    folder = Path(folder)
+    try:
+        summaries = read_summaries(folder) if (folder / SUMMARY).is_file() else {}
+    except RunFolderError:
+        return {}
+    return {mode: summary for mode, summary in summaries.items()
+            if mode not in modes and isinstance(summary, dict) and (folder / mode / EVAL_CONFIG).is_file()}
 
 
 def read_summaries(folder) -> dict[str, dict]:

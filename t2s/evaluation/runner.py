@@ -310,19 +310,20 @@ def evaluate(args) -> dict[str, dict]:
     """Run every requested mode into ``args.output`` (layout: ``t2s.evaluation.run_folders``); returns {mode: summary}."""
     from t2s.evaluation.report import print_summaries, write_reports
     from t2s.ui.console import console
-    from t2s.evaluation.run_folders import check_eval_modes
+    from t2s.evaluation.run_folders import check_eval_layout, earlier_summaries
 
     check_policy_args(args)
     modes = list(dict.fromkeys(args.mode))
     all_rows, selected, skipped, data_file = load_data(args)
     summaries: dict[str, dict] = {}
     with run_folder_lock(args.output) as root:
-        check_eval_modes(root, modes)
+        check_eval_layout(root)
+        earlier = earlier_summaries(root, modes)
         runner = Runner(args)
         runner.setup(all_rows)
         for mode in modes:
             summaries[mode] = evaluate_mode(args, mode, runner, selected, skipped, data_file, root / mode)
-        write_reports(root, summaries)
+        write_reports(root, {**earlier, **summaries})
     print_summaries(summaries)
     console().print(f"wrote {root}: report.html, summary.json, summary.md, summary.png, and "
                     f"{', '.join(modes)} episodes", markup=False, highlight=False, soft_wrap=True)
