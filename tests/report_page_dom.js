@@ -24,6 +24,7 @@ const tbody = new Node('tbody');
 const document = {
   getElementById(id) { if (!byId[id]) { byId[id] = new Node('div'); if (id === 'data') byId[id]._text = data; if (id === 'detail') byId[id].hidden = true; } return byId[id]; },
   querySelector(sel) { if (sel === '#episodes tbody') return tbody; throw new Error('unexpected selector ' + sel); },
+  querySelectorAll(sel) { if (sel === '#episodes thead th') return []; throw new Error('unexpected selector ' + sel); },
   createElement(tag) { return new Node(tag); },
   createTextNode(text) { const n = new Node('#text'); n._text = String(text); return n; },
 };

@@ -355,6 +355,20 @@ def test_report_html_in_headless_chromium(demo_dir, tmp_path):
     question = str(lines_of(out / "withheld" / "scores.jsonl")[9]["question_id"])
     by_id = _browse(f"{url}#mode=withheld&id={question}", "--dump-dom").stdout
     assert re.search(rf'id="detail"[^>]* data-question-id="{question}"', by_id) and f"Question {question} on " in by_id
+    assert loaded["columns"] == loaded["columns-aligned"] == "7"  # each cell under its header
     shot = tmp_path / "transcript.png"
     _browse(f"{url}#open=3", f"--screenshot={shot}")
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+
+
+@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed: `make install-chromium` (as root) installs it")
+def test_compare_html_rows_line_up_with_their_header_in_headless_chromium(demo_dir, tmp_path):
+    """compare.html's episode rows (``tr.pair``) keep the table's layout: each cell starts where its header does."""
+    gold_eval(demo_dir, tmp_path / "a", n="63")
+    ids = [str(line["question_id"]) for line in lines_of(tmp_path / "a" / "full" / "scores.jsonl")]
+    predictions_eval(demo_dir, tmp_path, tmp_path / "b", ids[4], ids[9])
+    assert main(["compare", str(tmp_path / "b"), str(tmp_path / "a"), "--output", str(tmp_path / "cmp"), "--html"]) == 0
+    dom = _browse((tmp_path / "cmp" / "compare.html").as_uri(), "--dump-dom").stdout
+    status = _status(dom)
+    assert status["errors"] == "" and status["shown"] == "2" and 'class="pair"' in dom
+    assert status["columns"] == status["columns-aligned"] == "7", status

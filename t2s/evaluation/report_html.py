@@ -16,7 +16,8 @@ sample's episode), ``mode=M``, ``db=DB``, ``difficulty=D``, ``wrong=1`` and ``q=
 ``open=N`` opens the N-th episode of the list as written in the page (from 0), whatever its id. Parameters join with
 ``&``: ``#mode=full&id=42``. The page writes what it shows into ``#status`` (``data-shown``, ``data-total``,
 ``data-errors``, ``data-missing`` for an id it does not hold, ``data-first-row-top``: where the list's first row
-starts), and the open episode into ``#detail`` (``data-open``, ``data-question-id``), so a headless browser can check
+starts, ``data-columns`` and ``data-columns-aligned``: the header's cells, and how many of the first row's cells start
+where their header cell does), and the open episode into ``#detail`` (``data-open``, ``data-question-id``), so a headless browser can check
 it; and its own clock: ``data-list-ms`` (from navigation start until the episode list is laid out) and
 ``data-open-ms`` (the last transcript opened), which ``bench report`` reads. Each episode's turns and row previews
 are a JSON string of their own (``data.details``), parsed when the episode opens, so that the list does not wait for
@@ -228,7 +229,7 @@ pre.sql{background:#f3f6fb;padding:6px;border-radius:4px}.call{color:#1f4f99}
 pre.obs{background:#f2faf4;padding:6px;border-radius:4px}
 .side{display:flex;gap:14px;flex-wrap:wrap}.side>div{flex:1;min-width:300px;overflow-x:auto}
 .err{color:#c0362c}.dim{color:#66707c}.plot{max-width:560px;max-height:300px;display:block}
-.pair{display:flex;gap:14px}.pair>div{flex:1;min-width:0}
+div.pair{display:flex;gap:14px}div.pair>div{flex:1;min-width:0}
 """
 
 _SCRIPT = r"""
@@ -290,6 +291,9 @@ function render(){var st=state();var tb=document.querySelector('#episodes tbody'
  document.getElementById('count').textContent=shown+' of '+episodes.length+' episodes';
  var s=document.getElementById('status');s.setAttribute('data-shown',String(shown));s.setAttribute('data-total',String(episodes.length));
  var first=tb.querySelector('tr');s.setAttribute('data-first-row-top',first?String(Math.round(first.getBoundingClientRect().top+window.scrollY)):'');
+ var ths=document.querySelectorAll('#episodes thead th'),aligned=0;
+ for(var c=0;first&&c<ths.length&&c<first.children.length;c++){if(Math.abs(ths[c].getBoundingClientRect().left-first.children[c].getBoundingClientRect().left)<=1)aligned++;}
+ s.setAttribute('data-columns',String(ths.length));s.setAttribute('data-columns-aligned',String(aligned));
  if(s.getAttribute('data-list-ms')===null){void tb.offsetHeight;s.setAttribute('data-list-ms',String(Math.round(performance.now())));}}
 function rows(title,p){var box=el('div',{},[el('h3',{text:title})]);if(!p){box.appendChild(el('p',{cls:'dim',text:'not run'}));return box;}
  if(p.error){box.appendChild(el('p',{cls:'err',text:p.error}));return box;}
