@@ -103,9 +103,9 @@ def test_train_command_runs_the_smoke_recipe(tiny_model_dir, demo_dir, tmp_path,
     assert re.search(r"time \d+\.\d s: generation \d+\.\d  environment \d+\.\d\d  reward \d+\.\d\d  "
                      r"forward/backward \d+\.\d", printed.out), printed.out
     assert "'frac_reward_zero_std'" not in printed.out + printed.err
-    assert printed.out.strip().splitlines()[-1] == (
-        f"wrote {output} after 1 steps: the trained model and tokenizer, its checkpoints, train_summary.json and "
-        "metrics.jsonl")
+    assert printed.out.strip().splitlines()[-1] == (  # save_strategy "no": no checkpoint, and none is named
+        f"wrote {output} after 1 steps: the trained model and tokenizer, train_summary.json and metrics.jsonl")
+    assert not list(output.glob("checkpoint-*"))
     summary = json.loads((output / "train_summary.json").read_text())
     assert summary["global_step"] == 1 and 0 < summary["beta"] <= 1.0
     data = json.loads((output / "data_summary.json").read_text())

@@ -50,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
     use_step_printer(trainer)
     with rank_zero_lock(training_args.output_dir):  # one run per output_dir; a second stops with one Error: line
         fit(trainer, counts, checkpoint)
-    say_written(trainer, "the trained model and tokenizer, its checkpoints, train_summary.json and metrics.jsonl")
+    from pathlib import Path
+
+    checkpoints = sorted(Path(training_args.output_dir).glob("checkpoint-*"))
+    saved = f"{len(checkpoints)} checkpoint{'s' if len(checkpoints) != 1 else ''}, " if checkpoints else ""
+    say_written(trainer, f"the trained model and tokenizer, {saved}train_summary.json and metrics.jsonl")
     del trainer
     gc.collect()  # see ``fit``: the model and its process group are freed while Python is fully alive
     return 0
