@@ -132,7 +132,7 @@ def test_predictions_of_gold_score_one(demo_dir, tmp_path):
 
 
 # -------------------------------------------------------------------------------------------------------- resume
-def test_resume_after_interruption_keeps_each_question_once(demo_dir, tmp_path, monkeypatch):
+def test_resume_after_interruption_keeps_each_question_once(demo_dir, tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     argv = ("--policy", "gold", "--data", demo_dir, "--n", "12", "--workers", "1", "--output", out)
     real = Runner._gold_record
@@ -145,9 +145,12 @@ def test_resume_after_interruption_keeps_each_question_once(demo_dir, tmp_path, 
         return real(self, row, sample, mode)
 
     monkeypatch.setattr(Runner, "_gold_record", interrupted)
+    capsys.readouterr()
     with pytest.raises(KeyboardInterrupt):
         evaluate(eval_args(*argv))
     assert len(read_lines(out / "full")) == 5
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"Interrupted: 5 episodes are saved in {out} (5 full); run the same command again to resume where it stopped.")
     assert not (out / "summary.json").exists()
     with open(out / "full" / "episodes.jsonl", "a") as handle:  # a write cut off by the kill
         handle.write('{"question_id": "3", "sample": 0, "offic')

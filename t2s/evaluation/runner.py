@@ -327,13 +327,29 @@ def evaluate(args) -> dict[str, dict]:
         earlier = earlier_summaries(root, modes)
         runner = Runner(args)
         runner.setup(all_rows)
-        for mode in modes:
-            summaries[mode] = evaluate_mode(args, mode, runner, selected, skipped, data_file, root / mode)
+        try:
+            for mode in modes:
+                summaries[mode] = evaluate_mode(args, mode, runner, selected, skipped, data_file, root / mode)
+        except KeyboardInterrupt:
+            say_saved(root, modes)
+            raise
         write_reports(root, {**earlier, **summaries})
     print_summaries(summaries)
     console().print(f"wrote {root}: report.html, summary.json, summary.md, summary.png, and "
                     f"{', '.join(modes)} episodes", markup=False, highlight=False, soft_wrap=True)
     return summaries
+
+
+def say_saved(root: Path, modes: list[str]) -> None:
+    """On an interrupted eval: how many episodes each mode has saved, and how to go on."""
+    from t2s.evaluation.run_folders import EPISODES, read_jsonl
+    from t2s.ui.console import print_line
+
+    saved = {mode: len(read_jsonl(root / mode / EPISODES)) if (root / mode / EPISODES).is_file() else 0
+             for mode in modes}
+    counts = ", ".join(f"{n} {mode}" for mode, n in saved.items())
+    print_line(f"Interrupted: {sum(saved.values())} episodes are saved in {root} ({counts}); run the same command "
+               "again to resume where it stopped.", stderr=True)
 
 
 def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path) -> dict:
