@@ -305,6 +305,26 @@ def test_data_convert_command_writes_duckdb_files(tmp_path, demo_dir):
     assert (tmp_path / "out/dev_databases/cycling_club/cycling_club.duckdb").is_file()
 
 
+def test_converted_questions_keep_the_source_ids_after_a_drop(tmp_path, demo_dir):
+    """Spider-style data has no question_id: each question's id comes from its position in the source. A converted
+    file keeps those ids, so a question dropped by the conversion shifts no other id, and runs on both engines pair."""
+    pytest.importorskip("duckdb")
+    from t2s.data.convert import convert
+    from t2s.data.loaders import load_json_rows
+
+    demo = json.loads((demo_dir / "dev.json").read_text())[:4]
+    spider = [{"db_id": r["db_id"], "question": r["question"], "query": r["SQL"]} for r in demo]
+    spider[1]["query"] = "SELEC broken"  # dropped by the conversion: its gold does not run
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(spider))
+    (tmp_path / "dev_databases").symlink_to(demo_dir / "dev_databases")
+    report = convert(data, "duckdb", tmp_path / "out")
+    assert report["kept"] == 3 and report["dropped_questions"][0]["position"] == 1
+    source = {r["question_id"]: r["question"] for r in load_json_rows(data)}
+    converted = {r["question_id"]: r["question"] for r in load_json_rows(tmp_path / "out" / "dev.json", engine="duckdb")}
+    assert len(converted) == 3 and all(source[qid] == question for qid, question in converted.items())
+
+
 def test_a_pools_server_sessions_end_with_its_threads(request):
     """A training run starts a thread pool per rollout: each worker's PostgreSQL sessions end when the worker does,
     so steps never pile sessions up against the server's ``max_connections``."""

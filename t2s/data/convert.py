@@ -207,8 +207,8 @@ def convert(data, engine: str, output, *, dsn: str | None = None, db_root=None, 
     kept, dropped = [], []
     for position, (record, row) in enumerate(zip(records, rows)):
         reason = _question(record, row, engine, refs, db_reports)
-        if reason is None:
-            kept.append(record)
+        if reason is None:  # the source's id goes with the question: ids made from positions would shift on a drop
+            kept.append(record if "question_id" in record else {"question_id": row["question_id"], **record})
         else:
             dropped.append({"question_id": row["question_id"], "position": position, "db_id": row["db_id"],
                             "reason": reason[0], "detail": reason[1][:500], "sql": reason[2]})
