@@ -246,13 +246,30 @@ def test_show_reads_training_episodes(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------------------------- comparability
+def test_the_data_a_run_played_is_named_and_only_bird_dev_is_published_data(bird_superhero_dir, spider_dev_dir,
+                                                                            bird_minidev_file):
+    from t2s.data.loaders import data_label, load_json_rows
+
+    bird = load_json_rows(bird_superhero_dir / "dev.json")
+    assert data_label(bird, bird_superhero_dir / "dev.json") == "BIRD dev"
+    spider = load_json_rows(spider_dev_dir / "dev.json", require_databases=False)
+    assert data_label(spider, spider_dev_dir / "dev.json") == "spider_dev/dev.json"
+    minidev = load_json_rows(bird_minidev_file, require_databases=False)  # BIRD's databases, another benchmark
+    assert data_label(minidev, bird_minidev_file) == "bird_minidev/mini_dev_sqlite.json"
+
+
 def test_comparable_only_with_the_published_settings():
     from t2s.evaluation.report import comparability_line
 
     published = {"policy": "model", "mode": "full", "training_token_stream": True, "n": 300, "seed": 0, "max_turns": 6,
-                 "episode_token_budget": 12288, "enable_thinking": True,
+                 "episode_token_budget": 12288, "enable_thinking": True, "data": "BIRD dev",
                  "sampling": {"temperature": 0.6, "top_p": 0.95, "top_k": 20}}
     assert comparability_line(published) == "comparable with the published figures"
+    spider = {**published, "data": "spider_dev/dev.json"}  # the published settings on other data
+    assert comparability_line(spider) == ("not comparable with the published figures: data spider_dev/dev.json "
+                                          "(published: BIRD dev)")
+    unknown = {k: v for k, v in published.items() if k != "data"}  # a run from before the data was recorded
+    assert comparability_line(unknown).endswith("data not recorded (published: BIRD dev)")
     changed = {**published, "n": 50, "max_turns": 4, "sampling": {"temperature": 1.0, "top_p": 0.95, "top_k": 20}}
     assert comparability_line(changed) == ("not comparable with the published figures: n 50 (published 300); "
                                            "max_turns 4 (published 6); temperature 1.0 (published 0.6)")

@@ -45,6 +45,22 @@ _DB_FOLDERS = ("dev_databases", "train_databases", "database", "databases")
 # Files with databases on disk (BIRD, Spider, SynSQL)
 
 
+#: the databases of BIRD dev (all 1,534 questions are on these 11): the data the published figures were measured on
+BIRD_DEV_DATABASES = frozenset({
+    "california_schools", "card_games", "codebase_community", "debit_card_specializing", "european_football_2",
+    "financial", "formula_1", "student_club", "superhero", "thrombosis_prediction", "toxicology"})
+BIRD_DEV = "BIRD dev"
+
+
+def data_label(rows, data_file) -> str:
+    """What data a run played: ``BIRD dev`` when every question is from a BIRD ``dev.json`` (source ``bird_dev``) on
+    BIRD dev's databases, else the data file's name with its folder."""
+    if rows and all(row.get("source") == "bird_dev" and row.get("db_id") in BIRD_DEV_DATABASES for row in rows):
+        return BIRD_DEV
+    data_file = Path(data_file)
+    return f"{data_file.parent.name}/{data_file.name}"
+
+
 def _data_file(kind: str, path: Path) -> Path:
     if path.is_dir():
         for name in _DATA_FILES.get(kind, ()):

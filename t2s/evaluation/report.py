@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from t2s.data.loaders import BIRD_DEV
+
 DIFFICULTY_ORDER = ("simple", "moderate", "challenging")
 SCORE_KEYS = ("execution_accuracy_official", "strict", "soft_f1")
 
@@ -222,6 +224,8 @@ def published_differences(config: dict) -> list[str]:
         if config.get("endpoint_mode") == "chat":
             reason = "a chat endpoint"
         differences.insert(0, f"{reason} does not play the training token stream")
+    if config.get("data") != BIRD_DEV:  # the published figures are on BIRD dev
+        differences.append(f"data {config.get('data') or 'not recorded'} (published: {BIRD_DEV})")
     if config.get("database_engine", "sqlite") != "sqlite":  # the published figures are on SQLite files
         differences.append(f"database engine {config['database_engine']} (published: sqlite)")
     return differences
@@ -245,6 +249,7 @@ def _settings_line(config: dict) -> str:
         f"policy `{config.get('policy')}`",
         f"target `{target}`",
         f"mode `{config.get('mode')}`",
+        f"data `{config.get('data') or 'not recorded'}`",
         f"k {config.get('k')}",
         f"seed {config.get('seed')}",
     ]

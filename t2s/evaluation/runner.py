@@ -135,12 +135,13 @@ class EpisodeLog:
 
 
 def resume_config(config: dict) -> dict:
-    """What a resumed run must match: the configuration less its timings and ``comparable`` (derived from the rest).
+    """What a resumed run must match: the configuration less its timings, ``comparable`` and ``data`` (derived from
+    the rest).
     A folder written before ``training_token_stream`` had that flag under the name ``comparable``."""
     config = dict(config)
     if "training_token_stream" not in config and "comparable" in config:
         config["training_token_stream"] = config["comparable"]
-    return {k: v for k, v in config.items() if k not in (*TIMING_KEYS, "comparable")}
+    return {k: v for k, v in config.items() if k not in (*TIMING_KEYS, "comparable", "data")}
 
 
 def check_resume_config(folder: Path, config: dict) -> None:
@@ -259,7 +260,9 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
     return list(rows), selected, skipped, data_file
 
 
-def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: int) -> dict:
+def build_config(args, mode: str, runner: Runner, data_file: Path, selected: list[dict]) -> dict:
+    from t2s.data.loaders import data_label
+
     tokenizer_hash, template_hash = tokenizer_fingerprint(runner.tokenizer)
     generative = args.policy in ("model", "vllm", "endpoint")
     chat = args.policy == "endpoint" and args.endpoint_mode in ("chat", "tools")
@@ -296,7 +299,8 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, n_selected: i
         "sqlite_version": sqlite3.sqlite_version,
         "data_file": str(data_file.resolve()),
         "data_sha256": file_checksum(data_file),
-        "questions": n_selected,
+        "data": data_label(selected, data_file),
+        "questions": len(selected),
         "skip_missing_dbs": bool(args.skip_missing_dbs),
         "training_token_stream": bool(generative and not chat and mode != "single" and args.enable_thinking),
     }
@@ -359,7 +363,7 @@ def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path
     from t2s.evaluation.run_folders import SCORES, VOTES, write_jsonl
     from t2s.scoring.voting import accuracy_of, question_votes
 
-    config = build_config(args, mode, runner, data_file, len(selected))
+    config = build_config(args, mode, runner, data_file, selected)
     check_resume_config(folder, config)
     log = EpisodeLog(folder)
     done = log.load()
