@@ -132,19 +132,25 @@ def test_predictions_of_gold_score_one(demo_dir, tmp_path):
 
 
 # -------------------------------------------------------------------------------------------------------- resume
-def test_resume_after_interruption_keeps_each_question_once(demo_dir, tmp_path, monkeypatch, capsys):
-    out = tmp_path / "out"
-    argv = ("--policy", "gold", "--data", demo_dir, "--n", "12", "--workers", "1", "--output", out)
+def interrupt_after(monkeypatch, episodes: int):
+    """The gold policy, stopped as by Ctrl-C once ``episodes`` episodes are played; returns the real policy."""
     real = Runner._gold_record
     calls = {"n": 0}
 
     def interrupted(self, row, sample, mode):
         calls["n"] += 1
-        if calls["n"] > 5:
+        if calls["n"] > episodes:
             raise KeyboardInterrupt
         return real(self, row, sample, mode)
 
     monkeypatch.setattr(Runner, "_gold_record", interrupted)
+    return real
+
+
+def test_resume_after_interruption_keeps_each_question_once(demo_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "out"
+    argv = ("--policy", "gold", "--data", demo_dir, "--n", "12", "--workers", "1", "--output", out)
+    real = interrupt_after(monkeypatch, 5)
     capsys.readouterr()
     with pytest.raises(KeyboardInterrupt):
         evaluate(eval_args(*argv))
@@ -171,16 +177,7 @@ def test_a_two_mode_eval_stopped_in_its_first_mode_resumes_with_the_same_command
     argv = ("--policy", "gold", "--data", demo_dir, "--n", "8", "--workers", "1", "--mode", "full", "withheld")
     clean = evaluate(eval_args(*argv, "--output", tmp_path / "clean"))
     out = tmp_path / "out"
-    real = Runner._gold_record
-    calls = {"n": 0}
-
-    def interrupted(self, row, sample, mode):
-        calls["n"] += 1
-        if calls["n"] > 3:
-            raise KeyboardInterrupt
-        return real(self, row, sample, mode)
-
-    monkeypatch.setattr(Runner, "_gold_record", interrupted)
+    real = interrupt_after(monkeypatch, 3)
     with pytest.raises(KeyboardInterrupt):
         evaluate(eval_args(*argv, "--output", out))
     assert len(read_lines(out / "full")) == 3 and not (out / "withheld").exists()
