@@ -26,8 +26,8 @@ def installed_from_wheel() -> bool:
 
 
 def match_umask(folder) -> None:
-    """Give the weight files in ``folder`` the mode every other file there has (``0666`` less the umask): the
-    libraries write ``*.safetensors`` through a private temp file (mode 0600), which a server running as another user
+    """Give the weight files in ``folder`` the mode every other file there has (``0666`` less the umask):
+    transformers and huggingface_hub write ``*.safetensors`` with mode 0600, which a server running as another user
     cannot read."""
     mask = os.umask(0)
     os.umask(mask)

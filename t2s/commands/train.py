@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+from pathlib import Path
 
 from t2s.ui.args import add_recipe_arguments
 
@@ -50,8 +51,6 @@ def run(args: argparse.Namespace) -> int:
     use_step_printer(trainer)
     with rank_zero_lock(training_args.output_dir):  # one run per output_dir; a second stops with one Error: line
         fit(trainer, counts, checkpoint)
-    from pathlib import Path
-
     checkpoints = sorted(Path(training_args.output_dir).glob("checkpoint-*"))
     saved = f"{len(checkpoints)} checkpoint{'s' if len(checkpoints) != 1 else ''}, " if checkpoints else ""
     say_written(trainer, f"the trained model and tokenizer, {saved}train_summary.json and metrics.jsonl")
