@@ -205,3 +205,20 @@ def test_errors_through_the_command_line_have_no_traceback(tmp_path):
                           cwd=REPO_ROOT)
     assert done.returncode == 1 and done.stderr.strip().splitlines() == [done.stderr.strip()]
     assert done.stderr.startswith("Error: ") and str(taken) in done.stderr
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["eval", "--policy", "gold", "--outptu", "OUT"], "unrecognized option --outptu; did you mean --output?"),
+    (["eval", "--policy", "gold", "--output", "OUT", "--quite"], "unrecognized option --quite; did you mean --quiet?"),
+    (["compare", "A", "B", "--zzz"], "unrecognized option --zzz ("),
+])
+def test_a_misspelt_option_is_named_with_its_closest_match(demo_dir, tmp_path, capsys, argv, named):
+    """Not "--output is required": the option that was misspelt, and what it may have meant."""
+    argv = [str(tmp_path / a) if a in ("OUT", "A", "B") else a for a in argv] + ["--data", str(demo_dir)] * (
+        argv[0] == "eval")
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"Error: t2s {argv[0]}: ") and named in err[0], err
+    assert not (tmp_path / "OUT").exists()

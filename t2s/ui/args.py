@@ -80,6 +80,27 @@ class CommandParser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
 
+    def parse_known_args(self, args=None, namespace=None):
+        """Name a misspelt option, with its closest match, before argparse asks for a required one it hid."""
+        self.check_options(list(sys.argv[1:] if args is None else args))
+        return super().parse_known_args(args, namespace)
+
+    def check_options(self, args: list[str]) -> None:
+        """Refuse the first ``--option`` this parser does not take (whole or as an abbreviation), naming it."""
+        import difflib
+
+        if any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            return  # the command's own parser checks the options after its name
+        known = [s for a in self._actions for s in a.option_strings if s.startswith("--")]
+        for token in args:
+            if token == "--":
+                break
+            name = token.split("=", 1)[0]
+            if not name.startswith("--") or any(k.startswith(name) for k in known):
+                continue
+            close = difflib.get_close_matches(name, known, n=1)
+            self.error(f"unrecognized option {name}" + (f"; did you mean {close[0]}?" if close else ""))
+
     def error(self, message: str):
         from t2s.ui.console import safe_text
 
@@ -94,7 +115,8 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, epilog: str, keys_help
     parser.add_argument("--config", required=True, help=f"recipe YAML ({examples}, ...)")
     parser.epilog = epilog
     parser.set_defaults(overrides=[])
-    parse_known = parser.parse_known_args
+    def parse_known(args, namespace):  # argparse's own: the options it does not take are recipe keys, not misspellings
+        return argparse.ArgumentParser.parse_known_args(parser, args, namespace)
 
     def keep_overrides(args=None, namespace=None):
         """Recipe overrides are not this parser's options: keep them for TrlParser instead of rejecting them."""
