@@ -662,14 +662,14 @@ def test_progress_without_a_terminal_is_plain_lines_with_the_time_left(demo_dir,
     import re
 
     from t2s.commands import main
-    from t2s.evaluation import runner
+    from t2s.evaluation import progress
 
     argv = ["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3", "--workers", "1"]
     capsys.readouterr()
     assert main([*argv, "--output", str(tmp_path / "a")]) == 0  # a quick run: the closing line only
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gold/full:")]
     assert len(lines) == 1 and re.fullmatch(r"gold/full: 3/3 episodes, official EX 1\.000, 0:00:\d\d elapsed", lines[0])
-    monkeypatch.setattr(runner, "PROGRESS_LINE_SECONDS", 0)  # every episode is past the interval
+    monkeypatch.setattr(progress, "PROGRESS_LINE_SECONDS", 0)  # every episode is past the interval
     assert main([*argv, "--output", str(tmp_path / "b")]) == 0
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("gold/full:")]
     assert [line.split(",")[0] for line in lines] == ["gold/full: 1/3 episodes", "gold/full: 2/3 episodes",
