@@ -81,7 +81,7 @@ def test_ask_readable_view_and_running_out_of_turns(tmp_path, wal_db):
 @pytest.mark.parametrize("case, code", [("missing_db", 1), ("not_a_db", 1), ("missing_turns", 1), ("bad_turns", 1),
                                         ("no_policy", 2), ("empty_question", 2)])
 def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
-    """Bad input (a database, turns file that is missing or broken) exits 1; bad usage exits 2 (README)."""
+    """Bad input (a database, turns file that is missing or broken) exits 1; bad usage exits 2 (docs/evaluation.md)."""
     path, _ = wal_db
     good_turns = write_turns(tmp_path / "good.jsonl", ["</think>"])
     junk = tmp_path / "junk.sqlite"

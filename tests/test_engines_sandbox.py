@@ -280,7 +280,7 @@ def test_postgres_ddl_quotes_reserved_and_mixed_case_names(postgres_demo):
 
 
 def test_the_readme_read_only_role_works(postgres_target):
-    """The role the README tells users to create reads and can do nothing else, even without our guard."""
+    """The role docs/engines.md tells users to create reads and can do nothing else, even without our guard."""
     import psycopg
 
     with psycopg.connect(postgres_target.path, autocommit=True) as admin:

@@ -303,9 +303,9 @@ def test_report_html_opens_a_question_by_id_and_lists_in_data_order(demo_dir, tm
         path.write_text("".join(reversed(path.read_text().splitlines(keepends=True))))
     write_report(out)
     page = (out / "report.html").read_text()
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    for name, _ in HASH_PARAMETERS:  # every hash parameter is named on the page and in the README
-        assert f"<code>{name}</code>" in page and f"`{name}`" in readme, name
+    guide = (Path(__file__).parents[1] / "docs" / "evaluation.md").read_text()
+    for name, _ in HASH_PARAMETERS:  # every hash parameter is named on the page and in the evaluation guide
+        assert f"<code>{name}</code>" in page and f"`{name}`" in guide, name
     ids = [str(r["question_id"]) for r in json.loads((demo_dir / "dev.json").read_text())]
     shown = _page(out / "report.html")
     listed = [(row["cells"][1], row["cells"][0]) for row in shown["rows"]]
