@@ -8,7 +8,7 @@ A backend turns token-id prompts into one assistant turn each. It never sees tex
 
 Every backend stops on both ``<|im_end|>`` and ``<|endoftext|>`` and returns the sampled stop token inside
 ``token_ids`` with its logprob, as vLLM does. Logprobs are those of the sampled tokens under ``log_softmax(logits / T)``
-with no top-k/top-p, which is what the training side recomputes (DESIGN §8).
+with no top-k/top-p, which is what the training side recomputes (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ class SamplingSettings:
 
     @classmethod
     def training(cls, temperature: float = 1.0, seed: int | None = None) -> SamplingSettings:
-        """The training sampler of DESIGN §8: temperature only, so sampler logprobs match the trainer's."""
+        """The training sampler of docs/design.md §8: temperature only, so sampler logprobs match the trainer's."""
         return cls(temperature=temperature, seed=seed)
 
     @classmethod
     def evaluation(cls, seed: int | None = None) -> SamplingSettings:
-        """The evaluation sampler of DESIGN §8: T 0.6, top-p 0.95, top-k 20."""
+        """The evaluation sampler of docs/design.md §8: T 0.6, top-p 0.95, top-k 20."""
         return cls(temperature=0.6, top_p=0.95, top_k=20, seed=seed)
 
     @property

@@ -5,7 +5,7 @@
 - ``GoldPolicy`` lists the tables, describes each table the gold SQL reads, runs the gold SQL and submits it: an
   episode that must score 1.0 with no format deviation (the evaluator's self-check, and the warm start's
   trajectories), in either call format. In the json format every turn is one JSON object, as the protocol asks
-  (DESIGN §3); the native format describes the tables in parallel calls, which Qwen3.5's template allows.
+  (docs/design.md §3); the native format describes the tables in parallel calls, which Qwen3.5's template allows.
 - ``submit_policy`` submits a given SQL in its first turn.
 """
 

@@ -1,4 +1,4 @@
-"""`python -m t2s bench sandbox`: how fast the sandbox ends each resource blow-up (DESIGN §5).
+"""`python -m t2s bench sandbox`: how fast the sandbox ends each resource blow-up (docs/design.md §5).
 
 Every statement in ``BLOWUPS`` would allocate gigabytes, or run for minutes, in plain SQLite; the sandbox stops each
 by a limit (a length cap, a capped ``printf``, the linear ``trim``) with an ``Error:`` result, long before the

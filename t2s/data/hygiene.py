@@ -1,8 +1,8 @@
 """Gold hygiene: run every gold SQL under the scoring deadline and sort the rows into ok / error / timeout / empty.
 
-Training drops rows whose gold SQL errors, times out or returns nothing (DESIGN §9), and logs each count. Rows whose
-database file is absent are counted as ``missing_db``. Outcomes are cached on disk, keyed by the data (file hash or
-row contents), the database files (path, size, mtime) and the database root, so a second run reads the cache instead
+Training drops rows whose gold SQL errors, times out or returns nothing (docs/design.md §9), and logs each count. Rows
+whose database file is absent are counted as ``missing_db``. Outcomes are cached on disk, keyed by the data (file hash
+or row contents), the database files (path, size, mtime) and the database root, so a second run reads the cache instead
 of querying. The cache folder is ``T2S_CACHE_DIR`` or ``.cache/`` in the repository.
 """
 

@@ -1,6 +1,6 @@
 """Loaders for BIRD, Spider, SQaLe and SynSQL into the one row shape that training and evaluation share.
 
-Every loader yields plain dicts of one shape (``t2s.data.rows``, DESIGN §2, §9).
+Every loader yields plain dicts of one shape (``t2s.data.rows``, docs/design.md §2, §9).
 ``db_path`` is the absolute path of a SQLite file, or None for row-payload data (SQaLe), which sets ``schema_id``
 instead. ``question_id`` is the data's own id (as a string) where it has one, else ``"<source>:<position>"`` with the
 0-based position in the data file. ``databases.ref_from_row(row)`` maps a row to its database.

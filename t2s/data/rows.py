@@ -1,6 +1,6 @@
 """The one row shape that training and evaluation share, and reading the data files rows come from.
 
-Every loader yields plain dicts with exactly these keys (DESIGN §2, §9)::
+Every loader yields plain dicts with exactly these keys (docs/design.md §2, §9)::
 
     {question_id, question, evidence, gold_sql, db_id, db_path, schema_id, difficulty, source}
 

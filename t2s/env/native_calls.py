@@ -1,4 +1,4 @@
-"""The native tool-call format (DESIGN §3): Qwen3.5's own tool calling, as its chat template declares it.
+"""The native tool-call format (docs/design.md §3): Qwen3.5's own tool calling, as its chat template declares it.
 
 - The tools are declared through the chat template's ``tools=`` (``tool_schemas.function_schemas``).
 - The model calls them as XML blocks after its thinking::

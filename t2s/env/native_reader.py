@@ -1,4 +1,4 @@
-"""Reading a native turn (DESIGN §3): the calls vLLM's ``qwen3_xml`` tool parser returns for the same text.
+"""Reading a native turn (docs/design.md §3): the calls vLLM's ``qwen3_xml`` tool parser returns for the same text.
 
 ``--tool-call-parser qwen3_xml`` (vLLM 0.31's ``Qwen3EngineToolParser``) is how the sibling is deployed, with no
 reasoning parser. Reading a turn by any other rule would reward a model in training for calls its server drops (or

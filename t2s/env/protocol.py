@@ -1,4 +1,4 @@
-"""The exec_plan protocol (DESIGN §3): prompts, rendering observations, and the environment's tokens.
+"""The exec_plan protocol (docs/design.md §3): prompts, rendering observations, and the environment's tokens.
 
 A turn is the text the model writes after the generation prompt ``<|im_start|>assistant\\n<think>\\n``: it starts
 inside the think block. Reading it into tool calls is ``t2s.env.turns``; the native XML format is

@@ -1,4 +1,4 @@
-"""The one declaration of every tool: name, arguments with their types, and descriptions (DESIGN §3, §4).
+"""The one declaration of every tool: name, arguments with their types, and descriptions (docs/design.md §3, §4).
 
 Both call formats read it:
 - ``json``: the system prompt's tool list (``prompt_lines``) and the toolbox's argument check (``argument_spec``);

@@ -1,4 +1,4 @@
-"""The tools the model calls (DESIGN §4): the eight exec_plan tools and the sibling dialect, over one database.
+"""The tools the model calls (docs/design.md §4): the eight exec_plan tools and the sibling dialect, over one database.
 
 Every call returns a ``ToolResult`` and never raises. Errors are text beginning ``Error:``. Identifiers are quoted,
 unknown names get "did you mean" suggestions, cells and outputs are capped with visible markers, and a query never

@@ -1,4 +1,4 @@
-"""Reading an assistant turn in the JSON call format (DESIGN §3): the thinking, then the bare JSON calls after the last
+"""Reading a JSON-format assistant turn (docs/design.md §3): the thinking, then the bare JSON calls after the last
 ``</think>`` (or anywhere when there is none). Forgiving (fenced JSON, several objects, trailing prose, each deviation
 counted) and linear on hostile text: no backtracking pattern, a bounded number of failed decodes, and JSON nested past
 ``MAX_JSON_DEPTH`` replaced by a note rather than recursed into.

@@ -34,7 +34,7 @@ from pathlib import Path
 from t2s.errors import writing
 
 PAGE_TITLE = "t2s eval report"
-# (parameter, what it does): the URL hash the page reads, shown on the page and in the README
+# (parameter, what it does): the URL hash the page reads, shown on the page and in docs/evaluation.md
 HASH_PARAMETERS = (
     ("id=QUESTION_ID", "open that question (the id show --id takes)"),
     ("mode=M", "list mode M only (with id: open that mode's episode)"),

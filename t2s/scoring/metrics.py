@@ -1,4 +1,4 @@
-"""Evaluation metrics over query results as Python's sqlite3 returns them (DESIGN §7).
+"""Evaluation metrics over query results as Python's sqlite3 returns them (docs/design.md §7).
 
 - **official**: BIRD's execution accuracy, ``set(pred) == set(gold)`` on the full results (row order and duplicates
   ignored, column order kept);

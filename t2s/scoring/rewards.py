@@ -1,4 +1,4 @@
-"""Training rewards (DESIGN §6): the dense tiered reward of the bird recipe and the sibling recipe's reward.
+"""Training rewards (docs/design.md §6): the dense tiered reward of the bird recipe and the sibling recipe's reward.
 
 The work is split in two so that the expensive part runs as each episode finishes:
 
@@ -392,7 +392,7 @@ def make_dense_reward(settings: RewardSettings | None = None, *, group_size: int
     settings = settings or RewardSettings()
 
     def dense(prompts, completions, completion_ids=None, **kwargs) -> list[float]:
-        """TRL reward function: the dense reward (DESIGN §6).
+        """TRL reward function: the dense reward (docs/design.md §6).
 
         Reads these per-episode extras from ``kwargs`` (one entry per completion, in rollout order):
         - ``outcome``: ``dataclasses.asdict(ExecutionOutcome)`` (or the outcome itself), required;

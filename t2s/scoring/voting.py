@@ -1,4 +1,4 @@
-"""Voting at k: the official EX of execution-consistency voting over each question's k samples (DESIGN §7)."""
+"""Voting at k: the official EX of execution-consistency voting over each question's k samples (docs/design.md §7)."""
 
 from __future__ import annotations
 

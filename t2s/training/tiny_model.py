@@ -154,7 +154,7 @@ def build_model(tokenizer, seed: int = 0, preset: str = "hybrid"):
         pad_token_id=tokenizer.pad_token_id,
     )
     model = Qwen3_5ForCausalLM(config)
-    # Like the real checkpoint's file: eos is <|endoftext|> only. The trainer adds <|im_end|> (DESIGN §8).
+    # Like the real checkpoint's file: eos is <|endoftext|> only. The trainer adds <|im_end|> (docs/design.md §8).
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         pad_token_id=tokenizer.pad_token_id,

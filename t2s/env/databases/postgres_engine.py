@@ -12,7 +12,7 @@ The server and its role are the user's: the role may be able to write, read file
   strict metric needs;
 * the session itself is read-only by default (``default_transaction_read_only``), and connects with a 5 s timeout.
 
-The README gives the read-only role to create, so that even a bug here could not write.
+docs/engines.md gives the read-only role to create, so that even a bug here could not write.
 """
 
 from __future__ import annotations
