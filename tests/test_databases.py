@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pickle
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from t2s.env import databases
+from t2s.env.databases import hashing, limits, payloads
 from t2s.settings import REPO_ROOT
 from t2s.env.databases import (
     DatabaseRef,
@@ -270,8 +272,8 @@ def test_gold_results_are_cached_by_file_hash_and_sql(tmp_path, monkeypatch):
     path = _make_db(tmp_path / "g.sqlite", rows=5)
     ref = benchmark_db(path)
     calls = []
-    real = databases.file_checksum
-    monkeypatch.setattr(databases, "file_checksum", lambda p: calls.append(p) or real(p))
+    real = hashing.file_checksum
+    monkeypatch.setattr(hashing, "file_checksum", lambda p: calls.append(p) or real(p))
     first = gold_result(ref, "SELECT sum(a) FROM t")
     assert first.rows == [(10,)] and first.seconds > 0
     assert gold_result(ref, "SELECT sum(a) FROM t") is first
@@ -338,19 +340,20 @@ def test_payload_copies_stay_within_the_byte_bound(monkeypatch):
         register_payload(f"bound-{i}", "CREATE TABLE t (x)", {"t": [{"x": "z" * 2000} for _ in range(20)]})
         for i in range(4)
     ]
-    image_size = len(databases._payloads._images["bound-0"][0])
-    monkeypatch.setattr(databases, "PAYLOAD_CACHE_BYTES", databases._payloads.total + 2 * image_size)
+    image_size = len(payloads._payloads._images["bound-0"][0])
+    bound = payloads._payloads.total + 2 * image_size
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, payload_cache_bytes=bound))
     for ref in refs:
         assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).rows == [(20,)]
-        assert databases._payloads.total <= databases.PAYLOAD_CACHE_BYTES
-    copies = [key for key in databases._thread_copies() if key[1] in refs]
+        assert payloads._payloads.total <= bound
+    copies = [key for key in payloads._thread_copies() if key[1] in refs]
     assert 0 < len(copies) <= 2  # the oldest copies were closed to make room
     assert run_tool_query(refs[0], "SELECT count(*) FROM t", max_rows=5).rows == [(20,)]  # reopened on demand
 
 
 def test_payload_copies_are_released_when_their_thread_ends():
     ref = register_payload("released-1", "CREATE TABLE t (x)", {"t": [{"x": 1}]})
-    before = databases._payloads.total
+    before = payloads._payloads.total
     results = []
     worker = threading.Thread(target=lambda: results.append(run_tool_query(ref, "SELECT x FROM t", max_rows=5).rows))
     worker.start()
@@ -360,7 +363,7 @@ def test_payload_copies_are_released_when_their_thread_ends():
 
     gc.collect()
     assert results == [[(1,)]]
-    assert databases._payloads.total == before
+    assert payloads._payloads.total == before
 
 
 def _open_files(path: Path) -> int:
@@ -421,7 +424,7 @@ def test_a_broken_ddl_statement_does_not_hide_the_next_ones():
         CREATE TRIGGER second_audit AFTER INSERT ON second BEGIN SELECT 1; SELECT 2; END;
         CREATE TABLE third (x)
     """
-    statements = databases._ddl_statements(ddl)
+    statements = payloads._ddl_statements(ddl)
     assert [s.split()[0:3] for s in statements] == [
         ["CREATE", "TABLE", "first"], ["CREATE", "TABLE", "unbalanced"], ["--", "a", "comment;"],
         ["CREATE", "TRIGGER", "second_audit"], ["CREATE", "TABLE", "third"],
@@ -438,7 +441,7 @@ def test_a_broken_ddl_statement_does_not_hide_the_next_ones():
 
 def test_an_unterminated_quote_does_not_swallow_the_rest():
     ddl = "CREATE TABLE a (x DEFAULT 'open); CREATE TABLE b (y); CREATE TABLE c (z);"
-    statements = databases._ddl_statements(ddl)
+    statements = payloads._ddl_statements(ddl)
     assert [s.strip() for s in statements] == ["CREATE TABLE a (x DEFAULT 'open);", "CREATE TABLE b (y);",
                                                "CREATE TABLE c (z);"]
     _, counts = build_payload_image(ddl, {})
@@ -462,9 +465,9 @@ def test_reregistering_an_id_with_other_content_is_refused():
 
 def test_an_evicted_payload_is_rebuilt_from_the_same_content():
     ref = register_payload("evicted-1", "CREATE TABLE t (x)", {"t": [{"x": 7}]})
-    with databases._payloads._lock:
-        image, _ = databases._payloads._images.pop("evicted-1")
-        databases._payloads.total -= len(image)
+    with payloads._payloads._lock:
+        image, _ = payloads._payloads._images.pop("evicted-1")
+        payloads._payloads.total -= len(image)
     assert register_payload("evicted-1", "CREATE TABLE t (x)", {"t": [{"x": 7}]}) == ref
     assert run_scoring_query(ref, "SELECT x FROM t", timeout=5).rows == [(7,)]
 
@@ -483,7 +486,7 @@ def test_a_watchdog_interrupt_never_reaches_a_later_statement(tmp_path, monkeypa
         time.sleep(0.002)  # between the watchdog's claim and the interrupt, the worker thread runs on
         sqlite3.Connection.interrupt(self)
 
-    monkeypatch.setattr(databases, "WATCHDOG_POLL", 0.0)  # the watchdog scans without pause
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, watchdog_poll=0.0))  # the watchdog scans without pause
     monkeypatch.setattr(databases.SandboxConnection, "interrupt", slow_interrupt)
     queries = [f"SELECT count(*) FROM t a, t b WHERE a.a < {n}" for n in (1, 3, 10, 30)]  # from µs to ms
     interrupted = 0

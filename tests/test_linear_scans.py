@@ -56,7 +56,7 @@ CASES = {
         assert bare_sql("selectwith" * 50_000) is None
     """,
     "printf formats with long flag and digit runs": """
-        from t2s.env.databases import printf_too_wide
+        from t2s.env.databases.functions import printf_too_wide
         assert printf_too_wide("%" + "5" * 200_000 + "d", ())
         assert printf_too_wide("%" + "-" * 200_000 + "0" * 200_000 + "d", ()) is False
         assert printf_too_wide("%.*c", (" " * 100_000 + "9" * 100_000, "x"))
@@ -70,7 +70,7 @@ CASES = {
         assert tables_in_sql("SELECT * FROM a JOIN b USING (x)") == {"a", "b"}
     """,
     "DDL whose statements never end": """
-        from t2s.env.databases import _ddl_statements
+        from t2s.env.databases.payloads import _ddl_statements
         trigger = "CREATE TRIGGER t AFTER INSERT ON x BEGIN SELECT 1;"
         assert len(_ddl_statements(trigger * 20_000)) == 20_000  # 1 MB; each piece is taken alone
         statements = _ddl_statements("CREATE TABLE t (a DEFAULT '" + ";" * 200_000 + "');")

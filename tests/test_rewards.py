@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from t2s.env import databases
+from t2s.env.databases import limits
 from t2s.scoring.rewards import (
     MAX_F1_CELLS,
     REWARD_FUNCS,
@@ -116,8 +117,8 @@ def test_parses_as_sql_accepts_statements_only():
 
 
 def test_timeout_is_parsable_tier(hero_db, monkeypatch):
-    monkeypatch.setattr(databases, "SCORING_MIN_TIMEOUT", 0.2)
-    monkeypatch.setattr(databases, "SCORING_MAX_TIMEOUT", 0.2)
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, scoring_min_timeout=0.2,
+                                                              scoring_max_timeout=0.2))
     row = _row(hero_db, "SELECT count(*) FROM hero")
     slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
     outcome = execute_final(row, slow)
@@ -128,7 +129,7 @@ def test_timeout_is_parsable_tier(hero_db, monkeypatch):
 def test_over_cap_is_never_equivalent(hero_db, monkeypatch):
     row = _row(hero_db, "SELECT name FROM team")
     execute_final(row, "SELECT 1")  # warm the gold cache under the normal cap
-    monkeypatch.setattr(databases, "SCORING_MAX_CELLS", 5)
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, scoring_max_cells=5))
     # the same set of rows as gold, repeated past the cap
     outcome = execute_final(row, "SELECT t.name FROM team t, hero, hero AS h2")
     assert outcome.over_cap and not outcome.equivalent and outcome.f1 == 0.0

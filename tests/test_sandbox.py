@@ -12,6 +12,7 @@ import pytest
 
 from t2s.bench.sandbox import BLOWUPS, DEADLINE_SECONDS, build_attack_db, may_succeed
 from t2s.env import databases
+from t2s.env.databases.limits import LIMITS
 from t2s.env.databases import (
     benchmark_db,
     file_checksum,
@@ -304,11 +305,11 @@ def test_the_work_of_one_row_stays_near_the_deadline(db, sql, path):
 def test_heavy_calls_are_counted_in_the_compiled_program(db):
     """A subquery's expression copied into its outer query counts at each copy; real queries stay well below."""
     ref = benchmark_db(db)
-    copies = ", ".join(["x"] * (databases.MAX_HEAVY_CALLS + 1))
+    copies = ", ".join(["x"] * (LIMITS.max_heavy_calls + 1))
     result = run_tool_query(ref, f"SELECT {copies} FROM (SELECT replace(b, 'r', 'R') AS x FROM t)", max_rows=2)
     assert result.error == (f"Error: the query calls functions that build or scan long values "
-                            f"{databases.MAX_HEAVY_CALLS + 1} times per row (replace); at most "
-                            f"{databases.MAX_HEAVY_CALLS} such calls are allowed")
+                            f"{LIMITS.max_heavy_calls + 1} times per row (replace); at most "
+                            f"{LIMITS.max_heavy_calls} such calls are allowed")
     real = (
         "SELECT CAST(replace(replace(b, 'row', ''), ',', '') AS INTEGER) AS n, instr(b, 'w'), b LIKE 'ROW1%', "
         "printf('%05d', a), hex(a), quote(b) FROM t WHERE b LIKE '%1%' AND replace(b, 'o', '0') GLOB 'r0w*' "
@@ -316,9 +317,9 @@ def test_heavy_calls_are_counted_in_the_compiled_program(db):
     )
     assert run_tool_query(ref, real, max_rows=5).rows == [(1, 3, 1, "00001", "31", "'row1'"),
                                                           (10, 3, 1, "00010", "3130", "'row10'")]
-    too_long = "SELECT 1" + " " * databases.MAX_SQL_LENGTH
+    too_long = "SELECT 1" + " " * LIMITS.max_sql_length
     assert run_tool_query(ref, too_long, max_rows=2).error == (
-        f"Error: the SQL is longer than {databases.MAX_SQL_LENGTH} characters")
+        f"Error: the SQL is longer than {LIMITS.max_sql_length} characters")
 
 
 def test_million_row_results_are_bounded(db):
@@ -329,7 +330,7 @@ def test_million_row_results_are_bounded(db):
     assert tool.seconds < 0.5
     scoring = run_scoring_query(ref, sql, timeout=10)
     assert scoring.over_cap and scoring.ok and not scoring.timed_out
-    assert len(scoring.rows) * 2 <= databases.SCORING_MAX_CELLS
+    assert len(scoring.rows) * 2 <= LIMITS.scoring_max_cells
     big_cells = run_scoring_query(ref, "SELECT a.y, b.y FROM big a, big b WHERE b.x < 30", timeout=10)
     assert not big_cells.over_cap and len(big_cells.rows) == 90_000
 
@@ -420,4 +421,4 @@ def test_connections_per_thread_and_purpose(db):
     assert others[0] is not tool
     assert tool.isolation_level is None
     assert tool.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED) == 0
-    assert tool.getlimit(sqlite3.SQLITE_LIMIT_LENGTH) == databases.MAX_VALUE_LENGTH
+    assert tool.getlimit(sqlite3.SQLITE_LIMIT_LENGTH) == LIMITS.max_value_length

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sqlite3
 
 import pytest
 
 from t2s.env import databases
+from t2s.env.databases import limits
 from t2s.commands import main
 from t2s.scoring.metrics import score_sql
 from t2s.evaluation.score import score_files
@@ -118,7 +120,7 @@ def test_jsonl_format_non_string_and_blank_sql_score_zero(bird_dir, tmp_path):
 
 
 def test_gold_timeout_is_reported_and_never_correct(bird_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(databases, "SCORING_MAX_TIMEOUT", 0.2)
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, scoring_max_timeout=0.2))
     data = json.loads((bird_dir / "dev.json").read_text())
     data[0]["SQL"] = SLOW_SQL
     (bird_dir / "dev.json").write_text(json.dumps(data))
@@ -130,12 +132,12 @@ def test_gold_timeout_is_reported_and_never_correct(bird_dir, tmp_path, monkeypa
 
 def test_score_sql_prediction_timeout_and_over_cap(bird_dir, monkeypatch):
     ref = databases.benchmark_db(bird_dir / "dev_databases" / "heroes" / "heroes.sqlite", "heroes")
-    monkeypatch.setattr(databases, "SCORING_MIN_TIMEOUT", 0.2)
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, scoring_min_timeout=0.2))
     slow = score_sql(ref, SLOW_SQL, "SELECT count(*) FROM hero")
     assert slow["official"] == 0 and "timed out" in slow["error"]
     gold = "SELECT name FROM hero"
     assert score_sql(ref, "SELECT name FROM hero ORDER BY name DESC", gold)["official"] == 1
-    monkeypatch.setattr(databases, "SCORING_MAX_CELLS", 4)
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, scoring_max_cells=4))
     over = score_sql(ref, "SELECT h.name FROM hero h, hero h2", gold)  # same row set, past the cap
     assert over["official"] == 0 and over["soft_f1"] == 0.0 and "cap" in over["error"]
 

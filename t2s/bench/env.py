@@ -131,9 +131,9 @@ class _LoggingCursor:
 
 
 class _Recorder:
-    """Notes, per episode, every statement given to ``databases.execute`` and the fetch calls made on it.
+    """Notes, per episode, every statement given to ``executing.execute`` and the fetch calls made on it.
 
-    A full read (scoring) goes through ``databases._fetch``, which is handed a logging cursor to note its batches. A
+    A full read (scoring) goes through ``results.fetch_all``, which is handed a logging cursor to note its batches. A
     tool query reads its rows with the one ``fetchmany(max_rows + 1)`` its arguments imply, and is replayed so.
     """
 
@@ -141,10 +141,10 @@ class _Recorder:
         self.local = threading.local()
 
     def install(self):
-        from t2s.env import databases
+        from t2s.env.databases import executing, results
 
         local = self.local
-        self.original, self.original_fetch = original, original_fetch = databases.execute, databases._fetch
+        self.original, self.original_fetch = original, original_fetch = executing.execute, results.fetch_all
 
         def logging_fetch(cursor, *args, **kwargs):
             fetches = getattr(local, "fetches", None)
@@ -168,14 +168,14 @@ class _Recorder:
             log.append((id(conn), sql, fetches))
             return result
 
-        databases.execute = recording_execute
-        databases._fetch = logging_fetch
+        executing.execute = recording_execute
+        results.fetch_all = logging_fetch
 
     def uninstall(self):
-        from t2s.env import databases
+        from t2s.env.databases import executing, results
 
-        databases.execute = self.original
-        databases._fetch = self.original_fetch
+        executing.execute = self.original
+        results.fetch_all = self.original_fetch
 
 
 def _on_every_thread(pool: ThreadPoolExecutor, workers: int, fn) -> None:
@@ -223,23 +223,13 @@ def _raw_replay(statements, local):
             pass
 
 
-def _clear_gold_cache() -> None:
-    """Each repetition computes gold results afresh, as a training step with new questions does."""
-    from t2s.env import databases
-
-    clear = getattr(databases, "clear_gold_cache", None)
-    if clear is not None:
-        clear()
-    else:
-        databases._gold_cache.clear()
-
-
 def _env_pass(pool, workers, refs, episodes, config, recorder=None):
     """One step through the real environment on fresh, warmed connections: (seconds, results, statements).
 
     With a recorder the statements sent (and their fetches) are noted, else ``statements`` is None.
     """
     from t2s.env import databases
+    from t2s.env.databases.connections import thread_connections
 
     def warm():
         databases.close_thread_connections()
@@ -247,7 +237,7 @@ def _env_pass(pool, workers, refs, episodes, config, recorder=None):
             databases.tool_connection(ref).execute("SELECT 1").fetchall()
             databases.scoring_connection(ref).execute("SELECT 1").fetchall()
 
-    _clear_gold_cache()
+    databases.clear_gold_cache()  # each pass computes gold results afresh, as a training step with new questions does
     _on_every_thread(pool, workers, warm)
     started = time.perf_counter()
     results = list(pool.map(lambda plan: _play(plan[0], config, plan[1], recorder), episodes))
@@ -257,7 +247,7 @@ def _env_pass(pool, workers, refs, episodes, config, recorder=None):
     files = {}
 
     def note_files():
-        for (purpose, ref), conn in databases._thread_connections().items():
+        for (purpose, ref), conn in thread_connections().items():
             files[id(conn)] = (purpose, ref.path, ref.immutable)
 
     _on_every_thread(pool, workers, note_files)

@@ -253,7 +253,7 @@ def _question(record: dict, row: dict, engine: str, refs: dict, db_reports: dict
     except Exception as exc:  # noqa: BLE001 - sqlglot's parse or generate errors
         return "transpile_error", f"{type(exc).__name__}: {' '.join(str(exc).split())}", None
     sqlite_result = databases.gold_result(databases.ref_from_row(row), original)
-    engine_result = databases.run_scoring_query(refs[db_id], sql, timeout=databases.SCORING_MAX_TIMEOUT)
+    engine_result = databases.run_scoring_query(refs[db_id], sql, timeout=databases.limits.LIMITS.scoring_max_timeout)
     verdict = compare(sqlite_result, engine_result, _ordered(original))
     if verdict is not None:
         return verdict[0], verdict[1], sql

@@ -1,23 +1,54 @@
-"""Each thread's sandboxed connections: one per (database, purpose).
+"""Each thread's sandboxed connections: one per (purpose, database), whatever the engine.
 
 Tool connections serve the model's calls; scoring connections, which tool calls never touch, serve gold and
-predicted SQL. A connection is opened on first use and kept until :func:`close_thread_connections`.
+predicted SQL. A connection is opened on first use and kept until :func:`close_thread_connections`. Each thread keeps
+its own (sqlite3 connections are not shared across threads); ``payloads`` closes the least recently used row-payload
+copies when its memory bound is reached.
+
+A thread's connections are closed when the thread ends. A connection can sit in a reference cycle (its sandbox
+callbacks refer back to it), so leaving it to the garbage collector would keep its file, memory copy or server session
+open long after a pool's worker is gone: a training run starts a pool per rollout, and in a process holding a model
+the collector's full passes are rare. Left alone, each step would add a connection per worker and database.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import threading
 
+from t2s.env.databases.engine_base import EngineConnection
 from t2s.env.databases.opening import DatabaseOpenError, DatabaseRef, open_file, unlocked_state
 from t2s.env.databases.payloads import _payloads
 from t2s.env.databases.sandbox import SandboxConnection, apply_sandbox
-from t2s.env.databases.threads import _local, _thread_connections
 
-def _connection(ref: DatabaseRef, purpose: str) -> SandboxConnection:
+_local = threading.local()
+
+
+class _ThreadConnections(dict):
+    """One thread's connections; closes them when the thread ends (it is dropped with the thread's local storage, on
+    the ending thread itself, which sqlite3's same-thread check requires)."""
+
+    def __del__(self):
+        for conn in list(self.values()):
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - a connection already broken or closed: nothing is left to release
+                pass
+        self.clear()
+
+
+def thread_connections() -> dict:
+    """This thread's open connections, by ``(purpose, DatabaseRef)``."""
+    conns = getattr(_local, "conns", None)
+    if conns is None:
+        conns = _local.conns = _ThreadConnections()
+    return conns
+
+
+def connection(ref: DatabaseRef, purpose: str) -> SandboxConnection | EngineConnection:
+    """This thread's connection to ``ref`` for ``purpose`` (``tool`` or ``scoring``); raises DatabaseOpenError."""
     if ref.engine != "sqlite":
-        from t2s.env.databases.engines import engine_connection
-
-        return engine_connection(ref, purpose)
+        return _engine_connection(ref, purpose)
     key = (purpose, ref)
     try:
         conn = _local.conns[key]
@@ -33,10 +64,10 @@ def _connection(ref: DatabaseRef, purpose: str) -> SandboxConnection:
 
 
 def _open_connection(ref: DatabaseRef, purpose: str, key: tuple) -> SandboxConnection:
-    conns = _thread_connections()
+    conns = thread_connections()
     try:
         if ref.schema_id is not None:
-            conn = _payloads.open_copy(ref.schema_id, key)
+            conn = _payloads.open_copy(ref.schema_id, key, conns)
         elif ref.path:
             state = unlocked_state(ref)
             conn = open_file(ref, SandboxConnection)
@@ -50,19 +81,58 @@ def _open_connection(ref: DatabaseRef, purpose: str, key: tuple) -> SandboxConne
     return conn
 
 
+def _engine_connection(ref: DatabaseRef, purpose: str) -> EngineConnection:
+    conns = thread_connections()
+    key = (purpose, ref)
+    conn = conns.get(key)
+    if conn is not None and getattr(conn, "broken", False):  # a server connection that was lost: open it again
+        conns.pop(key).close()
+        conn = None
+    if conn is None:
+        conn = conns[key] = _open_engine(ref, purpose)
+    return conn
+
+
+def _open_engine(ref: DatabaseRef, purpose: str) -> EngineConnection:
+    label = f"{purpose}:{ref.db_id}"
+    try:
+        if ref.engine == "duckdb":
+            from t2s.env.databases.duckdb_engine import DuckDBConnection
+
+            return DuckDBConnection(ref.path, label)
+        if ref.engine == "postgres":
+            from t2s.env.databases.postgres_engine import PostgresConnection
+
+            return PostgresConnection(ref.path, label)
+    except ImportError as exc:
+        raise DatabaseOpenError(f"Error: the {ref.engine} engine needs the {exc.name} package "
+                                "(pip install -r requirements.txt)") from None
+    except Exception as exc:  # noqa: BLE001 - whatever the driver raises: one Error: line
+        where = ref.path
+        if ref.engine == "postgres":
+            from t2s.env.databases.postgres_engine import redact
+
+            where = redact(ref.path)
+        message = " ".join(str(exc).split())
+        raise DatabaseOpenError(
+            f"Error: cannot open {ref.engine} database {ref.db_id!r} ({where}): {message}"
+        ) from None
+    raise DatabaseOpenError(f"Error: unknown engine {ref.engine!r} for database {ref.db_id!r}")
+
+
 def tool_connection(ref: DatabaseRef) -> sqlite3.Connection:
     """This thread's sandboxed connection for the model's tool calls (raises DatabaseOpenError)."""
-    return _connection(ref, "tool")
+    return connection(ref, "tool")
 
 
 def scoring_connection(ref: DatabaseRef) -> sqlite3.Connection:
     """This thread's sandboxed scoring connection, separate from the tool connection (raises DatabaseOpenError)."""
-    return _connection(ref, "scoring")
+    return connection(ref, "scoring")
 
 
 def close_thread_connections() -> None:
     """Close every connection this thread holds (they reopen on the next use)."""
-    conns = _thread_connections()
+    conns = thread_connections()
     for key, conn in list(conns.items()):
         conn.close()
         _payloads.drop_copy(key)

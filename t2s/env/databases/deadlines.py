@@ -2,9 +2,9 @@
 
 A statement, fetching included, is aborted once its deadline has passed: the watchdog interrupts it
 (``Connection.interrupt``, which costs the running statement nothing), and the connection's progress handler checks
-the deadline too, every ``PROGRESS_INTERVAL`` VM instructions (see :func:`progress_check`). The handler needs the GIL
-each time it runs, a hand-off between threads that a short interval would pay thousands of times a step; the watchdog
-keeps the deadline tight.
+the deadline too, every ``LIMITS.progress_interval`` VM instructions (see :func:`progress_check`). The handler needs
+the GIL each time it runs, a hand-off between threads that a short interval would pay thousands of times a step; the
+watchdog keeps the deadline tight.
 
 A statement being run is watched through its *ticket*, a one-element list ``[deadline]`` made for that statement
 alone and listed in ``_watching`` under its connection. A ticket is emptied exactly once (``list.pop`` is atomic under
@@ -82,7 +82,7 @@ def _start_watchdog() -> None:
 def _watchdog() -> None:
     """Interrupt every statement past its deadline (see the ticket rules above)."""
     while True:
-        time.sleep(limits.WATCHDOG_POLL)
+        time.sleep(limits.LIMITS.watchdog_poll)
         now = time.monotonic()
         for conn, ticket in list(_watching.items()):  # a snapshot: statements start and end meanwhile
             try:

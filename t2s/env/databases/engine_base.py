@@ -19,8 +19,7 @@ import decimal
 import json
 import re
 
-from t2s.env.databases.fetching import _fetch
-from t2s.env.databases.results import QueryResult
+from t2s.env.databases.results import QueryResult, fetch_all
 
 ENGINES = ("sqlite", "duckdb", "postgres")
 ENGINE_NAMES = {"sqlite": "SQLite", "duckdb": "DuckDB", "postgres": "PostgreSQL"}  # the SQL dialect, in words
@@ -76,12 +75,12 @@ def normalise_rows(rows) -> list[tuple]:
 
 def fetch_capped(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bool]:
     """(rows, more, over_cap), normalised: ``fetchmany(max_rows + 1)`` for a tool query, else the batches of
-    ``fetching._fetch`` that stop past ``max_cells`` cells or about ``max_bytes`` bytes."""
+    ``results.fetch_all`` that stop past ``max_cells`` cells or about ``max_bytes`` bytes."""
     if max_rows is not None:
         max_rows = max(0, int(max_rows))
         rows = normalise_rows(cursor.fetchmany(max_rows + 1))
         return rows[:max_rows], len(rows) > max_rows, False
-    return _fetch(cursor, max_cells, max_bytes, normalise_rows)
+    return fetch_all(cursor, max_cells, max_bytes, normalise_rows)
 
 
 class EngineConnection:

@@ -6,7 +6,7 @@ and reads schemas through :func:`read_catalog`, whatever the engine. SQLite keep
 (:mod:`~t2s.env.databases.sandbox`); DuckDB and PostgreSQL run on an :class:`EngineConnection`
 (:mod:`~t2s.env.databases.duckdb_engine`, :mod:`~t2s.env.databases.postgres_engine`) under the same deadlines
 (:mod:`~t2s.env.databases.deadlines`' watchdog), caps and value normalisation (:mod:`~t2s.env.databases.engine_base`).
-Each thread keeps its own connection per (purpose, database), as for SQLite.
+Each thread keeps its own connection per (purpose, database), as for SQLite (:mod:`~t2s.env.databases.connections`).
 """
 
 from __future__ import annotations
@@ -14,51 +14,13 @@ from __future__ import annotations
 import hashlib
 import time
 
-from t2s.env.databases import deadlines
-from t2s.env.databases.engine_base import Catalog, EngineConnection
+from t2s.env.databases import deadlines, limits
+from t2s.env.databases.connections import connection
+from t2s.env.databases.engine_base import Catalog
 from t2s.env.databases.opening import DatabaseOpenError, DatabaseRef
 from t2s.env.databases.results import QueryResult
-from t2s.env.databases.threads import _thread_connections
 
 _clock, _monotonic = time.perf_counter, time.monotonic
-
-
-def _open(ref: DatabaseRef, purpose: str) -> EngineConnection:
-    label = f"{purpose}:{ref.db_id}"
-    try:
-        if ref.engine == "duckdb":
-            from t2s.env.databases.duckdb_engine import DuckDBConnection
-
-            return DuckDBConnection(ref.path, label)
-        if ref.engine == "postgres":
-            from t2s.env.databases.postgres_engine import PostgresConnection
-
-            return PostgresConnection(ref.path, label)
-    except ImportError as exc:
-        raise DatabaseOpenError(f"Error: the {ref.engine} engine needs the {exc.name} package "
-                                "(pip install -r requirements.txt)") from None
-    except Exception as exc:  # noqa: BLE001 - whatever the driver raises: one Error: line
-        where = ref.path
-        if ref.engine == "postgres":
-            from t2s.env.databases.postgres_engine import redact
-
-            where = redact(ref.path)
-        message = " ".join(str(exc).split())
-        raise DatabaseOpenError(f"Error: cannot open {ref.engine} database {ref.db_id!r} ({where}): {message}") from None
-    raise DatabaseOpenError(f"Error: unknown engine {ref.engine!r} for database {ref.db_id!r}")
-
-
-def engine_connection(ref: DatabaseRef, purpose: str) -> EngineConnection:
-    """This thread's connection to ``ref`` for ``purpose`` (``tool`` or ``scoring``); raises DatabaseOpenError."""
-    conns = _thread_connections()
-    key = (purpose, ref)
-    conn = conns.get(key)
-    if conn is not None and getattr(conn, "broken", False):  # a server connection that was lost: open it again
-        conns.pop(key).close()
-        conn = None
-    if conn is None:
-        conn = conns[key] = _open(ref, purpose)
-    return conn
 
 
 def run_query(ref: DatabaseRef, purpose: str, sql, *, timeout: float, max_rows: int | None,
@@ -67,12 +29,11 @@ def run_query(ref: DatabaseRef, purpose: str, sql, *, timeout: float, max_rows: 
     started = _clock()
     if not isinstance(sql, str) or not sql.strip():
         return QueryResult(error="Error: empty SQL")
-    from t2s.env.databases import limits
-
-    if len(sql) > limits.MAX_SQL_LENGTH:
-        return QueryResult(error=f"Error: the SQL is longer than {limits.MAX_SQL_LENGTH} characters")
+    max_length = limits.LIMITS.max_sql_length
+    if len(sql) > max_length:
+        return QueryResult(error=f"Error: the SQL is longer than {max_length} characters")
     try:
-        conn = engine_connection(ref, purpose)
+        conn = connection(ref, purpose)
     except DatabaseOpenError as exc:
         return QueryResult(error=str(exc))
     try:
@@ -96,7 +57,7 @@ def run_query(ref: DatabaseRef, purpose: str, sql, *, timeout: float, max_rows: 
 def read_catalog(ref: DatabaseRef) -> Catalog:
     """The tables, DDL, columns, foreign keys and comments of a DuckDB or PostgreSQL database (raises
     DatabaseOpenError when it cannot be opened)."""
-    conn = engine_connection(ref, "tool")
+    conn = connection(ref, "tool")
     try:
         return conn.read_catalog()
     except Exception as exc:  # noqa: BLE001

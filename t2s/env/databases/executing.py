@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlite3
 import time
 
-from t2s.env.databases import deadlines, engines, fetching, limits, rowcost
-from t2s.env.databases.connections import _connection
+from t2s.env.databases import deadlines, engines, limits, results, rowcost
+from t2s.env.databases.connections import connection
 from t2s.env.databases.opening import DatabaseOpenError, DatabaseRef
 from t2s.env.databases.results import QueryResult
 from t2s.env.databases.sandbox import SandboxConnection
@@ -82,8 +82,9 @@ def execute(
         ticket = [_monotonic() + max(0.0, float(timeout))]  # this statement's alone (see t2s.env.databases.deadlines)
     except (TypeError, ValueError):
         return QueryResult(error=f"Error: the timeout must be a number of seconds, got {timeout!r}")
-    if len(sql) > limits.MAX_SQL_LENGTH:
-        return QueryResult(error=f"Error: the SQL is longer than {limits.MAX_SQL_LENGTH} characters")
+    bounds = limits.LIMITS
+    if len(sql) > bounds.max_sql_length:
+        return QueryResult(error=f"Error: the SQL is longer than {bounds.max_sql_length} characters")
     lowered = sql.lower()
     amplified = rowcost.names_amplifier(lowered)
     try:
@@ -91,7 +92,7 @@ def execute(
         conn.denied = conn.udf_error = None
         deadlines.start_watching(conn, ticket)
         if amplified:  # values this statement builds stay short enough for one row's work to stay small
-            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.AMPLIFIED_MAX_LENGTH)
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, bounds.amplified_max_length)
         refusal = rowcost.too_heavy(rowcost.heavy_calls(conn, sql, lowered))
         if refusal is not None:
             result = QueryResult(error=refusal)
@@ -103,7 +104,7 @@ def execute(
     finally:
         deadlines.stop_watching(conn, ticket)
         if amplified:
-            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.MAX_VALUE_LENGTH)
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, bounds.max_value_length)
     result.seconds = _clock() - started
     return result
 
@@ -111,17 +112,18 @@ def execute(
 def _run(conn, sql, max_rows, max_cells, max_bytes) -> QueryResult:
     """Run and fetch the statement (raises what SQLite raises)."""
     try:
-        columns, rows, more, over_cap = fetching.run_statement(conn, sql, max_rows, max_cells, max_bytes)
+        result = results.run_statement(conn, sql, max_rows, max_cells, max_bytes)
     except sqlite3.OperationalError as exc:
         if not str(exc).startswith("Could not decode to UTF-8"):
             raise
         conn.text_factory = _tolerant_text  # rare: run it again, decoding invalid UTF-8 with replacement
         try:
-            columns, rows, more, over_cap = fetching.run_statement(conn, sql, max_rows, max_cells, max_bytes)
+            result = results.run_statement(conn, sql, max_rows, max_cells, max_bytes)
         finally:
             conn.text_factory = str
-    error = "Error: empty SQL" if not columns and only_comments(sql) else None
-    return QueryResult(columns, rows, more, error, False, False, over_cap)
+    if not result.columns and only_comments(sql):
+        result.error = "Error: empty SQL"
+    return result
 
 
 def _failed(message: str) -> QueryResult:
@@ -131,34 +133,35 @@ def _failed(message: str) -> QueryResult:
 def run_tool_query(ref: DatabaseRef, sql: str, *, max_rows: int, timeout: float | None = None) -> QueryResult:
     """A model's query on this thread's tool connection, fetching at most ``max_rows`` (+1 to see if more exist).
 
-    ``timeout`` defaults to ``TOOL_TIMEOUT``.
+    ``timeout`` defaults to ``LIMITS.tool_timeout``.
     """
+    if timeout is None:
+        timeout = limits.LIMITS.tool_timeout
     if ref.engine != "sqlite":
-        return engines.run_query(ref, "tool", sql, timeout=limits.TOOL_TIMEOUT if timeout is None else timeout,
-                                 max_rows=max_rows)
+        return engines.run_query(ref, "tool", sql, timeout=timeout, max_rows=max_rows)
     try:
-        conn = _connection(ref, "tool")
+        conn = connection(ref, "tool")
     except DatabaseOpenError as exc:
         return _failed(str(exc))
-    return execute(conn, sql, timeout=limits.TOOL_TIMEOUT if timeout is None else timeout, max_rows=max_rows)
+    return execute(conn, sql, timeout=timeout, max_rows=max_rows)
 
 
 def run_scoring_query(ref: DatabaseRef, sql: str, *, timeout: float) -> QueryResult:
     """A query to score, on this thread's scoring connection: the full result, under the scoring caps."""
+    max_cells, max_bytes = limits.LIMITS.scoring_max_cells, limits.LIMITS.scoring_max_bytes
     if ref.engine != "sqlite":
-        return engines.run_query(ref, "scoring", sql, timeout=timeout, max_rows=None,
-                                 max_cells=limits.SCORING_MAX_CELLS, max_bytes=limits.SCORING_MAX_BYTES)
+        return engines.run_query(ref, "scoring", sql, timeout=timeout, max_rows=None, max_cells=max_cells,
+                                 max_bytes=max_bytes)
     try:
-        conn = _connection(ref, "scoring")
+        conn = connection(ref, "scoring")
     except DatabaseOpenError as exc:
         return _failed(str(exc))
-    return execute(
-        conn, sql, timeout=timeout, max_rows=None, max_cells=limits.SCORING_MAX_CELLS, max_bytes=limits.SCORING_MAX_BYTES
-    )
+    return execute(conn, sql, timeout=timeout, max_rows=None, max_cells=max_cells, max_bytes=max_bytes)
 
 
 def scoring_timeout(gold_seconds: float) -> float:
-    """The prediction's deadline: max(SCORING_MIN_TIMEOUT, SCORING_GOLD_FACTOR x gold time), capped."""
-    return min(
-        limits.SCORING_MAX_TIMEOUT, max(limits.SCORING_MIN_TIMEOUT, limits.SCORING_GOLD_FACTOR * float(gold_seconds))
-    )
+    """The prediction's deadline: max(scoring_min_timeout, scoring_gold_factor x gold time), capped at
+    scoring_max_timeout (``LIMITS``)."""
+    bounds = limits.LIMITS
+    deadline = max(bounds.scoring_min_timeout, bounds.scoring_gold_factor * float(gold_seconds))
+    return min(bounds.scoring_max_timeout, deadline)

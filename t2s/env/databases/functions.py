@@ -42,7 +42,7 @@ def _digits_value(digits: str) -> int:
 
 
 def printf_too_wide(fmt, args) -> bool:
-    """True when a printf format asks for a width or precision above ``PRINTF_MAX_WIDTH``.
+    """True when a printf format asks for a width or precision above ``LIMITS.printf_max_width``.
 
     Every digit run and every ``*`` argument between a ``%`` and its conversion letter is checked, whatever the
     order SQLite would read them in.
@@ -58,7 +58,7 @@ def printf_too_wide(fmt, args) -> bool:
                 next_arg += 1
             else:
                 value = _digits_value(size)
-            if abs(value) > limits.PRINTF_MAX_WIDTH:
+            if abs(value) > limits.LIMITS.printf_max_width:
                 return True
         if kind not in ("%", "n", ""):
             next_arg += 1
@@ -70,7 +70,7 @@ def _helper() -> sqlite3.Connection:
     helper = getattr(_local, "helper_conn", None)
     if helper is None:
         helper = _local.helper_conn = sqlite3.connect(":memory:", check_same_thread=True)
-        helper.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.MAX_VALUE_LENGTH)
+        helper.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.LIMITS.max_value_length)
     return helper
 
 

@@ -6,9 +6,8 @@ import threading
 from collections import OrderedDict
 
 from t2s.env.databases import executing, hashing, limits
-from t2s.env.databases.executing import QueryResult
-from t2s.env.databases.fetching import _cell_bytes
 from t2s.env.databases.opening import DatabaseRef
+from t2s.env.databases.results import QueryResult, cell_bytes
 
 
 class ByteLRU:
@@ -52,11 +51,11 @@ class ByteLRU:
             self.total = 0
 
 
-_gold_cache = ByteLRU(limits.GOLD_CACHE_BYTES)
+_gold_cache = ByteLRU(limits.LIMITS.gold_cache_bytes)  # its bound is read once, when this module is imported
 
 
 def _result_size(result: QueryResult) -> int:
-    return 256 + _cell_bytes(result.rows)
+    return 256 + cell_bytes(result.rows)
 
 
 def gold_result(ref: DatabaseRef, gold_sql: str) -> QueryResult:
@@ -68,7 +67,12 @@ def gold_result(ref: DatabaseRef, gold_sql: str) -> QueryResult:
     cached = _gold_cache.get(key)
     if cached is not None:
         return cached
-    result = executing.run_scoring_query(ref, gold_sql, timeout=limits.SCORING_MAX_TIMEOUT)
+    result = executing.run_scoring_query(ref, gold_sql, timeout=limits.LIMITS.scoring_max_timeout)
     if not result.timed_out:
         _gold_cache.put(key, result, _result_size(result))
     return result
+
+
+def clear_gold_cache() -> None:
+    """Forget every cached gold result (``bench env`` computes them afresh, as a step on new questions does)."""
+    _gold_cache.clear()

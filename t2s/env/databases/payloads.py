@@ -1,7 +1,7 @@
 """Row-payload databases (SQaLe-style: DDL plus rows as JSON), built once in memory and copied per thread.
 
 Foreign keys are off, failing DDL is skipped and rows go in with ``INSERT OR IGNORE``. The serialised images and every
-thread's deserialised copy are bounded together by ``PAYLOAD_CACHE_BYTES``.
+thread's deserialised copy are bounded together by ``LIMITS.payload_cache_bytes``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from t2s.env.databases.engine_base import quote
 from t2s.env.databases.opening import DatabaseOpenError, DatabaseRef
 from t2s.env.databases.sandbox import SandboxConnection
 from t2s.env.databases.sqltext import only_comments, statement_end
-from t2s.env.databases.threads import _thread_connections
 
 _local = threading.local()
 
@@ -144,7 +143,7 @@ class _PayloadStore:
             self._evict_images_locked(keep=schema_id)
 
     def _evict_images_locked(self, keep: str) -> None:
-        while self.total > limits.PAYLOAD_CACHE_BYTES and len(self._images) > 1:
+        while self.total > limits.LIMITS.payload_cache_bytes and len(self._images) > 1:
             oldest = next(iter(self._images))
             if oldest == keep:
                 self._images.move_to_end(oldest)
@@ -161,8 +160,9 @@ class _PayloadStore:
             item = self._images.get(schema_id)
         return item[1] if item else f"unregistered:{schema_id}"
 
-    def open_copy(self, schema_id: str, key) -> SandboxConnection:
-        """Deserialise this thread's own copy of a registered image, for the connection stored under ``key``."""
+    def open_copy(self, schema_id: str, key, conns: dict) -> SandboxConnection:
+        """Deserialise this thread's own copy of a registered image, for the connection to be stored under ``key`` in
+        ``conns`` (this thread's connections, whose oldest copies it may close to make room)."""
         with self._lock:
             item = self._images.get(schema_id)
             if item is not None:
@@ -170,7 +170,7 @@ class _PayloadStore:
         if item is None:
             raise DatabaseOpenError(f"Error: row-payload database {schema_id!r} is not registered in this process")
         image = item[0]
-        self._make_room(len(image))
+        self._make_room(len(image), conns)
         conn = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=True, factory=SandboxConnection)
         conn.deserialize(image)
         _thread_copies()[key] = len(image)
@@ -189,11 +189,10 @@ class _PayloadStore:
             with self._lock:
                 self.total -= size
 
-    def _make_room(self, size: int) -> None:
-        """Close this thread's least recently used copies while the store is over its bound."""
+    def _make_room(self, size: int, conns: dict) -> None:
+        """Close this thread's least recently used copies (held in ``conns``) while the store is over its bound."""
         copies = _thread_copies()
-        conns = _thread_connections()
-        while copies and self.total + size > limits.PAYLOAD_CACHE_BYTES:
+        while copies and self.total + size > limits.LIMITS.payload_cache_bytes:
             oldest = next(iter(copies))
             conn = conns.pop(oldest, None)
             if conn is not None:
@@ -236,7 +235,7 @@ def payload_source_digest(ddl, rows: dict | None) -> str:
 
 
 def register_payload(
-    schema_id: str, ddl, rows: dict | None, *, max_bytes: int = limits.PAYLOAD_MAX_BYTES
+    schema_id: str, ddl, rows: dict | None, *, max_bytes: int | None = None
 ) -> DatabaseRef:
     """Build a row-payload database once (FKs off, failing DDL skipped, INSERT OR IGNORE) and register it.
 
@@ -244,9 +243,11 @@ def register_payload(
     ``Error: no such table``. Registering an id again with the same DDL and rows returns at once (an evicted image
     is rebuilt); with different DDL or rows it raises ValueError (``Error: ...``), since queries, schemas and cached
     gold results would otherwise mix the two databases under one id. Also raises ValueError when the built database
-    is larger than ``max_bytes``.
+    is larger than ``max_bytes`` (default: ``LIMITS.payload_max_bytes``).
     """
     schema_id = str(schema_id)
+    if max_bytes is None:
+        max_bytes = limits.LIMITS.payload_max_bytes
     ref = DatabaseRef(db_id=schema_id, schema_id=schema_id)
     source = payload_source_digest(ddl, rows)
     with _sources_lock:

@@ -1,8 +1,13 @@
-"""What running one statement gives back, whatever the engine: :class:`QueryResult`."""
+"""What running one statement gives back, whatever the engine (:class:`QueryResult`), and reading its rows: a bounded
+``fetchmany`` for tool queries, batches under the scoring caps otherwise."""
 
 from __future__ import annotations
 
+import marshal
+import operator
 from dataclasses import dataclass, field
+
+from t2s.env.databases import limits
 
 
 @dataclass(slots=True)
@@ -19,3 +24,65 @@ class QueryResult:
     @property
     def ok(self) -> bool:
         return self.error is None
+
+
+def cell_bytes(rows) -> int:
+    """Approximate bytes of fetched rows (their marshalled size: text and blob lengths plus a few bytes a cell)."""
+    return len(marshal.dumps(rows))
+
+
+def fetch_all(cursor, max_cells, max_bytes, convert=None) -> tuple[list, bool, bool]:
+    """(rows, more, over_cap) of a full read, in batches, stopping past ``max_cells`` cells or about ``max_bytes``.
+    ``convert`` maps each batch first (other engines' values as sqlite3's: ``engine_base.normalise_rows``)."""
+    if max_cells is None and max_bytes is None:
+        rows = cursor.fetchall()
+        return (rows if convert is None else convert(rows)), False, False
+    width = max(1, len(cursor.description or ()))
+    batch_rows, max_value = limits.LIMITS.fetch_batch, limits.LIMITS.max_value_length
+    rows: list = []
+    size = 0
+    while True:
+        batch_size = batch_rows
+        if max_bytes is not None:  # a batch can never hold much more than the bytes still allowed
+            batch_size = min(batch_rows, max(16, (max_bytes - size) // (width * max_value)))
+        batch = cursor.fetchmany(batch_size)
+        if convert is not None:
+            batch = convert(batch)
+        if not batch:
+            return rows, False, False
+        rows.extend(batch)
+        if max_cells is not None and len(rows) * width > max_cells:
+            return rows[: max_cells // width], True, True
+        if max_bytes is not None:
+            size += cell_bytes(batch)
+            if size > max_bytes:
+                return rows, True, True
+        if len(batch) < batch_size:  # a short batch: the statement has no rows left
+            return rows, False, False
+
+
+_first = operator.itemgetter(0)  # a column's name in cursor.description
+
+
+def run_statement(conn, sql, max_rows, max_cells, max_bytes) -> QueryResult:
+    """One statement's columns and rows; a statement without a result has no columns (raises what SQLite raises).
+
+    With ``max_rows`` (a tool query) one ``fetchmany(max_rows + 1)`` reads the rows; else ``fetch_all`` reads them all.
+    """
+    cursor = conn.execute(sql)
+    description = cursor.description
+    if description is None:
+        cursor.close()
+        return QueryResult()
+    columns = list(map(_first, description))
+    if max_rows is not None:
+        if type(max_rows) is not int or max_rows < 0:
+            max_rows = max(0, int(max_rows))
+        rows = cursor.fetchmany(max_rows + 1)
+        cursor.close()
+        if len(rows) > max_rows:
+            return QueryResult(columns, rows[:max_rows], more=True)
+        return QueryResult(columns, rows)
+    rows, more, over_cap = fetch_all(cursor, max_cells, max_bytes)
+    cursor.close()
+    return QueryResult(columns, rows, more, over_cap=over_cap)

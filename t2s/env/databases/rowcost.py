@@ -6,11 +6,11 @@ the length limit would run far past any deadline. So the work of a row is bounde
 
 * ``instr`` and ``replace`` are linear (:mod:`t2s.env.databases.functions`; SQLite's compare at every position, seconds
   for one call on two long values), and every function of ours stops a statement that is past its deadline;
-* statements are at most ``MAX_SQL_LENGTH`` characters and LIKE/GLOB patterns at most ``MAX_LIKE_PATTERN`` characters;
+* statements are at most ``max_sql_length`` characters and LIKE/GLOB patterns at most ``max_like_pattern`` (``LIMITS``);
 * a statement that names a function able to build long values (``AMPLIFIERS``) runs with values capped at
-  ``AMPLIFIED_MAX_LENGTH`` instead of ``MAX_VALUE_LENGTH``;
+  ``amplified_max_length`` instead of ``max_value_length``;
 * a statement that names a function that builds or scans long values (``HEAVY_FUNCTIONS``) is compiled with
-  ``EXPLAIN`` first, and refused when its program calls them more than ``MAX_HEAVY_CALLS`` times (a subquery's
+  ``EXPLAIN`` first, and refused when its program calls them more than ``max_heavy_calls`` times (a subquery's
   expressions copied into its outer query count at each copy).
 
 Long values read from the database itself are not capped: its data is trusted.
@@ -55,11 +55,11 @@ def heavy_calls(conn: sqlite3.Connection, sql: str, lowered_sql: str) -> Counter
 
 
 def too_heavy(calls: Counter) -> str | None:
-    """The refusal of a statement whose program makes more than ``MAX_HEAVY_CALLS`` heavy calls, else None."""
-    total = sum(calls.values())
-    if total <= limits.MAX_HEAVY_CALLS:
+    """The refusal of a statement whose program makes more than ``LIMITS.max_heavy_calls`` heavy calls, else None."""
+    total, most = sum(calls.values()), limits.LIMITS.max_heavy_calls
+    if total <= most:
         return None
     return (
         f"Error: the query calls functions that build or scan long values {total} times per row "
-        f"({', '.join(sorted(calls))}); at most {limits.MAX_HEAVY_CALLS} such calls are allowed"
+        f"({', '.join(sorted(calls))}); at most {most} such calls are allowed"
     )

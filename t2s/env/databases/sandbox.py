@@ -99,7 +99,8 @@ class SandboxConnection(sqlite3.Connection):
     def _printf(self, fmt, *args):
         self._check_deadline()
         if printf_too_wide(fmt, args):
-            self.udf_error = f"Error: printf/format width or precision above {limits.PRINTF_MAX_WIDTH} is not allowed"
+            most = limits.LIMITS.printf_max_width
+            self.udf_error = f"Error: printf/format width or precision above {most} is not allowed"
             raise ValueError(self.udf_error)
         return plain_printf(fmt, args)
 
@@ -137,11 +138,12 @@ _ACTION_WORDS[sqlite3.SQLITE_SAVEPOINT] = "savepoints"
 
 def apply_sandbox(conn: SandboxConnection, label: str) -> SandboxConnection:
     """Apply every sandbox layer to a freshly opened connection."""
+    bounds = limits.LIMITS
     conn.label = label
     conn.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, limits.MAX_VALUE_LENGTH)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, limits.MAX_SQL_LENGTH)
-    conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, limits.MAX_LIKE_PATTERN)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, bounds.max_value_length)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, bounds.max_sql_length)
+    conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, bounds.max_like_pattern)
     for name in ("printf", "format"):
         conn.create_function(name, -1, conn._printf, deterministic=True)
     conn.create_function("trim", 2, conn._trim(True, True), deterministic=True)
@@ -151,5 +153,5 @@ def apply_sandbox(conn: SandboxConnection, label: str) -> SandboxConnection:
     conn.create_function("replace", 3, conn._replace, deterministic=True)
     conn.execute("PRAGMA query_only = ON")
     conn.set_authorizer(conn._authorize)
-    conn.set_progress_handler(conn._progress, limits.PROGRESS_INTERVAL)
+    conn.set_progress_handler(conn._progress, bounds.progress_interval)
     return conn
