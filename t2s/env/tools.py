@@ -7,10 +7,10 @@ fetches more rows than it shows plus one.
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from t2s.env import databases, tool_schemas
 from t2s.env.protocol import LABEL_SQL_CHARS, OBSERVATION_CHAR_CAP, cap_text, shorten
@@ -21,7 +21,6 @@ QUERY_ROWS = 5
 SAMPLE_LIMIT = tool_schemas.limit_bounds("exec_plan", "sample_rows")  # (default, max)
 DISTINCT_LIMIT = tool_schemas.limit_bounds("exec_plan", "distinct_values")
 MIN_TOOL_TIMEOUT = 0.05  # seconds: a call near the end of the tool-time budget still gets this much
-_clock = time.perf_counter
 
 
 @dataclass(slots=True)
@@ -36,11 +35,21 @@ class ToolResult:
     role: str = "other"  # "query" (counts for failed-query streaks and fallback), "submit" or "other"
 
 
+class Outcome(NamedTuple):
+    """What a tool method gives back; ``Toolbox.call`` adds the tool, its label and role, and the time taken."""
+
+    text: str
+    error: bool = False
+    write_attempt: bool = False
+    sql: str | None = None  # the SQL of run_query / run_sql / submit calls
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Formatting
 
 
 def format_cell(value) -> str:
+    """One cell as the model sees it: a blob by its size, line breaks escaped, long text cut with a marker."""
     kind = type(value)
     if kind is int or kind is float:
         return str(value)
@@ -59,56 +68,12 @@ def format_cell(value) -> str:
 
 def format_row(row) -> str:
     """One row, pipe-separated, with every cell formatted by ``format_cell``."""
-    line = " | ".join(map(str, row))  # SQLite gives int, float, str, bytes or None; only str and bytes need care
-    if _plain(line, 0) and (len(line) <= CELL_CHARS or _short_cells(row)):
-        return line
-    return " | ".join([format_cell(v) for v in row])
-
-
-def _plain(text: str, newlines: int) -> bool:
-    """No cell in ``text`` (``newlines`` line breaks expected) has a line break or shows a blob: ``str`` is exact.
-
-    Each two- or seven-character search runs only when its last or first character occurs at all (a one-character
-    search is a plain memory scan, several times quicker).
-    """
-    return (
-        text.count("\n") == newlines and "\r" not in text
-        and ("'" not in text or "b'" not in text) and ('"' not in text or 'b"' not in text)
-        and ("<" not in text or "<memory" not in text)
-    )
-
-
-def _short_cells(row) -> bool:
-    return max(map(len, map(str, row)), default=0) <= CELL_CHARS
-
-
-_ROW_TEMPLATES = [" | ".join(["%s"] * width) for width in range(40)]  # %s formats a cell exactly as str() does
-
-
-def _joined(rows: list) -> list[str]:
-    """Each row's cells as ``str``, joined by `` | `` (tuples of one width, as SQLite gives them: one %-template)."""
-    width = len(rows[0])
-    template = _ROW_TEMPLATES[width] if width < len(_ROW_TEMPLATES) else " | ".join(["%s"] * width)
-    # a row that is no tuple, or of another width, fails the template (up to one cell wide, it is checked first)
-    if type(rows[0]) is tuple and (width > 1 or set(map(type, rows)) == {tuple}):
-        try:
-            return list(map(template.__mod__, rows))
-        except TypeError:
-            pass
-    return [" | ".join(map(str, row)) for row in rows]
+    return " | ".join(map(format_cell, row))
 
 
 def format_table(columns, rows) -> str:
     """Header plus rows, pipe-separated (each line as ``format_row`` writes it)."""
-    lines = _joined([tuple(columns), *rows])
-    text = "\n".join(lines)
-    if not _plain(text, len(lines) - 1):
-        text = "\n".join([format_row(columns), *map(format_row, rows)])
-    elif len(text) > CELL_CHARS and max(map(len, lines)) > CELL_CHARS:  # only long lines need their cells measured
-        for index, line in enumerate(lines):
-            if len(line) > CELL_CHARS:
-                lines[index] = format_row(rows[index - 1] if index else columns)
-        text = "\n".join(lines)
+    text = "\n".join([format_row(columns), *map(format_row, rows)])
     return text if rows else text + "\n(no rows)"
 
 
@@ -159,11 +124,9 @@ def _limit(tool: str, value, bounds: tuple[int, int]) -> tuple[int, str]:
     default, most = bounds
     if value is None:
         return default, ""
-    if type(value) is int and 1 <= value <= most:  # the usual: a limit in range
-        return value, ""
     number = None
     if isinstance(value, bool):
-        number = None
+        pass
     elif isinstance(value, int):
         number = value
     elif isinstance(value, float) and value == value and abs(value) < 1e18:
@@ -181,6 +144,17 @@ def _limit(tool: str, value, bounds: tuple[int, int]) -> tuple[int, str]:
 # The toolbox
 
 
+class ToolSpec(NamedTuple):
+    method: str  # the Toolbox method that runs the tool
+    arguments: dict[str, tuple[str, bool]]  # {name: (type, required)}, from t2s.env.tool_schemas
+
+
+class Dialect(NamedTuple):
+    tools: dict[str, ToolSpec]
+    query_tool: str
+    submit_tool: str
+
+
 _METHODS = {  # tool -> the Toolbox method that runs it (arguments and descriptions: t2s.env.tool_schemas)
     "list_tables": "_list_tables", "describe_table": "_describe_table", "foreign_keys": "_foreign_keys",
     "join_path": "_join_path", "sample_rows": "_sample_rows", "distinct_values": "_distinct_values",
@@ -188,10 +162,9 @@ _METHODS = {  # tool -> the Toolbox method that runs it (arguments and descripti
     "inspect_schema": "_inspect_schema", "run_sql": "_run_query", "submit": "_submit",
 }  # fmt: skip
 
-# dialect -> {tool: (method, argument spec {name: (type, required)})}, the query tool, the submit tool
-DIALECTS: dict[str, tuple[dict[str, tuple[str, dict]], str, str]] = {
-    dialect: (
-        {tool.name: (_METHODS[tool.name], tool_schemas.argument_spec(tool)) for tool in tools},
+DIALECTS: dict[str, Dialect] = {
+    dialect: Dialect(
+        {tool.name: ToolSpec(_METHODS[tool.name], tool_schemas.argument_spec(tool)) for tool in tools},
         tool_schemas.QUERY_TOOLS[dialect],
         tool_schemas.SUBMIT_TOOLS[dialect],
     )
@@ -213,7 +186,6 @@ class Toolbox:
         self._schema = None
         self._descriptions = None
         self.tools, self.query_tool, self.submit_tool = DIALECTS[dialect]
-        self._entries = _dispatch(type(self), dialect)
 
     # -- plumbing ---------------------------------------------------------------------------------------------------
 
@@ -230,55 +202,39 @@ class Toolbox:
 
     def call(self, tool, args, *, timeout: float | None = None) -> ToolResult:
         """Run one tool call; ``timeout`` (seconds) may shorten the tool timeout (near the episode's time budget)."""
-        started = _clock()
-        entry = self._entries.get(tool) if type(tool) is str else None
-        if entry is None:
-            name = tool if isinstance(tool, str) else str(tool)
-            entry = self._entries.get(name)
-            if entry is None:
-                text = cap_text(f"Error: unknown tool {name!r}. The tools are: {', '.join(self.tools)}.")
-                return ToolResult(name, name, text, True, False, _clock() - started, None, "other")
-            tool = name
-        method, spec, role, text_keys = entry
-        label = tool
+        started = time.perf_counter()
+        name = tool if isinstance(tool, str) else str(tool)
+        spec = self.tools.get(name)
+        if spec is None:
+            text = cap_text(f"Error: unknown tool {name!r}. The tools are: {', '.join(self.tools)}.")
+            return ToolResult(tool=name, label=name, text=text, error=True, seconds=time.perf_counter() - started)
+        role = self.role(name)
+        label = name
         try:
-            checked = args
-            if type(args) is not dict or args.keys() != spec.keys():  # the usual call has exactly the spec's keys
-                checked = _check_args(tool, args, spec)
-            else:
-                for key in text_keys:
-                    if type(args[key]) is not str:  # a text argument that is no str: the full check says so
-                        checked = _check_args(tool, args, spec)
+            checked = _check_args(name, args, spec.arguments)
             if checked:
-                label = _label(tool, checked)
-            text, error, write_attempt, sql = method(self, tool, checked, timeout)
+                label = _label(name, checked)
+            outcome = getattr(self, spec.method)(name, checked, timeout)
         except Exception as exc:  # an argument error, or any failure: a tool never raises into the rollout
-            if isinstance(exc, ArgumentError):
-                text = str(exc)
-            else:
-                text = f"Error: {tool} failed: {type(exc).__name__}: {exc}"
-            error, write_attempt, sql = True, False, None
-            if role != "other" and isinstance(args, dict):  # the SQL as sent, when it is text
-                sql = args.get("sql")
-                sql = sql if isinstance(sql, str) else None
+            text = str(exc) if isinstance(exc, ArgumentError) else f"Error: {name} failed: {type(exc).__name__}: {exc}"
+            sql = args.get("sql") if role != "other" and isinstance(args, dict) else None  # the SQL as sent, if text
+            outcome = Outcome(text, error=True, sql=sql if isinstance(sql, str) else None)
+        text = outcome.text
         if len(text) > OBSERVATION_CHAR_CAP:
             text = cap_text(text, OBSERVATION_CHAR_CAP)
-        return ToolResult(tool, label, text, error, write_attempt, _clock() - started, sql, role)
+        return ToolResult(tool=name, label=label, text=text, error=outcome.error, write_attempt=outcome.write_attempt,
+                          seconds=time.perf_counter() - started, sql=outcome.sql, role=role)
 
     def _timeout(self, timeout: float | None) -> float:
         """The tool timeout, shortened to ``timeout`` (near the episode's time budget) but never under the minimum."""
-        limit = self.tool_timeout
         if timeout is None:
-            return limit
-        if timeout < limit:
-            limit = timeout
-        return limit if limit > MIN_TOOL_TIMEOUT else MIN_TOOL_TIMEOUT
+            return self.tool_timeout
+        return max(min(self.tool_timeout, timeout), MIN_TOOL_TIMEOUT)
 
     def _table(self, name: str) -> str:
-        schema = self._schema if self._schema is not None else self.schema
-        table = schema.resolve_table(name)
+        table = self.schema.resolve_table(name)
         if table is None:
-            raise ArgumentError(_suggest("table", name, schema.closest_tables(name)))
+            raise ArgumentError(_suggest("table", name, self.schema.closest_tables(name)))
         return table
 
     def _column(self, table: str, name: str) -> str:
@@ -287,29 +243,33 @@ class Toolbox:
             raise ArgumentError(_suggest(f"column in table {table!r}", name, self.schema.closest_columns(table, name)))
         return column
 
+    def _query(self, sql: str, max_rows: int, timeout: float | None):
+        """A query on the tool connection, under the tool timeout: its ``QueryResult``."""
+        return databases.run_tool_query(self.db, sql, max_rows=max_rows, timeout=self._timeout(timeout))
+
     @staticmethod
-    def _failed(raw, sql: str | None = None) -> tuple:
+    def _failed(raw, sql: str | None = None) -> Outcome:
         text = str(raw.error or "Error: the query failed.")
         if not text.startswith("Error:"):
             text = "Error: " + text
-        return text, True, bool(raw.write_attempt), sql
+        return Outcome(text, error=True, write_attempt=bool(raw.write_attempt), sql=sql)
 
     # -- exec_plan tools --------------------------------------------------------------------------------------------
-    # Each takes (tool, checked args, time left in the episode's tool budget or None) and returns its outcome
-    # (text, error, write_attempt, sql) or raises ArgumentError; ``call`` builds the result.
+    # Each takes (tool, checked args, time left in the episode's tool budget or None) and returns its Outcome or
+    # raises ArgumentError; ``call`` builds the result.
 
-    def _list_tables(self, tool, args, timeout):
+    def _list_tables(self, tool, args, timeout) -> Outcome:
         tables = self.schema.tables
-        return ("\n".join(tables) if tables else "(the database has no tables)"), False, False, None
+        return Outcome("\n".join(tables) if tables else "(the database has no tables)")
 
-    def _describe_table(self, tool, args, timeout):
+    def _describe_table(self, tool, args, timeout) -> Outcome:
         table = self._table(args["table_name"])
         text = self.schema.ddl(table)
         if self.column_descriptions:
             notes = self._column_notes(table)
             if notes:
                 text += "\n" + notes
-        return text, False, False, None
+        return Outcome(text)
 
     def _column_notes(self, table: str) -> str:
         if self._descriptions is None:
@@ -325,32 +285,31 @@ class Toolbox:
         notes = self._descriptions.get(table.lower(), {})
         return "\n".join(f"-- {col}: {text}" for col, text in notes.items() if text)
 
-    def _foreign_keys(self, tool, args, timeout):
+    def _foreign_keys(self, tool, args, timeout) -> Outcome:
         table = self._table(args["table_name"])
         keys = self.schema.foreign_keys(table)
         if not keys:
-            return f"(no foreign keys from or to {table})", False, False, None
-        return "\n".join(f"{a}.{b} -> {c}.{d}" for a, b, c, d in keys), False, False, None
+            return Outcome(f"(no foreign keys from or to {table})")
+        return Outcome("\n".join(f"{a}.{b} -> {c}.{d}" for a, b, c, d in keys))
 
-    def _join_path(self, tool, args, timeout):
+    def _join_path(self, tool, args, timeout) -> Outcome:
         table_a, table_b = self._table(args["table_a"]), self._table(args["table_b"])
         path = self.schema.join_path(table_a, table_b)
         if path is None:
-            return f"no foreign-key path between {table_a} and {table_b}", False, False, None
+            return Outcome(f"no foreign-key path between {table_a} and {table_b}")
         if not path:
-            return f"{table_a} and {table_b} are the same table: no join needed", False, False, None
-        return "\n".join(path), False, False, None
+            return Outcome(f"{table_a} and {table_b} are the same table: no join needed")
+        return Outcome("\n".join(path))
 
-    def _sample_rows(self, tool, args, timeout):
+    def _sample_rows(self, tool, args, timeout) -> Outcome:
         table = self._table(args["table_name"])
         limit, note = _limit(tool, args.get("limit"), SAMPLE_LIMIT)
-        sql = f"SELECT * FROM {quote_identifier(table, self.engine)} LIMIT {limit}"
-        raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=self._timeout(timeout))
+        raw = self._query(f"SELECT * FROM {quote_identifier(table, self.engine)} LIMIT {limit}", limit, timeout)
         if raw.error is not None:
             return self._failed(raw)
-        return note + format_table(raw.columns, raw.rows), False, False, None
+        return Outcome(note + format_table(raw.columns, raw.rows))
 
-    def _distinct_values(self, tool, args, timeout):
+    def _distinct_values(self, tool, args, timeout) -> Outcome:
         table = self._table(args["table_name"])
         column = self._column(table, args["column_name"])
         limit, note = _limit(tool, args.get("limit"), DISTINCT_LIMIT)
@@ -359,40 +318,38 @@ class Toolbox:
             f"SELECT {col}, COUNT(*) AS count FROM {quote_identifier(table, self.engine)} GROUP BY {col} "
             f"ORDER BY count DESC, {col} LIMIT {limit + 1}"
         )
-        raw = databases.run_tool_query(self.db, sql, max_rows=limit, timeout=self._timeout(timeout))
+        raw = self._query(sql, limit, timeout)
         if raw.error is not None:
             return self._failed(raw)
         text = note + format_table(raw.columns, raw.rows)
         if raw.more:
             text += f"\n... (showing the {limit} most frequent values; more exist)"
-        return text, False, False, None
+        return Outcome(text)
 
-    def _run_query(self, tool, args, timeout):
+    def _run_query(self, tool, args, timeout) -> Outcome:
         sql = args["sql"]
         if not sql or sql.isspace():
-            return f"Error: {tool} needs a non-empty 'sql' string.", True, False, sql
-        raw = databases.run_tool_query(self.db, sql, max_rows=QUERY_ROWS, timeout=self._timeout(timeout))
+            return Outcome(f"Error: {tool} needs a non-empty 'sql' string.", error=True, sql=sql)
+        raw = self._query(sql, QUERY_ROWS, timeout)
         if raw.error is not None:
             return self._failed(raw, sql)
         text = format_table(raw.columns, raw.rows)
         if raw.more:
             text += f"\n... (showing first {QUERY_ROWS} rows; more rows exist)"
-        return text, False, False, sql
+        return Outcome(text, sql=sql)
 
-    def _submit(self, tool, args, timeout):
+    def _submit(self, tool, args, timeout) -> Outcome:
         sql = args["sql"]
         if not sql or sql.isspace():
-            return f"Error: {tool} needs a non-empty 'sql' string.", True, False, sql
-        return "Submitted.", False, False, sql
+            return Outcome(f"Error: {tool} needs a non-empty 'sql' string.", error=True, sql=sql)
+        return Outcome("Submitted.", sql=sql)
 
     # -- sibling dialect --------------------------------------------------------------------------------------------
 
-    def _inspect_schema(self, tool, args, timeout):
+    def _inspect_schema(self, tool, args, timeout) -> Outcome:
         if args.get("table_name") is not None:
-            return self.schema.ddl(self._table(args["table_name"])), False, False, None
-        tables = self.schema.tables
-        text = "\n".join(self.schema.ddl(t) for t in tables) or "(the database has no tables)"
-        return text, False, False, None
+            return Outcome(self.schema.ddl(self._table(args["table_name"])))
+        return Outcome("\n".join(self.schema.ddl(t) for t in self.schema.tables) or "(the database has no tables)")
 
     # -- the final-SQL check ------------------------------------------------------------------------------------------
 
@@ -421,18 +378,3 @@ def _label(tool: str, args: dict) -> str:
     if "table_a" in args:
         return f"{tool}: {shorten(args['table_a'], 40)} -> {shorten(args['table_b'], 40)}"
     return tool
-
-
-@functools.lru_cache(maxsize=None)
-def _dispatch(toolbox_class: type, dialect: str) -> dict[str, tuple]:
-    """{tool: (method, argument spec, role, text arguments)} of one dialect, looked up once per Toolbox class."""
-    tools, query_tool, submit_tool = DIALECTS[dialect]
-    roles = {query_tool: "query", submit_tool: "submit"}
-    return {
-        name: (
-            getattr(toolbox_class, method), spec, roles.get(name, "other"),
-            tuple(key for key, (kind, _) in spec.items() if kind == _STR),
-        )
-        for name, (method, spec) in tools.items()
-    }
-
