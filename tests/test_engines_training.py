@@ -40,5 +40,5 @@ def test_two_grpo_steps_on_each_engine(request, tiny_model_dir, tmp_path, engine
     trainer.rollout_func = capture
     fit(trainer, counts)
     assert trainer.state.global_step == 2
-    assert records and all(record["counters"]["turns"] >= 1 for record in records)
+    assert records and all(record.counters["turns"] >= 1 for record in records)
     assert any("reward" in key for entry in trainer.state.log_history for key in entry)

@@ -51,7 +51,7 @@ def db_row(tmp_path_factory):
 
 
 def play(row, turns, **config):
-    return run_text_episode(row, EpisodeConfig(**config), ReplayPolicy(turns))
+    return run_text_episode(row, EpisodeConfig(**config), ReplayPolicy(turns)).to_json()
 
 
 GOOD = "SELECT COUNT(*) FROM members WHERE club = 'A'"
@@ -61,6 +61,7 @@ WORKS = "SELECT COUNT(*) FROM members"
 def test_record_has_exactly_the_design_keys(db_row):
     record = play(db_row, [turn(call("submit_sql", sql=GOOD))])
     assert tuple(record) == RECORD_KEYS
+    assert record["stop_reason"] == "submitted" and record["prompt_tokens"] == 0  # no tokenizer: nothing counted
     assert tuple(record["counters"]) == COUNTER_KEYS
     assert set(record["turns"][0]) == {"assistant", "calls", "observation"}
     assert record["final_sql"] == GOOD and record["final_sql_source"] == "submitted" and record["submitted_sql"] == GOOD
@@ -207,7 +208,7 @@ def test_token_budget_cutoffs_and_truncation(db_row):
     episode.add_env_tokens(100)
     assert episode.next_max_tokens() == 3000 - 1000 - 1487 - 100 - 1
     assert episode.step("</think>" + GOOD, n_tokens=20) is None
-    record = episode.record()
+    record = episode.record().to_json()
     assert record["counters"]["truncated"] is True and record["final_sql_source"] == "forced"
 
 
@@ -215,7 +216,7 @@ def test_next_max_tokens_zero_ends_the_episode(db_row):
     episode = Episode(db_row, EpisodeConfig(episode_token_budget=3900, min_episode_tokens=100))
     episode.start(3400)
     assert episode.next_max_tokens() == 0 and episode.done
-    assert episode.record()["counters"]["truncated"] is True
+    assert episode.record().to_json()["counters"]["truncated"] is True
 
 
 def test_budget_spent_before_the_forced_turn(db_row):
@@ -226,7 +227,7 @@ def test_budget_spent_before_the_forced_turn(db_row):
     assert episode.forced_turn and "token budget is nearly used up" in observation and WORKS in observation
     episode.add_env_tokens(600)  # the environment's suffix took the rest
     assert episode.next_max_tokens() == 0 and episode.done
-    record = episode.record()
+    record = episode.record().to_json()
     assert record["counters"]["truncated"] is True and record["counters"]["forced"] is True
     assert record["final_sql"] == WORKS and record["final_sql_source"] == "fallback"
 
@@ -249,7 +250,7 @@ def test_exact_env_counts_keep_the_episode_inside_its_budget(db_row):
     episode = Episode(db_row, config, env_tokens=lambda obs: sizes["huge"])
     episode.start(1000)
     assert episode.step(turn(call("run_query", sql=WORKS)), n_tokens=100) is None
-    record = episode.record()
+    record = episode.record().to_json()
     assert episode.done and record["counters"]["truncated"] is True and record["turns"][-1]["observation"] == ""
     assert record["final_sql"] == WORKS and record["final_sql_source"] == "fallback"
 
@@ -263,9 +264,31 @@ def test_per_turn_cap(db_row):
 def test_prompt_too_long(db_row):
     episode = Episode(db_row, EpisodeConfig(episode_token_budget=12288, min_episode_tokens=2048))
     episode.start(11000)
-    assert episode.done and episode.prompt_too_long and episode.end_reason == "prompt_too_long"
+    assert episode.done and episode.stop_reason == "prompt_too_long"
     assert episode.next_max_tokens() == 0 and episode.step(turn(call("list_tables"))) is None
-    assert episode.record()["final_sql_source"] == "none"
+    record = episode.record()
+    assert record.final_sql_source == "none" and record.played_no_turn and record.prompt_tokens == 11000
+    assert record.to_json()["stop_reason"] == "prompt_too_long" and record.counters["turns"] == 0
+
+
+@pytest.mark.parametrize("budget, minimum, refused", [(2048, 2048, True), (1000, 2048, True), (2049, 2048, False)])
+def test_a_budget_that_cannot_leave_min_episode_tokens_is_named(budget, minimum, refused):
+    problem = EpisodeConfig(episode_token_budget=budget, min_episode_tokens=minimum).budget_problem()
+    assert (problem is not None) == refused
+    if refused:
+        assert problem.startswith("Error:") and str(budget) in problem and str(minimum) in problem
+
+
+@pytest.mark.parametrize("turns, config, reason", [
+    ([turn(call("submit_sql", sql=GOOD))], {}, "submitted"),
+    ([turn(call("list_tables"))] * 2 + [turn(call("submit_sql", sql=GOOD))], {"max_turns": 2}, "turn_limit"),
+    ([turn(call("run_query", sql="SELECT nope"))] * 2 + ["</think>SELECT 1"], {"max_failed_queries": 2},
+     "failed_queries"),
+    ([turn(call("list_tables"))], {"max_turns": 1}, "turn_limit"),
+])  # fmt: skip
+def test_every_record_says_why_its_episode_stopped(db_row, turns, config, reason):
+    record = run_text_episode(db_row, EpisodeConfig(**config), ReplayPolicy(turns))
+    assert record.stop_reason == reason and record.to_json()["stop_reason"] == reason
 
 
 def test_missing_database_never_raises(tmp_path):
@@ -273,7 +296,7 @@ def test_missing_database_never_raises(tmp_path):
            "db_path": str(tmp_path / "gone.sqlite"), "schema_id": None, "difficulty": None, "source": "test"}
     episode = Episode(row, EpisodeConfig())
     assert episode.setup_error and episode.setup_error.startswith("Error:")
-    record = run_text_episode(row, EpisodeConfig(), ReplayPolicy([turn(call("list_tables")), turn(call("submit_sql", sql="SELECT 1"))]))
+    record = run_text_episode(row, EpisodeConfig(), ReplayPolicy([turn(call("list_tables")), turn(call("submit_sql", sql="SELECT 1"))])).to_json()
     assert record["turns"][0]["observation"].startswith("[list_tables]\nError:")
     assert not (tmp_path / "gone.sqlite").exists()
 
@@ -292,7 +315,7 @@ def test_injected_turn_boundary_is_plain_text(db_row, tiny_tokenizer):
 def test_run_text_episode_counts_tokens_and_cuts_long_turns(db_row, tiny_tokenizer):
     config = EpisodeConfig(max_tokens_per_turn=40, max_turns=2, min_episode_tokens=10)
     long_turn = "word " * 200 + "</think>" + call("list_tables")
-    record = run_text_episode(db_row, config, ReplayPolicy([long_turn, turn(call("submit_sql", sql=GOOD))]), tokenizer=tiny_tokenizer)
+    record = run_text_episode(db_row, config, ReplayPolicy([long_turn, turn(call("submit_sql", sql=GOOD))]), tokenizer=tiny_tokenizer).to_json()
     assert record["counters"]["turn_cutoffs"] == 1
     assert len(tiny_tokenizer(record["turns"][0]["assistant"])["input_ids"]) <= 40
     assert record["final_sql_source"] == "submitted"
@@ -341,7 +364,7 @@ def test_replay_file(tmp_path):
 def _gold_scores(rows, mode="withheld"):
     for row in rows:
         ref = databases.ref_from_row(row)
-        record = run_text_episode(row, EpisodeConfig(mode=mode), GoldPolicy(row, get_schema(ref)), db=ref)
+        record = run_text_episode(row, EpisodeConfig(mode=mode), GoldPolicy(row, get_schema(ref)), db=ref).to_json()
         assert record["final_sql_source"] == "submitted", record
         assert record["counters"]["tool_errors"] == 0, record
         # the protocol's one JSON object per turn, within the tool turns (never the forced final turn)
@@ -375,7 +398,7 @@ def test_gold_policy_fits_its_json_turns_to_max_turns(demo_dir, max_turns):
     wide = GoldPolicy(row, schema, max_turns=99)
     assert len(wide.turns) >= 5  # list_tables, two or more describes, run_query, submit_sql
     config = EpisodeConfig(mode="withheld", max_turns=max_turns)
-    record = run_text_episode(row, config, GoldPolicy.for_episode(row, schema, config))
+    record = run_text_episode(row, config, GoldPolicy.for_episode(row, schema, config)).to_json()
     tools = [c["tool"] for t in record["turns"] for c in t["calls"]]
     assert all(len(t["calls"]) == 1 for t in record["turns"]) and record["counters"]["format_deviations"] == 0
     assert tools[-1] == "submit_sql" and record["final_sql"] == row["gold_sql"]
@@ -392,7 +415,7 @@ def test_gold_policy_native_keeps_its_parallel_calls(demo_dir):
     for row in rows[:20]:
         config = EpisodeConfig(mode="withheld", tool_format="native")
         policy = GoldPolicy.for_episode(row, get_schema(databases.ref_from_row(row)), config)
-        record = run_text_episode(row, config, policy)
+        record = run_text_episode(row, config, policy).to_json()
         assert record["final_sql_source"] == "submitted" and record["counters"]["format_deviations"] == 0
         assert len(record["turns"]) == 3 and record["turns"][0]["calls"][0]["tool"] == "list_tables"
         assert len(record["turns"][0]["calls"]) >= 2  # list_tables and its describes in one turn

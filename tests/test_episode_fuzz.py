@@ -78,7 +78,7 @@ def test_random_turns(row, turns, steps, max_turns, calls_per_turn, prompt, mode
         observations += 1
         assert observation.strip()
         episode.add_env_tokens(env)
-    record = episode.record()
+    record = episode.record().to_json()
     c = record["counters"]
     assert tuple(record) == RECORD_KEYS and tuple(c) == COUNTER_KEYS
     assert episode.done
@@ -135,7 +135,7 @@ def test_hostile_turns_never_stop_the_episode(row, tiny_tokenizer, case, counted
     config = EpisodeConfig(max_turns=3, max_tokens_per_turn=1_000_000 if counted else 2048,
                            episode_token_budget=2_000_000 if counted else 12288)
     episode = play(Episode(row, config), ReplayPolicy([HOSTILE[case], submit]), tiny_tokenizer if counted else None)
-    record = episode.record()
+    record = episode.record().to_json()
     c = record["counters"]
     assert record["final_sql_source"] == "submitted" and record["final_sql"] == "SELECT COUNT(*) FROM t"
     assert c["turns"] == 2 and c["calls"] == len(record["turns"][0]["calls"]) + 1
@@ -156,11 +156,11 @@ def test_an_environment_failure_is_a_tool_error_and_the_episode_goes_on(row, mon
 
     monkeypatch.setattr(Toolbox, "call", failing_once)
     turns = [tool_call("list_tables"), tool_call("run_query", sql="SELECT 1"), tool_call("submit_sql", sql="SELECT 2")]
-    record = play(Episode(row, EpisodeConfig(max_turns=4)), ReplayPolicy(turns)).record()
+    record = play(Episode(row, EpisodeConfig(max_turns=4)), ReplayPolicy(turns)).record().to_json()
     assert [t["observation"].splitlines()[0] for t in record["turns"][:2]] == [
         "Error: the environment failed on this turn (RecursionError); nothing of it ran.", "[run_query: SELECT 1]"]
     assert record["counters"]["tool_errors"] == 1 and record["final_sql"] == "SELECT 2"
     # on the last tool turn the failure ends the episode, with the usual final-SQL rule
-    record = play(Episode(row, EpisodeConfig(max_turns=2)), ReplayPolicy([turns[1], turns[0]])).record()
+    record = play(Episode(row, EpisodeConfig(max_turns=2)), ReplayPolicy([turns[1], turns[0]])).record().to_json()
     assert record["counters"]["tool_errors"] == 1 and record["final_sql"] == "SELECT 1"
     assert record["final_sql_source"] == "fallback" and record["turns"][-1]["observation"] == ""

@@ -499,6 +499,50 @@ def test_model_policy_with_tiny_model(tiny_model_dir, demo_dir, tmp_path):
     assert "vote_at_k" in summary
 
 
+def test_episodes_that_end_before_their_first_turn_are_named_and_fail_the_eval(tiny_model_dir, demo_dir, tmp_path,
+                                                                               capsys):
+    """A prompt that leaves less than min_episode_tokens of the budget plays no turn: every record says why, the
+    summary counts it, one line names the prompt, the budget and min_episode_tokens, and when no episode played a
+    turn the eval fails (after writing its folder)."""
+    args = eval_args("--policy", "model", "--model", tiny_model_dir, "--data", demo_dir, "--n", "2", "--mode",
+                     "withheld", "--episode-token-budget", "2100", "--min-episode-tokens", "2000", "--output", tmp_path)
+    with pytest.raises(EvalError, match="every episode ended before its first turn"):
+        evaluate(args)
+    lines = read_lines(tmp_path / "withheld")
+    assert [line["stop_reason"] for line in lines] == ["prompt_too_long"] * 2
+    assert all(line["turns"] == [] and 2100 - line["prompt_tokens"] < 2000 for line in lines)
+    summary = read_summary(tmp_path, "withheld")
+    assert summary["stop_reasons"] == {"prompt_too_long": 2} and summary["no_turn_episodes"] == 2
+    longest = max(line["prompt_tokens"] for line in lines)
+    out = capsys.readouterr().out
+    assert (f"every one of 2 episodes ended before their first turn: prompts of up to {longest} tokens left less than "
+            "min_episode_tokens (2000) of the episode token budget (2100)") in out
+
+
+@pytest.mark.parametrize("budget", ["2048", "1000"])
+def test_a_budget_that_leaves_no_turn_is_refused_at_the_start(demo_dir, tmp_path, budget):
+    args = eval_args("--policy", "gold", "--data", demo_dir, "--episode-token-budget", budget, "--output", tmp_path)
+    with pytest.raises(EvalError, match=f"--episode-token-budget {budget} cannot leave --min-episode-tokens"):
+        evaluate(args)
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_every_episode_limit_is_an_eval_option_and_is_recorded(demo_dir, tmp_path):
+    """The episode limits a user may need reach the episodes, and a changed one is part of the resumed config."""
+    from t2s.evaluation.options import EPISODE_LIMITS, episode_config
+
+    args = eval_args("--policy", "gold", "--data", demo_dir, "--n", "2", "--output", tmp_path,
+                     "--max-calls-per-turn", "3", "--max-failed-queries", "2", "--tool-timeout", "1.5",
+                     "--episode-tool-seconds", "9", "--forced-turn-reserve", "100", "--min-episode-tokens", "1000")
+    config = episode_config(args, "full")
+    assert (config.max_calls_per_turn, config.max_failed_queries, config.tool_timeout, config.episode_tool_seconds,
+            config.forced_turn_reserve, config.min_episode_tokens) == (3, 2, 1.5, 9.0, 100, 1000)
+    assert {name for name, _, _ in EPISODE_LIMITS} >= {"max_calls_per_turn", "max_failed_queries", "tool_timeout"}
+    summary = evaluate(args)["full"]
+    assert summary["config"]["max_calls_per_turn"] == 3 and summary["config"]["min_episode_tokens"] == 1000
+    assert summary["stop_reasons"] == {"submitted": 2} and summary["execution_accuracy_official"] == 1.0
+
+
 # ------------------------------------------------------------------------------- completions mode (vLLM-like fake)
 class CompletionsGoodAgent:
     """A token-level agent for the vLLM fakes: reads the question from the prompt, runs the gold SQL, submits it."""

@@ -262,7 +262,7 @@ def test_render_call_is_the_templates_own_rendering(tiny_tokenizer):
 def test_gold_native_sibling_episode_submits(rows):
     row = rows[0]
     policy = GoldPolicy(row, _schema(row), dialect="sibling", tool_format="native")
-    record = play(Episode(row, NATIVE_SIBLING), policy).record()
+    record = play(Episode(row, NATIVE_SIBLING), policy).record().to_json()
     assert [c["tool"] for t in record["turns"] for c in t["calls"]] == ["inspect_schema", "run_sql", "submit"]
     assert record["final_sql_source"] == "submitted" and record["final_sql"] == row["gold_sql"]
     assert record["counters"]["format_deviations"] == 0 and record["counters"]["tool_errors"] == 0
@@ -278,7 +278,7 @@ def test_malformed_native_calls_count_as_json_ones_do(rows):
         "t\n</think>\n\nSELECT 2",  # the forced final turn: bare SQL
     ]
     episode = play(Episode(row, cfg), ReplayPolicy(turns))
-    record = episode.record()
+    record = episode.record().to_json()
     counters = record["counters"]
     assert counters["calls"] == 2 and counters["tool_errors"] == 2  # an unknown tool, a failing query
     first = episode.turns[0]["observation"]
@@ -332,7 +332,7 @@ def test_sibling_native_episode_is_token_exact(rows, tiny_tokenizer):
     turns = native_turns(row)
     with FakeVLLMServer(TurnsByAssistantCount(tok, turns)) as server:
         trace = Rollout(VLLMServerBackend(server.base_url, tok), tok, NATIVE_SIBLING).run([row])[0]
-    record = trace.record
+    record = trace.record.to_json()
     assert record["final_sql_source"] == "submitted" and trace.outcome.equivalent
     assert trace.assistant_texts == turns
     tools = tool_schemas.function_schemas("sibling")

@@ -53,7 +53,7 @@ def assert_stream_invariants(trace, tok, config: EpisodeConfig = SMALL):
     assert all(lp == 0.0 for lp, m in zip(trace.logprobs, trace.env_mask) if not m)
     assert all(lp <= 0.0 for lp in trace.logprobs)
     assert decode(trace.prompt_ids).endswith("<|im_start|>assistant\n<think>\n")
-    turns = trace.record["turns"]
+    turns = trace.record.to_json()["turns"]
     runs = segments(trace)
     model_runs = [ids for is_model, ids in runs if is_model]
     env_runs = [ids for is_model, ids in runs if not is_model]
@@ -90,12 +90,15 @@ def test_hf_generate_rollout_invariants(rows, tiny_model, tiny_tokenizer):
     assert [t.index for t in traces] == [0, 1, 2] and len(finished) == 3
     for trace in traces:
         assert_stream_invariants(trace, tiny_tokenizer)
-        assert trace.record["counters"]["turns"] >= 1 and trace.outcome is not None
+        assert trace.record.to_json()["counters"]["turns"] >= 1 and trace.outcome is not None
     batch = rollout.to_trl(traces)
     assert [len(x) for x in batch["completion_ids"]] == [len(x) for x in batch["env_mask"]]
     assert all(isinstance(lp, float) for seq in batch["logprobs"] for lp in seq)
     assert batch["outcome"][0]["question_id"] == rows[0]["question_id"]
-    json.dumps(batch["record"])  # records are plain JSON
+    json.dumps([record.to_json() for record in batch["record"]])  # each record has one JSON form
+    # TRL receives the token stream and only what the rewards (outcome, final_sql_source) and trainer (record) read
+    assert set(batch) == {"prompt_ids", "completion_ids", "logprobs", "env_mask", "outcome", "final_sql_source",
+                          "record"}
 
 
 @pytest.mark.timeout(120)
@@ -112,7 +115,7 @@ def test_fake_server_random_agent_invariants(rows, tiny_tokenizer, schedule):
     for trace in traces:
         assert_stream_invariants(trace, tiny_tokenizer)
         cutoffs = trace.finish_reasons.count("length")
-        assert trace.record["counters"]["turn_cutoffs"] == cutoffs
+        assert trace.record.to_json()["counters"]["turn_cutoffs"] == cutoffs
 
 
 def test_fake_llm_colocate_invariants(rows, tiny_tokenizer):
@@ -148,14 +151,16 @@ def test_fake_server_good_agent_submits(rows, tiny_tokenizer, stop):
         traces = rollout.run([row] * 4)
     for trace in traces:
         assert_stream_invariants(trace, tiny_tokenizer, config)
-        assert trace.record["final_sql_source"] == "submitted" and trace.record["counters"]["submitted"]
-        assert trace.record["final_sql"] == row["gold_sql"]
-        assert [t["calls"][0]["tool"] for t in trace.record["turns"]] == ["list_tables", "run_query", "submit_sql"]
-        assert trace.record["turns"][0]["observation"].endswith("[5 tool turns left before you must answer]")
+        assert trace.record.to_json()["final_sql_source"] == "submitted" and trace.record.to_json()["counters"]["submitted"]
+        assert trace.record.to_json()["final_sql"] == row["gold_sql"]
+        assert [t["calls"][0]["tool"] for t in trace.record.to_json()["turns"]] == ["list_tables", "run_query", "submit_sql"]
+        assert trace.record.to_json()["turns"][0]["observation"].endswith("[5 tool turns left before you must answer]")
         assert trace.outcome.equivalent and trace.outcome.executes
     batch = rollout.to_trl(traces)
-    assert batch["final_sql_source"] == ["submitted"] * 4 and batch["submitted"] == [True] * 4
-    assert batch["outcome"][0]["equivalent"] is True and batch["turns"] == [3] * 4
+    assert batch["final_sql_source"] == ["submitted"] * 4
+    assert [(r.counters["submitted"], r.counters["turns"], r.stop_reason) for r in batch["record"]] == [
+        (True, 3, "submitted")] * 4
+    assert batch["outcome"][0]["equivalent"] is True
     if stop == "<|endoftext|>":  # every turn's <|endoftext|> is followed by an env <|im_end|>
         im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
         ids, mask = traces[0].completion_ids, traces[0].env_mask
@@ -174,7 +179,7 @@ def test_each_observation_is_tokenized_once(rows, tiny_tokenizer, monkeypatch):
         rollout = Rollout(VLLMServerBackend(server.base_url, tiny_tokenizer), tiny_tokenizer,
                           EpisodeConfig(max_tokens_per_turn=512))
         traces = rollout.run([row] * 2)
-    observations = [t["observation"] for trace in traces for t in trace.record["turns"] if t["observation"]]
+    observations = [t["observation"] for trace in traces for t in trace.record.to_json()["turns"] if t["observation"]]
     assert len(observations) == 4 and sorted(tokenized) == sorted(observations)  # counted, then added, once each
     for trace in traces:
         assert_stream_invariants(trace, tiny_tokenizer)
@@ -189,8 +194,8 @@ def test_server_failures_end_episodes_cleanly(rows, tiny_tokenizer):
     for trace in traces:
         assert trace.error and trace.error.startswith("Error:")
         assert trace.completion_ids == [tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")] and trace.env_mask == [0]
-        assert trace.record["final_sql_source"] == "none" and trace.outcome.executes is False
-    assert rollout.to_trl(traces)["rollout_error"][0].startswith("Error:")
+        assert trace.record.to_json()["final_sql_source"] == "none" and trace.outcome.executes is False
+    assert all(trace.record.stop_reason == "error" for trace in traces)
 
 
 @pytest.mark.timeout(60)
@@ -201,7 +206,7 @@ def test_server_error_mid_episode_keeps_earlier_turns(rows, tiny_tokenizer):
         backend = VLLMServerBackend(server.base_url, tiny_tokenizer, retries=1, backoff=0.01)
         trace = Rollout(backend, tiny_tokenizer, EpisodeConfig(max_tokens_per_turn=512)).run([row])[0]
     assert trace.error and "500" in trace.error
-    assert trace.finish_reasons == ["stop", "error"] and len(trace.record["turns"]) == 1
+    assert trace.finish_reasons == ["stop", "error"] and len(trace.record.to_json()["turns"]) == 1
     assert_stream_invariants(trace, tiny_tokenizer)
 
 
@@ -218,7 +223,7 @@ def test_budget_cutoffs_and_forced_turn(rows, tiny_tokenizer, seed):
                            forced_turn_reserve=100)  # fmt: skip
     trace = Rollout(backend, tiny_tokenizer, config, score=False).run([rows[0]])[0]
     assert_stream_invariants(trace, tiny_tokenizer, config)
-    counters = trace.record["counters"]
+    counters = trace.record.to_json()["counters"]
     assert counters["turn_cutoffs"] >= 1 and (counters["truncated"] or counters["forced"])
     runs = segments(trace)
     assert all(len(ids) <= config.max_tokens_per_turn for is_model, ids in runs if is_model)
@@ -283,7 +288,7 @@ def test_a_hostile_turn_does_not_stop_the_rollout(rows, tiny_tokenizer, monkeypa
     traces = Rollout(backend, tiny_tokenizer, config).run([row] * 2)
     for trace in traces:
         assert_stream_invariants(trace, tiny_tokenizer, config)
-        assert trace.record["final_sql"] == row["gold_sql"] and trace.record["counters"]["format_deviations"] >= 1
+        assert trace.record.to_json()["final_sql"] == row["gold_sql"] and trace.record.to_json()["counters"]["format_deviations"] >= 1
         assert trace.outcome.equivalent
 
     from t2s.env.episode import Episode
@@ -299,6 +304,6 @@ def test_a_hostile_turn_does_not_stop_the_rollout(rows, tiny_tokenizer, monkeypa
     llm = FakeLLM(ScriptedAgent(tiny_tokenizer, [submit]))
     backend = VLLMColocateBackend(llm, tiny_tokenizer, sampling_params_cls=FakeSamplingParams)
     failed, finished = Rollout(backend, tiny_tokenizer, config).run([rows[1], row])
-    assert failed.record["counters"]["tool_errors"] == 1 and failed.record["final_sql_source"] == "none"
-    assert finished.record["final_sql"] == row["gold_sql"] and finished.outcome.equivalent
+    assert failed.record.to_json()["counters"]["tool_errors"] == 1 and failed.record.to_json()["final_sql_source"] == "none"
+    assert finished.record.to_json()["final_sql"] == row["gold_sql"] and finished.outcome.equivalent
     assert_stream_invariants(failed, tiny_tokenizer, config)

@@ -67,14 +67,14 @@ def test_gold_trajectories_are_the_training_token_stream(rows, tiny_tokenizer):
     policies = [sft.answer_policy(row, row["gold_sql"], "explore", EXPLORE) for row in chosen]
     traces = sft.play(chosen, policies, tiny_tokenizer, EXPLORE)
     for row, trace in zip(chosen, traces, strict=True):
-        assert trace.outcome.equivalent and trace.record["counters"]["submitted"]
+        assert trace.outcome.equivalent and trace.record.to_json()["counters"]["submitted"]
         # the same turns and observations as the text path plays for the same policy
         text_record = run_text_episode(row, EXPLORE, sft.answer_policy(row, row["gold_sql"], "explore", EXPLORE),
-                                       tokenizer=tiny_tokenizer)
-        assert trace.record["turns"] == text_record["turns"] and len(trace.record["turns"]) == 4
+                                       tokenizer=tiny_tokenizer).to_json()
+        assert trace.record.to_json()["turns"] == text_record["turns"] and len(trace.record.to_json()["turns"]) == 4
         # the protocol a warm start teaches: one JSON object per turn, no deviation, within the tool turns
-        assert [len(turn["calls"]) for turn in trace.record["turns"]] == [1, 1, 1, 1]
-        assert trace.record["counters"]["format_deviations"] == 0 and trace.record["counters"]["forced"] == 0
+        assert [len(turn["calls"]) for turn in trace.record.to_json()["turns"]] == [1, 1, 1, 1]
+        assert trace.record.to_json()["counters"]["format_deviations"] == 0 and trace.record.to_json()["counters"]["forced"] == 0
         example = sft.example(trace, "gold")
         prompt = len(trace.prompt_ids)
         assert example["input_ids"] == trace.prompt_ids + trace.completion_ids
@@ -84,7 +84,7 @@ def test_gold_trajectories_are_the_training_token_stream(rows, tiny_tokenizer):
         assert model_texts == [text + IM_END for text in trace.assistant_texts]
         env_texts = [tiny_tokenizer.decode(ids) for bit, ids in segments if bit == 0]
         assert len(env_texts) == 3 and all(turn["observation"] in env for turn, env in
-                                           zip(trace.record["turns"], env_texts))
+                                           zip(trace.record.to_json()["turns"], env_texts))
 
 
 @pytest.mark.parametrize("tool_format", ["json", "native"])
@@ -102,7 +102,7 @@ def test_warm_start_trajectories_keep_the_format(rows, tiny_tokenizer, tool_form
 def test_warm_start_counts_deviating_recorded_trajectories(rows, tiny_tokenizer, tmp_path):
     row = rows[0]
     fenced = f'ok\n</think>\n\n```json\n{{"tool": "submit_sql", "args": {{"sql": {json.dumps(row["gold_sql"])}}}}}\n```'
-    record = run_text_episode(row, EXPLORE, ReplayPolicy([fenced]))
+    record = run_text_episode(row, EXPLORE, ReplayPolicy([fenced])).to_json()
     assert record["counters"]["format_deviations"] == 1
     path = tmp_path / "episodes.jsonl"
     path.write_text(json.dumps(dict(record, official=1, sample=0)) + "\n")
@@ -138,7 +138,7 @@ def test_recorded_episodes_replay_only_the_correct_ones(rows, tiny_tokenizer, de
     # correct; wrong and marked so; correct; marked correct but wrong when replayed here
     for row, sql, official in ((rows[0], rows[0]["gold_sql"], 1), (rows[1], rows[2]["gold_sql"], 0),
                                (rows[3], rows[3]["gold_sql"], 1), (rows[4], rows[5]["gold_sql"], 1)):
-        record = run_text_episode(row, config, sft.answer_policy(row, sql, "submit", config))
+        record = run_text_episode(row, config, sft.answer_policy(row, sql, "submit", config)).to_json()
         lines.append(json.dumps(dict(record, official=official, sample=0)))
     lines.append(json.dumps({"question_id": "not-in-data", "mode": "withheld", "official": 1, "turns": []}))
     path = tmp_path / "episodes.jsonl"
@@ -259,6 +259,6 @@ def test_trajectories_are_written_in_the_recipes_call_format(rows, tiny_tokenize
     traces = sft.play(chosen, [sft.answer_policy(r, r["gold_sql"], style, native) for r in chosen], tiny_tokenizer,
                       native)
     for trace in traces:
-        assert trace.outcome.equivalent and trace.record["counters"]["submitted"]
+        assert trace.outcome.equivalent and trace.record.to_json()["counters"]["submitted"]
         assert all("<tool_call>" in text and '{"tool"' not in text for text in trace.assistant_texts)
-        assert trace.record["turns"][-1]["calls"][-1]["tool"] == "submit"
+        assert trace.record.to_json()["turns"][-1]["calls"][-1]["tool"] == "submit"

@@ -88,7 +88,7 @@ def test_malformed_calls_count_as_in_the_json_format(demo_dir):
         config = EpisodeConfig(dialect="sibling", tool_format="native", max_turns=2)
         episode = play(Episode(row, config), policy)
         requests = list(server.chat_requests)
-    record = episode.record()
+    record = episode.record().to_json()
     counters = record["counters"]
     assert counters["calls"] == 3 and counters["tool_errors"] == 2
     assert counters["format_deviations"] == 1  # bad_json (the reasoning came apart from the content: no deviation)
@@ -116,7 +116,7 @@ def test_calls_that_did_not_run_are_still_answered(demo_dir):
     with FakeVLLMServer(None, chat_reply=lambda body: replies[turn_number(body)]) as server:
         client = ChatEndpointClient(server.base_url, retries=0)
         config = EpisodeConfig(dialect="sibling", tool_format="native", max_calls_per_turn=2)
-        record = play(Episode(row, config), ToolsEndpointPolicy(client, SamplingSettings.evaluation())).record()
+        record = play(Episode(row, config), ToolsEndpointPolicy(client, SamplingSettings.evaluation())).record().to_json()
         second = server.chat_requests[1]["messages"]
     assert record["final_sql"] == "SELECT 2" and record["final_sql_source"] == "submitted"
     assert [m.get("tool_call_id") for m in second if m["role"] == "tool"] == ["call_0", "call_1", "call_2"]

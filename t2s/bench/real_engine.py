@@ -46,7 +46,7 @@ def measure(endpoint: str, tokenizer_path: str, episodes: int, seed: int, data=N
             traces = rollout.run(rows)
             seconds = time.perf_counter() - started
             best[schedule] = min(seconds, best.get(schedule, float("inf")))
-            turns[schedule] = sum(t.record["counters"]["turns"] for t in traces)
+            turns[schedule] = sum(t.record.counters["turns"] for t in traces)
     return best, turns
 
 

@@ -131,8 +131,8 @@ def run_schedule(name, plans, tokenizer, config, spec, workers, schedule) -> Sch
     result = ScheduleResult(name, seconds, engine.stats)
     if engine.live != 0 and schedule == "async":
         raise RuntimeError(f"{engine.live} episodes never reported their end")
-    result.turns = sum(t.record["counters"]["turns"] for t in traces)
-    result.submitted = sum(bool(t.record["counters"]["submitted"]) for t in traces)
+    result.turns = sum(t.record.counters["turns"] for t in traces)
+    result.submitted = sum(bool(t.record.counters["submitted"]) for t in traces)
     result.equivalent = sum(bool(getattr(t.outcome, "equivalent", False)) for t in traces)
     return result
 

@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
 
 
-def _replay_policy(args, row: dict, config, db) -> dict:
+def _replay_policy(args, row: dict, config, db):
     from t2s.backends.scripted import ReplayPolicy
     from t2s.env.play import run_text_episode
 
@@ -116,11 +116,11 @@ def run(args: argparse.Namespace) -> int:
         record = POLICIES[chosen[0]][1](args, row, config, db)
     except ValueError as exc:  # a bad turns file, a model or endpoint that cannot be used
         raise EvalError(str(exc)) from None
-    sql = record.get("final_sql")
+    sql = record.final_sql
     result = databases.run_tool_query(db, sql, max_rows=RESULT_ROWS) if sql else None
     extra = {"question": row["question"], "evidence": row["evidence"],
              "pred_result": result_preview(result, rows=RESULT_ROWS)}
-    record = {**record, **extra}  # extra's keys are RECORD_EXTRA_KEYS, in that order
+    record = {**record.to_json(), **extra}  # extra's keys are RECORD_EXTRA_KEYS, in that order
     if args.json:
         from t2s.ui.console import safe_json
 
@@ -163,7 +163,7 @@ def _model_config(args, config):
     return sampling_settings(args)
 
 
-def _model_policy(args, row: dict, config, db) -> dict:
+def _model_policy(args, row: dict, config, db):
     from t2s.evaluation.policies import model_backend
     from t2s.errors import EvalError
 
@@ -175,7 +175,7 @@ def _model_policy(args, row: dict, config, db) -> dict:
     return _rollout_episode(args, backend, tokenizer, row, config, sampling, db)
 
 
-def _endpoint_policy(args, row: dict, config, db) -> dict:
+def _endpoint_policy(args, row: dict, config, db):
     from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
     from t2s.env.episode import Episode
     from t2s.env.play import play
@@ -205,7 +205,7 @@ def _endpoint_policy(args, row: dict, config, db) -> dict:
         raise ValueError(str(exc)) from None
 
 
-def _rollout_episode(args, backend, tokenizer, row: dict, config, sampling, db) -> dict:
+def _rollout_episode(args, backend, tokenizer, row: dict, config, sampling, db):
     """One episode through ``rollout.Rollout`` on the user's database (``mode=ro``)."""
     from t2s.training import rollout
 

@@ -9,19 +9,15 @@ budget, renders the next observation and finally picks the final SQL:
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from t2s.env import native_calls, native_reader, protocol, tool_schemas
 from t2s.env import turns
 from t2s.env.protocol import budget_line, forced_message, render_observation
 from t2s.env.turns import ParsedTurn, ToolCall, parse_turn
+from t2s.env.record import COUNTER_KEYS, RECORD_KEYS, EpisodeRecord, counters as record_counters
 from t2s.env.tools import ToolResult, Toolbox
 
-RECORD_KEYS = ("question_id", "db_id", "mode", "turns", "final_sql", "final_sql_source", "submitted_sql", "counters")
-COUNTER_KEYS = (
-    "turns", "calls", "tool_errors", "format_deviations", "write_attempts", "turn_cutoffs",
-    "submitted", "forced", "fallback_used", "truncated",
-)  # fmt: skip
 ENV_CHARS_PER_TOKEN = 2  # conservative guess of an observation's size in tokens, when no counter is given
 
 
@@ -55,8 +51,15 @@ class EpisodeConfig:
     system_prompt_file: str | None = None
     enable_thinking: bool = True
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def budget_problem(self, budget: str = "episode_token_budget", minimum: str = "min_episode_tokens") -> str | None:
+        """Why no episode could play a turn under this budget (None when one can): ``start`` ends every episode whose
+        prompt leaves less than ``min_episode_tokens``, so a budget of ``min_episode_tokens`` or less ends them all.
+        ``budget`` and ``minimum`` name the two settings as the user wrote them."""
+        if self.episode_token_budget <= self.min_episode_tokens:
+            return (f"Error: {budget} {self.episode_token_budget} cannot leave {minimum} ({self.min_episode_tokens}) "
+                    "after any prompt, so every episode would end before its first turn; raise the budget, or lower "
+                    f"{minimum}")
+        return None
 
 
 class Episode:
@@ -93,8 +96,8 @@ class Episode:
         self.counters = dict.fromkeys(COUNTER_KEYS, 0)
         self.done = False
         self.forced_turn = False  # the next turn is the forced final turn
-        self.end_reason: str | None = None  # submitted, max_turns, failed_queries, tool_time, token_budget, ...
-        self.prompt_too_long = False
+        self.stop_reason: str | None = None  # why it ended: record.STOP_REASONS
+        self.prompt_tokens = 0
         self.tool_seconds = 0.0
         self.tool_turns = 0
         self.failed_streak = 0
@@ -124,9 +127,8 @@ class Episode:
     def start(self, prompt_tokens: int = 0) -> None:
         """Account the prompt; a prompt leaving less than ``min_episode_tokens`` ends the episode at once."""
         self.started = True
-        self.tokens_used = int(prompt_tokens)
+        self.tokens_used = self.prompt_tokens = int(prompt_tokens)
         if prompt_tokens and self.tokens_left < self.config.min_episode_tokens:
-            self.prompt_too_long = True
             self._finish("prompt_too_long")
 
     def next_max_tokens(self) -> int:
@@ -144,7 +146,7 @@ class Episode:
             allowed = min(cfg.max_tokens_per_turn, left - 1 - cfg.forced_turn_reserve)
         if allowed <= 0:
             self.counters["truncated"] = 1
-            self._finish("token_budget")
+            self._finish("budget")
             return 0
         return allowed
 
@@ -203,7 +205,7 @@ class Episode:
         tool_turns_left = self.config.max_turns - self.tool_turns
         if self.done or self.forced_turn or tool_turns_left <= 0:
             self._record_turn(text, [], "")
-            self._finish(self.end_reason or "max_turns")
+            self._finish(self.stop_reason or "turn_limit")
             return None
         observation = self._observation([("", error)], budget_line(tool_turns_left))
         self._record_turn(text, [], observation)
@@ -276,20 +278,20 @@ class Episode:
                     )
                 )
         if stop_reason is None and self.tool_turns >= cfg.max_turns:
-            stop_reason = "max_turns"
+            stop_reason = "turn_limit"
         n_answered = min(len(calls), cfg.max_calls_per_turn)  # native: a tool message each (past the cap, a note)
         if stop_reason is None:
             observation = self._observation(results, budget_line(cfg.max_turns - self.tool_turns), n_answered)
             if self._room_after(observation) - cfg.forced_turn_reserve > 0:
                 self._record_turn(text, ran, observation)
                 return observation
-            stop_reason = "token_budget"  # a normal turn would eat into the forced-turn reserve
+            stop_reason = "budget"  # a normal turn would eat into the forced-turn reserve
         observation = self._observation(results, self._forced_message(stop_reason), n_answered)
         self._start_forced_turn(stop_reason)
         if self._room_after(observation) <= 0:  # not even the forced turn fits: the episode ends here
             self.counters["truncated"] = 1
             self._record_turn(text, ran, "")
-            self._finish("token_budget")
+            self._finish("budget")
             return None
         self._record_turn(text, ran, observation)
         return observation
@@ -306,18 +308,18 @@ class Episode:
 
     def _forced_message(self, reason: str) -> str:
         why = {
-            "max_turns": "You have used all your tool turns.",
+            "turn_limit": "You have used all your tool turns.",
             "failed_queries": f"{self.config.max_failed_queries} queries in a row failed.",
             "tool_time": "The tool time budget is used up.",
-            "token_budget": "The token budget is nearly used up.",
+            "budget": "The token budget is nearly used up.",
         }[reason]
         return forced_message(self.last_working_sql, why, self.toolbox.submit_tool)
 
     def _start_forced_turn(self, reason: str) -> None:
         self.forced_turn = True
-        self.end_reason = reason
+        self.stop_reason = reason
         self.counters["forced"] = 1
-        if reason == "token_budget":
+        if reason == "budget":
             self.counters["truncated"] = 1
 
     def _forced_step(self, text: str, parsed) -> None:
@@ -335,7 +337,7 @@ class Episode:
         if self.forced_sql is None and not parsed.calls:
             self.forced_sql = turns.bare_sql(parsed.body)
         self._record_turn(text, ran, "")
-        self._finish(self.end_reason or "forced")
+        self._finish(self.stop_reason or "stopped")
         return None
 
     def _record_turn(self, text: str, calls: list[dict], observation: str) -> None:
@@ -344,7 +346,7 @@ class Episode:
     # -- the end ----------------------------------------------------------------------------------------------------
 
     def finish(self, reason: str = "stopped") -> None:
-        """End the episode now (e.g. the generation backend failed); the final-SQL rule still applies."""
+        """End the episode now (``"error"``: the generation backend failed); the final-SQL rule still applies."""
         self._finish(reason)
 
     def end_with_error(self, text: str) -> None:
@@ -355,15 +357,15 @@ class Episode:
         self.counters["tool_errors"] += 1
         self.counters["turns"] = len(self.turns) + 1
         self._record_turn(turns.valid_text(text) if isinstance(text, str) else "", [], "")
-        self._finish("environment_error")
+        self._finish("error")
 
     def _finish(self, reason: str) -> None:
         if self.done:
             return
         self.done = True
         self.forced_turn = False
-        if self.end_reason is None or reason in ("submitted", "token_budget", "prompt_too_long"):
-            self.end_reason = reason
+        if self.stop_reason is None or reason in ("submitted", "budget", "prompt_too_long"):
+            self.stop_reason = reason
         self._choose_final_sql()
 
     def _executes(self, sql: str | None) -> bool:
@@ -393,23 +395,16 @@ class Episode:
         else:
             self.final_sql, self.final_sql_source = None, "none"
 
-    def record(self) -> dict:
+    def record(self) -> EpisodeRecord:
         """The DESIGN §10 episode record (ends the episode first if it is still running)."""
         if not self.done:
             self._finish("stopped")
-        counters = dict(self.counters)  # COUNTER_KEYS in order: the dict is made from them and its values only change
-        for flag in ("submitted", "forced", "fallback_used", "truncated"):
-            counters[flag] = bool(counters[flag])
-        return {
-            "question_id": self.row.get("question_id"),
-            "db_id": self.row.get("db_id", getattr(self.db, "db_id", None)),
-            "mode": self.config.mode,
-            "turns": [dict(turn) for turn in self.turns],
-            "final_sql": self.final_sql,
-            "final_sql_source": self.final_sql_source,
-            "submitted_sql": self.submitted_sql,
-            "counters": counters,
-        }
+        return EpisodeRecord(
+            question_id=self.row.get("question_id"), db_id=self.row.get("db_id", getattr(self.db, "db_id", None)),
+            mode=self.config.mode, turns=[dict(turn) for turn in self.turns], final_sql=self.final_sql,
+            final_sql_source=self.final_sql_source, submitted_sql=self.submitted_sql,
+            counters=record_counters(**self.counters), stop_reason=self.stop_reason, prompt_tokens=self.prompt_tokens,
+        )  # fmt: skip
 
 
-__all__ = ["Episode", "EpisodeConfig", "RECORD_KEYS", "COUNTER_KEYS", "ToolCall"]
+__all__ = ["Episode", "EpisodeConfig", "EpisodeRecord", "RECORD_KEYS", "COUNTER_KEYS", "ToolCall"]

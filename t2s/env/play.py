@@ -10,10 +10,12 @@ from t2s.env import native_calls, protocol
 from t2s.env import turns
 from t2s.env.episode import Episode, EpisodeConfig
 from t2s.env.native_reader import special_tokens_of
+from t2s.env.record import EpisodeRecord
 from t2s.env.turns import ParsedTurn
 
 
-def run_text_episode(row: dict, config: EpisodeConfig | None, policy, db=None, tokenizer=None, *, schema=None) -> dict:
+def run_text_episode(row: dict, config: EpisodeConfig | None, policy, db=None, tokenizer=None, *,
+                     schema=None) -> EpisodeRecord:
     """Play one episode with a text policy (``policy(episode) -> str``); returns the record.
 
     With a tokenizer, turns and environment suffixes are counted in tokens, and a turn longer than the episode allows

@@ -62,6 +62,50 @@ def add_endpoint_arguments(p) -> None:
     p.add_argument("--concurrency", type=positive_int, default=64, help="endpoint requests in flight")
 
 
+# The episode limits ``eval`` (and ``data passrate``) set: (EpisodeConfig field, type, help). Their defaults are
+# EpisodeConfig's own. Not here: mode, dialect, tool_format, system_prompt_file and enable_thinking have options of
+# their own; column_descriptions is a property of the data (the recipe's ``column_descriptions``).
+EPISODE_LIMITS = (
+    ("max_turns", positive_int, "tool turns before the forced final turn"),
+    ("episode_token_budget", positive_int, "tokens an episode may use, prompt and observations included"),
+    ("max_tokens_per_turn", positive_int, "tokens one model turn may generate"),
+    ("min_episode_tokens", positive_int, "an episode whose prompt leaves less than this of the budget ends before "
+     "its first turn"),
+    ("forced_turn_reserve", positive_int, "tokens kept for the forced final turn"),
+    ("max_calls_per_turn", positive_int, "tool calls run per turn; later ones are refused"),
+    ("max_failed_queries", positive_int, "failed queries in a row before the forced final turn"),
+    ("tool_timeout", positive_float, "seconds one tool call may run"),
+    ("episode_tool_seconds", positive_float, "seconds of tool time an episode may use"),
+)
+
+
+def add_episode_arguments(p) -> None:
+    """The episode limits (``EPISODE_LIMITS``), defaulting to ``EpisodeConfig``'s."""
+    from t2s.env.episode import EpisodeConfig
+
+    defaults = EpisodeConfig()
+    for name, kind, help_text in EPISODE_LIMITS:
+        default = getattr(defaults, name)
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=f"{help_text} (default: {default})")
+
+
+def episode_config(args, mode: str):
+    """The ``EpisodeConfig`` of an eval's options (``options.EPISODE_LIMITS`` and the tool, prompt and thinking
+    options) in ``mode`` (``single`` plays full mode's prompt in one turn)."""
+    from t2s.env.episode import EpisodeConfig
+
+    defaults = EpisodeConfig()
+    limits = {name: getattr(args, name, getattr(defaults, name)) for name, _, _ in EPISODE_LIMITS}
+    return EpisodeConfig(
+        mode=mode if mode != "single" else "full",
+        dialect=getattr(args, "dialect", "exec_plan"),
+        tool_format=getattr(args, "tool_format", "json"),
+        system_prompt_file=args.system_prompt_file,
+        enable_thinking=args.enable_thinking,
+        **limits,
+    )
+
+
 def add_policy_arguments(p) -> None:
     """How a policy plays episodes: the model, endpoint or vLLM to use, sampling, episode limits and threads.
 
@@ -69,9 +113,7 @@ def add_policy_arguments(p) -> None:
     """
     p.add_argument("--seed", type=int, default=0, help="seeds sampling (eval: also picks the --n questions)")
     add_sampling_arguments(p)
-    p.add_argument("--max-turns", type=positive_int, default=6, help="tool turns before the forced final turn")
-    p.add_argument("--episode-token-budget", type=positive_int, default=12288, help="tokens an episode may use, prompt and observations included")
-    p.add_argument("--max-tokens-per-turn", type=positive_int, default=2048, help="tokens one model turn may generate")
+    add_episode_arguments(p)
     add_tool_arguments(p)
     p.add_argument("--system-prompt-file", type=non_empty_path, default=None, help="replace the exec_plan system prompt with this file's text")
     p.add_argument("--model", default=None, help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
@@ -104,6 +146,9 @@ def check_policy_args(args) -> None:
         read_system_prompt(args.system_prompt_file)
     if getattr(args, "policy", None) == "endpoint" and getattr(args, "endpoint_mode", None) == "tools":
         args.tool_format = "native"  # the server's function calling is the native format
+    problem = episode_config(args, "full").budget_problem("--episode-token-budget", "--min-episode-tokens")
+    if problem:
+        raise EvalError(problem)
 
 
 def read_system_prompt(path) -> str:

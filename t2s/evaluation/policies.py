@@ -12,6 +12,8 @@ import zlib
 from pathlib import Path
 
 from t2s.env.databases import file_checksum
+from t2s.env.record import one_turn_record
+from t2s.evaluation.options import episode_config
 from t2s.evaluation.records import eval_line, score_final_sql, score_record
 from t2s.errors import EvalError
 
@@ -28,21 +30,6 @@ def single_turn_system_prompt(engine: str = "sqlite") -> str:
 
     return SINGLE_TURN_SYSTEM_PROMPT.replace("SQLite", ENGINE_NAMES[engine])
 
-
-
-def episode_config(args, mode: str):
-    from t2s.env.episode import EpisodeConfig
-
-    return EpisodeConfig(
-        mode=mode if mode != "single" else "full",
-        dialect=getattr(args, "dialect", "exec_plan"),
-        tool_format=getattr(args, "tool_format", "json"),
-        max_turns=args.max_turns,
-        episode_token_budget=args.episode_token_budget,
-        max_tokens_per_turn=args.max_tokens_per_turn,
-        system_prompt_file=args.system_prompt_file,
-        enable_thinking=args.enable_thinking,
-    )
 
 
 def sampling_settings(args):
@@ -74,24 +61,16 @@ def single_turn_sql(text: str) -> tuple[str | None, int]:
     return turns.bare_sql(parsed.body), 0
 
 
-def single_turn_record(row: dict, text: str | None, *, cut_off: bool = False, sql: str | None = None) -> dict:
-    """An episode record (DESIGN §10 keys) for a one-turn answer."""
-    from t2s.env.episode import COUNTER_KEYS
+def single_turn_record(row: dict, text: str | None, *, cut_off: bool = False, prompt_tokens: int = 0):
+    """The ``EpisodeRecord`` of a single-turn answer (its SQL read by :func:`single_turn_sql`)."""
+    sql, deviations = single_turn_sql(text) if text is not None else (None, 0)
+    return one_turn_record(row, "single", text, sql, deviations=deviations, cut_off=cut_off,
+                           prompt_tokens=prompt_tokens)
 
-    deviations = 0
-    if sql is None and text is not None:
-        sql, deviations = single_turn_sql(text)
-    counters = {key: 0 for key in COUNTER_KEYS}
-    counters.update(turns=1 if text is not None else 0, format_deviations=deviations, turn_cutoffs=int(cut_off))
-    for flag in ("submitted", "forced", "fallback_used", "truncated"):
-        counters[flag] = False
-    counters["submitted"] = sql is not None
-    return {
-        "question_id": row["question_id"], "db_id": row["db_id"], "mode": "single",
-        "turns": [] if text is None else [{"assistant": text, "calls": [], "observation": ""}],
-        "final_sql": sql, "final_sql_source": "submitted" if sql is not None else "none", "submitted_sql": sql,
-        "counters": counters,
-    }  # fmt: skip
+
+def unplayed_record(row: dict, mode: str, error: str, stop_reason: str = "error"):
+    """The ``EpisodeRecord`` of an episode that could not be played (``error`` says why; it scores 0)."""
+    return one_turn_record(row, mode, None, None, stop_reason=stop_reason, error=error)
 
 
 def load_tokenizer(name: str | None, required: bool):
@@ -261,7 +240,8 @@ class Runner:
             self._play_threads(jobs, mode, emit, self._scripted_record)
         elif policy == "predictions":
             for row, sample in jobs:
-                emit(row, sample, single_turn_record(row, None, sql=self.predictions.sql.get(row["question_id"])) | {"mode": mode})
+                sql = self.predictions.sql.get(row["question_id"])
+                emit(row, sample, score_record(row, one_turn_record(row, mode, None, sql), sample), scored=True)
         elif policy == "gold":
             self._play_threads(jobs, mode, emit, self._gold_record)
         elif policy == "endpoint" and self.args.endpoint_mode in ("chat", "tools"):
@@ -307,7 +287,7 @@ class Runner:
         try:
             schema = get_schema(ref_from_row(row))
         except Exception as exc:  # noqa: BLE001 - an unreadable database scores 0 with the reason recorded
-            return {**single_turn_record(row, None), "mode": mode, "error": f"Error: cannot read the database: {exc}"}
+            return unplayed_record(row, mode, f"Error: cannot read the database: {exc}")
         config = episode_config(self.args, mode)
         policy = GoldPolicy.for_episode(row, schema, config)
         return run_text_episode(row, config, policy, tokenizer=self.tokenizer)
@@ -337,20 +317,21 @@ class Runner:
                 else:  # the prompt's size is unknown: two turns' worth
                     limit = 2 * self.args.max_tokens_per_turn
                 if limit <= 0:
-                    return {**single_turn_record(row, None), "error": "Error: the prompt does not fit the episode token budget"}
+                    return unplayed_record(row, "single", "Error: the prompt does not fit the episode token budget",
+                                           "prompt_too_long")
                 text, finish, _ = self.chat_client.complete(messages, limit, sampling, seed)
-                return single_turn_record(row, text, cut_off=finish == "length")
+                return single_turn_record(row, text, cut_off=finish == "length",
+                                          prompt_tokens=len(prompt) if self.tokenizer is not None else 0)
             chat_policy = ToolsEndpointPolicy if self.args.endpoint_mode == "tools" else ChatEndpointPolicy
             policy = chat_policy(self.chat_client, sampling, seed=seed)
             episode = play(Episode(row, episode_config(self.args, mode)), policy, self.tokenizer)
         except EndpointError as exc:
             raise EvalError(str(exc)) from None
-        record = episode.record()
         if self.tokenizer is None:  # without a tokenizer the episode cannot see cut-offs; the server reports them
-            record["counters"]["turn_cutoffs"] = max(
-                record["counters"]["turn_cutoffs"], sum(reason == "length" for reason in policy.finish_reasons)
-            )
-        return record
+            counters = episode.counters
+            counters["turn_cutoffs"] = max(counters["turn_cutoffs"],
+                                           sum(reason == "length" for reason in policy.finish_reasons))
+        return episode.record()
 
     def _play_rollout(self, jobs, mode, emit) -> None:
         from t2s.training.rollout import Rollout
@@ -393,13 +374,13 @@ class Runner:
         for index, (row, sample) in enumerate(jobs):
             out = by_index.get(index)
             if out is None:
-                record = single_turn_record(row, None)
-                record["error"] = "Error: the prompt does not fit the episode token budget"
+                record = unplayed_record(row, "single", "Error: the prompt does not fit the episode token budget",
+                                         "prompt_too_long")
             elif out.finish_reason == "error":
                 raise EvalError(f"{out.error} (finished results are kept)")
             else:
                 ids = out.token_ids[:-1] if out.stop_token_id is not None else out.token_ids
                 record = single_turn_record(row, self.tokenizer.decode(ids, skip_special_tokens=False),
-                                            cut_off=out.finish_reason == "length")
+                                            cut_off=out.finish_reason == "length", prompt_tokens=len(prompts[index]))
             emit(row, sample, score_record(row, record, sample), scored=True)
 

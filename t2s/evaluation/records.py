@@ -31,13 +31,13 @@ def result_preview(result, rows: int = PREVIEW_ROWS) -> dict | None:
             "more": bool(result.more or len(result.rows) > rows), "error": result.error}
 
 
-def score_final_sql(row: dict, record: dict) -> dict:
+def score_final_sql(row: dict, record) -> dict:
     """official, strict, soft_f1 and error of an episode's final SQL (``metrics.score_sql`` on scoring connections),
     with ``gold_result`` and ``pred_result`` previews."""
     from t2s.env.databases import ref_from_row
     from t2s.scoring.metrics import score_sql
 
-    final_sql = record.get("final_sql")
+    final_sql = record.final_sql
     results: dict = {}
     scores = score_sql(ref_from_row(row), final_sql, row["gold_sql"], results=results)
     if not scores.get("gold_failed") and not (isinstance(final_sql, str) and final_sql.strip()):
@@ -47,20 +47,20 @@ def score_final_sql(row: dict, record: dict) -> dict:
     return scores
 
 
-def eval_line(row: dict, record: dict, scores: dict, sample: int) -> dict:
-    """The eval line: the episode record plus question, evidence, gold_sql, sample, difficulty, official, strict,
+def eval_line(row: dict, record, scores: dict, sample: int) -> dict:
+    """The eval line: the episode record (``EpisodeRecord.to_json``) plus question, evidence, gold_sql, sample, difficulty, official, strict,
     soft_f1, executes, error and the result previews.
 
     When the gold SQL fails the question cannot be scored: official, strict, soft_f1 and executes are null and
     ``gold_error`` says why (the summary leaves such lines out of its averages and counts them).
     """
     error = scores.get("error")
-    line = dict(record)
+    line = record.to_json()
     line.update(question=row.get("question"), evidence=row.get("evidence") or "", gold_sql=row.get("gold_sql"),
                 gold_result=scores.get("gold_result"), pred_result=scores.get("pred_result"))
     if scores.get("gold_failed"):
         line.update(sample=sample, difficulty=row.get("difficulty"), official=None, strict=None, soft_f1=None,
-                    executes=None, error=record.get("error"), gold_error=error)
+                    executes=None, error=record.error, gold_error=error)
         return line
     line.update(
         sample=sample,
@@ -69,12 +69,13 @@ def eval_line(row: dict, record: dict, scores: dict, sample: int) -> dict:
         strict=int(scores["strict"]),
         soft_f1=float(scores["soft_f1"]),
         executes=error is None,
-        error=record.get("error") or error,
+        error=record.error or error,
     )
     return line
 
 
-def score_record(row: dict, record: dict, sample: int) -> dict:
+def score_record(row: dict, record, sample: int) -> dict:
+    """The eval line of an ``EpisodeRecord``, scored here."""
     return eval_line(row, record, score_final_sql(row, record), sample)
 
 

@@ -20,6 +20,10 @@ Questions that cannot be scored are left out of every figure above, and counted 
 - ``gold_failures`` / ``gold_failure_ids``: questions whose gold SQL fails, times out or goes over the scoring cap
   (their episode lines carry ``gold_error`` and null scores).
 ``repeated_question_ids``: questions the data file holds more than once, word for word, evaluated and counted once.
+
+``stop_reasons``: how many scored episodes ended for each reason (``t2s.env.record.STOP_REASONS``; lines written
+before records carried one count as ``unrecorded``). ``no_turn_episodes`` counts those that ended before their first
+turn, and ``no_turn_longest_prompt`` is the longest of their prompts in tokens.
 """
 
 from __future__ import annotations
@@ -70,6 +74,16 @@ def behaviour_block(lines: list[dict]) -> dict:
     }
 
 
+def stop_block(lines: list[dict]) -> dict:
+    """Episodes per stop reason, and those that ended before their first turn."""
+    from collections import Counter
+
+    reasons = Counter(line.get("stop_reason") or "unrecorded" for line in lines)
+    no_turn = [line for line in lines if line.get("stop_reason") == "prompt_too_long"]
+    return {"stop_reasons": dict(sorted(reasons.items())), "no_turn_episodes": len(no_turn),
+            "no_turn_longest_prompt": max((int(line.get("prompt_tokens") or 0) for line in no_turn), default=0)}
+
+
 def _difficulty_key(difficulty) -> str:
     return difficulty if difficulty else "unknown"
 
@@ -95,6 +109,7 @@ def summarise(lines: list[dict], *, config: dict, k: int = 1, vote_at_k: float |
         (d, {**score_block(by_difficulty[d]), **behaviour_block(by_difficulty[d])}) for d in _ordered(by_difficulty)
     )
     summary["per_db"] = {db: score_block(by_db[db]) for db in sorted(by_db)}
+    summary.update(stop_block(lines))
     if k > 1:
         summary["vote_at_k"] = vote_at_k
     summary["k"] = k
@@ -164,6 +179,22 @@ def unscored_notes(summary: dict, limit: int = 10) -> list[str]:
         notes.append(f"{summary['gold_failures']} questions not scored, their gold SQL fails: "
                      f"{some(summary.get('gold_failure_ids', []))}")
     return notes
+
+
+def episode_notes(summary: dict) -> list[str]:
+    """One line when episodes ended before their first turn, naming the prompt's length, the budget and
+    ``min_episode_tokens`` (empty otherwise)."""
+    if not summary.get("no_turn_episodes"):
+        return []
+    from t2s.env.episode import EpisodeConfig
+    from t2s.env.record import no_turn_line
+
+    config = summary.get("config") or {}
+    defaults = EpisodeConfig()
+    return [no_turn_line(summary["no_turn_episodes"], summary.get("n_episodes", 0),
+                         summary.get("no_turn_longest_prompt", 0),
+                         config.get("episode_token_budget", defaults.episode_token_budget),
+                         config.get("min_episode_tokens", defaults.min_episode_tokens))]
 
 
 def _fmt(value, kind: str) -> str:
@@ -352,7 +383,7 @@ def print_summaries(summaries: dict[str, dict]) -> None:
     out = console()
     print_table(out, table)
     for mode, summary in summaries.items():
-        notes = unscored_notes(summary) + [comparability_line(summary.get("config") or {})]
+        notes = unscored_notes(summary) + episode_notes(summary) + [comparability_line(summary.get("config") or {})]
         for note in notes:
             out.print(f"{mode}: {note}" if len(summaries) > 1 else note, style="yellow", markup=False, highlight=False)
 

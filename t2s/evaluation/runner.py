@@ -24,7 +24,8 @@ from t2s.errors import writing
 from t2s.evaluation.records import score_record
 from t2s.evaluation.policies import Runner, single_turn_system_prompt
 from t2s.errors import EvalError
-from t2s.evaluation.options import check_policy_args, read_system_prompt
+from t2s.env.episode import EpisodeConfig
+from t2s.evaluation.options import EPISODE_LIMITS, check_policy_args, read_system_prompt
 from t2s.evaluation.report import published_differences
 from t2s.evaluation.run_folders import EPISODES, EVAL_CONFIG
 from t2s.evaluation.progress import Progress
@@ -269,8 +270,12 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, selected: lis
     for key in ("engine", "dtype"):  # what generated the episodes: "vllm 0.31.0", "transformers 5.17.0"
         if runner.target.get(key) is not None:
             config[key] = runner.target[key]
-    for key, default in (("dialect", "exec_plan"), ("tool_format", "json")):  # recorded when not the default, so
-        if getattr(args, key, default) != default:  # folders of earlier default runs still resume
+    defaults = EpisodeConfig()
+    optional = [("dialect", "exec_plan"), ("tool_format", "json")] + [
+        (name, getattr(defaults, name)) for name, _, _ in EPISODE_LIMITS
+        if name not in ("max_turns", "episode_token_budget", "max_tokens_per_turn")]
+    for key, default in optional:  # recorded when not the default, so folders of earlier default runs still resume
+        if getattr(args, key, default) != default:
             config[key] = getattr(args, key)
     if getattr(args, "engine", "sqlite") != "sqlite":  # the databases' engine (sqlite, duckdb, postgres)
         config["database_engine"] = args.engine
@@ -303,6 +308,9 @@ def evaluate(args) -> dict[str, dict]:
     print_summaries(summaries)
     console().print(f"wrote {root}: report.html, summary.json, summary.md, summary.png, and "
                     f"{', '.join(modes)} episodes", markup=False, highlight=False, soft_wrap=True)
+    played = sum(s.get("n_episodes", 0) for s in summaries.values())
+    if played and sum(s.get("no_turn_episodes", 0) for s in summaries.values()) == played:
+        raise EvalError("Error: every episode ended before its first turn (see the line above): nothing was evaluated")
     return summaries
 
 

@@ -21,7 +21,10 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig, ModelConfig
 
+from t2s.env.episode import EpisodeConfig
 from t2s.errors import T2SError
+
+_EPISODE = EpisodeConfig()  # the episode settings' defaults, declared once there
 
 ROLLOUT_BACKENDS = ("transformers", "vllm_colocate", "vllm_server")
 OLD_LOGPROBS_MODES = ("sampler", "recompute")
@@ -172,31 +175,62 @@ class T2SGRPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "transformers backend: sequences per generate call (None: the whole turn at once)."},
     )
-    # ---- episode (t2s.env.episode.EpisodeConfig)
-    mode: str = field(default="full", metadata={"help": "full (CREATE TABLEs in the prompt) or withheld (schema "
-                                                        "discovered through tools)."})
-    dialect: str = field(default="exec_plan", metadata={"help": "Tool dialect: exec_plan or sibling."})
-    tool_format: str = field(default="json", metadata={"help": "Call format: json (one JSON object per call) or "
-                                                                "native (the chat template's tool calling, tools=)."})
-    max_turns: int = field(default=6, metadata={"help": "Tool turns per episode before the forced final turn. "
-                                                        "Published: 6."})
-    max_calls_per_turn: int = field(default=8, metadata={"help": "Tool calls run per turn; more get an error line."})
-    max_failed_queries: int = field(default=4, metadata={"help": "Consecutive failed run_query calls that end the "
-                                                                 "exploration."})
-    episode_tool_seconds: float = field(default=30.0, metadata={"help": "Tool-time budget of one episode (seconds)."})
-    tool_timeout: float = field(default=5.0, metadata={"help": "Seconds one tool query may run."})
-    episode_token_budget: int = field(default=12288, metadata={"help": "Tokens of one whole episode, prompt "
-                                                                       "included. Published: 12288."})
-    max_tokens_per_turn: int = field(default=2048, metadata={"help": "Cap on one generation call."})
-    forced_turn_reserve: int = field(default=512, metadata={"help": "Budget tokens kept for the forced final turn."})
-    min_episode_tokens: int = field(default=2048, metadata={"help": "Rows whose prompt leaves less than this of the "
-                                                                    "budget are dropped from training (counted)."})
-    column_descriptions: bool = field(default=False, metadata={"help": "Add BIRD column descriptions to "
-                                                                       "describe_table."})
-    system_prompt_file: str | None = field(default=None, metadata={"help": "Replace the system prompt with this "
-                                                                           "file's text."})
-    enable_thinking: bool = field(default=True, metadata={"help": "Render every prompt with enable_thinking=True "
-                                                                  "(Qwen3.5-2B ships the no-think template)."})
+    # ---- episode (t2s.env.episode.EpisodeConfig, whose defaults these are)
+    mode: str = field(
+        default=_EPISODE.mode,
+        metadata={"help": "full (CREATE TABLEs in the prompt) or withheld (schema discovered through tools)."},
+    )
+    dialect: str = field(default=_EPISODE.dialect, metadata={"help": "Tool dialect: exec_plan or sibling."})
+    tool_format: str = field(
+        default=_EPISODE.tool_format,
+        metadata={"help": "Call format: json (one JSON object per call) or native (the chat template's tool "
+                          "calling, tools=)."},
+    )
+    max_turns: int = field(
+        default=_EPISODE.max_turns,
+        metadata={"help": "Tool turns per episode before the forced final turn. Published: 6."},
+    )
+    max_calls_per_turn: int = field(
+        default=_EPISODE.max_calls_per_turn,
+        metadata={"help": "Tool calls run per turn; more get an error line."},
+    )
+    max_failed_queries: int = field(
+        default=_EPISODE.max_failed_queries,
+        metadata={"help": "Consecutive failed run_query calls that end the exploration."},
+    )
+    episode_tool_seconds: float = field(
+        default=_EPISODE.episode_tool_seconds,
+        metadata={"help": "Tool-time budget of one episode (seconds)."},
+    )
+    tool_timeout: float = field(default=_EPISODE.tool_timeout, metadata={"help": "Seconds one tool query may run."})
+    episode_token_budget: int = field(
+        default=_EPISODE.episode_token_budget,
+        metadata={"help": "Tokens of one whole episode, prompt included. Published: 12288."},
+    )
+    max_tokens_per_turn: int = field(
+        default=_EPISODE.max_tokens_per_turn,
+        metadata={"help": "Cap on one generation call."},
+    )
+    forced_turn_reserve: int = field(
+        default=_EPISODE.forced_turn_reserve,
+        metadata={"help": "Budget tokens kept for the forced final turn."},
+    )
+    min_episode_tokens: int = field(
+        default=_EPISODE.min_episode_tokens,
+        metadata={"help": "Rows whose prompt leaves less than this of the budget are dropped from training (counted)."},
+    )
+    column_descriptions: bool = field(
+        default=_EPISODE.column_descriptions,
+        metadata={"help": "Add BIRD column descriptions to describe_table."},
+    )
+    system_prompt_file: str | None = field(
+        default=_EPISODE.system_prompt_file,
+        metadata={"help": "Replace the system prompt with this file's text."},
+    )
+    enable_thinking: bool = field(
+        default=_EPISODE.enable_thinking,
+        metadata={"help": "Render every prompt with enable_thinking=True (Qwen3.5-2B ships the no-think template)."},
+    )
     # ---- rewards
     reward_names: list[str] = field(
         default_factory=lambda: ["dense"],
@@ -315,6 +349,9 @@ def validate_training_config(args, reward_names=None) -> None:
         tool_schemas.check_tool_format(args.tool_format)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    budget_problem = args.episode_config().budget_problem() if hasattr(args, "episode_config") else None
+    if budget_problem:
+        raise ConfigError(budget_problem)
     filters = _sampling_filters(args)
     if filters:
         raise ConfigError(

@@ -39,7 +39,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from t2s.backends.base import SamplingSettings, TurnOutput
-from t2s.env.episode import COUNTER_KEYS, Episode, EpisodeConfig
+from t2s.env.episode import Episode, EpisodeConfig
+from t2s.env.record import EpisodeRecord
 from t2s.env.native_reader import special_tokens_of
 from t2s.env.play import EnvTokenCounter, first_prompt_ids
 
@@ -82,7 +83,7 @@ class EpisodeTrace:
     completion_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
-    record: dict = field(default_factory=dict)
+    record: EpisodeRecord | None = None  # set when the episode finishes
     outcome: Any = None  # what the scorer returned (rewards.ExecutionOutcome by default), None when not scored
     assistant_texts: list[str] = field(default_factory=list)  # what Episode.step received, turn by turn
     env_texts: list[str] = field(default_factory=list)  # the decoded environment segments, in order
@@ -99,11 +100,11 @@ class EpisodeTrace:
             raise AssertionError(f"episode {self.index}: the trajectory does not end on <|im_end|>")
 
 
-def default_scorer(row: dict, record: dict):
+def default_scorer(row: dict, record: EpisodeRecord):
     """Execute the episode's final SQL against gold (``rewards.execute_final``)."""
     from t2s.scoring.rewards import execute_final
 
-    return execute_final(row, record["final_sql"], episode_write_attempt=record["counters"]["write_attempts"] > 0)
+    return execute_final(row, record.final_sql, episode_write_attempt=record.counters["write_attempts"] > 0)
 
 
 def outcome_dict(outcome) -> dict | None:
@@ -201,7 +202,7 @@ class _Run:
     def close(self) -> None:
         """End the episode (generation error or budget) and end the stream on ``<|im_end|>``."""
         if not self.episode.done:
-            self.episode.finish("generation_error" if self.trace.error else "stopped")
+            self.episode.finish("error" if self.trace.error else "stopped")
         ids = self.trace.completion_ids
         if not ids or ids[-1] != self.rollout.im_end_id:  # never an empty completion
             self._append_env([self.rollout.im_end_id])
@@ -231,7 +232,7 @@ class Rollout:
         episode_config: EpisodeConfig | None = None,
         *,
         sampling: SamplingSettings | None = None,
-        scorer: Callable[[dict, dict], Any] | None = None,
+        scorer: Callable[[dict, EpisodeRecord], Any] | None = None,
         score: bool = True,
         tool_workers: int | None = None,
         schedule: str | None = None,
@@ -273,15 +274,6 @@ class Rollout:
                 traces = _run_coroutine(self._run_async(rows, pool))
             else:
                 traces = self._run_turnsync(rows, pool)
-        for trace in traces:
-            trace.check(self.im_end_id)
-        return traces
-
-    async def arun(self, rows: Sequence[dict]) -> list[EpisodeTrace]:
-        """``run`` from inside a running event loop (async schedule)."""
-        self.clock = BusyClock()
-        with ThreadPoolExecutor(self.tool_workers, thread_name_prefix="t2s-tools") as pool:
-            traces = await self._run_async(list(rows), pool)
         for trace in traces:
             trace.check(self.im_end_id)
         return traces
@@ -389,12 +381,10 @@ def _run_coroutine(coroutine):
 
 
 def to_trl(traces: Sequence[EpisodeTrace], im_end_id: int | None = None) -> dict:
-    """The dict TRL's ``rollout_func`` returns: flat ids, flat float logprobs, ``env_mask`` and per-episode extras.
-
-    Extras (one entry per episode): ``record``, ``final_sql``, ``final_sql_source``, ``outcome`` (a dict, or None when
-    not scored), ``rollout_error``, ``num_model_tokens``, and every episode counter under its own name (``turns``,
-    ``calls``, ``tool_errors``, ``format_deviations``, ``write_attempts``, ``turn_cutoffs``, ``submitted``, ``forced``,
-    ``fallback_used``, ``truncated``).
+    """The dict TRL's ``rollout_func`` returns: the token stream (``prompt_ids``, ``completion_ids``, float
+    ``logprobs``, ``env_mask``) and, one per episode, only what the rewards and the trainer read: ``outcome`` (a dict,
+    or None when not scored) and ``final_sql_source`` for the rewards, ``record`` (the ``EpisodeRecord``) for the
+    trainer's episode metrics.
     """
     for trace in traces:
         trace.check(im_end_id)
@@ -404,14 +394,9 @@ def to_trl(traces: Sequence[EpisodeTrace], im_end_id: int | None = None) -> dict
         "logprobs": [[float(x) for x in t.logprobs] for t in traces],
         "env_mask": [list(t.env_mask) for t in traces],
         "record": [t.record for t in traces],
-        "final_sql": [t.record.get("final_sql") for t in traces],
-        "final_sql_source": [t.record.get("final_sql_source") for t in traces],
+        "final_sql_source": [t.record.final_sql_source for t in traces],
         "outcome": [outcome_dict(t.outcome) for t in traces],
-        "rollout_error": [t.error for t in traces],
-        "num_model_tokens": [sum(t.env_mask) for t in traces],
     }
-    for key in COUNTER_KEYS:
-        out[key] = [t.record.get("counters", {}).get(key) for t in traces]
     n = len(traces)
     assert all(len(v) == n for v in out.values()), "every rollout field has one entry per episode"
     for ids, lps, mask in zip(out["completion_ids"], out["logprobs"], out["env_mask"]):

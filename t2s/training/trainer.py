@@ -30,7 +30,8 @@ What the subclass changes, and where:
   attention kernels pick block sizes by sequence length. A batch that forms one group with nothing to cut runs TRL's
   pass itself.
 - **EOS**: generation stops on ``<|im_end|>`` and ``<|endoftext|>``; both are in ``trainer.eos_token_ids``.
-- **Step metrics** besides TRL's: episode counters (``EPISODE_METRICS``); ``sampling/logp_gap/{mean,max}``, the
+- **Step metrics** besides TRL's: episode counters (``EPISODE_METRICS``), each stop reason's share of the step's
+  episodes (``episodes/stop/<reason>``, with a warning when any ended before its first turn); ``sampling/logp_gap/{mean,max}``, the
   |log π_θ − log π_sampler| over model tokens in the loss's forward pass (≈ 0 when the sampler is the policy); and
   rank 0's time split in seconds (``TIME_METRICS``).
 """
@@ -48,6 +49,7 @@ import torch
 from trl import GRPOTrainer
 
 from t2s.backends.vllm_engine import checkpoint_dtype, vllm_environment
+from t2s.env.record import STOP_REASONS, no_turn_line
 from t2s.settings import match_umask
 from t2s.training.checkpoints import KL_STATE_FILE, restored_beta
 from t2s.training.configs import ConfigError
@@ -210,23 +212,31 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         return rollout.to_trl(traces)
 
     def _log_episodes(self, records) -> None:
-        """Per-step episode behaviour, summed over ranks (every rank runs this collective once per generation)."""
+        """Per-step episode behaviour, summed over ranks (every rank runs this collective once per generation): the
+        counters' ``EPISODE_METRICS``, and each stop reason's share (``episodes/stop/<reason>``). Episodes that ended
+        before their first turn are also named in one warning line."""
         if records is None:
             return
-        records = [json.loads(r) if isinstance(r, str) else r for r in records]
         counters = sorted({c for c, _ in EPISODE_METRICS.values()})
-        sums = [float(len(records))] + [float(sum(float(r.get("counters", {}).get(c, 0) or 0) for r in records))
-                                        for c in counters]
+        sums = ([float(len(records))] + [float(sum(float(r.counters.get(c) or 0) for r in records)) for c in counters]
+                + [float(sum(r.stop_reason == reason for r in records)) for reason in STOP_REASONS])
         totals = self.accelerator.reduce(torch.tensor(sums, device=self.accelerator.device), reduction="sum").tolist()
-        by_name = dict(zip(["episodes"] + counters, totals, strict=True))
+        by_name = dict(zip(["episodes", *counters, *STOP_REASONS], totals, strict=True))
         mode = "train" if self.model.training else "eval"
         for metric, (numerator, denominator) in EPISODE_METRICS.items():
             if by_name[denominator] > 0:
                 self._metrics[mode][metric].append(by_name[numerator] / by_name[denominator])
+        for reason in STOP_REASONS:
+            self._metrics[mode][f"episodes/stop/{reason}"].append(by_name[reason] / max(by_name["episodes"], 1))
+        if by_name["prompt_too_long"] and self.accelerator.is_main_process:
+            config = self.args.episode_config()
+            longest = max((r.prompt_tokens for r in records if r.played_no_turn), default=0)  # this rank's
+            log.warning(no_turn_line(int(by_name["prompt_too_long"]), int(by_name["episodes"]), longest,
+                                     config.episode_token_budget, config.min_episode_tokens))
         if self.log_completions:  # with the rewards' tier, f1, join and consensus: what `t2s show RUN` reads
-            self._log_completion_extra("episode", [json.dumps(r, default=str) for r in records])
-            self._log_completion_extra("turns", [int(r.get("counters", {}).get("turns") or 0) for r in records])
-            self._log_completion_extra("submitted", [bool(r.get("counters", {}).get("submitted")) for r in records])
+            self._log_completion_extra("episode", [json.dumps(r.to_json(), default=str) for r in records])
+            self._log_completion_extra("turns", [int(r.counters["turns"]) for r in records])
+            self._log_completion_extra("submitted", [bool(r.counters["submitted"]) for r in records])
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         started = time.perf_counter()

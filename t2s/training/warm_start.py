@@ -116,8 +116,8 @@ def example(trace, kind: str) -> dict:
         "input_ids": list(trace.prompt_ids) + list(trace.completion_ids),
         "completion_mask": [0] * len(trace.prompt_ids) + list(trace.env_mask),
         "kind": kind,
-        "question_id": str(trace.record.get("question_id")),
-        "format_deviations": int(trace.record["counters"]["format_deviations"]),
+        "question_id": str(trace.record.question_id),
+        "format_deviations": int(trace.record.counters["format_deviations"]),
     }
 
 
