@@ -207,7 +207,7 @@ def _play(row, config, texts, recorder=None):
         recorder.local.log = log = []
     episode = play(Episode(row, config), ReplayPolicy(texts))
     record = episode.record()
-    score = metrics.score_sql(episode.db, record["final_sql"], row["gold_sql"])
+    score = metrics.score_sql(episode.db, record.final_sql, row["gold_sql"])
     if recorder is not None:
         recorder.local.log = None
     return record, score, log
@@ -335,14 +335,14 @@ def run(args: argparse.Namespace) -> int:
             _, recorded, statements = _env_pass(env_pool, workers, refs, episodes, config, recorder)
         finally:
             recorder.uninstall()
-        expected = [(record["final_sql"], score) for record, score, _ in recorded]
+        expected = [(record.final_sql, score) for record, score, _ in recorded]
         repeats = args.repeats or REPEATS
         with Progress(TextColumn("bench env"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
             task = progress.add_task("passes", total=repeats)
             for _ in range(repeats):  # interleaved, so both sides see the same machine load
                 seconds, results, _ = _env_pass(env_pool, workers, refs, episodes, config)
-                outcomes = [(record["final_sql"], score) for record, score, _ in results]
+                outcomes = [(record.final_sql, score) for record, score, _ in results]
                 drift = max(drift, sum(a != b for a, b in zip(outcomes, expected)))
                 env_times.append(seconds)
                 raw_times.append(_raw_pass(raw_pool, workers, refs, statements))
