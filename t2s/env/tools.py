@@ -85,7 +85,7 @@ def _suggest(kind: str, name, options: list[str]) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # Argument checking
 
-_STR, _INT = "text", "integer"
+_STR = "text"  # a text argument's type in an argument spec (t2s.env.tool_schemas.argument_spec)
 
 
 class ArgumentError(Exception):
