@@ -23,11 +23,12 @@ MAX_MODEL_LEN ?= 16384
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
-.PHONY: install install-gpu install-vllm install-postgres install-chromium test demo train serve data bench-env bench-rollout eval-sibling clean help
+.PHONY: install install-gpu install-vllm install-postgres install-chromium test lint demo train serve data bench-env bench-rollout eval-sibling clean help
 
 help:
 	@echo "make demo      a tiny model learns on data/demo (CPU): warm start, GRPO steps, eval"
-	@echo "make test      run the test suite (offline, CPU)"
+	@echo "make test      the linter, then the test suite (offline, CPU)"
+	@echo "make lint      the linter alone (ruff)"
 	@echo "make install-postgres   Debian's PostgreSQL server, for the PostgreSQL engine tests (as root)"
 	@echo "make install-chromium   Debian's headless Chromium, for the report.html and compare.html browser tests (as root)"
 	@echo "make train RECIPE=bird [ACCELERATE=multi_gpu] [NUM_GPUS=3]"
@@ -82,7 +83,12 @@ endif
 test demo: export HF_HUB_OFFLINE := 1
 
 test: install install-vllm
+	$(PY) -m ruff check
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The linter alone (ruff; its settings are in pyproject.toml).
+lint: install
+	$(PY) -m ruff check
 
 demo: install
 	$(PY) -m t2s demo
