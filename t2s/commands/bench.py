@@ -13,8 +13,10 @@ from t2s.ui.args import add_hidden_alias, non_empty_path, positive_int
 def env_arguments(parser: argparse.ArgumentParser) -> None:
     from t2s.bench.env import MIN_REPEATS, REPEAT_SECONDS, REPEATS, SEED
 
-    parser.add_argument("--data", required=True, type=non_empty_path, help="a BIRD/Spider-style JSON file, e.g. dev.json")
-    parser.add_argument("--db-root", type=non_empty_path, default=None, help="folder with one sub-folder per db_id (default: beside --data)")
+    parser.add_argument("--data", required=True, type=non_empty_path,
+                        help="a BIRD/Spider-style JSON file, e.g. dev.json")
+    parser.add_argument("--db-root", type=non_empty_path, default=None,
+                        help="folder with one sub-folder per db_id (default: beside --data)")
     parser.add_argument("--workers", type=positive_int, default=None, help="worker threads (default: the core count)")
     parser.add_argument("--repeats", type=positive_int, default=None,
                         help=f"timed repetitions, each on fresh connections and a cold gold cache; the best is "
@@ -25,7 +27,8 @@ def env_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def rollout_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--n", dest="episodes", type=int, default=144, help="episodes (groups of 8 rollouts per question)")
+    parser.add_argument("--n", dest="episodes", type=int, default=144,
+                        help="episodes (groups of 8 rollouts per question)")
     add_hidden_alias(parser, "--n", "--episodes", type=int)
     parser.add_argument("--seed", type=int, default=0, help="seed of the questions and the turn lengths")
     parser.add_argument("--data", default=None, help="a BIRD-style JSON file (default: data/demo/dev.json)")

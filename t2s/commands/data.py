@@ -44,31 +44,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
 
     def data_args(p, output_help: str) -> None:
-        p.add_argument("--data", required=True, type=non_empty_path, help="data file (BIRD/Spider/SynSQL JSON, or SQaLe queries)")
+        p.add_argument("--data", required=True, type=non_empty_path,
+                       help="data file (BIRD/Spider/SynSQL JSON, or SQaLe queries)")
         p.add_argument("--kind", choices=KIND_CHOICES, default="auto", help="data kind (default: detect from the JSON)")
-        p.add_argument("--db-root", type=non_empty_path, default=None, help="folder of <db_id>/<db_id>.sqlite (default: beside the data)")
+        p.add_argument("--db-root", type=non_empty_path, default=None,
+                       help="folder of <db_id>/<db_id>.sqlite (default: beside the data)")
         p.add_argument("--schemas", default=None, help="SQaLe schema table (parquet/JSONL file or Hub id)")
-        p.add_argument("--n", dest="limit", type=positive_int, default=None, help="only the first N rows (default: all)")
+        p.add_argument("--n", dest="limit", type=positive_int, default=None,
+                       help="only the first N rows (default: all)")
         add_hidden_alias(p, "--n", "--limit", type=positive_int)
         p.add_argument("--output", type=non_empty_path, default=None, help=output_help)
 
-    p = sub.add_parser("prepare", help="where to download BIRD/Spider and the folder layout, then check what is present")
-    p.add_argument("--data-dir", type=non_empty_path, default=None, help="folder to search (default: T2S_DATA_DIR and data/)")
+    p = sub.add_parser("prepare",
+                       help="where to download BIRD/Spider and the folder layout, then check what is present")
+    p.add_argument("--data-dir", type=non_empty_path, default=None,
+                   help="folder to search (default: T2S_DATA_DIR and data/)")
     p.add_argument("--workers", type=positive_int, default=4, help="parallel database checks")
 
     p = sub.add_parser("check", help="run every gold SQL: ok / error / timeout / empty per database (cached)")
     data_args(p, "folder for check.jsonl, the per-row outcomes (default: print only)")
     p.add_argument("--workers", type=positive_int, default=4, help="parallel queries (default: 4)")
-    p.add_argument("--timeout", type=positive_float, default=None, help="seconds per gold SQL (default: the scoring cap)")
+    p.add_argument("--timeout", type=positive_float, default=None,
+                   help="seconds per gold SQL (default: the scoring cap)")
     p.add_argument("--no-cache", action="store_true", help="ignore and do not write the result cache")
 
     p = sub.add_parser("difficulty", help="estimate difficulty from the gold SQL; report figures where labels exist")
     p.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider/SynSQL JSON (databases not needed)")
     p.add_argument("--output", type=non_empty_path, default=None,
                    help="folder for difficulty.json, the rows with `difficulty_estimated` (default: print only)")
-    p.add_argument("--folds", type=non_negative_int, default=5, help="k for the cross-validated refit on this file's labels (0: off)")
-    p.add_argument("--model", type=non_empty_path, default=None, help="a model JSON written by --save-model (default: the built-in one)")
-    p.add_argument("--save-model", type=non_empty_path, default=None, help="fit on this file's labels and save the model JSON here")
+    p.add_argument("--folds", type=non_negative_int, default=5,
+                   help="k for the cross-validated refit on this file's labels (0: off)")
+    p.add_argument("--model", type=non_empty_path, default=None,
+                   help="a model JSON written by --save-model (default: the built-in one)")
+    p.add_argument("--save-model", type=non_empty_path, default=None,
+                   help="fit on this file's labels and save the model JSON here")
     p.add_argument("--keep-target", type=unit_float, default=KEEP_TARGET,
                    help=f"share of simple+moderate the threshold keeps when fitting (default: {KEEP_TARGET})")
 
@@ -78,14 +87,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="gold, scripted-mix (scripted, CPU), model, endpoint or vllm: played as `eval` plays them")
     p.add_argument("--k", type=positive_int, default=8, help="samples per question (default: 8)")
     p.add_argument("--min-solved", type=non_negative_int, default=1, help="keep questions solved at least this often")
-    p.add_argument("--max-solved", type=non_negative_int, default=None, help="keep questions solved at most this often (default: k-1)")
+    p.add_argument("--max-solved", type=non_negative_int, default=None,
+                   help="keep questions solved at most this often (default: k-1)")
     add_policy_arguments(p)
 
     p = sub.add_parser("convert", help="copy the SQLite databases to DuckDB files or PostgreSQL databases, transpile "
                        "and check every gold SQL (OUT/dev.json, OUT/convert_report.json)")
     p.add_argument("--engine", required=True, choices=("duckdb", "postgres"), help="the engine to convert to")
-    p.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider-style JSON data file (or its folder)")
-    p.add_argument("--db-root", type=non_empty_path, default=None, help="folder of <db_id>/<db_id>.sqlite (default: beside the data)")
+    p.add_argument("--data", required=True, type=non_empty_path,
+                   help="BIRD/Spider-style JSON data file (or its folder)")
+    p.add_argument("--db-root", type=non_empty_path, default=None,
+                   help="folder of <db_id>/<db_id>.sqlite (default: beside the data)")
     p.add_argument("--output", required=True, type=non_empty_path,
                    help="folder for dev.json, convert_report.json and (duckdb) dev_databases/<db_id>/<db_id>.duckdb")
     p.add_argument("--dsn", default=os.environ.get("T2S_DSN"),
@@ -221,7 +233,8 @@ def _check(args) -> int:
         extra_key = file_checksum(schemas) if schemas and schemas.is_file() else str(args.schemas)
     check_and_report(
         rows, console=console, data_file=data_file, db_root=rows.db_root, workers=args.workers, timeout=args.timeout,
-        use_cache=not args.no_cache, output=output_file(args, OUTPUT_FILES["check"]), title=f"gold SQL check: {args.data}", extra_key=extra_key,
+        use_cache=not args.no_cache, output=output_file(args, OUTPUT_FILES["check"]),
+        title=f"gold SQL check: {args.data}", extra_key=extra_key,
     )
     return 0
 
@@ -292,7 +305,8 @@ def _difficulty(args) -> int:
     for position, record in enumerate(records):
         sql = difficulty._sql_of(record)
         if not sql.strip():
-            raise data_rows.DataError(f"Error: {data_file}: row {position} (0-based) has no SQL (`SQL`, `query` or `sql`)")
+            raise data_rows.DataError(
+                f"Error: {data_file}: row {position} (0-based) has no SQL (`SQL`, `query` or `sql`)")
         rows.append({"gold_sql": sql, "evidence": record.get("evidence") or record.get("external_knowledge") or "",
                      "difficulty": loaders.synsql_difficulty(record.get("sql_complexity"))
                      or data_rows._difficulty(record.get("difficulty"))})
@@ -343,7 +357,8 @@ def print_figures(console, figures: dict, title: str) -> None:
 
     print_table(console, table)
     console.print(f"accuracy {pct(figures['accuracy'])} | simple+moderate kept by the filter "
-                  f"{pct(figures['kept_simple_moderate'])} | challenging excluded {pct(figures['excluded_challenging'])}")
+                  f"{pct(figures['kept_simple_moderate'])} | "
+                  f"challenging excluded {pct(figures['excluded_challenging'])}")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -31,7 +31,8 @@ EVAL_OPTIONS = {"mode": ["withheld"], "max_turns": 1, "max_tokens_per_turn": 128
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=DEMO_STEPS, help=f"GRPO steps (default: {DEMO_STEPS})")
     parser.add_argument("--output", default="runs/demo", help="output folder (default: runs/demo)")
-    parser.add_argument("--n", dest="eval_n", type=int, default=8, help="questions the trained model is evaluated on (default: 8)")
+    parser.add_argument("--n", dest="eval_n", type=int, default=8,
+                        help="questions the trained model is evaluated on (default: 8)")
     add_hidden_alias(parser, "--n", "--eval-n", type=int)
     parser.add_argument("--model", default=None,
                         help="model folder to start GRPO from (default: the cached warm start, trained when absent)")
@@ -82,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def warm_start_key() -> str:
-    """A hash of what the warm start depends on: its recipes and prompt, the demo data, the t2s sources, the libraries."""
+    """A hash of what the warm start depends on: its recipes and prompt, the demo data, the t2s sources, the
+    libraries."""
     import hashlib
     from importlib.metadata import version
 

@@ -10,7 +10,8 @@ from t2s.ui.args import add_hidden_alias, non_empty_path, positive_int
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider-style JSON data file (or its folder)")
+    parser.add_argument("--data", required=True, type=non_empty_path,
+                        help="BIRD/Spider-style JSON data file (or its folder)")
     parser.add_argument("--predictions", required=True, type=non_empty_path,
                         help="BIRD predict_dev.json, or JSONL of {\"question_id\": ..., \"sql\": ...}")
     parser.add_argument("--db-root", type=non_empty_path, default=None,
@@ -18,14 +19,17 @@ def add_arguments(parser) -> None:
     from t2s.evaluation.options import add_engine_arguments
 
     add_engine_arguments(parser)
-    parser.add_argument("--output", required=True, type=non_empty_path, help="folder for scores.jsonl, summary.json and problems.json")
-    parser.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1), help="parallel scoring threads")
+    parser.add_argument("--output", required=True, type=non_empty_path,
+                        help="folder for scores.jsonl, summary.json and problems.json")
+    parser.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1),
+                        help="parallel scoring threads")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     add_hidden_alias(parser, "--quiet", "--no-progress", action="store_true")
 
 
 def run(args) -> int:
-    """Bad input raises (PredictionsError, DataError, OSError): ``t2s.commands.main`` reports it as one ``Error:`` line."""
+    """Bad input raises (PredictionsError, DataError, OSError): ``t2s.commands.main`` reports it as one ``Error:``
+    line."""
     import logging
 
     from t2s.evaluation.score import score_files, score_table, score_warnings
@@ -43,6 +47,6 @@ def run(args) -> int:
     print_table(console, score_table(summary, result["lines"]))
     for warning in score_warnings(summary, problem_report, result["lines"]):
         console.print(f"Warning: {warning}", style="yellow", markup=False, highlight=False)
-    console.print(f"missing {summary['missing']}, errors {summary['errors']}; wrote {Path(args.output) / 'scores.jsonl'}"
-                  f" and {Path(args.output) / 'summary.json'}")
+    console.print(f"missing {summary['missing']}, errors {summary['errors']}; "
+                  f"wrote {Path(args.output) / 'scores.jsonl'} and {Path(args.output) / 'summary.json'}")
     return 0

@@ -54,11 +54,14 @@ def add_endpoint_arguments(p) -> None:
                    help="completions: token ids on a vLLM server (comparable); chat: any server (not comparable); "
                    "tools: any server's function calling (native format, not comparable)")
     p.add_argument("--served-model", default=None, help="model name on the server (default: the first of /v1/models)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer folder or hub id (default: --model, else the served name)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default: $OPENAI_API_KEY)")
+    p.add_argument("--tokenizer", default=None,
+                   help="tokenizer folder or hub id (default: --model, else the served name)")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                   help="bearer token (default: $OPENAI_API_KEY)")
     p.add_argument("--retries", type=non_negative_int, default=3, help="endpoint retries, with exponential backoff")
     p.add_argument("--backoff", type=non_negative_float, default=2.0, help="first endpoint retry delay in seconds")
-    p.add_argument("--request-timeout", type=positive_float, default=600.0, help="seconds before one request is abandoned")
+    p.add_argument("--request-timeout", type=positive_float, default=600.0,
+                   help="seconds before one request is abandoned")
     p.add_argument("--concurrency", type=positive_int, default=64, help="endpoint requests in flight")
 
 
@@ -86,7 +89,8 @@ def add_episode_arguments(p) -> None:
     defaults = EpisodeConfig()
     for name, kind, help_text in EPISODE_LIMITS:
         default = getattr(defaults, name)
-        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default, help=f"{help_text} (default: {default})")
+        p.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
+                       help=f"{help_text} (default: {default})")
 
 
 def episode_config(args, mode: str):
@@ -115,13 +119,18 @@ def add_policy_arguments(p) -> None:
     add_sampling_arguments(p)
     add_episode_arguments(p)
     add_tool_arguments(p)
-    p.add_argument("--system-prompt-file", type=non_empty_path, default=None, help="replace the exec_plan system prompt with this file's text")
-    p.add_argument("--model", default=None, help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
+    p.add_argument("--system-prompt-file", type=non_empty_path, default=None,
+                   help="replace the exec_plan system prompt with this file's text")
+    p.add_argument("--model", default=None,
+                   help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
     add_endpoint_arguments(p)
-    p.add_argument("--batch-size", type=non_negative_int, default=0, help="episodes per rollout batch (default: 64, 256 for endpoints)")
+    p.add_argument("--batch-size", type=non_negative_int, default=0,
+                   help="episodes per rollout batch (default: 64, 256 for endpoints)")
     p.add_argument("--device", default=None, help="policy model: cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--dtype", default=None, help="weights' dtype for vLLM (policy vllm; default: the checkpoint config's, else auto)")
-    p.add_argument("--gpu-memory-utilization", type=unit_float, default=0.85, help="share of GPU memory vLLM may take (policy vllm)")
+    p.add_argument("--dtype", default=None,
+                   help="weights' dtype for vLLM (policy vllm; default: the checkpoint config's, else auto)")
+    p.add_argument("--gpu-memory-utilization", type=unit_float, default=0.85,
+                   help="share of GPU memory vLLM may take (policy vllm)")
     p.add_argument("--workers", type=positive_int, default=4, help="threads for scripted episodes and scoring")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_hidden_alias(p, "--quiet", "--no-progress", action="store_true")
@@ -165,14 +174,16 @@ def add_eval_arguments(parser) -> None:
     """Every option of ``eval``: the questions, modes, samples and output, then the policy's options."""
     p = parser
     p.add_argument("--policy", required=True, choices=POLICIES, help="who plays: " + ", ".join(POLICIES))
-    p.add_argument("--data", required=True, type=non_empty_path, help="BIRD/Spider-style JSON (or a folder holding dev.json)")
+    p.add_argument("--data", required=True, type=non_empty_path,
+                   help="BIRD/Spider-style JSON (or a folder holding dev.json)")
     p.add_argument("--db-root", type=non_empty_path, default=None,
                    help="folder of per-db_id folders (default: beside the data file)")
     add_engine_arguments(p)
     p.add_argument("--mode", nargs="+", default=["full"], choices=MODES, help="one or more of full, withheld, single")
     p.add_argument("--n", type=non_negative_int, default=0, help="questions to evaluate, picked with --seed (0 = all)")
     p.add_argument("--k", type=positive_int, default=1, help="samples per question (k > 1 adds vote_at_k)")
-    p.add_argument("--output", required=True, type=non_empty_path, help="output folder (re-running the same command resumes it)")
+    p.add_argument("--output", required=True, type=non_empty_path,
+                   help="output folder (re-running the same command resumes it)")
     p.add_argument("--skip-missing-dbs", action="store_true",
                    help="skip (and count) questions whose database is missing or cannot be read")
     p.add_argument("--predictions", type=non_empty_path, default=None, help="predictions file (policy predictions)")
