@@ -119,12 +119,12 @@ def test_the_sibling_in_native_calls_plays_the_same_workload(bird_superhero_dir)
     turns = workload_turns(row, schema, "sibling", "native")
     episode = play(Episode(row, EpisodeConfig(dialect="sibling", tool_format="native")), ScriptPolicy(turns))
     record = episode.record()
-    assert [c["tool"] for t in record["turns"] for c in t["calls"]] == [
+    assert [c["tool"] for t in record.turns for c in t["calls"]] == [
         "inspect_schema", "inspect_schema", "inspect_schema", "sample_rows", "run_sql", "run_sql", "run_sql", "run_sql",
         "submit"]
-    assert record["counters"]["tool_errors"] == 0 and record["counters"]["format_deviations"] == 0
-    assert record["final_sql"] == row["gold_sql"] and record["final_sql_source"] == "submitted"
-    distinct = record["turns"][0]["calls"][4]["args"]["sql"]
+    assert record.counters["tool_errors"] == 0 and record.counters["format_deviations"] == 0
+    assert record.final_sql == row["gold_sql"] and record.final_sql_source == "submitted"
+    distinct = record.turns[0]["calls"][4]["args"]["sql"]
     assert "GROUP BY" in distinct and distinct.endswith("LIMIT 21")
 
 
