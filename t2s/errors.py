@@ -1,8 +1,8 @@
 """The project's user-facing failures, and how ``python -m t2s`` turns any of them into one ``Error:`` line.
 
-Commands raise :class:`T2SError` (or a subclass) for bad input they can name. ``t2s.commands.main`` also maps the failures no
-command should let through as a traceback: ``OSError`` (a missing, read-only or full disk; an output path that is a
-file), ``UnicodeDecodeError`` and YAML syntax errors. Each becomes one line on stderr and exit status 1
+Commands raise :class:`T2SError` (or a subclass) for bad input they can name. ``t2s.commands.main`` also maps the
+failures no command should let through as a traceback: ``OSError`` (a missing, read-only or full disk; an output path
+that is a file), ``UnicodeDecodeError`` and YAML syntax errors. Each becomes one line on stderr and exit status 1
 (2 for a :class:`UsageError`).
 """
 

@@ -19,14 +19,18 @@ from t2s.errors import UsageError, error_line, user_facing
 
 # name -> (module, one-line help). Only commands whose module exists are offered.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("t2s.commands.demo", "CPU: warm-start a tiny model on data/demo, run GRPO steps whose reward rises, evaluate it"),
+    "demo": ("t2s.commands.demo",
+             "CPU: warm-start a tiny model on data/demo, run GRPO steps whose reward rises, evaluate it"),
     "train": ("t2s.commands.train", "GRPO training from a recipe YAML (launch with accelerate for several GPUs)"),
-    "sft": ("t2s.commands.sft", "supervised warm start on trajectories the environment plays (gold or recorded episodes)"),
+    "sft": ("t2s.commands.sft",
+            "supervised warm start on trajectories the environment plays (gold or recorded episodes)"),
     "eval": ("t2s.commands.eval", "agentic evaluation of a model, endpoint, scripted policy or predictions file"),
     "score": ("t2s.commands.score", "score a predictions file with official EX, strict EX and Soft-F1"),
     "compare": ("t2s.commands.compare", "paired comparison of two runs: McNemar and bootstrap CI"),
-    "show": ("t2s.commands.show", "read a run's episodes in the terminal: an eval folder, a pair of runs, a training run"),
-    "ask": ("t2s.commands.ask", "one agentic episode against a SQLite or DuckDB file or a PostgreSQL database, read-only"),
+    "show": ("t2s.commands.show",
+             "read a run's episodes in the terminal: an eval folder, a pair of runs, a training run"),
+    "ask": ("t2s.commands.ask",
+            "one agentic episode against a SQLite or DuckDB file or a PostgreSQL database, read-only"),
     "export": ("t2s.commands.export", "write a vLLM-loadable model folder from a checkpoint"),
     "data": ("t2s.commands.data", "prepare, check, estimate difficulty, pass-rate filter"),
     "bench": ("t2s.commands.bench",

@@ -1,8 +1,9 @@
 """`python -m t2s show RUN [RUN_B]`: read the episodes of a run in a terminal.
 
 RUN is an eval folder (every mode, or ``--mode``), one of its mode folders, an episodes file, or a training run's
-output_dir (the episodes it logged with ``log_completions: true``, ``t2s.evaluation.run_folders.read_training_episodes``). With RUN_B the two runs are paired on
-question_id (sample 0) and only the questions that flipped are listed: ``only_a`` (A right, B wrong) and ``only_b``.
+output_dir (the episodes it logged with ``log_completions: true``,
+``t2s.evaluation.run_folders.read_training_episodes``). With RUN_B the two runs are paired on question_id (sample 0)
+and only the questions that flipped are listed: ``only_a`` (A right, B wrong) and ``only_b``.
 
 Without ``--id`` the matching episodes are listed one a line, in data order (mode by mode, then question id, then
 sample), ``--n N`` of them at most; with ``--id`` (or when one episode matches) its transcript is printed
@@ -65,7 +66,8 @@ def run(args) -> int:
             only_a = sum(label == "only_a" for label, _, _ in pairs)
             shown = pairs[: args.n] if args.n else pairs
             print_pairs(console, shown, f"flipped between A = {args.run} and B = {args.run_b}: only_a {only_a}, "
-                        f"only_b {len(pairs) - only_a}" + (f" (the first {len(shown)})" if len(shown) < len(pairs) else ""))
+                        f"only_b {len(pairs) - only_a}"
+                        + (f" (the first {len(shown)})" if len(shown) < len(pairs) else ""))
         return 0
     chosen = select(lines, **filters)
     if not chosen:

@@ -199,7 +199,7 @@ def cycling_rows(seed: int = CYCLING_SEED) -> dict[str, list[tuple]]:
     for club_id, (name, city, founded, fee) in enumerate(CLUBS, start=1):
         rows["clubs"].append((club_id, name, city, founded, fee))
 
-    names = [(f, l) for f in FIRST_NAMES for l in LAST_NAMES]
+    names = [(first, last) for first in FIRST_NAMES for last in LAST_NAMES]
     rng.shuffle(names)
     members = []
     for member_id, (first, last) in enumerate(names[:320], start=1):
@@ -598,7 +598,7 @@ def library_rows(seed: int = LIBRARY_SEED) -> dict[str, list[tuple]]:
     rows: dict[str, list[tuple]] = {t.name: [] for t in LIBRARY_TABLES}
     rows["branches"] = [(i, *branch) for i, branch in enumerate(BRANCHES, start=1)]
 
-    author_names = [f"{f} {l}" for f in AUTHOR_FIRST for l in AUTHOR_LAST]
+    author_names = [f"{first} {last}" for first in AUTHOR_FIRST for last in AUTHOR_LAST]
     rng.shuffle(author_names)
     for author_id, name in enumerate(author_names[:60], start=1):
         birth = rng.randint(1920, 1995) if rng.random() > 0.1 else None
@@ -614,7 +614,7 @@ def library_rows(seed: int = LIBRARY_SEED) -> dict[str, list[tuple]]:
         price = round(rng.uniform(6, 32), 0) - 0.01
         rows["books"].append((book_id, title, rng.randint(1, 60), genre, rng.randint(1950, 2021), pages, price))
 
-    patron_names = [(f, l) for f in PATRON_FIRST for l in PATRON_LAST]
+    patron_names = [(first, last) for first in PATRON_FIRST for last in PATRON_LAST]
     rng.shuffle(patron_names)
     for patron_id, (first, last) in enumerate(patron_names[:260], start=1):
         tier = rng.choices(["standard", "student", "senior"], weights=[60, 22, 18])[0]

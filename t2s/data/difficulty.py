@@ -5,8 +5,8 @@ functions, CAST and arithmetic, nesting depth, ORDER BY/LIMIT, length) plus the 
 multinomial logistic regression (pure numpy) turns them into probabilities of simple / moderate / challenging,
 calibrated on BIRD mini-dev's 500 labels. The recipe's filter keeps simple + moderate: a row is estimated
 ``challenging`` when its probability of being challenging exceeds a threshold tuned, under cross-validation, to keep
-``KEEP_TARGET`` (93%) of the simple and moderate questions. The fitted coefficients live in ``MODEL`` below, so estimation needs
-no data; ``calibrate`` refits them and reports k-fold figures (never in-sample).
+``KEEP_TARGET`` (93%) of the simple and moderate questions. The fitted coefficients live in ``MODEL`` below, so
+estimation needs no data; ``calibrate`` refits them and reports k-fold figures (never in-sample).
 
 This filter is the project's own estimate: how the published recipe picked simple + moderate is unknown.
 """
@@ -103,7 +103,8 @@ def sql_features(sql: str, evidence: str = "") -> dict[str, float]:
     feats["casts"] = count(exp.Cast, exp.TryCast)
     feats["arithmetic"] = count(exp.Add, exp.Sub, exp.Mul, exp.Div, exp.Mod)
     feats["divisions"] = count(exp.Div)
-    feats["conditions"] = count(exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like, exp.In, exp.Between, exp.Is)
+    feats["conditions"] = count(exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE, exp.Like, exp.In, exp.Between,
+                                exp.Is)
     feats["group_by"] = count(exp.Group)
     feats["having"] = count(exp.Having)
     feats["order_by"] = count(exp.Order)
@@ -257,7 +258,8 @@ def _threshold_for_keep(p_challenging: Sequence[float], labels: Sequence[str], k
 
 
 def filter_figures(true: Sequence[str], predicted: Sequence[str]) -> dict:
-    """Confusion matrix, accuracy, and the filter's kept share of simple + moderate and excluded share of challenging."""
+    """Confusion matrix, accuracy, and the filter's kept share of simple + moderate and excluded share of
+    challenging."""
     matrix = {t: {p: 0 for p in CLASSES} for t in CLASSES}
     for t, p in zip(true, predicted):
         if t in CLASSES and p in CLASSES:
@@ -277,7 +279,8 @@ def filter_figures(true: Sequence[str], predicted: Sequence[str]) -> dict:
     }
 
 
-def cross_validate(vectors, labels, *, folds: int = 5, keep_target: float = KEEP_TARGET, seed: int = 0, **fit_opts) -> dict:
+def cross_validate(vectors, labels, *, folds: int = 5, keep_target: float = KEEP_TARGET, seed: int = 0,
+                   **fit_opts) -> dict:
     """k-fold figures: each fold's threshold is tuned on its training part only, then applied to the held-out part."""
     import numpy as np
 

@@ -196,7 +196,8 @@ class SourceTable:
 
 def read_source(conn: sqlite3.Connection) -> list[SourceTable]:
     names = [row[0] for row in conn.execute(
-        "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY rowid")]
+        "SELECT name FROM sqlite_master WHERE type = 'table' "
+        "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY rowid")]
     return [SourceTable(conn, name) for name in names]
 
 

@@ -59,7 +59,8 @@ def cache_key(
             json.dumps([[r["question_id"], r.get("db_path"), r.get("schema_id"), r["gold_sql"]] for r in rows])
             .encode("utf-8", "surrogatepass")
         ).hexdigest()
-    limits = [getattr(databases, name, None) for name in ("SCORING_MIN_TIMEOUT", "SCORING_GOLD_FACTOR", "SCORING_MAX_TIMEOUT")]
+    limits = [getattr(databases, name, None)
+              for name in ("SCORING_MIN_TIMEOUT", "SCORING_GOLD_FACTOR", "SCORING_MAX_TIMEOUT")]
     payload = json.dumps(
         [CACHE_VERSION, data, str(Path(db_root).resolve()) if db_root else None, _database_stamp(rows), limits, extra]
     )

@@ -15,7 +15,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from t2s.data.rows import DataError, RowList, _bird_difficulty, _pick, _require, make_row, read_records, refuse_duplicate_ids
+from t2s.data.rows import (
+    DataError, RowList, _bird_difficulty, _pick, _require, make_row, read_records, refuse_duplicate_ids,
+)
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +292,8 @@ def with_engine(rows: RowList, engine: str, dsn: str | None, require_databases: 
     else:
         raise DataError(f"Error: unknown engine {engine!r}; expected sqlite, duckdb or postgres")
     result = RowList(rows, missing, where, rows.repeated_ids)
-    if missing and (require_databases or len(missing) == len({r["db_id"] for r in rows})) and require_databases is not False:
+    if (missing and (require_databases or len(missing) == len({r["db_id"] for r in rows}))
+            and require_databases is not False):
         raise DataError(f"Error: {len(missing)} {engine} database(s) missing from {where}: "
                         f"{', '.join(sorted(missing)[:5])} (run `python -m t2s data convert --engine {engine}` first)")
     return result

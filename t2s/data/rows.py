@@ -55,7 +55,8 @@ class RowList(list):
         if self.db_root is None:  # row payloads: those questions were left out
             return (f"{self.missing_questions} questions left out, their schemas absent from the schema table "
                     f"or impossible to build: {names}")
-        return f"{self.missing_questions} of {len(self)} questions point at databases missing under {self.db_root}: {names}"
+        return (f"{self.missing_questions} of {len(self)} questions point at databases missing under "
+                f"{self.db_root}: {names}")
 
 
 def make_row(

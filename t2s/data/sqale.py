@@ -120,7 +120,8 @@ def parse_payload(content: Any, where: str) -> dict[str, list[dict]]:
         try:
             content = json.loads(content)
         except json.JSONDecodeError as exc:
-            raise DataError(f"Error: {where}: the row payload is not valid JSON: {exc.msg} (column {exc.colno})") from None
+            raise DataError(
+                f"Error: {where}: the row payload is not valid JSON: {exc.msg} (column {exc.colno})") from None
     if not isinstance(content, dict):
         raise DataError(f"Error: {where}: the row payload is {type(content).__name__}, expected a table -> rows map")
     payload = {}

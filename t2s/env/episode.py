@@ -69,7 +69,8 @@ class Episode:
                  special_tokens: tuple[str, ...] = native_reader.CHATML_SPECIAL_TOKENS):
         """``env_tokens(observation) -> int`` counts the environment suffix that will carry an observation (the
         rollout passes the exact count from the tokenizer); without it, a conservative estimate from its length.
-        ``special_tokens``: the tokenizer's, which a native turn's reader drops (``native_reader.special_tokens_of``)."""
+        ``special_tokens``: the tokenizer's, which a native turn's reader drops
+        (``native_reader.special_tokens_of``)."""
         self.row = row
         self.env_tokens = env_tokens
         self.special_tokens = special_tokens
@@ -156,7 +157,8 @@ class Episode:
 
     # -- turns ------------------------------------------------------------------------------------------------------
 
-    def step(self, text: str, *, n_tokens: int = 0, cut_off: bool = False, parsed: ParsedTurn | None = None) -> str | None:
+    def step(self, text: str, *, n_tokens: int = 0, cut_off: bool = False,
+             parsed: ParsedTurn | None = None) -> str | None:
         """One assistant turn; returns the next observation, or None when the episode is over. Never raises: a turn
         the environment fails on counts as a tool error, and the episode goes on.
 

@@ -57,13 +57,15 @@ def _value_text(value) -> str:
 
 def render_call(name: str, args: dict | None = None) -> str:
     """One call in the native format, exactly as Qwen3.5's chat template renders an assistant ``tool_calls`` entry."""
-    params = "".join(f"{PARAMETER_OPEN}{key}>\n{_value_text(value)}\n{PARAMETER_CLOSE}\n" for key, value in (args or {}).items())
+    params = "".join(f"{PARAMETER_OPEN}{key}>\n{_value_text(value)}\n{PARAMETER_CLOSE}\n"
+                     for key, value in (args or {}).items())
     return f"{TOOL_CALL_OPEN}\n{FUNCTION_OPEN}{name}>\n{params}{FUNCTION_CLOSE}\n{TOOL_CALL_CLOSE}"
 
 
 def no_call_error(submit_tool: str) -> str:
     """The error a turn without any call gets (the call syntax is the template's or the server's to show)."""
-    return f"Error: no tool call found. After your thinking, call one of the tools; {submit_tool} with your final SQL ends the episode."
+    return ("Error: no tool call found. After your thinking, call one of the tools; "
+            f"{submit_tool} with your final SQL ends the episode.")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -84,7 +86,8 @@ def observation(results: list, notes: list[str], tail: str, n_calls: int) -> Obs
         content = results[index].text.strip() if index < len(results) else NOT_RUN
         content = cap_text(content, max(room, MIN_RESULT_CHARS))
         room -= len(content)
-        messages.append({"role": "tool", "name": results[index].tool if index < len(results) else "", "content": content})
+        messages.append({"role": "tool", "name": results[index].tool if index < len(results) else "",
+                         "content": content})
     note = "\n\n".join([*notes, tail]).strip()
     messages.append({"role": "user", "content": note})
     text = protocol.render_observation([*results, *(("", line) for line in notes)], tail)

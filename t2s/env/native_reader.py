@@ -156,10 +156,11 @@ def _tag_at(text: str, at: int, closing: bool) -> int:
 
 
 def _parameters(body: str) -> tuple[dict[str, str], bool, bool]:
-    """(the parameters, whether text stood outside them, whether a value was cut off) of a function body, read as vLLM's Qwen3 argument converter
-    reads it: ``<parameter=NAME>`` (spaces allowed around ``parameter`` and ``=``; the name runs to the next ``>``)
-    opens a value that ends at ``</parameter>`` or where the next parameter opens; a value that never ends drops its
-    parameter. One leading and one trailing line break of a value are the template's and removed; the rest is kept."""
+    """(the parameters, whether text stood outside them, whether a value was cut off) of a function body, read as
+    vLLM's Qwen3 argument converter reads it: ``<parameter=NAME>`` (spaces allowed around ``parameter`` and ``=``;
+    the name runs to the next ``>``) opens a value that ends at ``</parameter>`` or where the next parameter opens;
+    a value that never ends drops its parameter. One leading and one trailing line break of a value are the
+    template's and removed; the rest is kept."""
     params: dict[str, str] = {}
     stray = False
     pos = 0

@@ -18,7 +18,8 @@ from t2s.env.databases import DatabaseRef, quote_identifier, read_catalog, tool_
 
 @functools.lru_cache(maxsize=4096)
 def one_line_ddl(sql: str) -> str:
-    """Collapse whitespace runs to one space outside quoted strings and identifiers; ``--`` comments become ``/* */``."""
+    """Collapse whitespace runs to one space outside quoted strings and identifiers; ``--`` comments become
+    ``/* */``."""
     out: list[str] = []
     i, n = 0, len(sql)
     closing = {"'": "'", '"': '"', "`": "`", "[": "]"}
@@ -103,7 +104,8 @@ class Schema:
                 src_col = _match_column(columns[name], src_col)
                 if dst_col is None:  # references the parent's primary key implicitly
                     parent_pk = primary_keys.get(parent_name, [])
-                    dst_col = parent_pk[seq] if seq < len(parent_pk) else ("rowid" if parent_name in columns else src_col)
+                    dst_col = (parent_pk[seq] if seq < len(parent_pk)
+                               else ("rowid" if parent_name in columns else src_col))
                 else:
                     dst_col = _match_column(columns.get(parent_name, []), dst_col)
                 fks.append((name, src_col, parent_name, dst_col))

@@ -75,14 +75,15 @@ class Tool:
 _TABLE = Param("table_name", "string", "The table's name, as the database spells it.")
 _SQL = Param("sql", "string", "One SQLite SELECT statement.")
 _SAMPLE_LIMIT = Param("limit", "integer", "How many rows to show.", required=False, default=5, maximum=20)
-_SAMPLE_ROWS = Tool("sample_rows", "Show some rows of a table, pipe-separated, with a header.", "some rows of the table",
-                    (_TABLE, _SAMPLE_LIMIT))
+_SAMPLE_ROWS = Tool("sample_rows", "Show some rows of a table, pipe-separated, with a header.",
+                    "some rows of the table", (_TABLE, _SAMPLE_LIMIT))
 _SUBMIT = "submits your final query and ends the episode"
 
 TOOLS: dict[str, tuple[Tool, ...]] = {
     "exec_plan": (
         Tool("list_tables", "List the names of the database's tables.", "the names of the tables"),
-        Tool("describe_table", "Show a table's CREATE TABLE statement.", "the table's CREATE TABLE statement", (_TABLE,)),
+        Tool("describe_table", "Show a table's CREATE TABLE statement.", "the table's CREATE TABLE statement",
+             (_TABLE,)),
         Tool("foreign_keys", "Show the foreign keys from and to a table, one a.col -> b.col per line.",
              "the foreign keys from and to the table, as a.col -> b.col", (_TABLE,)),
         Tool("join_path", "Show the join conditions that link two tables through foreign keys.",
