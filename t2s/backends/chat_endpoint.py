@@ -82,7 +82,8 @@ class ChatEndpointClient:
         body.update(self.extra_body)
         return body
 
-    def complete(self, messages: list[dict], max_tokens: int, sampling: SamplingSettings, seed=None) -> tuple[str, str, dict]:
+    def complete(self, messages: list[dict], max_tokens: int, sampling: SamplingSettings,
+                 seed=None) -> tuple[str, str, dict]:
         """(assistant text as the model produced it after the generation prompt, finish reason, usage)."""
         message, finish, usage = self.complete_message(messages, max_tokens, sampling, seed)
         return assistant_text(message, self.enable_thinking), finish, usage

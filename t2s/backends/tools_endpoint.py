@@ -57,7 +57,8 @@ def read_message(message: dict, enable_thinking: bool = True) -> tuple[ParsedTur
         calls.append(ToolCall(name.strip(), args))
         call_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else f"call_{index}"
         history.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
-        shown.append(f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n</tool_call>")
+        shown.append(
+            f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments}, ensure_ascii=False)}\n</tool_call>")
     if shown:
         text = text + ("\n\n" if text.strip() else "") + "\n".join(shown)
     kinds = list(dict.fromkeys(kinds))

@@ -95,7 +95,8 @@ class SimulatedEngine:
                 self._chains.setdefault(first, []).append(chain)
                 return chain
             for chain in self._chains.get(first, ()):
-                if chain.first_output and tuple(prompt[length : length + len(chain.first_output)]) == chain.first_output:
+                if (chain.first_output
+                        and tuple(prompt[length : length + len(chain.first_output)]) == chain.first_output):
                     return chain
         raise RuntimeError("the simulated engine got a prompt that belongs to no planned episode")
 
@@ -139,7 +140,8 @@ class SimulatedEngine:
         spec = self.spec
         while True:
             self._pending.sort(key=lambda r: r.arrival)
-            while self._pending and self._pending[0].arrival <= self.now + 1e-12 and len(self._running) < spec.max_num_seqs:
+            while (self._pending and self._pending[0].arrival <= self.now + 1e-12
+                   and len(self._running) < spec.max_num_seqs):
                 self._running.append(self._pending.pop(0))
             arrived_waiting = sum(1 for r in self._pending if r.arrival <= self.now + 1e-12)
             self.stats.max_waiting = max(self.stats.max_waiting, arrived_waiting)

@@ -1,9 +1,9 @@
 """Pass-rate filter (the sibling recipe): keep the questions a policy solves 1 to k-1 times out of k.
 
-The episodes are the evaluator's: ``t2s.evaluation.runner.solve_counts`` plays k samples per row with any ``eval`` policy
-(``model``, ``endpoint``, ``vllm``, ``gold``) or with a scripted policy factory, and scores each final SQL with the
-official metric, exactly as ``eval`` does. ``scripted-mix`` is a scripted policy with a known spread of solve counts,
-a CPU check of the whole filter.
+The episodes are the evaluator's: ``t2s.evaluation.runner.solve_counts`` plays k samples per row with any ``eval``
+policy (``model``, ``endpoint``, ``vllm``, ``gold``) or with a scripted policy factory, and scores each final SQL with
+the official metric, exactly as ``eval`` does. ``scripted-mix`` is a scripted policy with a known spread of solve
+counts, a CPU check of the whole filter.
 """
 
 from __future__ import annotations
@@ -81,7 +81,8 @@ def policy_counts(rows: Sequence[dict], args) -> list[int]:
 
 
 def keep_partially_solved(rows: Sequence[dict], counts: Sequence[int], k: int, low: int = 1, high: int | None = None):
-    """Rows solved between ``low`` and ``high`` (default k-1) times, each with ``passrate_solved`` and ``passrate_k``."""
+    """Rows solved between ``low`` and ``high`` (default k-1) times, each with ``passrate_solved`` and
+    ``passrate_k``."""
     high = k - 1 if high is None else high
     kept = []
     for row, solved in zip(rows, counts):

@@ -27,7 +27,9 @@ class Progress:
             self.total, self.label, self.done = total, label, len(done_lines)
             self._lines = {"start": time.monotonic(), "last": time.monotonic(), "first_done": self.done}
             return
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+        )
 
         self._progress = RichProgress(
             TextColumn("{task.description}", style="bold", markup=False), BarColumn(), MofNCompleteColumn(),

@@ -48,8 +48,8 @@ def score_final_sql(row: dict, record) -> dict:
 
 
 def eval_line(row: dict, record, scores: dict, sample: int) -> dict:
-    """The eval line: the episode record (``EpisodeRecord.to_json``) plus question, evidence, gold_sql, sample, difficulty, official, strict,
-    soft_f1, executes, error and the result previews.
+    """The eval line: the episode record (``EpisodeRecord.to_json``) plus question, evidence, gold_sql, sample,
+    difficulty, official, strict, soft_f1, executes, error and the result previews.
 
     When the gold SQL fails the question cannot be scored: official, strict, soft_f1 and executes are null and
     ``gold_error`` says why (the summary leaves such lines out of its averages and counts them).

@@ -220,7 +220,8 @@ def summary_markdown(summary: dict, title: str | None = None) -> str:
             lines.append(f"| {name} | {summary[key]} |")
     per = summary.get("per_difficulty") or {}
     if per:
-        lines += ["", "| difficulty | n | official EX | strict EX | Soft-F1 | submit rate |", "|---|---|---|---|---|---|"]
+        lines += ["", "| difficulty | n | official EX | strict EX | Soft-F1 | submit rate |",
+                  "|---|---|---|---|---|---|"]
         for difficulty, block in per.items():
             lines.append(
                 f"| {difficulty} | {block['n']} | {block['execution_accuracy_official']:.3f} | {block['strict']:.3f} "
@@ -343,9 +344,11 @@ def plot_summaries(summaries: dict[str, dict], path) -> None:
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(groups))]
         bars = ax.bar(xs, values, width=width * 0.95, label=mode)
         for bar, value in zip(bars, values):
-            ax.annotate(f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom", fontsize=7)
+            ax.annotate(f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom",
+                        fontsize=7)
     counts = [
-        (next(iter(summaries.values())) if g == "all" else next(iter(summaries.values())).get("per_difficulty", {}).get(g, {})).get("n", 0)
+        (next(iter(summaries.values())) if g == "all"
+         else next(iter(summaries.values())).get("per_difficulty", {}).get(g, {})).get("n", 0)
         for g in groups
     ]
     ax.set_xticks(range(len(groups)), [f"{g}\n(n={n})" for g, n in zip(groups, counts)])

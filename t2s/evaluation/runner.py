@@ -235,8 +235,8 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, selected: lis
     elif system_prompt is None:
         from t2s.env.protocol import default_system_prompt
 
-        system_prompt = default_system_prompt(getattr(args, "dialect", "exec_plan"), getattr(args, "tool_format", "json"),
-                                              getattr(args, "engine", "sqlite"))
+        system_prompt = default_system_prompt(getattr(args, "dialect", "exec_plan"),
+                                              getattr(args, "tool_format", "json"), getattr(args, "engine", "sqlite"))
     config = {
         "policy": args.policy,
         "mode": mode,
@@ -284,7 +284,8 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, selected: lis
 
 
 def evaluate(args) -> dict[str, dict]:
-    """Run every requested mode into ``args.output`` (layout: ``t2s.evaluation.run_folders``); returns {mode: summary}."""
+    """Run every requested mode into ``args.output`` (layout: ``t2s.evaluation.run_folders``); returns
+    {mode: summary}."""
     from t2s.evaluation.report import print_summaries, write_reports
     from t2s.ui.console import console
     from t2s.evaluation.run_folders import check_eval_layout, earlier_summaries

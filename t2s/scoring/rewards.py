@@ -434,7 +434,8 @@ def sibling(prompts, completions, completion_ids=None, **kwargs) -> list[float]:
     """TRL reward function: the sibling recipe's reward (1.0 / 0.1 / 0.0, -1.0 for any write attempt).
 
     Reads the per-episode extra ``outcome`` (``dataclasses.asdict(ExecutionOutcome)``), whose ``write_attempt`` covers
-    the final SQL and every earlier SQL of the episode. Logs ``rewards/sibling/write_attempt_rate`` when ``log_metric`` is given.
+    the final SQL and every earlier SQL of the episode. Logs ``rewards/sibling/write_attempt_rate`` when ``log_metric``
+    is given.
     """
     outcomes = [ExecutionOutcome.from_any(o) for o in kwargs["outcome"]]
     rewards = sibling_rewards(outcomes)

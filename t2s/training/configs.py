@@ -58,14 +58,15 @@ class T2SScriptArguments:
     )
     engine: str = field(
         default="sqlite",
-        metadata={"help": "The databases' engine: sqlite (the files as shipped), duckdb (<db_root>/<db_id>/<db_id>.duckdb, "
+        metadata={"help": "The databases' engine: sqlite (the files as shipped), "
+                  "duckdb (<db_root>/<db_id>/<db_id>.duckdb, "
                   "as `t2s data convert --engine duckdb` writes them) or postgres (one database per db_id on the "
                   "server at `dsn`). The prompts name the engine's SQL dialect."},
     )
     dsn: str | None = field(
         default=None,
-        metadata={"help": "engine postgres: the server's URL, e.g. postgresql://reader@host/postgres (keep passwords in "
-                  "PGPASSWORD or ~/.pgpass). Default: $T2S_DSN."},
+        metadata={"help": "engine postgres: the server's URL, e.g. postgresql://reader@host/postgres "
+                  "(keep passwords in PGPASSWORD or ~/.pgpass). Default: $T2S_DSN."},
     )
     sqale_schemas: str | None = field(
         default=None,
@@ -102,8 +103,8 @@ class T2SScriptArguments:
     )
     build_tiny_model: bool = field(
         default=False,
-        metadata={"help": "Build the tiny offline Qwen3.5 (t2s.training.tiny_model) at model_name_or_path when it is absent. "
-                  "For the smoke recipe and the CPU demo only."},
+        metadata={"help": "Build the tiny offline Qwen3.5 (t2s.training.tiny_model) at model_name_or_path "
+                  "when it is absent. For the smoke recipe and the CPU demo only."},
     )
 
 
@@ -113,8 +114,8 @@ class T2SGRPOConfig(GRPOConfig):
 
     Defaults that differ from TRL's are the recipe's: ``scale_rewards="none"``, ``epsilon_high=0.28``,
     ``importance_sampling_level="sequence"``, ``use_bias_correction_kl=False``, ``beta=0.01``.
-    ``loss_type`` stays ``"grpo"``: :class:`t2s.training.trainer.Text2SQLGRPOTrainer` replaces TRL's loss with DESIGN §8's, and
-    start-up rejects TRL loss settings it would ignore.
+    ``loss_type`` stays ``"grpo"``: :class:`t2s.training.trainer.Text2SQLGRPOTrainer` replaces TRL's loss with
+    DESIGN §8's, and start-up rejects TRL loss settings it would ignore.
     """
 
     # ---- loss
@@ -238,7 +239,8 @@ class T2SGRPOConfig(GRPOConfig):
     )
     fallback_reward_scale: float = field(
         default=1.0,
-        metadata={"help": "Multiplies the dense reward of episodes whose final SQL came from the fallback. Our choice."},
+        metadata={"help": "Multiplies the dense reward of episodes whose final SQL came from the fallback. "
+                  "Our choice."},
     )
 
     # ---- TRL defaults the recipe changes
@@ -252,7 +254,8 @@ class T2SGRPOConfig(GRPOConfig):
                                                             "aggregation with sum over tokens / loss_norm_constant."})
     num_completions_to_print: int | None = field(
         default=0, metadata={"help": "Completions TRL prints to the console at each log (0: none; with "
-                             "log_completions they are written to <output_dir>/completions and `t2s show` reads them)."})
+                             "log_completions they are written to <output_dir>/completions "
+                             "and `t2s show` reads them)."})
 
     def __post_init__(self) -> None:
         check_groups_per_rank(self)

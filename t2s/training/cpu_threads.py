@@ -31,7 +31,8 @@ def usable_cores() -> int:
 
 
 def torch_threads() -> int:
-    """The intra-op thread count for a CPU run: ``T2S_TORCH_THREADS``, else ``OMP_NUM_THREADS``, else the usable cores."""
+    """The intra-op thread count for a CPU run: ``T2S_TORCH_THREADS``, else ``OMP_NUM_THREADS``, else the usable
+    cores."""
     for name in ("T2S_TORCH_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(name, "").strip()
         if value.isdigit() and int(value) > 0:

@@ -34,7 +34,8 @@ def warm_start(output_dir: Path, seed: int, overrides: tuple[str, ...] = (), rep
     trainer, counts = build_sft_trainer(sft_args, config, model_args, callbacks=callbacks)
     if report:
         report(f"warm start: {counts['examples']} examples from {counts['questions']} questions (gold "
-               f"{counts.get('gold', 0)}, near misses {counts.get('near_misses', 0)}); SFT for {config.max_steps} steps")
+               f"{counts.get('gold', 0)}, near misses {counts.get('near_misses', 0)}); "
+               f"SFT for {config.max_steps} steps")
     _quiet(trainer)
     fit(trainer, counts)
     del trainer

@@ -28,7 +28,8 @@ STEP_COLUMNS = (  # (log key, column title, format)
 
 
 def step_printer(console):
-    """A TrainerCallback that prints each step's reward components, episode rates, KL, beta and time split as it ends."""
+    """A TrainerCallback that prints each step's reward components, episode rates, KL, beta and time split as it
+    ends."""
     from rich.text import Text
     from transformers import TrainerCallback
 

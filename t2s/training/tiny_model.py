@@ -35,7 +35,8 @@ PRESETS = {
 _CORPUS_SQL = [
     "SELECT COUNT(*) FROM orders WHERE status = 'shipped';",
     "SELECT name, city FROM customers ORDER BY name LIMIT 5;",
-    "SELECT T1.name, SUM(T2.amount) FROM customers AS T1 INNER JOIN orders AS T2 ON T1.id = T2.customer_id GROUP BY T1.name;",
+    "SELECT T1.name, SUM(T2.amount) FROM customers AS T1 INNER JOIN orders AS T2 ON T1.id = T2.customer_id "
+    "GROUP BY T1.name;",
     "SELECT DISTINCT category FROM products WHERE price > 10.5;",
     "SELECT AVG(rating) FROM reviews WHERE product_id IN (SELECT id FROM products WHERE category = 'books');",
     "SELECT strftime('%Y', order_date) AS year, COUNT(*) FROM orders GROUP BY year HAVING COUNT(*) > 3;",
@@ -78,8 +79,8 @@ def chat_template_path() -> Path:
 
 
 def demo_corpus() -> list[str]:
-    """The demo's prompt texts and gold SQL: its system prompt, then per ``data/demo`` question (written by this project)
-    the withheld-mode user message (question, evidence, the note on the schema) and the SQL."""
+    """The demo's prompt texts and gold SQL: its system prompt, then per ``data/demo`` question (written by this
+    project) the withheld-mode user message (question, evidence, the note on the schema) and the SQL."""
     from t2s.env.protocol import user_prompt
     from t2s.settings import DEMO_DIR, RECIPES_DIR
 
