@@ -33,7 +33,8 @@ def test_workload_is_the_pinned_sequence(bird_superhero_dir):
     from_table = re.search(r"\bFROM\s+(\w+)", row["gold_sql"], re.I).group(1)
     assert first.lower() == from_table.lower()  # the first table the gold SQL reads: its FROM, not the schema's first
     assert calls[3]["args"] == {"table_name": first, "limit": 5}
-    assert calls[4]["args"]["limit"] == 20 and "TEXT" in schema.column_types(first)[calls[4]["args"]["column_name"]].upper()
+    assert calls[4]["args"]["limit"] == 20
+    assert "TEXT" in schema.column_types(first)[calls[4]["args"]["column_name"]].upper()
     assert calls[5]["args"]["sql"].startswith("SELECT COUNT(*) FROM ")
     assert calls[6]["args"]["sql"].endswith(" LIMIT 5")
     assert calls[7]["args"]["sql"] == calls[8]["args"]["sql"] == row["gold_sql"]

@@ -392,9 +392,11 @@ def test_a_threads_connections_are_closed_when_the_thread_ends(tmp_path):
     try:
         for _ in range(3):
             with ThreadPoolExecutor(4) as pool:
-                done = list(pool.map(lambda i: (run_tool_query(ref, f"SELECT trim(b) FROM t WHERE a = {i}", max_rows=5).rows,
-                                                run_scoring_query(ref, "SELECT count(*) FROM t", timeout=5).rows),
-                                     range(16)))
+                def one(i):
+                    return (run_tool_query(ref, f"SELECT trim(b) FROM t WHERE a = {i}", max_rows=5).rows,
+                            run_scoring_query(ref, "SELECT count(*) FROM t", timeout=5).rows)
+
+                done = list(pool.map(one, range(16)))
             assert done[3] == ([("v3",)], [(10,)])
             assert _open_files(path) == 0
     finally:
@@ -402,7 +404,8 @@ def test_a_threads_connections_are_closed_when_the_thread_ends(tmp_path):
             gc.enable()
 
 
-@pytest.mark.parametrize("ddl", ["", "   -- nothing here\n", "CREATE TABLE t (a INTEGR PRIMARY KEY KEY); NOT SQL AT ALL;"])
+@pytest.mark.parametrize("ddl", ["", "   -- nothing here\n",
+                                 "CREATE TABLE t (a INTEGR PRIMARY KEY KEY); NOT SQL AT ALL;"])
 def test_a_payload_without_tables_loads_as_an_empty_database(ddl):
     image, counts = build_payload_image(ddl, {"t": [{"a": 1}]})
     assert counts["ddl_ok"] == 0 and counts["tables_skipped"] == 1
@@ -486,7 +489,8 @@ def test_a_watchdog_interrupt_never_reaches_a_later_statement(tmp_path, monkeypa
         time.sleep(0.002)  # between the watchdog's claim and the interrupt, the worker thread runs on
         sqlite3.Connection.interrupt(self)
 
-    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, watchdog_poll=0.0))  # the watchdog scans without pause
+    # the watchdog scans without pause
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, watchdog_poll=0.0))
     monkeypatch.setattr(databases.SandboxConnection, "interrupt", slow_interrupt)
     queries = [f"SELECT count(*) FROM t a, t b WHERE a.a < {n}" for n in (1, 3, 10, 30)]  # from µs to ms
     interrupted = 0

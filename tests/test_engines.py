@@ -76,7 +76,8 @@ def test_schema_tools_read_each_engines_catalog(request, engine, demo_dir):
     sqlite_box = Toolbox(databases.benchmark_db(demo_dir / "dev_databases/cycling_club/cycling_club.sqlite"))
     box = Toolbox(ref)
     tables = box.call("list_tables", {}).text.splitlines()
-    assert sorted(t.lower() for t in tables) == sorted(t.lower() for t in sqlite_box.call("list_tables", {}).text.splitlines())
+    sqlite_tables = sqlite_box.call("list_tables", {}).text.splitlines()
+    assert sorted(t.lower() for t in tables) == sorted(t.lower() for t in sqlite_tables)
     ddl = box.call("describe_table", {"table_name": "rides"}).text
     assert ddl.startswith(("CREATE TABLE rides", 'CREATE TABLE "rides"')) and "PRIMARY KEY" in ddl
     assert "FOREIGN KEY" in ddl
@@ -91,7 +92,8 @@ def test_schema_tools_read_each_engines_catalog(request, engine, demo_dir):
     unknown = box.call("describe_table", {"table_name": 'x"; DROP TABLE clubs; --'})
     assert unknown.error and unknown.text.startswith("Error: no table")
     same = "SELECT COUNT(*), SUM(founded_year), AVG(founded_year) FROM clubs"
-    assert box.call("run_query", {"sql": same}).text.splitlines()[1:] == sqlite_box.call("run_query", {"sql": same}).text.splitlines()[1:]  # header names differ per engine
+    answer = box.call("run_query", {"sql": same}).text.splitlines()
+    assert answer[1:] == sqlite_box.call("run_query", {"sql": same}).text.splitlines()[1:]  # headers differ per engine
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -321,7 +323,8 @@ def test_converted_questions_keep_the_source_ids_after_a_drop(tmp_path, demo_dir
     report = convert(data, "duckdb", tmp_path / "out")
     assert report["kept"] == 3 and report["dropped_questions"][0]["position"] == 1
     source = {r["question_id"]: r["question"] for r in load_json_rows(data)}
-    converted = {r["question_id"]: r["question"] for r in load_json_rows(tmp_path / "out" / "dev.json", engine="duckdb")}
+    out_rows = load_json_rows(tmp_path / "out" / "dev.json", engine="duckdb")
+    converted = {r["question_id"]: r["question"] for r in out_rows}
     assert len(converted) == 3 and all(source[qid] == question for qid, question in converted.items())
 
 

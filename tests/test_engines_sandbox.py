@@ -158,7 +158,8 @@ def test_duckdb_attacks_change_nothing_and_create_no_file(duckdb_target, tmp_pat
     (tmp_path / "in.csv").write_text("club_id,club_name\n999,x\n")
     results = _attack(ref, DUCKDB_ATTACKS, tmp_path)
     writes = {sql for sql, result in results if result.write_attempt}
-    assert {"INSERT INTO clubs (club_id, club_name) VALUES (999, 'x')", "DELETE FROM clubs", "DROP TABLE rides"} <= writes
+    expected = {"INSERT INTO clubs (club_id, club_name) VALUES (999, 'x')", "DELETE FROM clubs", "DROP TABLE rides"}
+    assert expected <= writes
     assert databases.run_tool_query(ref, "SELECT count(*) FROM clubs", max_rows=1).rows == [(6,)]
     _runaways(ref, RUNAWAYS)
     databases.close_thread_connections()

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from t2s.bench.sandbox import BLOWUPS, DEADLINE_SECONDS, build_attack_db, may_succeed
-from t2s.env import databases
 from t2s.env.databases.limits import LIMITS
 from t2s.env.databases import (
     benchmark_db,
@@ -178,7 +177,8 @@ def test_refusals_say_what_was_refused(db):
 def test_pragma_assignment_cannot_change_later_results(db):
     ref = benchmark_db(db)
     like_before = run_tool_query(ref, "SELECT count(*) FROM t WHERE b LIKE 'ROW1%'", max_rows=5).rows
-    for pragma in ("PRAGMA case_sensitive_like = ON", "PRAGMA query_only = OFF", "PRAGMA reverse_unordered_selects = ON"):
+    pragmas = ("PRAGMA case_sensitive_like = ON", "PRAGMA query_only = OFF", "PRAGMA reverse_unordered_selects = ON")
+    for pragma in pragmas:
         assert run_tool_query(ref, pragma, max_rows=5).write_attempt
     assert run_tool_query(ref, "SELECT count(*) FROM t WHERE b LIKE 'ROW1%'", max_rows=5).rows == like_before
     after = run_tool_query(ref, "INSERT INTO t VALUES (9999, 'x')", max_rows=5)
@@ -284,8 +284,8 @@ ROW_BOUND_ATTACKS = [
     "SELECT " + ", ".join(["instr(hex(zeroblob(49000)), hex(zeroblob(24000)) || 'x')"] * 120),
     "SELECT " + ", ".join(["instr(hex(zeroblob(499000)), 'x')"] * 1500),
     "SELECT " + ", ".join(["b LIKE '%' || hex(zeroblob(240)) || '1'"] * 100) + " FROM (SELECT hex(zeroblob(49000)) b)",
-    "SELECT " + ", ".join(["x"] * 100) + " FROM (SELECT instr(hex(zeroblob(49000 + a - a)), hex(zeroblob(20000)) || 'x')"
-    " AS x FROM t)",
+    "SELECT " + ", ".join(["x"] * 100)
+    + " FROM (SELECT instr(hex(zeroblob(49000 + a - a)), hex(zeroblob(20000)) || 'x') AS x FROM t)",
 ]
 
 
@@ -377,13 +377,15 @@ def test_real_superhero_file_unchanged_after_the_attack_suite(bird_superhero_dir
     before, listing = file_checksum(path), _listing(path.parent, tmp_path)
     for ref in (benchmark_db(path), user_db(path)):
         baseline = run_tool_query(ref, "SELECT count(*), sum(height_cm) FROM superhero", max_rows=5).rows
-        statements = [sql.replace(" t ", " superhero ").replace("TABLE t", "TABLE superhero") for sql in WRITES.values()]
+        statements = [sql.replace(" t ", " superhero ").replace("TABLE t", "TABLE superhero")
+                      for sql in WRITES.values()]
         statements += [sql.format(target=tmp_path / "copy.sqlite") for sql in FILE_WRITES.values()]
         statements += ["SELECT zeroblob(300000000)", "SELECT printf('%.*c', 999999999, 'x')", "DROP TABLE superhero"]
         for sql in statements:
             assert not run_tool_query(ref, sql, max_rows=5).ok, sql
             assert not run_scoring_query(ref, sql, timeout=2).ok, sql
-        result = run_tool_query(ref, "SELECT count(*) FROM superhero a, superhero b, superhero c", max_rows=5, timeout=0.5)
+        result = run_tool_query(ref, "SELECT count(*) FROM superhero a, superhero b, superhero c", max_rows=5,
+                                timeout=0.5)
         assert result.timed_out
         assert run_tool_query(ref, "SELECT count(*), sum(height_cm) FROM superhero", max_rows=5).rows == baseline
     assert file_checksum(path) == before

@@ -57,7 +57,8 @@ def test_foreign_keys_with_implicit_parent_key_and_other_case(tmp_path):
     assert schema.join_path("city", "City") == []
     assert schema.join_path("person", "island") is None
     assert schema.join_path("person", "nowhere") is None
-    assert schema.ddl("city").startswith('CREATE TABLE city ( id INTEGER PRIMARY KEY, "City Name" TEXT DEFAULT \'two  spaces\'')
+    assert schema.ddl("city").startswith(
+        'CREATE TABLE city ( id INTEGER PRIMARY KEY, "City Name" TEXT DEFAULT \'two  spaces\'')
     assert schema.columns("person") == ["id", "city_id", "order"]
     assert schema.column_types("city") == {"id": "INTEGER", "City Name": "TEXT", "country_code": "TEXT"}
     assert schema.resolve_table('"PERSON"') == "person" and schema.resolve_table('x"; DROP TABLE t; --') is None
@@ -72,7 +73,8 @@ def test_join_path_quotes_odd_identifiers(tmp_path):
     schema = get_schema(benchmark_db(_schema_db(tmp_path / "q.sqlite", script)))
     assert schema.join_path("c", "a b") == ['c."the id" = "a b".id']
     rows = run_tool_query(
-        benchmark_db(tmp_path / "q.sqlite"), 'SELECT count(*) FROM c JOIN "a b" ON ' + schema.join_path("c", "a b")[0], max_rows=5
+        benchmark_db(tmp_path / "q.sqlite"), 'SELECT count(*) FROM c JOIN "a b" ON ' + schema.join_path("c", "a b")[0],
+        max_rows=5,
     )
     assert rows.ok
 
@@ -143,7 +145,8 @@ def test_descriptions_read_tolerantly(tmp_path):
     folder.mkdir(parents=True)
     header = "original_column_name,column_name,column_description,data_format,value_description\r\n"
     (folder / "bom.csv").write_bytes(b"\xef\xbb\xbf" + (header + "id,identifier,the id,integer,\r\n").encode())
-    (folder / "cp.csv").write_bytes((header + 'name ,,caf\xe9 \x93quoted\x94 \x81,text,"multi\nline"\r\n').encode("latin-1"))
+    cp_row = 'name ,,caf\xe9 \x93quoted\x94 \x81,text,"multi\nline"\r\n'
+    (folder / "cp.csv").write_bytes((header + cp_row).encode("latin-1"))
     (folder / "binary.csv").write_bytes(b"\x00\xff\xfe\x00garbage\x00\r\n\x00")
     (folder / "empty.csv").write_bytes(b"")
     (folder / "short.csv").write_text("original_column_name\nonly\n")

@@ -114,7 +114,8 @@ def test_distinct_values_most_frequent_first(box):
     assert lines[-1] == "... (showing the 3 most frequent values; more exist)"
     default = box.call("distinct_values", {"table_name": "customers", "column_name": "city"})
     assert len(default.text.splitlines()) == 1 + 20 + 1
-    assert "None | 2" in box.call("distinct_values", {"table_name": "customers", "column_name": "city", "limit": 50}).text
+    cities = box.call("distinct_values", {"table_name": "customers", "column_name": "city", "limit": 50}).text
+    assert "None | 2" in cities
     capped = box.call("distinct_values", {"table_name": "customers", "column_name": "city", "limit": 999})
     assert "using 50" in capped.text
 
@@ -171,7 +172,8 @@ def test_bad_arguments_are_clear_errors(box, tool, args, fragment):
 
 def test_missing_database_is_an_error_not_an_exception(tmp_path):
     box = Toolbox(databases.user_db(tmp_path / "gone.sqlite"))
-    for tool, args in [("list_tables", {}), ("run_query", {"sql": "SELECT 1"}), ("describe_table", {"table_name": "t"})]:
+    calls = [("list_tables", {}), ("run_query", {"sql": "SELECT 1"}), ("describe_table", {"table_name": "t"})]
+    for tool, args in calls:
         result = box.call(tool, args)
         assert result.error and result.text.startswith("Error:")
     assert not (tmp_path / "gone.sqlite").exists()
@@ -248,7 +250,8 @@ def test_empty_database(tmp_path):
 def test_column_descriptions_with_bad_bytes(tmp_path):
     header = b"original_column_name,column_name,column_description,data_format,value_description\n"
     cases = [
-        (header + b"name,team name,the caf\xe9 team\x92s name,text,\n", "-- name: team name; the caf\xe9 team\u2019s name"),
+        (header + b"name,team name,the caf\xe9 team\x92s name,text,\n",
+         "-- name: team name; the caf\xe9 team\u2019s name"),
         (b"\xef\xbb\xbf" + header + "name,team name,caf\u00e9,text,\n".encode(), "-- name: team name; caf\u00e9"),
     ]
     for number, (content, expected) in enumerate(cases):
@@ -302,5 +305,6 @@ def test_format_row_cells():
     from t2s.env.tools import format_row
 
     assert format_row([1, 2.5, None, "Bob's"]) == "1 | 2.5 | None | Bob's"
-    assert format_row([b"\x00\x01\x02", bytearray(b"ab"), memoryview(b"xyz")]) == "<blob 3 bytes> | <blob 2 bytes> | <blob 3 bytes>"
+    blobs = [b"\x00\x01\x02", bytearray(b"ab"), memoryview(b"xyz")]
+    assert format_row(blobs) == "<blob 3 bytes> | <blob 2 bytes> | <blob 3 bytes>"
     assert format_row(["a\r\nb", "y" * 201]) == "a\\r\\nb | " + "y" * CELL_CHARS + "...[+1 chars]"

@@ -313,7 +313,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     unusable = database_problems(rows)
     if unusable:
-        consoles.print_line(f"Error: {len(unusable)} database(s) cannot be read: {problems_text(unusable)}", stderr=True)
+        consoles.print_line(f"Error: {len(unusable)} database(s) cannot be read: {problems_text(unusable)}",
+                            stderr=True)
         return 1
     chosen = random.Random(args.seed).sample(rows, min(QUESTIONS, len(rows)))
     refs = {databases.ref_from_row(r) for r in chosen}

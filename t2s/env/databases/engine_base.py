@@ -150,7 +150,8 @@ _RESERVED = frozenset(
     indexed initially inner insert instead intersect into is isnull join key left like limit match natural no not
     nothing notnull null of offset on or order outer over plan pragma primary query raise recursive references regexp
     reindex release rename replace restrict returning right rollback row rows savepoint select set table temp temporary
-    then to transaction trigger union unique update using vacuum values view virtual when where window with without""".split()
+    then to transaction trigger union unique update using vacuum values view virtual when where window with
+    without""".split()
 )
 
 

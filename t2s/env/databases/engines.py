@@ -61,7 +61,8 @@ def read_catalog(ref: DatabaseRef) -> Catalog:
     try:
         return conn.read_catalog()
     except Exception as exc:  # noqa: BLE001
-        raise DatabaseOpenError(f"Error: cannot read the catalog of {ref.db_id!r}: {' '.join(str(exc).split())}") from None
+        message = " ".join(str(exc).split())
+        raise DatabaseOpenError(f"Error: cannot read the catalog of {ref.db_id!r}: {message}") from None
 
 
 def server_hash(ref: DatabaseRef) -> str:

@@ -1,8 +1,8 @@
 """Running one statement on a sandboxed connection under a deadline: :func:`execute` and its tool/scoring forms.
 
 :func:`execute` never raises; every failure comes back as a :class:`QueryResult` whose ``error`` starts ``Error:``.
-Before a statement runs, the work of one of its rows is bounded (:mod:`t2s.env.databases.rowcost`). Invalid UTF-8 in text
-cells is decoded with replacement characters.
+Before a statement runs, the work of one of its rows is bounded (:mod:`t2s.env.databases.rowcost`). Invalid UTF-8 in
+text cells is decoded with replacement characters.
 """
 
 from __future__ import annotations

@@ -175,7 +175,9 @@ def unlocked_state(ref: DatabaseRef) -> tuple | None:
     """For a file read without locks that may change (a WAL file that is not an unchanging benchmark file): the size
     and modification time of it and its ``-wal``, to compare before each statement. None for any other file."""
     path = ref.path
-    if path is None or ref.engine != "sqlite" or (ref.immutable and not _wal_has_frames(path)) or not (_is_wal(path) or _wal_has_frames(path)):
+    if path is None or ref.engine != "sqlite" or (ref.immutable and not _wal_has_frames(path)):
+        return None
+    if not (_is_wal(path) or _wal_has_frames(path)):
         return None
     state = []
     for name in (path, path + _WAL_SUFFIX):

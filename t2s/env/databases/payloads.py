@@ -92,7 +92,9 @@ def build_payload_image(ddl, rows: dict | None) -> tuple[bytes, dict]:
                 counts["ddl_skipped"] += 1
         tables = {
             name.lower(): name
-            for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'"
+            )
         }
         conn.execute("BEGIN")
         for table_name, table_rows in (rows or {}).items():

@@ -24,8 +24,8 @@ from t2s.env.databases.engine_base import Catalog, EngineConnection, fetch_cappe
 from t2s.env.databases.results import QueryResult
 
 CONNECT_TIMEOUT = 5  # seconds
-# Read-only transactions, and no parallel plans, so that rows come in one order every time (strict EX). The guard refuses
-# SET and set_config, so a statement cannot change either.
+# Read-only transactions, and no parallel plans, so that rows come in one order every time (strict EX). The guard
+# refuses SET and set_config, so a statement cannot change either.
 _OPTIONS = ("-c default_transaction_read_only=on -c idle_in_transaction_session_timeout=60000 "
             "-c max_parallel_workers_per_gather=0")
 

@@ -2,8 +2,9 @@
 
 * **Limits.** ``SQLITE_LIMIT_ATTACHED`` is 0 and ``SQLITE_LIMIT_LENGTH`` about 1e6, so blob and string blow-ups fail at
   once; statements and LIKE/GLOB patterns are bounded too. ``printf``/``format`` are replaced by versions that refuse
-  huge widths and precisions, and ``trim``, ``instr`` and ``replace`` by linear ones (:mod:`t2s.env.databases.functions`),
-  which also stop a statement past its deadline (see :mod:`t2s.env.databases.rowcost`).
+  huge widths and precisions, and ``trim``, ``instr`` and ``replace`` by linear ones
+  (:mod:`t2s.env.databases.functions`), which also stop a statement past its deadline (see
+  :mod:`t2s.env.databases.rowcost`).
 * **Authorizer allowlist.** SELECT, READ, RECURSIVE, functions other than ``load_extension``/``fts3_tokenizer``,
   read-only introspection PRAGMAs, and the ``UPDATE sqlite_master`` that SQLite issues (with no trigger context) to
   build eponymous virtual tables such as ``json_each``. Everything else is denied, transactions included.
@@ -25,7 +26,9 @@ from t2s.env.databases.functions import (
 )
 
 _SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema"})
-_READ_ONLY_PRAGMAS = frozenset({"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"})
+_READ_ONLY_PRAGMAS = frozenset(
+    {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"}
+)
 _DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer"})
 
 # Authorizer action codes whose denial is a write attempt (PRAGMA and UPDATE are decided case by case).
