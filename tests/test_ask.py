@@ -45,7 +45,8 @@ def test_ask_json_on_a_replay_file(tmp_path, wal_db):
     path, _ = wal_db
     turns = write_turns(tmp_path / "turns.jsonl", [
         'I should list the tables.\n</think>\n\n{"tool": "list_tables", "args": {}}',
-        'Count the dogs.</think>{"tool": "run_query", "args": {"sql": "SELECT COUNT(*) FROM pets WHERE kind = \'dog\'"}}',
+        ('Count the dogs.</think>{"tool": "run_query", '
+         '"args": {"sql": "SELECT COUNT(*) FROM pets WHERE kind = \'dog\'"}}'),
         '</think>{"tool": "submit_sql", "args": {"sql": "SELECT COUNT(*) FROM pets WHERE kind = \'dog\'"}}',
     ])
     before = databases.file_checksum(path)
@@ -103,7 +104,8 @@ def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
 
 def test_ask_on_demo_database(demo_dir, tmp_path):
     db = demo_dir / "dev_databases" / "cycling_club" / "cycling_club.sqlite"
-    turns = write_turns(tmp_path / "t.jsonl", ['</think>{"tool": "submit_sql", "args": {"sql": "SELECT COUNT(*) FROM clubs"}}'])
+    turns = write_turns(tmp_path / "t.jsonl",
+                        ['</think>{"tool": "submit_sql", "args": {"sql": "SELECT COUNT(*) FROM clubs"}}'])
     out = ask("--db", db, "--replay", turns, "--json", "How many clubs?")
     record = json.loads(out.stdout)
     assert record["final_sql"] == "SELECT COUNT(*) FROM clubs" and record["counters"]["submitted"] is True

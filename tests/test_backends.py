@@ -30,7 +30,8 @@ def one_turn(backend, prompt, max_tokens=16, sampling=None):
 
 
 def test_stop_ids_are_im_end_then_endoftext(tiny_tokenizer, stops):
-    assert stops == [tiny_tokenizer.convert_tokens_to_ids("<|im_end|>"), tiny_tokenizer.convert_tokens_to_ids("<|endoftext|>")]
+    assert stops == [tiny_tokenizer.convert_tokens_to_ids("<|im_end|>"),
+                     tiny_tokenizer.convert_tokens_to_ids("<|endoftext|>")]
 
 
 def test_finish_turn_cuts_at_first_stop_or_limit():
@@ -237,7 +238,8 @@ def test_both_endpoint_clients_share_one_retry_policy(stops, mode):
     with FakeVLLMServer(fixed([9, stops[0]]), faults=["404", "500"]) as server:
         error, finish = turn(server, 5)
         assert len(server.requests) + len(server.chat_requests) == 1  # a 404 is not retried
-    assert finish in (None, "error") and error.startswith("Error: ") and "failed after 1 attempt(s): answered 404" in error
+    assert (finish in (None, "error") and error.startswith("Error: ")
+            and "failed after 1 attempt(s): answered 404" in error)
     with FakeVLLMServer(fixed([9, stops[0]]), faults=["429"] * 3) as server:
         error, _ = turn(server, 2)
     assert "failed after 3 attempt(s): answered 429" in error
@@ -266,7 +268,7 @@ def test_endpoint_clients_need_neither_aiohttp_nor_requests(stops, tmp_path):
         done = subprocess.run([sys.executable, str(script), server.base_url, str(stops[0])], capture_output=True,
                               text=True, timeout=100)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == [f"[9,", f"{stops[0]}]", "stop", "stop", "True"]
+    assert done.stdout.split() == ["[9,", f"{stops[0]}]", "stop", "stop", "True"]
 
 
 # ---------------------------------------------------------------------------------------------------- colocate
@@ -377,7 +379,8 @@ def test_hf_per_sequence_limits_and_logprobs_match_training(tiny_model, tiny_tok
                 assert out.token_ids[-1] in stops and out.stop_token_id == out.token_ids[-1]
                 assert not set(out.token_ids[:-1]) & set(stops)
             else:
-                assert out.finish_reason == "length" and len(out.token_ids) == limit and not set(out.token_ids) & set(stops)
+                assert (out.finish_reason == "length" and len(out.token_ids) == limit
+                        and not set(out.token_ids) & set(stops))
             ids = torch.tensor([prompt + out.token_ids])
             with torch.no_grad():
                 logits = tiny_model(ids).logits[0, len(prompt) - 1 : -1].float()

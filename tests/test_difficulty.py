@@ -1,4 +1,5 @@
-"""Difficulty estimation: parser features, cross-validated filter figures on BIRD mini-dev, the `data difficulty` command."""
+"""Difficulty estimation: parser features, cross-validated filter figures on BIRD mini-dev, the `data difficulty`
+command."""
 
 from __future__ import annotations
 
@@ -114,7 +115,8 @@ def test_data_difficulty_rejects_rows_without_sql(tmp_path, capsys):
 
 def test_save_and_reuse_a_model(bird_minidev_file, tmp_path, capsys):
     saved = tmp_path / "model.json"
-    assert main(["data", "difficulty", "--data", str(bird_minidev_file), "--save-model", str(saved), "--folds", "3"]) == 0
+    assert main(["data", "difficulty", "--data", str(bird_minidev_file), "--save-model", str(saved),
+                 "--folds", "3"]) == 0
     model = difficulty.DifficultyModel.from_dict(json.loads(saved.read_text()))
     assert model.report["folds"] == 3 and len(model.weights) == 3
     assert main(["data", "difficulty", "--data", str(bird_minidev_file), "--model", str(saved), "--folds", "0"]) == 0

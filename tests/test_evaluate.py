@@ -1,4 +1,5 @@
-"""`eval`: gold self-check, predictions, endpoints (chat and completions fakes), the tiny model, resume, voting, errors."""
+"""`eval`: gold self-check, predictions, endpoints (chat and completions fakes), the tiny model, resume, voting,
+errors."""
 
 from __future__ import annotations
 
@@ -63,8 +64,8 @@ def test_gold_policy_scores_one_in_full_and_withheld(dataset, request, tmp_path,
                    for line in lines for turn in line["turns"])
         assert all(line["counters"]["format_deviations"] == 0 for line in lines)
         assert {"sample", "difficulty", "official", "strict", "soft_f1", "turns", "counters"} <= set(lines[0])
-        assert f"### {mode}\n\n| metric | value |\n|---|---|\n| questions (n) | {n_questions} |\n| official EX | 1.000 |" \
-            in (tmp_path / "out" / "summary.md").read_text()
+        assert (f"### {mode}\n\n| metric | value |\n|---|---|\n| questions (n) | {n_questions} |\n"
+                "| official EX | 1.000 |" in (tmp_path / "out" / "summary.md").read_text())
     assert (tmp_path / "out" / "summary.png").stat().st_size > 1000  # the side-by-side plot of the modes
 
 
@@ -234,7 +235,8 @@ def test_one_meaning_of_comparable_and_old_folders_resume(demo_dir, tmp_path, ca
 
 
 def test_episode_log_rejects_corruption_in_the_middle(tmp_path):
-    (tmp_path / "episodes.jsonl").write_text('{"question_id": "1", "sample": 0}\nnot json\n{"question_id": "2", "sample": 0}\n')
+    (tmp_path / "episodes.jsonl").write_text('{"question_id": "1", "sample": 0}\nnot json\n'
+                                             '{"question_id": "2", "sample": 0}\n')
     with pytest.raises(EvalError, match="line 2"):
         EpisodeLog(tmp_path).load()
 
@@ -264,7 +266,8 @@ def test_missing_databases_fail_at_once_or_are_skipped(demo_dir, tmp_path, capsy
     done = subprocess.run([sys.executable, "-m", "t2s", "eval", "--policy", "gold", "--data", str(data), "--output",
                            str(tmp_path / "o3"), "--quiet"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr  # one Error: line only
-    summary = evaluate(eval_args("--policy", "gold", "--data", data, "--skip-missing-dbs", "--output", tmp_path / "o2"))["full"]
+    summary = evaluate(eval_args("--policy", "gold", "--data", data, "--skip-missing-dbs",
+                                 "--output", tmp_path / "o2"))["full"]
     assert summary["n"] == 4 and summary["skipped_missing_dbs"] == 2
     assert summary["missing_db_ids"] == ["another_lost_db", "lost_db"]
     assert summary["execution_accuracy_official"] == 1.0
@@ -351,7 +354,8 @@ def test_chat_endpoint_good_agent_and_garbage(demo_dir, tmp_path, mode):
     gold = gold_by_question(demo_dir)
     with ChatFake(good_agent(gold)) as fake:
         summary = evaluate(eval_args("--policy", "endpoint", "--endpoint-mode", "chat", "--endpoint", fake.url,
-                                     "--data", demo_dir, "--n", "6", "--mode", mode, "--output", tmp_path / "good"))[mode]
+                                     "--data", demo_dir, "--n", "6", "--mode", mode,
+                                     "--output", tmp_path / "good"))[mode]
         first = fake.requests[0]
         second = next(b for b in fake.requests if len(b["messages"]) > 2)
     assert summary["execution_accuracy_official"] == summary["strict"] == summary["submit_rate"] == 1.0
@@ -399,7 +403,8 @@ def test_vote_at_k_on_a_scripted_policy(demo_dir, tmp_path):
     (data / "dev.json").write_text(json.dumps([q_right, q_wrong]))
     with ChatFake(respond) as fake:
         summary = evaluate(eval_args("--policy", "endpoint", "--endpoint-mode", "chat", "--endpoint", fake.url,
-                                     "--data", data, "--k", "4", "--concurrency", "1", "--output", tmp_path / "out"))["full"]
+                                     "--data", data, "--k", "4", "--concurrency", "1",
+                                     "--output", tmp_path / "out"))["full"]
     assert summary["k"] == 4 and summary["n"] == 2 and summary["n_episodes"] == 8
     assert summary["execution_accuracy_official"] == pytest.approx(3 / 8)
     assert summary["vote_at_k"] == pytest.approx(0.5)
@@ -411,11 +416,13 @@ def test_dead_endpoint_fails_with_a_clear_message(demo_dir, tmp_path, capsys):
 
     url = f"http://127.0.0.1:{free_port()}"
     for mode in ("chat", "completions"):
-        code = main(["eval", "--policy", "endpoint", "--endpoint-mode", mode, "--endpoint", url, "--data", str(demo_dir),
-                     "--retries", "1", "--backoff", "0.01", "--output", str(tmp_path / mode), "--quiet"])
+        code = main(["eval", "--policy", "endpoint", "--endpoint-mode", mode, "--endpoint", url,
+                     "--data", str(demo_dir), "--retries", "1", "--backoff", "0.01",
+                     "--output", str(tmp_path / mode), "--quiet"])
         assert code == 1
         err = capsys.readouterr().err.strip().splitlines()
-        assert err[-1].startswith("Error:") and "failed after 2 attempt(s)" in err[-1] and "Traceback" not in "".join(err)
+        assert (err[-1].startswith("Error:") and "failed after 2 attempt(s)" in err[-1]
+                and "Traceback" not in "".join(err))
 
 
 def test_an_answer_cut_off_mid_body_is_retried_then_reported(capsys):
@@ -559,7 +566,8 @@ class CompletionsGoodAgent:
         text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
         question = text.split("Question: ", 1)[1].split("\n", 1)[0].strip()
         tool = "run_query" if turn_index(prompt_ids, self.im_start) == 0 else "submit_sql"
-        turn = "I check the query first.\n</think>\n\n" + json.dumps({"tool": tool, "args": {"sql": self.gold[question]}})
+        turn = ("I check the query first.\n</think>\n\n"
+                + json.dumps({"tool": tool, "args": {"sql": self.gold[question]}}))
         return list(self.tokenizer(turn, add_special_tokens=False)["input_ids"]) + [self.im_end]
 
 
@@ -570,14 +578,16 @@ def test_completions_endpoint_good_agent_and_garbage(tiny_model_dir, tiny_tokeni
     agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
     with FakeVLLMServer(agent) as server:
         summary = evaluate(eval_args("--policy", "endpoint", "--endpoint", server.base_url, "--model", tiny_model_dir,
-                                     "--data", demo_dir, "--n", "5", "--mode", mode, "--output", tmp_path / "good"))[mode]
+                                     "--data", demo_dir, "--n", "5", "--mode", mode,
+                                     "--output", tmp_path / "good"))[mode]
         body = server.requests[0]
     assert summary["execution_accuracy_official"] == summary["strict"] == summary["submit_rate"] == 1.0
     assert summary["mean_turns"] == 2.0 and summary["config"]["training_token_stream"] is True
     assert summary["config"]["comparable"] is False  # n 5 of the published 300
     assert summary["config"]["endpoint_mode"] == "completions"
     assert isinstance(body["prompt"][0], int) and body["return_token_ids"] is True
-    assert sorted(body["stop_token_ids"]) == sorted(tiny_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+    assert sorted(body["stop_token_ids"]) == sorted(
+        tiny_tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
     assert (body["temperature"], body["top_p"], body["top_k"]) == (0.6, 0.95, 20)
     # the prompt is the chat template's, with thinking on
     assert tiny_tokenizer.decode(body["prompt"]).endswith("<|im_start|>assistant\n<think>\n")
@@ -663,7 +673,8 @@ def test_single_mode_through_a_backend(tiny_model_dir, tiny_tokenizer, demo_dir,
 
     with FakeVLLMServer(answer) as server:
         summary = evaluate(eval_args("--policy", "endpoint", "--endpoint", server.base_url, "--model", tiny_model_dir,
-                                     "--data", demo_dir, "--n", "4", "--mode", "single", "--output", tmp_path))["single"]
+                                     "--data", demo_dir, "--n", "4", "--mode", "single",
+                                     "--output", tmp_path))["single"]
     assert summary["execution_accuracy_official"] == 1.0 and summary["mean_turns"] == 1.0 and summary["mean_calls"] == 0
     assert summary["config"]["comparable"] is False and summary["config"]["training_token_stream"] is False
     assert "CREATE TABLE" in prompts[0] and "no tools" in prompts[0] and prompts[0].endswith("<think>\n")
@@ -671,7 +682,8 @@ def test_single_mode_through_a_backend(tiny_model_dir, tiny_tokenizer, demo_dir,
 
 
 def test_sibling_table_reads_each_runs_summary(demo_dir, tmp_path):
-    """make eval-sibling's last line: greedy and single-turn official EX, vote@k per chosen k, from summary.json's modes."""
+    """make eval-sibling's last line: greedy and single-turn official EX, vote@k per chosen k, from summary.json's
+    modes."""
     from t2s.evaluation.report import sibling_table
 
     common = ("--policy", "gold", "--data", demo_dir, "--n", "3")

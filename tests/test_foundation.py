@@ -72,7 +72,8 @@ def test_tokenizer_round_trips_text_and_special_tokens(tiny_tokenizer):
 
 def test_special_tokens_can_be_tokenized_as_plain_text(tiny_tokenizer):
     im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    ids = tiny_tokenizer("<|im_end|><|im_start|>assistant", add_special_tokens=False, split_special_tokens=True).input_ids
+    ids = tiny_tokenizer("<|im_end|><|im_start|>assistant", add_special_tokens=False,
+                         split_special_tokens=True).input_ids
     assert im_end not in ids
     assert tiny_tokenizer.decode(ids) == "<|im_end|><|im_start|>assistant"
 
@@ -100,7 +101,8 @@ def test_tiny_model_loads_from_path_and_generates(tiny_model_dir, tiny_tokenizer
     assert type(model).__name__ == "Qwen3_5ForCausalLM"
     assert model.config.name_or_path == str(tiny_model_dir)
     prompt = tiny_tokenizer.apply_chat_template(
-        [{"role": "user", "content": "List the tables."}], add_generation_prompt=True, tokenize=False, enable_thinking=True
+        [{"role": "user", "content": "List the tables."}], add_generation_prompt=True, tokenize=False,
+        enable_thinking=True,
     )
     inputs = tiny_tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():

@@ -97,7 +97,8 @@ def test_model_counts_come_from_the_evaluators_scored_episodes(tiny_model_dir, d
     assert len(lines) == 4
     assert counts == [sum(line["official"] for line in lines if line["question_id"] == r["question_id"]) for r in rows]
     # a policy that always submits the gold SQL is counted solved on every sample by the same scorer
-    gold = eval_runner.solve_counts(rows, args, policy_factory=lambda row, sample: passrate.submit_only(row["gold_sql"]))
+    gold = eval_runner.solve_counts(rows, args,
+                                    policy_factory=lambda row, sample: passrate.submit_only(row["gold_sql"]))
     assert gold == [2, 2]
 
 

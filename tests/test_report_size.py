@@ -95,7 +95,8 @@ def test_bench_report_builds_a_full_size_folder_and_prints_its_last_line(tmp_pat
     sizes = [len(line.encode()) for mode in ("full", "withheld")
              for line in (out / mode / "episodes.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(sizes) == 24 and min(sizes) >= 14_000  # each episode at least the 14 KB measured on real ones
-    assert abs(episodes_mb - sum(sizes) / 1e6) < 0.06 and abs(size_mb - (out / "report.html").stat().st_size / 1e6) < 0.06
+    assert abs(episodes_mb - sum(sizes) / 1e6) < 0.06
+    assert abs(size_mb - (out / "report.html").stat().st_size / 1e6) < 0.06
     lines = [json.loads(line) for line in (out / "full" / "episodes.jsonl").read_text().splitlines()]
     assert all(len(line["turns"]) == 6 and line["gold_result"]["rows"] for line in lines)
     assert "show RUN --wrong" in done.stderr and "compare RUN/full RUN/withheld" in done.stderr
@@ -108,7 +109,8 @@ def _chromium():
     return shutil.which("chromium") or shutil.which("chromium-browser")
 
 
-@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed: `make install-chromium` (as root) installs it")
+@pytest.mark.skipif(_chromium() is None,
+                    reason="headless Chromium is not installed: `make install-chromium` (as root) installs it")
 def test_bench_report_times_the_page_in_chromium(tmp_path):
     done, match, out = _bench_report(tmp_path)
     list_s, open_s = float(match.group(5)), float(match.group(6))

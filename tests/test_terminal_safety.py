@@ -330,7 +330,8 @@ def test_ask_on_a_hostile_database_on_a_tty(tmp_path):
     ]))
     out = on_a_pty("ask", "--db", path, "--replay", turns, HOSTILE_QUESTION)
     plain = SGR.sub("", out)
-    assert_safe_on_a_tty(out, "\\x1b]0;pwned-by-db\\x07\\x1b[2J\\u202e evil", "\\x1b[2J\\u202eevil\\u202c")  # cell, question
+    # the cell, then the question
+    assert_safe_on_a_tty(out, "\\x1b]0;pwned-by-db\\x07\\x1b[2J\\u202e evil", "\\x1b[2J\\u202eevil\\u202c")
     assert plain.count("\\x1b]0;pwned-by-db") >= 2  # in the tool result and in the predicted rows
     printed = on_a_pty("ask", "--db", path, "--replay", turns, "--json", HOSTILE_QUESTION)
     assert_safe_on_a_tty(printed, "\\u001b]0;pwned-by-db\\u0007\\u001b[2J\\u202e evil")

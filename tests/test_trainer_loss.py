@@ -180,7 +180,8 @@ def _stock_trainer(model_dir, output_dir, **overrides):
 
 @pytest.fixture(scope="module")
 def oracle_cases(tiny_model_dir, tmp_path_factory):
-    """Built once per module: our trainer and its generation batch per (old_logprobs, level), stock TRL per (level, β)."""
+    """Built once per module: our trainer and its generation batch per (old_logprobs, level), stock TRL per
+    (level, β)."""
     from transformers import AutoTokenizer
 
     from _train_script import ScriptedEpisodes, sampler_noise

@@ -249,7 +249,8 @@ def test_train_cli_short_server_context_is_one_clear_line(tiny_model_dir, demo_d
                      "--vllm_server_base_url", server.base_url])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1, err
-    assert err[0].startswith("Error: the vLLM server at") and "max_model_len 1024, below episode_token_budget 2048" in err[0]
+    assert (err[0].startswith("Error: the vLLM server at")
+            and "max_model_len 1024, below episode_token_budget 2048" in err[0])
     assert not server.requests  # refused before any episode ran
 
 

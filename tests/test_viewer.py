@@ -53,7 +53,8 @@ def test_eval_layout_is_the_same_for_one_mode_or_several(demo_dir, tmp_path, cap
     assert f"wrote {tmp_path / 'one'}: report.html" in printed
     gold_eval(demo_dir, tmp_path / "two", "full", "withheld")
     assert files_of(tmp_path / "one") == TOP_FILES | {f"full/{name}" for name in MODE_FILES}
-    assert files_of(tmp_path / "two") == TOP_FILES | {f"{m}/{name}" for m in ("full", "withheld") for name in MODE_FILES}
+    assert files_of(tmp_path / "two") == TOP_FILES | {f"{m}/{name}" for m in ("full", "withheld")
+                                                      for name in MODE_FILES}
     summary = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert list(summary["modes"]) == ["full", "withheld"] and summary["modes"]["withheld"]["n"] == 4
 
@@ -79,11 +80,13 @@ def test_a_folder_of_other_modes_takes_more_and_an_old_layout_refuses_with_one_l
     full = (out / "full" / "episodes.jsonl").read_text()
     assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4", "--mode", "withheld",
                  "--output", str(out), "--quiet"]) == 0  # a mode added to a finished folder
-    assert (out / "full" / "episodes.jsonl").read_text() == full and len(lines_of(out / "withheld" / "episodes.jsonl")) == 4
+    assert (out / "full" / "episodes.jsonl").read_text() == full
+    assert len(lines_of(out / "withheld" / "episodes.jsonl")) == 4
     assert list(json.loads((out / "summary.json").read_text())["modes"]) == ["full", "withheld"]
     assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4", "--mode", "full", "withheld",
                  "--output", str(out), "--quiet"]) == 0  # both finished: nothing new
-    assert (out / "full" / "episodes.jsonl").read_text() == full and len(lines_of(out / "withheld" / "episodes.jsonl")) == 4
+    assert (out / "full" / "episodes.jsonl").read_text() == full
+    assert len(lines_of(out / "withheld" / "episodes.jsonl")) == 4
     capsys.readouterr()
     old = tmp_path / "old"  # the layout of earlier versions: episodes at the top
     old.mkdir()
@@ -224,10 +227,12 @@ def test_show_lists_questions_in_data_order_and_limits(demo_dir, tmp_path, capsy
     assert all(records[row[0]]["question"].startswith(row[5].rstrip("…")) for row in rows)  # the question column
     assert main(["show", str(out), "--n", "5"]) == 0
     printed = capsys.readouterr().out
-    assert "24 of 24 episodes, the first 5" in printed and sum(line.startswith("│") for line in printed.splitlines()) == 5
+    assert "24 of 24 episodes, the first 5" in printed
+    assert sum(line.startswith("│") for line in printed.splitlines()) == 5
     assert main(["show", str(out), "--limit", "3", "--mode", "withheld"]) == 0
     printed = capsys.readouterr().out
-    assert "12 of 12 episodes, the first 3" in printed and sum(line.startswith("│") for line in printed.splitlines()) == 3
+    assert "12 of 12 episodes, the first 3" in printed
+    assert sum(line.startswith("│") for line in printed.splitlines()) == 3
 
 
 def test_show_reads_training_episodes(tmp_path, capsys):
@@ -352,7 +357,8 @@ def _status(dom: str) -> dict:
     return dict(re.findall(r'data-([a-z-]+)="([^"]*)"', tag))
 
 
-@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed: `make install-chromium` (as root) installs it")
+@pytest.mark.skipif(_chromium() is None,
+                    reason="headless Chromium is not installed: `make install-chromium` (as root) installs it")
 def test_report_html_in_headless_chromium(demo_dir, tmp_path):
     out = tmp_path / "out"
     gold_eval(demo_dir, out, "full", "withheld", n="63")
@@ -378,7 +384,8 @@ def test_report_html_in_headless_chromium(demo_dir, tmp_path):
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
 
 
-@pytest.mark.skipif(_chromium() is None, reason="headless Chromium is not installed: `make install-chromium` (as root) installs it")
+@pytest.mark.skipif(_chromium() is None,
+                    reason="headless Chromium is not installed: `make install-chromium` (as root) installs it")
 def test_compare_html_rows_line_up_with_their_header_in_headless_chromium(demo_dir, tmp_path):
     """compare.html's episode rows (``tr.pair``) keep the table's layout: each cell starts where its header does."""
     gold_eval(demo_dir, tmp_path / "a", n="63")
