@@ -15,6 +15,8 @@ import json
 import sys
 from pathlib import Path
 
+from t2s.env.record import EpisodeRecord, counters as record_counters
+
 PROMPT_TOKENS = 6
 TURN_TOKENS = 5
 ENV_TOKENS = 4
@@ -81,10 +83,11 @@ class ScriptedEpisodes:
             completion_ids.append(turn1 + env + turn2)
             env_mask.append([1] * len(turn1) + [0] * len(env) + [1] * len(turn2))
             rewards.append(float(copy))  # different within a group: non-zero advantages
-            records.append({"question_id": row["question_id"], "counters": {
-                "turns": 2, "calls": 2, "tool_errors": copy % 2, "format_deviations": 0, "write_attempts": 0,
-                "turn_cutoffs": 0, "submitted": copy % 2 == 0, "forced": copy % 2 == 1, "fallback_used": False,
-                "truncated": False}})
+            records.append(EpisodeRecord(
+                question_id=row["question_id"], db_id=row.get("db_id"), mode="full", turns=[], final_sql=None,
+                final_sql_source="none", submitted_sql=None, stop_reason="submitted" if copy % 2 == 0 else "turn_limit",
+                counters=record_counters(turns=2, calls=2, tool_errors=copy % 2, submitted=copy % 2 == 0,
+                                         forced=copy % 2 == 1)))
         logprobs = self._logprobs(trainer, prompt_ids, completion_ids, env_mask) if self.exact_logprobs else [
             [-2.0 if m else 0.0 for m in mask] for mask in env_mask]
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs,

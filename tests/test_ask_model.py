@@ -100,7 +100,7 @@ def test_ask_endpoint_errors(wal_db, tiny_model_dir, capsys):
 
 
 def test_rollout_episodes_open_the_user_file_mode_ro(tmp_path, tiny_tokenizer):
-    from t2s.training import rollout
+    from t2s.rollout import driver as rollout
     from t2s.commands.ask import ask_row
     from t2s.env.episode import EpisodeConfig
 
@@ -115,3 +115,22 @@ def test_rollout_episodes_open_the_user_file_mode_ro(tmp_path, tiny_tokenizer):
         run = rollout._Run(0, row, rollout.Rollout(backend, tiny_tokenizer, EpisodeConfig(), db=given))
         run.open()
         assert run.episode.db == db and run.episode.db.immutable is False
+
+
+def test_ask_on_a_schema_that_leaves_no_turn_says_why(tmp_path, tiny_model_dir, capsys):
+    """A full-mode prompt whose schema leaves less than min_episode_tokens of the budget plays no turn: ask says so
+    in one line, with the prompt's length, the budget and min_episode_tokens, and exits 1."""
+    import sqlite3
+
+    path = tmp_path / "wide.sqlite"
+    with sqlite3.connect(path) as conn:
+        for t in range(120):
+            columns = ", ".join(f"measurement_column_{c}_of_table_{t} REAL" for c in range(12))
+            conn.execute(f"CREATE TABLE wide_table_{t} (id INTEGER PRIMARY KEY, {columns})")
+    code = main(["ask", "--db", str(path), "--model", str(tiny_model_dir), "--max-tokens-per-turn", "16",
+                 "How wide is it?"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err[-1].startswith("Error: the episode ended before its first turn: its prompt of ")
+    assert "less than min_episode_tokens (2048) of the episode token budget (12288)" in err[-1]
+    tokens = int(err[-1].split("its prompt of ")[1].split(" tokens")[0])
+    assert 12288 - tokens < 2048

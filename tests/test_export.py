@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from t2s.evaluation.export import ExportError, export_model, read_safetensors
+from t2s.export.folder import ExportError, export_model, read_safetensors
 
 
 def _logits(folder, text="SELECT name FROM customers"):
@@ -24,12 +24,19 @@ def _stop_ids(tokenizer):
     return sorted(tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>"))
 
 
-def test_export_tiny_model_round_trip(tiny_model_dir, tiny_tokenizer, tmp_path):
+def test_export_tiny_model_round_trip(tiny_model_dir, tiny_tokenizer, tmp_path, capsys):
     out = export_model(tiny_model_dir, tmp_path / "export")
+    assert "no --recipe given: system_prompt.txt holds t2s's default exec_plan prompt" in capsys.readouterr().out
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["Qwen3_5ForCausalLM"]
     gen = json.loads((out / "generation_config.json").read_text())
     assert sorted(gen["eos_token_id"]) == _stop_ids(tiny_tokenizer)
+    # a plain client samples as eval did: the card's figures' settings, not transformers' T 1.0
+    assert (gen["do_sample"], gen["temperature"], gen["top_p"], gen["top_k"]) == (True, 0.6, 0.95, 20)
+    from transformers import GenerationConfig
+
+    loaded = GenerationConfig.from_pretrained(out)
+    assert (loaded.temperature, loaded.top_p, loaded.top_k) == (0.6, 0.95, 20)
     assert (out / "chat_template.jinja").read_text() == (tiny_model_dir / "chat_template.jinja").read_text()
     assert (out / "tokenizer.json").is_file() and (out / "README.md").is_file()
     assert torch.allclose(_logits(out), _logits(tiny_model_dir), atol=1e-5)
@@ -151,6 +158,25 @@ def test_export_model_card_holds_the_eval_summary(tiny_model_dir, demo_dir, tmp_
     assert "## Evaluation" in card and "| official EX | 1.000 |" in card and "Qwen3_5ForCausalLM" in card
 
 
+def test_export_model_card_names_no_local_path(tiny_model_dir, demo_dir, tmp_path):
+    """An eval of a local target (here a predictions file, recorded with its absolute path): the card names it by
+    its file name only."""
+    from t2s.commands import build_parser
+    from t2s.evaluation.runner import evaluate
+
+    records = json.loads((demo_dir / "dev.json").read_text())
+    predictions = tmp_path / "preds.jsonl"
+    predictions.write_text("".join(json.dumps({"question_id": r["question_id"], "sql": r["SQL"]}) + "\n"
+                                   for r in records))
+    evaluate(build_parser("eval").parse_args(["eval", "--policy", "predictions", "--predictions", str(predictions),
+                                              "--data", str(demo_dir), "--output", str(tmp_path / "eval"), "--quiet"]))
+    config = json.loads((tmp_path / "eval" / "full" / "eval_config.json").read_text())
+    assert config["predictions"] == str(predictions.resolve())  # the eval folder keeps where it came from
+    out = export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval"), verify=False)
+    card = (out / "README.md").read_text()
+    assert "target `preds.jsonl`" in card and str(tmp_path) not in card
+
+
 def test_export_model_card_takes_a_several_mode_eval_folder(tiny_model_dir, demo_dir, tmp_path):
     from t2s.commands import build_parser
     from t2s.evaluation.runner import evaluate
@@ -258,6 +284,7 @@ def test_export_shards_with_huggingface_hub(tiny_model_dir, tiny_tokenizer, tmp_
 
 
 @pytest.mark.parametrize("recipe, dialect, tool_format", [("demo.yaml", "exec_plan", "json"),
+                                                          ("demo_sft.yaml", "exec_plan", "json"),
                                                           ("bird_tools.yaml", "sibling", "native")])
 def test_export_ships_the_recipes_system_prompt(tiny_model_dir, tmp_path, recipe, dialect, tool_format):
     """The card's eval and ask commands pass the system prompt the recipe trained with, and its tool set and format."""
@@ -269,8 +296,8 @@ def test_export_ships_the_recipes_system_prompt(tiny_model_dir, tmp_path, recipe
     from t2s.settings import RECIPES_DIR
 
     out = export_model(tiny_model_dir, tmp_path / "export", recipe=str(RECIPES_DIR / recipe), verify=False)
-    expected = (read_system_prompt(RECIPES_DIR / "demo_system_prompt.txt") if recipe == "demo.yaml"
-                else default_system_prompt(dialect, tool_format))
+    expected = (read_system_prompt(RECIPES_DIR / "demo_system_prompt.txt") if recipe.startswith("demo")
+                else default_system_prompt(dialect, tool_format))  # demo_sft.yaml's prompt: its rl_recipe's
     assert (out / "system_prompt.txt").read_text() == expected + "\n"
     snippet = (out / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0]
     for line in snippet.strip().splitlines():

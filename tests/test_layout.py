@@ -20,8 +20,10 @@ LAYERS: list[set[str]] = [
     {"env"},
     {"data", "scoring"},
     {"backends"},
+    {"rollout"},
     {"training"},
     {"evaluation"},
+    {"export"},
     {"bench"},
     {"commands"},
     {"__main__"},
@@ -143,7 +145,7 @@ def test_every_top_level_entry_has_a_layer():
     entries = {p.stem if p.suffix == ".py" else p.name for p in PACKAGE.iterdir()
                if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").is_file())}
     assert entries <= set(RANK), f"place {sorted(entries - set(RANK))} in a layer"
-    assert len(entries) + 1 <= 14, sorted(entries)  # + __init__.py
+    assert len(entries) + 1 <= 16, sorted(entries)  # + __init__.py: four foundation modules, a package per stage
 
 
 def test_imports_only_go_down():

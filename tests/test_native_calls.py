@@ -13,7 +13,7 @@ from t2s.env import native_calls, protocol, tool_schemas
 from t2s.env import turns
 from t2s.backends.scripted import GoldPolicy, ReplayPolicy
 from t2s.env.episode import Episode, EpisodeConfig
-from t2s.env.play import play
+from t2s.rollout.play import play
 from t2s.env.native_calls import parse_turn, render_call
 from t2s.env.tools import DIALECTS, Toolbox
 
@@ -324,7 +324,7 @@ def test_sibling_native_episode_is_token_exact(rows, tiny_tokenizer):
     """Every environment segment is what the chat template renders for that turn's tool messages (text and ids),
     env_mask covers exactly those segments, and the model segments are the scripted turns."""
     from t2s.backends.vllm_server import VLLMServerBackend
-    from t2s.training.rollout import Rollout
+    from t2s.rollout.driver import Rollout
     from tests.fake_vllm import FakeVLLMServer
 
     tok = tiny_tokenizer

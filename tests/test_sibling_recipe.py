@@ -65,7 +65,7 @@ def test_bird_tools_recipe_trains_two_steps_in_native_format(tiny_model_dir, dem
     tool_response = tokenizer.convert_tokens_to_ids("<tool_response>")
     for out in outputs:
         for completion, mask, record in zip(out["completion_ids"], out["env_mask"], out["record"]):
-            observed = [t["observation"] for t in record["turns"] if t["observation"]]
+            observed = [t["observation"] for t in record.turns if t["observation"]]
             env_ids = [i for i, m in zip(completion, mask) if not m]
             tool_messages = sum(m["role"] == "tool" for o in observed for m in o.messages)
             assert env_ids.count(tool_response) == tool_messages  # one <tool_response> per tool message, env tokens

@@ -54,7 +54,7 @@ def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_di
             assert 0 in mask and 1 in mask  # model turns and at least one environment turn
             assert all(lp <= 0.0 for lp, m in zip(logprobs, mask) if m)
             assert all(lp == 0.0 for lp, m in zip(logprobs, mask) if not m)
-            assert record["question_id"] in ids and set(record["counters"]) >= {"turns", "submitted", "truncated"}
+            assert record.question_id in ids and set(record.counters) >= {"turns", "submitted", "truncated"}
         assert all(o is not None for o in out["outcome"])  # every episode was scored
 
     logged = {key for entry in trainer.state.log_history for key in entry}

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from _train_script import build_trainer
-from t2s.training import rollout as rollout_module
-from t2s.training.rollout import BusyClock
+from t2s.rollout import driver as rollout_module
+from t2s.rollout.driver import BusyClock
 from t2s.training.trainer import TIME_METRICS
 
 

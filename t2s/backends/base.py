@@ -1,7 +1,7 @@
 """What every generation backend shares: sampling settings, one turn's output, and the backend protocol.
 
 A backend turns token-id prompts into one assistant turn each. It never sees text, messages or episodes: the rollout
-(``t2s.training.rollout``) owns the token stream. Two call shapes exist:
+(``t2s.rollout.driver``) owns the token stream. Two call shapes exist:
 
 - ``generate(prompts, max_tokens, sampling)``: a turn-synchronous batch (vLLM colocate, transformers);
 - ``await agenerate(prompt_ids, max_tokens, sampling)``: one request in an episode's own chain (vLLM server).

@@ -137,7 +137,7 @@ def submit_policy(sql: str, dialect: str = "exec_plan", tool_format: str = "json
 
 
 class ScriptedBackend:
-    """Plays one text policy per episode through ``t2s.training.rollout.Rollout`` as if a model wrote its turns.
+    """Plays one text policy per episode through ``t2s.rollout.driver.Rollout`` as if a model wrote its turns.
 
     Each turn's text is tokenized the way ``play.play`` counts it (special tokens in the text are not parsed) and
     closed with ``<|im_end|>``, as a model ends its turn, with logprob 0.0. The rollout then builds the very token

@@ -28,7 +28,7 @@ def measure(endpoint: str, tokenizer_path: str, episodes: int, seed: int, data=N
     from t2s.data.loaders import load_json_rows
     from t2s.env.episode import EpisodeConfig
     from t2s.settings import DEMO_DIR
-    from t2s.training.rollout import Rollout
+    from t2s.rollout.driver import Rollout
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     rows = pick_rows(load_json_rows(data or DEMO_DIR / "dev.json"), episodes, seed)

@@ -18,7 +18,7 @@ exactly as the rollout renders it (the chat template's ``tools=`` included in th
 request of that episode extends it with the episode's first turn. Its turn index is the number of turns the engine
 has served that episode, so neither depends on how the environment's segments are rendered.
 
-Everything else is real: the rollout code (``t2s.training.rollout.Rollout``, both schedules), Episode, tools, SQLite on
+Everything else is real: the rollout code (``t2s.rollout.driver.Rollout``, both schedules), Episode, tools, SQLite on
 ``data/demo`` and scoring. Wall-clock time spent outside the engine - tool calls, tokenisation, bookkeeping -
 is added to the virtual clock where it happens: an episode's next request arrives at the virtual time its previous
 turn returned plus the wall time it took to come back. The engine only advances while every live episode is inside
@@ -89,7 +89,7 @@ def build_plans(rows: list[dict], tokenizer, config, seed: int, lengths: LengthM
     """One plan per row; its first prompt is the one the rollout sends (``play.first_prompt_ids``: in the native
     format the chat template declares the tools too)."""
     from t2s.env.episode import Episode
-    from t2s.env.play import first_prompt_ids
+    from t2s.rollout.play import first_prompt_ids
 
     rng = random.Random(seed)
     plans = []
@@ -122,7 +122,7 @@ class ScheduleResult:
 
 
 def run_schedule(name, plans, tokenizer, config, spec, workers, schedule) -> ScheduleResult:
-    from t2s.training.rollout import Rollout
+    from t2s.rollout.driver import Rollout
 
     engine = SimulatedEngine(tokenizer, plans, spec, schedule)
     rollout = Rollout(engine, tokenizer, config, tool_workers=workers, schedule=schedule, on_finish=engine.episode_finished)

@@ -43,7 +43,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _replay_policy(args, row: dict, config, db):
     from t2s.backends.scripted import ReplayPolicy
-    from t2s.env.play import run_text_episode
+    from t2s.rollout.play import run_text_episode
 
     return run_text_episode(row, config, ReplayPolicy.from_file(args.replay), db=db)
 
@@ -116,6 +116,11 @@ def run(args: argparse.Namespace) -> int:
         record = POLICIES[chosen[0]][1](args, row, config, db)
     except ValueError as exc:  # a bad turns file, a model or endpoint that cannot be used
         raise EvalError(str(exc)) from None
+    if record.played_no_turn:
+        from t2s.env.record import no_turn_line
+
+        raise EvalError("Error: " + no_turn_line(1, 1, record.prompt_tokens, config.episode_token_budget,
+                                                 config.min_episode_tokens))
     sql = record.final_sql
     result = databases.run_tool_query(db, sql, max_rows=RESULT_ROWS) if sql else None
     extra = {"question": row["question"], "evidence": row["evidence"],
@@ -178,7 +183,7 @@ def _model_policy(args, row: dict, config, db):
 def _endpoint_policy(args, row: dict, config, db):
     from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
     from t2s.env.episode import Episode
-    from t2s.env.play import play
+    from t2s.rollout.play import play
     from t2s.evaluation.policies import completions_backend, endpoint_client, load_tokenizer
     from t2s.errors import EvalError
 
@@ -207,7 +212,7 @@ def _endpoint_policy(args, row: dict, config, db):
 
 def _rollout_episode(args, backend, tokenizer, row: dict, config, sampling, db):
     """One episode through ``rollout.Rollout`` on the user's database (``mode=ro``)."""
-    from t2s.training import rollout
+    from t2s.rollout import driver as rollout
 
     if not args.json:
         backend = LiveBackend(backend, tokenizer, tool_format=config.tool_format)

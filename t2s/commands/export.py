@@ -1,10 +1,24 @@
 """`python -m t2s export`: write a model folder that vLLM loads directly from a trained checkpoint (LoRA merged, the
-base's architecture and weight names, both stop tokens, a model card); the library is ``t2s.evaluation.export``."""
+base's architecture and weight names, both stop tokens, a model card); the library is ``t2s.export.folder``."""
 
 from __future__ import annotations
 
-from t2s.evaluation.export import MAX_SHARD_SIZE, shard_size
+from t2s.export.folder import MAX_SHARD_SIZE
 from t2s.ui.args import non_empty_path
+
+
+def shard_size(text: str) -> str:
+    """An argparse type: a size as ``huggingface_hub`` reads it (``5GB``, ``500MB``, a number of bytes)."""
+    import argparse
+
+    from huggingface_hub.serialization._base import parse_size_to_int
+
+    try:
+        if parse_size_to_int(text) > 0:
+            return text
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 5GB, 500MB or 1000000")
 
 
 def add_arguments(parser) -> None:
@@ -30,7 +44,7 @@ def run(args) -> int:
     from t2s.settings import command_environment
 
     command_environment()
-    from t2s.evaluation.export import export_model
+    from t2s.export.folder import export_model
 
     from t2s.ui.console import print_line
 

@@ -107,7 +107,10 @@ def one_turn_record(row: dict, mode: str, text: str | None, sql: str | None, *, 
 
 def no_turn_line(count: int, total: int, longest_prompt: int, budget: int, min_episode_tokens: int) -> str:
     """One line on the ``count`` of ``total`` episodes that ended before their first turn, and why."""
+    tail = f"less than min_episode_tokens ({min_episode_tokens}) of the episode token budget ({budget})"
+    if total == 1:
+        prompt = f"its prompt of {longest_prompt} tokens" if longest_prompt else "its prompt"
+        return f"the episode ended before its first turn: {prompt} left {tail}"
     prompt = f"prompts of up to {longest_prompt} tokens" if longest_prompt else "their prompts"
     every = "every one of" if count == total else f"{count} of"
-    return (f"{every} {total} episodes ended before their first turn: {prompt} left less than min_episode_tokens "
-            f"({min_episode_tokens}) of the episode token budget ({budget})")
+    return f"{every} {total} episodes ended before their first turn: {prompt} left {tail}"

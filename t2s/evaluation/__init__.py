@@ -2,6 +2,6 @@
 records, reports (``summary.*``, ``report.html``), the one transcript renderer, reading runs, compare, score and the
 pass-rate filter.
 
-It plays episodes through the training rollout, so training and evaluation share one episode driver; it imports
-training, backends, scoring, data, the environment and the foundation modules.
+It plays episodes through ``t2s.rollout``, the driver training plays through too; it imports training (the model
+folders it evaluates and exports), rollout, backends, scoring, data, the environment and the foundation modules.
 """

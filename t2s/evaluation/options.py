@@ -18,9 +18,12 @@ ENDPOINT_MODES = ("completions", "chat", "tools")
 
 def add_sampling_arguments(p) -> None:
     """Sampling and thinking (shared with ``ask``): evaluation defaults T 0.6, top-p 0.95, top-k 20, thinking on."""
-    p.add_argument("--temperature", type=non_negative_float, default=0.6, help="sampling temperature")
-    p.add_argument("--top-p", type=unit_float, default=0.95, help="nucleus sampling share")
-    p.add_argument("--top-k", type=int, default=20, help="sample from the k likeliest tokens (0: off)")
+    from t2s.backends.base import SamplingSettings
+
+    evaluated = SamplingSettings.evaluation()  # the defaults, declared once there
+    p.add_argument("--temperature", type=non_negative_float, default=evaluated.temperature, help="sampling temperature")
+    p.add_argument("--top-p", type=unit_float, default=evaluated.top_p, help="nucleus sampling share")
+    p.add_argument("--top-k", type=int, default=evaluated.top_k, help="sample from the k likeliest tokens (0: off)")
     p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=True,
                    help="render prompts with thinking on (default: on)")
 

@@ -279,7 +279,7 @@ class Runner:
     def _gold_record(self, row: dict, sample: int, mode: str) -> dict:
         from t2s.backends.scripted import GoldPolicy
         from t2s.env.databases import ref_from_row
-        from t2s.env.play import run_text_episode
+        from t2s.rollout.play import run_text_episode
         from t2s.env.schema import get_schema
 
         if mode == "single":
@@ -293,7 +293,7 @@ class Runner:
         return run_text_episode(row, config, policy, tokenizer=self.tokenizer)
 
     def _scripted_record(self, row: dict, sample: int, mode: str) -> dict:
-        from t2s.env.play import run_text_episode
+        from t2s.rollout.play import run_text_episode
 
         return run_text_episode(row, episode_config(self.args, mode), self.scripted(row, sample),
                                 tokenizer=self.tokenizer)
@@ -302,7 +302,7 @@ class Runner:
         from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
         from t2s.backends.tools_endpoint import ToolsEndpointPolicy
         from t2s.env.episode import Episode
-        from t2s.env.play import play
+        from t2s.rollout.play import play
 
         sampling = sampling_settings(self.args)
         seed = self.args.seed * 1_000_003 + sample * 7919 + zlib.crc32(str(row["question_id"]).encode()) % 997
@@ -334,7 +334,7 @@ class Runner:
         return episode.record()
 
     def _play_rollout(self, jobs, mode, emit) -> None:
-        from t2s.training.rollout import Rollout
+        from t2s.rollout.driver import Rollout
 
         rows = [row for row, _ in jobs]
         failures: list[str] = []

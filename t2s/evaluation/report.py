@@ -29,6 +29,7 @@ turn, and ``no_turn_longest_prompt`` is the longest of their prompts in tokens.
 from __future__ import annotations
 
 from collections import OrderedDict
+from pathlib import Path
 
 from t2s.data.loaders import BIRD_DEV
 
@@ -207,7 +208,7 @@ def _fmt(value, kind: str) -> str:
     return f"{value:.3f}"
 
 
-def summary_markdown(summary: dict, title: str | None = None) -> str:
+def summary_markdown(summary: dict, title: str | None = None, *, public: bool = False) -> str:
     """A markdown report: the main table, then accuracy per difficulty, then the run's settings."""
     config = summary.get("config", {})
     label = title or f"{config.get('policy', '?')} / {config.get('mode', '?')}"
@@ -227,7 +228,7 @@ def summary_markdown(summary: dict, title: str | None = None) -> str:
                 f"| {difficulty} | {block['n']} | {block['execution_accuracy_official']:.3f} | {block['strict']:.3f} "
                 f"| {block['soft_f1']:.3f} | {block['submit_rate']:.3f} |"
             )
-    settings = _settings_line(config)
+    settings = _settings_line(config, public=public)
     if settings:
         lines += ["", settings]
     return "\n".join(lines) + "\n"
@@ -272,11 +273,14 @@ def comparability_line(config: dict) -> str:
     return "not comparable with the published figures: " + "; ".join(differences)
 
 
-def _settings_line(config: dict) -> str:
+def _settings_line(config: dict, *, public: bool = False) -> str:
+    """The run's settings in one line; ``public`` (a model card) names a local target by its folder name only."""
     if not config:
         return ""
     sampling = config.get("sampling") or {}
     target = config.get("model") or config.get("endpoint") or config.get("predictions") or config.get("policy")
+    if public and isinstance(target, str) and Path(target).is_absolute():
+        target = Path(target).name
     parts = [
         f"policy `{config.get('policy')}`",
         f"target `{target}`",
@@ -293,25 +297,24 @@ def _settings_line(config: dict) -> str:
     return "Settings: " + ", ".join(parts) + "."
 
 
-def modes_markdown(summaries: dict[str, dict]) -> str:
+def modes_markdown(summaries: dict[str, dict], *, public: bool = False) -> str:
     """One mode's report; several modes side by side (one column per mode), then each mode's own report."""
     modes = list(summaries)
     if len(modes) == 1:
-        return summary_markdown(summaries[modes[0]], title=modes[0])
+        return summary_markdown(summaries[modes[0]], title=modes[0], public=public)
     lines = ["| metric | " + " | ".join(modes) + " |", "|---|" + "---|" * len(modes)]
     for name, key, kind in _MAIN_ROWS:
         if any(key in s for s in summaries.values()):
             lines.append(f"| {name} | " + " | ".join(_fmt(s.get(key), kind) for s in summaries.values()) + " |")
     body = "\n".join(lines) + "\n"
     for mode, summary in summaries.items():
-        body += "\n" + summary_markdown(summary, title=mode)
+        body += "\n" + summary_markdown(summary, title=mode, public=public)
     return body
 
 
 def write_reports(folder, summaries: dict[str, dict]) -> None:
     """The top of an eval folder: summary.json ({"modes": ...}), summary.md, summary.png and report.html."""
     import json
-    from pathlib import Path
 
     from t2s.evaluation.report_html import write_report
     from t2s.evaluation.run_folders import SUMMARY

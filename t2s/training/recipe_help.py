@@ -58,8 +58,17 @@ def recipe_groups() -> dict[str, list[str]]:
     return groups
 
 
+# A default written as ``<name>.<field>`` is that dataclass's own default: (package, file, class) of each such name
+# (``T2SGRPOConfig``'s episode settings are ``_EPISODE.max_turns``, ..., ``EpisodeConfig``'s defaults).
+DEFAULT_HOLDERS = {"_EPISODE": ("t2s", "env/episode.py", "EpisodeConfig")}
+
+
 def _value(node):
-    """A default as Python reads it where it is a literal, else its source text."""
+    """A default as Python reads it where it is a literal (or another dataclass's default, ``DEFAULT_HOLDERS``), else
+    its source text."""
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in DEFAULT_HOLDERS):
+        package, file, class_name = DEFAULT_HOLDERS[node.value.id]
+        return class_fields(_package_folder(package) / file, class_name)[node.attr][0]
     try:
         return ast.literal_eval(node)
     except ValueError:

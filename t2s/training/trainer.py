@@ -5,7 +5,7 @@ What the subclass changes, and where:
 - **Rows reach the rollout** through a stash: ``_generate_and_score_completions`` keeps its ``inputs`` (the batch's
   rows, already repeated G times) for the duration of the call; the rollout function asserts the counts match and
   plays one episode per row. Rows are never looked up by prompt text.
-- **The rollout** (``t2s.training.rollout``) returns flat ``prompt_ids``/``completion_ids``/``logprobs``/``env_mask`` plus
+- **The rollout** (``t2s.rollout.driver``) returns flat ``prompt_ids``/``completion_ids``/``logprobs``/``env_mask`` plus
   per-episode extras for the reward functions; shapes are asserted here.
 - **The loss** (``_compute_loss``): per sequence ``L_i = Σ_t m_t ℓ_t / loss_norm_constant`` with ``m`` = env_mask ×
   padding, and the returned micro-batch loss is ``Σ_i L_i / (B_micro × GA)``. TRL's Trainer does not rescale it for
@@ -104,7 +104,7 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
 
     ``model`` is a path or a loaded model with a ``name_or_path`` (the reference model and vLLM load by path).
     ``reward_funcs`` defaults to ``args.reward_names``. ``episode_runner(rows, trainer) -> dict`` replaces the real
-    rollout (tests use scripted ones); by default episodes run through ``t2s.training.rollout`` on the backend that
+    rollout (tests use scripted ones); by default episodes run through ``t2s.rollout.driver`` on the backend that
     ``args.rollout_backend`` names.
     """
 
@@ -197,7 +197,7 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
 
     def _run_episodes(self, rows: list[dict], trainer) -> dict:
         from t2s.backends.base import SamplingSettings
-        from t2s.training.rollout import Rollout
+        from t2s.rollout.driver import Rollout
 
         if self._backend is None:
             self._backend = build_backend(self)

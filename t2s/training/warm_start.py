@@ -1,7 +1,7 @@
 """The supervised warm start (``t2s sft``): trajectories the environment plays, trained with TRL's ``SFTTrainer``.
 
 The trajectories are episodes of the GRPO recipe named by ``rl_recipe``: its data, filters and episode settings
-(protocol, prompts, tools, budgets). They are played by ``t2s.training.rollout.Rollout`` through a
+(protocol, prompts, tools, budgets). They are played by ``t2s.rollout.driver.Rollout`` through a
 :class:`t2s.backends.scripted.ScriptedBackend`, so each one is the very token stream a training rollout builds:
 prompt ids, then model turns and environment turns, with the same ``env_mask``. Where they come from:
 
@@ -86,10 +86,10 @@ def parse_sft_recipe(argv: list[str]):
 
 
 def play(rows: list[dict], policies: list, tokenizer, episode_config):
-    """Play one text policy per row through the training rollout; returns its ``EpisodeTrace`` list (scored)."""
+    """Play one text policy per row through the episode driver (``t2s.rollout``); returns its ``EpisodeTrace`` list (scored)."""
     from t2s.backends.base import SamplingSettings
     from t2s.backends.scripted import ScriptedBackend
-    from t2s.training.rollout import Rollout
+    from t2s.rollout.driver import Rollout
 
     sampling = SamplingSettings.training(seed=0)
     backend = ScriptedBackend(tokenizer, policies, sampling, max_turns=episode_config.max_turns)

@@ -7,13 +7,15 @@ What the folder holds:
   tensor training never saw (the vision tower, the MTP head) is copied unchanged from the base's safetensors, so
   vLLM serves the same architecture the base shipped with. A checkpoint with no composite base keeps its own
   architecture (the tiny test model does);
-- ``generation_config.json`` stopping on both ``<|im_end|>`` and ``<|endoftext|>``, ids read from the tokenizer;
+- ``generation_config.json`` stopping on both ``<|im_end|>`` and ``<|endoftext|>``, ids read from the tokenizer, and
+  sampling as ``eval`` samples by default (T 0.6, top-p 0.95, top-k 20), so a plain client samples as the figures were;
 - the tokenizer and chat template;
 - the weights written by ``huggingface_hub.save_torch_state_dict``: one ``model.safetensors``, or shards of at most
   ``--max-shard-size`` plus ``model.safetensors.index.json``;
 - ``system_prompt.txt``: the system prompt the model was trained with (the recipe's ``system_prompt_file``, else
-  t2s's own prompt for the recipe's tool set and call format; without ``--recipe``, the default exec_plan prompt);
-- a model card (``README.md``, ``t2s.evaluation.model_card``) whose metadata names the ``base_model`` (a hub id)
+  t2s's own prompt for the recipe's tool set and call format; an SFT recipe's come from its ``rl_recipe``; without
+  ``--recipe``, the default exec_plan prompt, and the export says so);
+- a model card (``README.md``, ``t2s.export.model_card``) whose metadata names the ``base_model`` (a hub id)
   and, given an eval folder, a ``model-index`` of its scores; its body holds a usage snippet that runs as written
   (``eval`` and ``ask`` pass ``system_prompt.txt`` and the recipe's tool set and call format), the recipe and the
   eval summary table. It names no local paths.
@@ -28,8 +30,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from t2s.backends.base import SamplingSettings
 from t2s.errors import ExportError
-from t2s.evaluation.model_card import SYSTEM_PROMPT_FILE, eval_summaries, model_card, trained_prompt
+from t2s.export.model_card import SYSTEM_PROMPT_FILE, eval_summaries, model_card, trained_prompt
 from t2s.settings import match_umask
 
 
@@ -46,20 +49,6 @@ MAX_SHARD_SIZE = "5GB"
 
 # Files of the base checkpoint that describe its (multimodal) architecture and are kept as they are.
 _BASE_CONFIG_FILES = ("config.json", "preprocessor_config.json", "video_preprocessor_config.json")
-
-
-def shard_size(text: str) -> str:
-    """An argparse type: a size as ``huggingface_hub`` reads it (``5GB``, ``500MB``, a number of bytes)."""
-    import argparse
-
-    from huggingface_hub.serialization._base import parse_size_to_int
-
-    try:
-        if parse_size_to_int(text) > 0:
-            return text
-    except ValueError:
-        pass
-    raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 5GB, 500MB or 1000000")
 
 
 # ----------------------------------------------------------------------------------------------------------- inputs
@@ -240,6 +229,9 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
     if recipe and not Path(recipe).is_file():
         raise ExportError(f"recipe file not found: {recipe}")
     system_prompt, tool_flags = trained_prompt(recipe)
+    if not recipe:
+        print("note: no --recipe given: system_prompt.txt holds t2s's default exec_plan prompt; pass the recipe the "
+              "model was trained with if it used another prompt, tool set or call format")
     if eval_dir:
         eval_summaries(eval_dir)  # fails early when the folder holds no summary
     out.mkdir(parents=True, exist_ok=True)
@@ -309,7 +301,8 @@ def write_generation_config(out: Path, checkpoint: Path, base_dir: Path | None, 
     config["eos_token_id"] = stop_ids
     if tokenizer.pad_token_id is not None:
         config["pad_token_id"] = int(tokenizer.pad_token_id)
-    config.setdefault("do_sample", True)
+    evaluated = SamplingSettings.evaluation()  # what the card's figures were sampled with (eval's defaults)
+    config.update(do_sample=True, temperature=evaluated.temperature, top_p=evaluated.top_p, top_k=evaluated.top_k)
     (out / "generation_config.json").write_text(json.dumps(config, indent=2) + "\n")
 
 

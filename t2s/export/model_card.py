@@ -30,18 +30,30 @@ def hub_id(name_or_path: str | None) -> str | None:
     return None
 
 
-def trained_prompt(recipe: str | None) -> tuple[str, list[str]]:
-    """(the system prompt a recipe trains with, the ``eval``/``ask`` flags of its tool set and call format when they
-    are not the defaults). The recipe's keys are read from its YAML as ``train`` reads them; the prompt file is found
-    as ``train`` finds it."""
+EPISODE_PROMPT_KEYS = ("dialect", "tool_format", "system_prompt_file")
+
+
+def _recipe_keys(path) -> dict:
     import yaml
 
+    keys = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    return keys if isinstance(keys, dict) else {}
+
+
+def trained_prompt(recipe: str | None) -> tuple[str, list[str]]:
+    """(the system prompt a recipe trains with, the ``eval``/``ask`` flags of its tool set and call format when they
+    are not the defaults). The recipe's keys are read from its YAML as ``train`` reads them (an SFT recipe's through
+    its ``rl_recipe``, as ``sft`` reads them); the prompt file is found as ``train`` finds it."""
     from t2s.env.protocol import default_system_prompt
     from t2s.evaluation.options import read_system_prompt
     from t2s.training.pipeline import resolve_path
 
-    keys = yaml.safe_load(Path(recipe).read_text(encoding="utf-8")) if recipe else {}
-    keys = keys if isinstance(keys, dict) else {}
+    keys = _recipe_keys(recipe) if recipe else {}
+    if keys.get("rl_recipe"):  # an SFT recipe: its episodes are the GRPO recipe's, unless it sets them itself
+        path = resolve_path(keys["rl_recipe"])
+        if path is None:
+            raise ExportError(f"the recipe's rl_recipe {keys['rl_recipe']!r} not found")
+        keys = {**_recipe_keys(path), **{k: v for k, v in keys.items() if k in EPISODE_PROMPT_KEYS}}
     dialect, tool_format = keys.get("dialect") or "exec_plan", keys.get("tool_format") or "json"
     flags = (["--dialect", dialect] if dialect != "exec_plan" else []) + (
         ["--tool-format", tool_format] if tool_format != "json" else [])
@@ -144,4 +156,4 @@ def eval_summaries(eval_dir) -> dict[str, dict]:
 def eval_markdown(eval_dir) -> str:
     from t2s.evaluation.report import modes_markdown
 
-    return modes_markdown(eval_summaries(eval_dir))
+    return modes_markdown(eval_summaries(eval_dir), public=True)  # a card names no local path

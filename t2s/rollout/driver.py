@@ -42,7 +42,7 @@ from t2s.backends.base import SamplingSettings, TurnOutput
 from t2s.env.episode import Episode, EpisodeConfig
 from t2s.env.record import EpisodeRecord
 from t2s.env.native_reader import special_tokens_of
-from t2s.env.play import EnvTokenCounter, first_prompt_ids
+from t2s.rollout.play import EnvTokenCounter, first_prompt_ids
 
 logger = logging.getLogger(__name__)
 
