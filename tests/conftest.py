@@ -87,6 +87,26 @@ def tiny_tokenizer(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def attention_model_dir(tmp_path_factory):
+    """The tiny model's ``attention`` preset (the shape vLLM's CPU backend runs) with seeded noise, so that its greedy
+    turns are varied text (tests/vllm_support.py)."""
+    from tests.vllm_support import attention_model
+
+    return attention_model(tmp_path_factory.mktemp("tiny-attention"), noise=0.2)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(attention_model_dir, tmp_path_factory):
+    """The real vLLM server, started once for the session as `make serve` starts it (the sibling's flags); a test
+    takes it with ``vllm_server.hold(model_dir)``, which loads that model's weights (tests/vllm_support.py)."""
+    from tests.vllm_support import SharedServer, served
+
+    scratch = tmp_path_factory.mktemp("vllm-server")
+    with served(attention_model_dir, scratch / "server.log", *SharedServer.FLAGS) as url:
+        yield SharedServer(url, attention_model_dir, scratch)
+
+
+@pytest.fixture(scope="session")
 def demo_dir():
     if not (DEMO_DIR / "dev.json").is_file():
         pytest.skip(f"demo data not generated at {DEMO_DIR}")

@@ -3,8 +3,9 @@
 The tiny model's ``attention`` preset (full attention, head_dim 32, float32) is the shape vLLM's CPU backend runs.
 At temperature 0, ``eval --policy vllm`` must play the same episodes, token for token, as ``--policy model``
 (transformers ``generate``), in both tool formats; a server started as ``make serve`` starts it must play the same
-episodes as the offline engine in ``completions`` mode, and finish a ``chat`` run. Every run is its own
-``python -m t2s`` process, as a user would start it (vLLM CPU spawns its engine processes).
+episodes as the offline engine in ``completions`` mode, and finish a ``chat`` run. The offline runs are the ``t2s``
+command run in one process, the offline engine built once for both tool formats (``python -m tests.vllm_support``);
+the server is the session's (conftest ``vllm_server``), holding the model's weights.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, attention_model, served
+from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 
@@ -27,18 +28,20 @@ EPISODES = ["--mode", "withheld", "--n", "3", "--max-turns", "2", "--max-tokens-
             "--episode-token-budget", "4096", "--temperature", "0", "--quiet"]
 
 
-@pytest.fixture(scope="session")
-def attention_model_dir(tmp_path_factory):
-    return attention_model(tmp_path_factory.mktemp("tiny-attention"), noise=0.2)
+def eval_argv(out: Path, *argv) -> list[str]:
+    return ["eval", "--data", str(ROOT / "data" / "demo"), *EPISODES, "--output", str(out), *map(str, argv)]
 
 
 def run_eval(out: Path, *argv) -> list[list[str]]:
-    """Run ``python -m t2s eval`` and return each episode's assistant turn texts, by question id (an endpoint's
-    episodes land in the order they finish)."""
-    cmd = [sys.executable, "-m", "t2s", "eval", "--data", str(ROOT / "data" / "demo"), *EPISODES, "--output", str(out),
-           *map(str, argv)]
-    done = subprocess.run(cmd, cwd=ROOT, env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    """Run ``python -m t2s eval`` and return each episode's assistant turn texts."""
+    done = subprocess.run([sys.executable, "-m", "t2s", *eval_argv(out, *argv)], cwd=ROOT, env=os.environ | VLLM_ENV,
+                          capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return turn_texts(out)
+
+
+def turn_texts(out: Path) -> list[list[str]]:
+    """Each episode's assistant turn texts, by question id (an endpoint's episodes land in the order they finish)."""
     lines = (out / "withheld" / "episodes.jsonl").read_text().splitlines()
     episodes = sorted((json.loads(line) for line in lines if line.strip()), key=lambda e: (e["question_id"], e["sample"]))
     return [[turn["assistant"] for turn in episode["turns"]] for episode in episodes]
@@ -50,14 +53,20 @@ def engine_of(out: Path) -> str:
 
 @pytest.fixture(scope="module")
 def offline_runs(attention_model_dir, tmp_path_factory):
-    """Both policies in both tool formats: {(policy, tool_format): turn texts}."""
+    """Both policies in both tool formats: {(policy, tool_format): turn texts}. One process runs the four evals,
+    transformers' first, then vLLM's on one engine (its prefix cache emptied between them)."""
     base = tmp_path_factory.mktemp("offline")
+    plan = [(policy, fmt) for policy in ("model", "vllm") for fmt in ("json", "native")]
+    runs_file = base / "runs.json"
+    runs_file.write_text(json.dumps([eval_argv(base / f"{policy}-{fmt}", "--policy", policy, "--model",
+                                               attention_model_dir, "--tool-format", fmt) for policy, fmt in plan]))
+    done = subprocess.run([sys.executable, "-m", "tests.vllm_support", str(runs_file)], cwd=ROOT,
+                          env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = {}
-    for fmt in ("json", "native"):
-        for policy in ("model", "vllm"):
-            out = base / f"{policy}-{fmt}"
-            runs[policy, fmt] = run_eval(out, "--policy", policy, "--model", attention_model_dir, "--tool-format", fmt)
-            runs[policy, fmt, "engine"] = engine_of(out)
+    for policy, fmt in plan:
+        runs[policy, fmt] = turn_texts(base / f"{policy}-{fmt}")
+        runs[policy, fmt, "engine"] = engine_of(base / f"{policy}-{fmt}")
     return runs
 
 
@@ -73,30 +82,30 @@ def test_offline_engine_plays_like_transformers(offline_runs, fmt):
     assert len({turn for episode in offline_runs["vllm", fmt] for turn in episode}) > 1  # not one repeated text
 
 
-@pytest.fixture(scope="module")
-def vllm_server(attention_model_dir):
-    with served(attention_model_dir, attention_model_dir.parent / "server.log") as url:
-        yield url
+@pytest.fixture
+def server(vllm_server, attention_model_dir) -> str:
+    """The session's server, holding the model's weights: its URL."""
+    return vllm_server.hold(attention_model_dir)
 
 
-def test_server_completions_play_like_the_offline_engine(vllm_server, offline_runs, attention_model_dir, tmp_path):
-    turns = run_eval(tmp_path / "completions", "--policy", "endpoint", "--endpoint", vllm_server,
+def test_server_completions_play_like_the_offline_engine(server, offline_runs, attention_model_dir, tmp_path):
+    turns = run_eval(tmp_path / "completions", "--policy", "endpoint", "--endpoint", server,
                      "--endpoint-mode", "completions", "--tokenizer", attention_model_dir)
     assert turns == offline_runs["vllm", "json"]
 
 
-def test_server_chat_mode_runs(vllm_server, tmp_path):
-    turns = run_eval(tmp_path / "chat", "--policy", "endpoint", "--endpoint", vllm_server, "--endpoint-mode", "chat")
+def test_server_chat_mode_runs(server, tmp_path):
+    turns = run_eval(tmp_path / "chat", "--policy", "endpoint", "--endpoint", server, "--endpoint-mode", "chat")
     assert len(turns) == 3 and all(turns)
 
 
-def test_bench_rollout_on_the_real_server(vllm_server, attention_model_dir):
+def test_bench_rollout_on_the_real_server(server, attention_model_dir):
     """``bench rollout --engine vllm``: both schedules run the same episodes through the server, and the last line
     gives their times and ratio."""
     import re
 
     done = subprocess.run([sys.executable, "-m", "t2s", "bench", "rollout", "--engine", "vllm", "--endpoint",
-                           vllm_server, "--tokenizer", str(attention_model_dir), "--n", "8"],
+                           server, "--tokenizer", str(attention_model_dir), "--n", "2"],
                           cwd=ROOT, env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     last = done.stdout.strip().splitlines()[-1]

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, attention_model, served
+from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, attention_model
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 
@@ -84,29 +84,29 @@ def _server_turns(url: str, tokenizer, max_tokens: int, n: int, temperature: flo
     return out
 
 
-def test_tools_mode_calls_reach_our_tools_and_score_as_completions(native_model_dir, tmp_path):
+def test_tools_mode_calls_reach_our_tools_and_score_as_completions(vllm_server, native_model_dir, tmp_path):
     """Two properties that hold for any text the model writes, on any machine:
     - the server's ``qwen3_xml`` parser and ``native_calls.parse_turn`` read the same calls from every turn the
       server samples: greedy, and at temperature 1 with token limits that cut turns off inside their calls;
     - the two eval paths play the same episodes: one request at a time and no prefix cache, so the server computes
-      each prompt the same way in both, and each question's calls, final SQL and verdict are the same."""
+      each prompt the same way in both, and each question's calls, final SQL and verdict are the same.
+    The server is the session's (its flags are the sibling's: ``qwen3_xml``, no prefix cache), holding this model."""
     from transformers import AutoTokenizer
 
     from t2s.env.native_calls import parse_turn
     from t2s.env.tool_schemas import function_schemas
 
     tokenizer = AutoTokenizer.from_pretrained(native_model_dir)
-    with served(native_model_dir, tmp_path / "server.log", "--enable-auto-tool-choice",
-                "--tool-call-parser", "qwen3_xml", "--no-enable-prefix-caching") as url:
-        sampled = _server_turns(url, tokenizer, 96, 1, 0.0)
-        for max_tokens in (12, 24, 40):
-            sampled += _server_turns(url, tokenizer, max_tokens, 6, 1.0)
-        one_at_a_time = [*EPISODE, "--concurrency", "1"]
-        _t2s("eval", "--policy", "endpoint", "--endpoint", url, "--endpoint-mode", "tools", "--data",
-             str(ROOT / "data" / "demo"), "--n", str(QUESTIONS), *one_at_a_time, "--output", str(tmp_path / "tools"))
-        _t2s("eval", "--policy", "endpoint", "--endpoint", url, "--endpoint-mode", "completions", "--tool-format",
-             "native", "--tokenizer", str(native_model_dir), "--data", str(ROOT / "data" / "demo"), "--n",
-             str(QUESTIONS), *one_at_a_time, "--output", str(tmp_path / "completions"))
+    url = vllm_server.hold(native_model_dir)
+    sampled = _server_turns(url, tokenizer, 96, 1, 0.0)
+    for max_tokens in (12, 24, 40):
+        sampled += _server_turns(url, tokenizer, max_tokens, 6, 1.0)
+    one_at_a_time = [*EPISODE, "--concurrency", "1"]
+    _t2s("eval", "--policy", "endpoint", "--endpoint", url, "--endpoint-mode", "tools", "--data",
+         str(ROOT / "data" / "demo"), "--n", str(QUESTIONS), *one_at_a_time, "--output", str(tmp_path / "tools"))
+    _t2s("eval", "--policy", "endpoint", "--endpoint", url, "--endpoint-mode", "completions", "--tool-format",
+         "native", "--tokenizer", str(native_model_dir), "--data", str(ROOT / "data" / "demo"), "--n",
+         str(QUESTIONS), *one_at_a_time, "--output", str(tmp_path / "completions"))
     tools_declared = function_schemas("sibling")
     disagree = [(text, calls) for text, calls in sampled
                 if [(c.tool, c.args) for c in parse_turn(text, tools=tools_declared).calls] != calls]

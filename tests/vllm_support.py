@@ -1,13 +1,17 @@
 """What the real-vLLM tests share: the environment every vLLM process runs with, the tiny model in the shape vLLM's
-CPU backend runs, and the OpenAI server started the way ``make serve`` starts it."""
+CPU backend runs, the OpenAI server started the way ``make serve`` starts it, one server for the whole session whose
+weights each test sets (:class:`SharedServer`), and several ``t2s`` commands run in one process (``python -m
+tests.vllm_support``), so that a vLLM engine starts once for them."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -88,3 +92,125 @@ def served(model_dir: Path, log_path: Path, *serve_args: str):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         log.close()
+
+
+def post(url: str, body: dict | None = None, timeout: float = HANG_GUARD_S) -> bytes:
+    request = urllib.request.Request(url, data=json.dumps(body or {}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        assert reply.status == 200, (url, reply.status)
+        return reply.read()
+
+
+def prompt_logprobs(url: str, ids: list[int]) -> list[float]:
+    """The server's logprob of each token of ``ids`` after the ones before it."""
+    model = json.loads(urllib.request.urlopen(url + "/v1/models", timeout=60).read())["data"][0]["id"]
+    reply = json.loads(post(url + "/v1/completions", {"model": model, "prompt": ids, "max_tokens": 1,
+                                                      "temperature": 1.0, "prompt_logprobs": 0}))
+    entries = reply["choices"][0]["prompt_logprobs"][1:]
+    return [entry[str(token)]["logprob"] for entry, token in zip(entries, ids[1:], strict=True)]
+
+
+def model_logprobs(model_dir: Path, ids: list[int]) -> list[float]:
+    """transformers' logprob of each token of ``ids`` after the ones before it, on ``model_dir``'s weights."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].tolist()
+
+
+def generation_defaults(model_dir: Path) -> dict:
+    """A folder's ``generation_config.json`` (a server's sampling defaults), a token id and a list of one alike."""
+    path = model_dir / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    return {key: sorted(value if isinstance(value, list) else [value]) if key.endswith("token_id") else value
+            for key, value in config.items() if key != "transformers_version"}
+
+
+PROBE = "SELECT name FROM singer WHERE age > 30 ORDER BY name"
+HOLD_BOUND = 1e-3  # float32 server and transformers on one CPU: about 1e-6; another model's weights: above 1e-2
+
+
+class SharedServer:
+    """One `make serve` server for the session (the sibling's flags: ``qwen3_xml`` calls, and no prefix cache, so that
+    a prompt is computed the same way whatever ran before). A test takes it with :meth:`hold`, which loads a model's
+    weights into it the way training's ``vllm_server_sync: files`` does (``POST /collective_rpc`` ``reload_weights``,
+    every architecture and tokenizer here being the tiny ``attention`` preset's) and proves the server then computes
+    that model: its logprobs on a fixed text equal transformers' on the folder's weights."""
+
+    FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "qwen3_xml", "--no-enable-prefix-caching")
+
+    def __init__(self, url: str, model_dir: Path, scratch: Path):
+        self.url, self.scratch, self.holding, self.served = url, scratch, model_dir, model_dir
+
+    def hold(self, model_dir: Path) -> str:
+        """Load ``model_dir``'s weights unless the server holds them already; returns the server's URL."""
+        model_dir = Path(model_dir)
+        if self.holding != model_dir:
+            from safetensors.torch import load_file, save_file
+            from transformers import AutoTokenizer
+
+            # the server keeps the served folder's tokenizer, chat template and sampling defaults: a model held must
+            # have the same ones, as if the server had been started on it
+            mine, served = AutoTokenizer.from_pretrained(model_dir), AutoTokenizer.from_pretrained(self.served)
+            assert mine.get_vocab() == served.get_vocab() and mine.chat_template == served.chat_template, model_dir
+            assert mine.all_special_tokens == served.all_special_tokens, model_dir
+            assert generation_defaults(model_dir) == generation_defaults(self.served), model_dir
+
+            self.holding = None
+            tensors = load_file(str(model_dir / "model.safetensors"))
+            config = json.loads((model_dir / "config.json").read_text())
+            if config.get("tie_word_embeddings") and "lm_head.weight" not in tensors:  # the reload keeps a head
+                tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()  # it is not given
+            folder = self.scratch / f"weights-{len(list(self.scratch.glob('weights-*')))}"
+            folder.mkdir(parents=True)
+            save_file(tensors, str(folder / "model.safetensors"))
+            post(self.url + "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(folder)}})
+            post(self.url + "/reset_prefix_cache")
+            ids = mine(PROBE)["input_ids"]
+            gap = max(abs(a - b) for a, b in zip(prompt_logprobs(self.url, ids), model_logprobs(model_dir, ids)))
+            assert gap < HOLD_BOUND, f"the shared server does not compute {model_dir} after reloading it: gap {gap}"
+            self.holding = model_dir
+        return self.url
+
+    def released(self) -> None:
+        """Called by a test that changed the server's weights itself (training): the next :meth:`hold` reloads."""
+        self.holding = None
+
+
+def run_t2s_commands(runs: list[list[str]]) -> int:
+    """Run each argv of ``runs`` as ``python -m t2s`` would, in this one process, in order; a ``vllm.LLM`` built with
+    the same arguments as an earlier one is that engine again, its prefix cache emptied (each run then starts from
+    the state a fresh engine has). vLLM is imported at the first run that names it, so that runs before it (the
+    transformers policy) run in a process vLLM has not touched. Returns the first non-zero exit status, else 0."""
+    from t2s.commands import main
+
+    built: dict[str, object] = {}
+    patched = False
+    for argv in runs:
+        if "vllm" in argv and not patched:
+            import vllm
+
+            real_llm = vllm.LLM
+
+            def llm(*args, **kwargs):
+                key = repr((args, sorted(kwargs.items())))
+                if key in built:
+                    built[key].reset_prefix_cache()
+                else:
+                    built[key] = real_llm(*args, **kwargs)
+                return built[key]
+
+            vllm.LLM, patched = llm, True
+        status = main(argv)
+        if status:
+            print(f"t2s {' '.join(argv)} exited {status}", file=sys.stderr)
+            return status
+    return 0
+
+
+if __name__ == "__main__":  # python -m tests.vllm_support RUNS.json (a list of t2s argv lists)
+    raise SystemExit(run_t2s_commands(json.loads(Path(sys.argv[1]).read_text())))
