@@ -136,12 +136,14 @@ def finish_turn(
     limit = min(len(token_ids), max_tokens)
     for i in range(limit):
         if token_ids[i] in stops:
-            return TurnOutput(list(token_ids[: i + 1]), [float(x) for x in logprobs[: i + 1]], "stop", int(token_ids[i]))
+            return TurnOutput(list(token_ids[: i + 1]), [float(x) for x in logprobs[: i + 1]], "stop",
+                              int(token_ids[i]))
     return TurnOutput(list(token_ids[:limit]), [float(x) for x in logprobs[:limit]], "length", None)
 
 
 def engine_turn(
-    token_ids: Sequence[int], logprobs: Sequence[float], finish_reason: str | None, max_tokens: int, stop_ids: Sequence[int]
+    token_ids: Sequence[int], logprobs: Sequence[float], finish_reason: str | None, max_tokens: int,
+    stop_ids: Sequence[int],
 ) -> TurnOutput:
     """Normalise a vLLM completion: stop/length as vLLM reports them, anything else (abort, None) an error.
 

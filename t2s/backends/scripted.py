@@ -114,7 +114,8 @@ class GoldPolicy(ScriptPolicy):
             explore = [write("inspect_schema")]
             finish = [write("run_sql", sql=gold), write("submit", sql=gold)]
         else:
-            explore = [write("list_tables")] + [write("describe_table", table_name=t) for t in gold_tables(gold, schema)]
+            explore = [write("list_tables")] + [write("describe_table", table_name=t)
+                                                for t in gold_tables(gold, schema)]
             finish = [write("run_query", sql=gold), write("submit_sql", sql=gold)]
         size = max(1, max_calls_per_turn) if tool_format == "native" else 1
         turns = [explore[i: i + size] for i in range(0, len(explore), size)]

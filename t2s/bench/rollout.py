@@ -72,7 +72,8 @@ def plan_turns(row: dict, n_turns: int, lengths: list[int], tokenizer, marker: s
     tool_turns = n_turns - 1
     if len(calls) < tool_turns:
         calls += [call_writer(dialect, tool_format)("run_query", sql=row["gold_sql"])] * (tool_turns - len(calls))
-    per_turn = [calls[round(i * len(calls) / tool_turns) : round((i + 1) * len(calls) / tool_turns)] for i in range(tool_turns)]
+    per_turn = [calls[round(i * len(calls) / tool_turns) : round((i + 1) * len(calls) / tool_turns)]
+                for i in range(tool_turns)]
     per_turn.append(pinned[-1])
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     filler = tokenizer(" plan", add_special_tokens=False)["input_ids"]
@@ -125,7 +126,8 @@ def run_schedule(name, plans, tokenizer, config, spec, workers, schedule) -> Sch
     from t2s.rollout.driver import Rollout
 
     engine = SimulatedEngine(tokenizer, plans, spec, schedule)
-    rollout = Rollout(engine, tokenizer, config, tool_workers=workers, schedule=schedule, on_finish=engine.episode_finished)
+    rollout = Rollout(engine, tokenizer, config, tool_workers=workers, schedule=schedule,
+                      on_finish=engine.episode_finished)
     traces = rollout.run([p.row for p in plans])
     seconds = engine.elapsed()
     result = ScheduleResult(name, seconds, engine.stats)
@@ -210,8 +212,8 @@ def run(args: argparse.Namespace) -> int:
     table = Table(
         title=f"Rollout scheduling: {len(plans)} episodes, {args.dialect} tools in {args.tool_format} calls, "
         "simulated engine (virtual clock)",
-        caption="critical path: the longest episode run alone. seconds: virtual engine time plus the real time episodes "
-        "spent outside the engine (outside s: summed over episodes)",
+        caption="critical path: the longest episode run alone. seconds: virtual engine time plus the real time "
+        "episodes spent outside the engine (outside s: summed over episodes)",
     )
     for column in ("schedule", "seconds", "x critical", "turns", "submitted", "correct", "steps", "mean running",
                    "outside s"):
@@ -230,5 +232,6 @@ def run(args: argparse.Namespace) -> int:
         f"longest episode: question {longest.row['question_id']} with {len(longest.turns)} planned turns of "
         f"{[len(t) for t in longest.turns]} tokens; prefix caching {'on' if not args.no_prefix_cache else 'off'}"
     )
-    print(f"async_over_critical={async_r.seconds / critical:.4f} turnsync_over_critical={turnsync_r.seconds / critical:.4f}")
+    print(f"async_over_critical={async_r.seconds / critical:.4f} "
+          f"turnsync_over_critical={turnsync_r.seconds / critical:.4f}")
     return 0

@@ -2,8 +2,9 @@
 database, read-only.
 
 The policy comes from the command line: ``--replay TURNS.jsonl`` plays recorded assistant turns (DESIGN §10),
-``--model`` a transformers checkpoint, ``--endpoint`` a server (completions, chat or tools mode, as in ``eval``). Each entry
-of ``POLICIES`` takes the parsed arguments, the row, the episode config and the database, and returns the record. The user's file opens ``mode=ro`` (never ``immutable``).
+``--model`` a transformers checkpoint, ``--endpoint`` a server (completions, chat or tools mode, as in ``eval``). Each
+entry of ``POLICIES`` takes the parsed arguments, the row, the episode config and the database, and returns the record.
+The user's file opens ``mode=ro`` (never ``immutable``).
 
 The question is printed first, then the episode. The record (``--json``) holds the episode keys of DESIGN §10 plus
 ``question``, ``evidence`` and ``pred_result``: the first ``RESULT_ROWS`` rows of the final SQL's result, as the
@@ -27,13 +28,16 @@ RECORD_EXTRA_KEYS = ("question", "evidence", "pred_result")  # what ask's record
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("question", help="the question to answer")
     parser.add_argument("--db", required=True, type=non_empty_path,
-                        help="the database to ask, read-only: a SQLite or DuckDB (.duckdb) file, or a postgresql:// URL")
+                        help="the database to ask, read-only: a SQLite or DuckDB (.duckdb) file, "
+                        "or a postgresql:// URL")
     parser.add_argument("--replay", metavar="TURNS.jsonl", help="play recorded assistant turns: one JSON string a line")
     parser.add_argument("--mode", choices=("full", "withheld"), default="full",
                         help="full: the prompt shows the schema; withheld: the model discovers it with tools")
     parser.add_argument("--evidence", default="", help="a hint, as BIRD's evidence field")
-    parser.add_argument("--max-turns", type=positive_int, default=None, help="tool turns before the forced final turn (default: 6)")
-    parser.add_argument("--system-prompt-file", type=non_empty_path, default=None, help="replace the system prompt with this file's text")
+    parser.add_argument("--max-turns", type=positive_int, default=None,
+                        help="tool turns before the forced final turn (default: 6)")
+    parser.add_argument("--system-prompt-file", type=non_empty_path, default=None,
+                        help="replace the system prompt with this file's text")
     parser.add_argument("--json", action="store_true", help="print the episode record as one JSON object")
     from t2s.evaluation.options import add_tool_arguments
 
@@ -154,7 +158,8 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--model", default=None, help="a transformers model folder or hub id (runs locally)")
     parser.add_argument("--device", default=None, help="--model: cpu, cuda, ... (default: cuda when available)")
-    parser.add_argument("--max-tokens-per-turn", type=positive_int, default=2048, help="tokens one model turn may generate")
+    parser.add_argument("--max-tokens-per-turn", type=positive_int, default=2048,
+                        help="tokens one model turn may generate")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: unseeded)")
     add_sampling_arguments(parser)
     add_endpoint_arguments(parser)
@@ -239,7 +244,8 @@ def _show_turn(console, text: str, tool_format: str = "json") -> None:
     for call in parsed.calls:
         shown.append(safe_text(json.dumps(call.as_dict(), ensure_ascii=False)) + "\n", style="bold cyan")
     if not parsed.calls:
-        shown.append(safe_text(parsed.body.strip() or "(empty turn)") + "\n", style="" if parsed.body.strip() else "dim")
+        shown.append(safe_text(parsed.body.strip() or "(empty turn)") + "\n",
+                     style="" if parsed.body.strip() else "dim")
     console.print(shown)
 
 

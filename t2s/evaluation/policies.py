@@ -158,14 +158,16 @@ class Runner:
         self.target: dict = {}
 
     # -- set-up -------------------------------------------------------------------------------------------------
-    def setup(self, all_rows: list[dict]) -> None:
+    def setup(self, all_rows: list[dict], questions: list[dict] | None = None) -> None:
+        """Load what the policy needs; ``questions``: the rows to play (default: all), over which a predictions
+        file's questions without a prediction are counted."""
         args = self.args
         if args.policy in ("model", "vllm") and not args.model:
             raise EvalError(f"Error: --policy {args.policy} needs --model PATH")
         if args.policy == "endpoint" and not args.endpoint:
             raise EvalError("Error: --policy endpoint needs --endpoint URL")
         if args.policy == "predictions":
-            self._setup_predictions(all_rows)
+            self._setup_predictions(all_rows, questions)
         elif args.policy == "endpoint":
             self._setup_endpoint()
         elif args.policy == "model":
@@ -173,15 +175,16 @@ class Runner:
         elif args.policy == "vllm":
             self._setup_vllm()
 
-    def _setup_predictions(self, all_rows: list[dict]) -> None:
-        from t2s.evaluation.score import PredictionsError, read_predictions
+    def _setup_predictions(self, all_rows: list[dict], questions: list[dict] | None) -> None:
+        from t2s.evaluation.score import PredictionsError, print_warnings, read_predictions
 
         if not self.args.predictions:
             raise EvalError("Error: --policy predictions needs --predictions FILE")
         try:
-            self.predictions = read_predictions(self.args.predictions, all_rows)
+            self.predictions = read_predictions(self.args.predictions, all_rows, questions)
         except (PredictionsError, ValueError) as exc:
             raise EvalError(str(exc)) from None
+        print_warnings(self.predictions.warnings)  # the lines `score` prints for the same file
         self.target = {"predictions": str(Path(self.args.predictions).resolve()),
                        "predictions_sha256": file_checksum(self.args.predictions)}
 
@@ -193,8 +196,8 @@ class Runner:
         self.tokenizer = load_tokenizer(names[0], required=args.endpoint_mode == "completions")
         if args.endpoint_mode == "completions":
             self.backend = completions_backend(args, self.tokenizer, served, args.episode_token_budget)
-        self.target = {"endpoint": self.chat_client.base_url, "endpoint_mode": args.endpoint_mode, "served_model": served,
-                       "model": args.model}
+        self.target = {"endpoint": self.chat_client.base_url, "endpoint_mode": args.endpoint_mode,
+                       "served_model": served, "model": args.model}
 
     def _setup_model(self) -> None:
         args = self.args
@@ -202,7 +205,8 @@ class Runner:
                                                              args.batch_size or None)
         from importlib import metadata
 
-        self.target = {"model": args.model, "device": device, "engine": f"transformers {metadata.version('transformers')}"}
+        self.target = {"model": args.model, "device": device,
+                       "engine": f"transformers {metadata.version('transformers')}"}
 
     def _setup_vllm(self) -> None:
         args = self.args

@@ -199,8 +199,9 @@ def build_trainer(script_args, training_args, model_args, *, callbacks=None):
 def resume_checkpoint(training_args) -> str | None:
     """``resume_from_checkpoint``: a folder, or ``latest``/``true`` for the newest *complete* checkpoint in output_dir.
 
-    ``latest`` passes over newer incomplete checkpoints (``t2s.training.checkpoints.checkpoint_problem``, e.g. a save cut off by
-    a crash) with one warning naming them and the one chosen; a named folder that is incomplete is a ConfigError.
+    ``latest`` passes over newer incomplete checkpoints (``t2s.training.checkpoints.checkpoint_problem``, e.g. a save
+    cut off by a crash) with one warning naming them and the one chosen; a named folder that is incomplete is a
+    ConfigError.
     """
     from t2s.training.checkpoints import checkpoint_problem, newest_complete_checkpoint
     from t2s.training.configs import ConfigError

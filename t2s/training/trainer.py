@@ -31,8 +31,9 @@ What the subclass changes, and where:
   pass itself.
 - **EOS**: generation stops on ``<|im_end|>`` and ``<|endoftext|>``; both are in ``trainer.eos_token_ids``.
 - **Step metrics** besides TRL's: episode counters (``EPISODE_METRICS``), each stop reason's share of the step's
-  episodes (``episodes/stop/<reason>``, with a warning when any ended before its first turn); ``sampling/logp_gap/{mean,max}``, the
-  |log π_θ − log π_sampler| over model tokens in the loss's forward pass (≈ 0 when the sampler is the policy); and
+  episodes (``episodes/stop/<reason>``, with a warning when any ended before its first turn);
+  ``sampling/logp_gap/{mean,max}``, the |log π_θ − log π_sampler| over model tokens in the loss's forward pass (≈ 0
+  when the sampler is the policy); and
   rank 0's time split in seconds (``TIME_METRICS``).
 """
 
@@ -425,7 +426,8 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         if self.args.should_save:
             from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-            folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
+            folder = os.path.join(self._get_output_dir(trial=trial),
+                                  f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, KL_STATE_FILE), "w") as f:
                 json.dump({"beta": self.beta, "global_step": self.state.global_step}, f)

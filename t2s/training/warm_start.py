@@ -69,7 +69,8 @@ class T2SSFTArguments:
     )
     tiny_model: str | None = field(
         default=None,
-        metadata={"help": "Build the tiny offline Qwen3.5 of this preset (t2s.training.tiny_model.PRESETS: hybrid, attention) "
+        metadata={"help": "Build the tiny offline Qwen3.5 of this preset "
+                  "(t2s.training.tiny_model.PRESETS: hybrid, attention) "
                   "at model_name_or_path when it is absent. For the CPU demo and `bench learn`."},
     )
     trajectory_seed: int = field(default=0, metadata={"help": "Seed of the near-miss choice."})
@@ -86,7 +87,8 @@ def parse_sft_recipe(argv: list[str]):
 
 
 def play(rows: list[dict], policies: list, tokenizer, episode_config):
-    """Play one text policy per row through the episode driver (``t2s.rollout``); returns its ``EpisodeTrace`` list (scored)."""
+    """Play one text policy per row through the episode driver (``t2s.rollout``); returns its ``EpisodeTrace`` list
+    (scored)."""
     from t2s.backends.base import SamplingSettings
     from t2s.backends.scripted import ScriptedBackend
     from t2s.rollout.driver import Rollout
