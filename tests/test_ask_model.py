@@ -19,7 +19,7 @@ DOGS = "SELECT name FROM pets WHERE kind = 'dog' ORDER BY name"
 
 
 @pytest.fixture()
-def wal_db(wal_db_with_connection):
+def wal_db(wal_db_with_connection):  # noqa: F811 - the fixture imported above, taken by name
     """A WAL-mode user file whose last write is not checkpointed (``immutable`` would miss it)."""
     return wal_db_with_connection[0]
 

@@ -94,7 +94,8 @@ def test_budget_line_counts_down(db_row):
 
 
 def test_max_turns_then_forced_bare_sql(db_row):
-    turns = [turn(call("run_query", sql=WORKS))] + [turn(call("list_tables"))] * 5 + ["ok\n</think>\n```sql\n" + GOOD + "\n```"]
+    turns = ([turn(call("run_query", sql=WORKS))] + [turn(call("list_tables"))] * 5
+             + ["ok\n</think>\n```sql\n" + GOOD + "\n```"])
     record = play(db_row, turns)
     c = record["counters"]
     assert c["turns"] == 7 and c["forced"] is True and not c["submitted"]
@@ -118,7 +119,8 @@ def test_empty_forced_answer_falls_back_to_last_working_query(db_row):
 
 
 def test_broken_submit_falls_back_but_keeps_submitted_sql(db_row):
-    record = play(db_row, [turn(call("run_query", sql=WORKS)), turn(call("submit_sql", sql="SELECT nope FROM members"))])
+    record = play(db_row, [turn(call("run_query", sql=WORKS)),
+                           turn(call("submit_sql", sql="SELECT nope FROM members"))])
     assert record["submitted_sql"] == "SELECT nope FROM members"
     assert record["final_sql"] == WORKS and record["final_sql_source"] == "fallback"
     assert record["counters"]["submitted"] is True and record["counters"]["fallback_used"] is True
@@ -138,7 +140,8 @@ def test_replay_running_out_ends_with_none(db_row):
 
 
 def test_bad_submit_args_are_errors_and_the_episode_goes_on(db_row):
-    turns = [turn(call("submit_sql", sql="")), turn('{"tool": "submit_sql", "args": {"sql": 5}}'), turn(call("submit_sql", sql=GOOD))]
+    turns = [turn(call("submit_sql", sql="")), turn('{"tool": "submit_sql", "args": {"sql": 5}}'),
+             turn(call("submit_sql", sql=GOOD))]
     record = play(db_row, turns)
     assert record["counters"]["tool_errors"] == 2 and record["counters"]["turns"] == 3
     assert record["final_sql_source"] == "submitted" and record["submitted_sql"] == GOOD
@@ -156,7 +159,8 @@ def test_four_failed_queries_force_the_answer(db_row):
 
 def test_a_successful_query_resets_the_failure_count(db_row):
     fail = call("run_query", sql="SELECT nope FROM members")
-    turns = [turn(fail)] * 3 + [turn(call("run_query", sql=WORKS))] + [turn(fail)] * 3 + [turn(call("submit_sql", sql=GOOD))]
+    turns = ([turn(fail)] * 3 + [turn(call("run_query", sql=WORKS))] + [turn(fail)] * 3
+             + [turn(call("submit_sql", sql=GOOD))])
     record = play(db_row, turns, max_turns=10)
     assert record["counters"]["forced"] is False and record["final_sql_source"] == "submitted"
 
@@ -171,7 +175,8 @@ def test_several_failures_in_one_turn_stop_the_turn(db_row):
 
 def test_tool_time_budget(db_row):
     slow = "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n) SELECT COUNT(*) FROM n"
-    record = play(db_row, [turn(call("run_query", sql=slow)), turn(call("submit_sql", sql=GOOD))], episode_tool_seconds=0.3)
+    record = play(db_row, [turn(call("run_query", sql=slow)), turn(call("submit_sql", sql=GOOD))],
+                  episode_tool_seconds=0.3)
     assert "timed out" in record["turns"][0]["observation"]
     assert "The tool time budget is used up" in record["turns"][0]["observation"]
     assert record["counters"]["forced"] is True and record["final_sql_source"] == "forced"
@@ -192,7 +197,8 @@ def test_ten_thousand_objects_in_one_turn(db_row):
 
 def test_write_attempts_are_counted_and_nothing_changes(db_row):
     before = databases.file_checksum(db_row["db_path"])
-    record = play(db_row, [turn(call("run_query", sql="DELETE FROM members")), turn(call("submit_sql", sql="DROP TABLE members"))])
+    record = play(db_row, [turn(call("run_query", sql="DELETE FROM members")),
+                           turn(call("submit_sql", sql="DROP TABLE members"))])
     assert record["counters"]["write_attempts"] == 2
     assert databases.file_checksum(db_row["db_path"]) == before
 
@@ -296,7 +302,8 @@ def test_missing_database_never_raises(tmp_path):
            "db_path": str(tmp_path / "gone.sqlite"), "schema_id": None, "difficulty": None, "source": "test"}
     episode = Episode(row, EpisodeConfig())
     assert episode.setup_error and episode.setup_error.startswith("Error:")
-    record = run_text_episode(row, EpisodeConfig(), ReplayPolicy([turn(call("list_tables")), turn(call("submit_sql", sql="SELECT 1"))])).to_json()
+    policy = ReplayPolicy([turn(call("list_tables")), turn(call("submit_sql", sql="SELECT 1"))])
+    record = run_text_episode(row, EpisodeConfig(), policy).to_json()
     assert record["turns"][0]["observation"].startswith("[list_tables]\nError:")
     assert not (tmp_path / "gone.sqlite").exists()
 
@@ -315,7 +322,8 @@ def test_injected_turn_boundary_is_plain_text(db_row, tiny_tokenizer):
 def test_run_text_episode_counts_tokens_and_cuts_long_turns(db_row, tiny_tokenizer):
     config = EpisodeConfig(max_tokens_per_turn=40, max_turns=2, min_episode_tokens=10)
     long_turn = "word " * 200 + "</think>" + call("list_tables")
-    record = run_text_episode(db_row, config, ReplayPolicy([long_turn, turn(call("submit_sql", sql=GOOD))]), tokenizer=tiny_tokenizer).to_json()
+    record = run_text_episode(db_row, config, ReplayPolicy([long_turn, turn(call("submit_sql", sql=GOOD))]),
+                              tokenizer=tiny_tokenizer).to_json()
     assert record["counters"]["turn_cutoffs"] == 1
     assert len(tiny_tokenizer(record["turns"][0]["assistant"])["input_ids"]) <= 40
     assert record["final_sql_source"] == "submitted"
@@ -327,7 +335,8 @@ def test_play_counts_every_token_once_and_tokenizes_each_observation_once(db_row
 
     tokenized = []
     observation_ids = protocol.observation_ids
-    monkeypatch.setattr(protocol, "observation_ids", lambda tok, text: tokenized.append(text) or observation_ids(tok, text))
+    monkeypatch.setattr(protocol, "observation_ids",
+                        lambda tok, text: tokenized.append(text) or observation_ids(tok, text))
     turns = [turn(call("list_tables")), turn(call("run_query", sql=GOOD)), turn(call("submit_sql", sql=GOOD))]
     episode = play_episode(Episode(db_row, EpisodeConfig()), ReplayPolicy(turns), tiny_tokenizer)
     observations = [t["observation"] for t in episode.turns if t["observation"]]

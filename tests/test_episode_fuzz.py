@@ -20,15 +20,16 @@ from t2s.env.tools import Toolbox
 
 TOOLS = ["list_tables", "describe_table", "foreign_keys", "join_path", "sample_rows", "distinct_values", "run_query",
          "submit_sql", "nope", ""]
-SQLS = ["SELECT COUNT(*) FROM t", "SELECT nope FROM t", "DELETE FROM t", "SELECT 1; SELECT 2", "", "SELECT '{\"a\": 1}'",
-        "WITH x AS (SELECT 1) SELECT * FROM x"]
+SQLS = ["SELECT COUNT(*) FROM t", "SELECT nope FROM t", "DELETE FROM t", "SELECT 1; SELECT 2", "",
+        "SELECT '{\"a\": 1}'", "WITH x AS (SELECT 1) SELECT * FROM x"]
 
 
 @pytest.fixture(scope="module")
 def row(tmp_path_factory):
     path = tmp_path_factory.mktemp("fuzz") / "f.sqlite"
     conn = sqlite3.connect(path)
-    conn.executescript("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); CREATE TABLE u (t_id INTEGER REFERENCES t(id));")
+    conn.executescript("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); "
+                       "CREATE TABLE u (t_id INTEGER REFERENCES t(id));")
     conn.executemany("INSERT INTO t VALUES (?, ?)", [(i, f"v{i % 3}") for i in range(12)])
     conn.commit()
     conn.close()
@@ -37,17 +38,19 @@ def row(tmp_path_factory):
 
 
 values = st.one_of(st.none(), st.booleans(), st.integers(-10**20, 10**20), st.floats(allow_nan=True),
-                   st.sampled_from(["t", "u", "T", "x\"; DROP TABLE t; --", "v", "id", "🙂"] + SQLS), st.text(max_size=20))
+                   st.sampled_from(["t", "u", "T", "x\"; DROP TABLE t; --", "v", "id", "🙂"] + SQLS),
+                   st.text(max_size=20))
 args = st.one_of(
-    st.dictionaries(st.sampled_from(["table_name", "column_name", "table_a", "table_b", "limit", "sql", "extra"]), values,
-                    max_size=4),
+    st.dictionaries(st.sampled_from(["table_name", "column_name", "table_a", "table_b", "limit", "sql", "extra"]),
+                    values, max_size=4),
     values,
 )
 calls = st.builds(lambda tool, a: json.dumps({"tool": tool, "args": a}), st.sampled_from(TOOLS), args)
 pieces = st.one_of(
     calls,
-    st.sampled_from(["</think>", "<think>", "```json\n", "```", "\n", "{", "}", '{"tool": "run_query", "args": {"sql": "SEL',
-                     "SELECT COUNT(*) FROM t", "<|im_end|>", "I think", "[1, 2]"]),
+    st.sampled_from(["</think>", "<think>", "```json\n", "```", "\n", "{", "}",
+                     '{"tool": "run_query", "args": {"sql": "SEL', "SELECT COUNT(*) FROM t", "<|im_end|>", "I think",
+                     "[1, 2]"]),
     st.sampled_from(["[" * 1500, '{"a": ' * 1500, '{"tool": "run_query", "args": {"sql": ' + "[" * 1500, "9" * 5000,
                      "1e999999", '"\\ud800"', "\ud800", "\udfff",
                      '{"tool": "describe_table", "args": {"table_name": "\\udc00"}}',
@@ -109,10 +112,10 @@ HOSTILE = {
     "objects nested 1,500 deep": "</think>\n" + '{"a": ' * 1500 + "1" + "}" * 1500,
     "args nested 40 deep": tool_call("run_query", sql=json.loads("[" * 40 + "]" * 40)),
     "args as a JSON string nested 3,000 deep": "</think>" + json.dumps({"tool": "run_query", "args": "[" * 3000}),
-    "a number of 5,000 digits": "</think>" + '{"tool": "sample_rows", "args": {"table_name": "t", "limit": ' + "9" * 5000
-                                + "}}",
-    "a number of 4,000 digits": "</think>" + '{"tool": "sample_rows", "args": {"table_name": "t", "limit": ' + "9" * 4000
-                                + "}}",
+    "a number of 5,000 digits": ("</think>" + '{"tool": "sample_rows", "args": {"table_name": "t", "limit": '
+                                 + "9" * 5000 + "}}"),
+    "a number of 4,000 digits": ("</think>" + '{"tool": "sample_rows", "args": {"table_name": "t", "limit": '
+                                 + "9" * 4000 + "}}"),
     "an infinite number": "</think>" + '{"tool": "sample_rows", "args": {"table_name": "t", "limit": 1e999999}}',
     "an escaped lone surrogate": "</think>" + '{"tool": "run_query", "args": {"sql": "SELECT \'\\ud800\'"}}',
     "an escaped lone surrogate in a name": "</think>" + '{"tool": "describe_table", "args": {"table_name": "\\udfff"}}',

@@ -82,7 +82,8 @@ def calls_of(text: str, tools=None) -> list[tuple[str, dict]]:
      [("f", {"h": "<b>bold</b>"})]),
     ("<tool_call>\n<function=f>\n<parameter=v>\n<function=other>\n</parameter>\n</function>\n</tool_call>",
      [("f", {"v": "<function=other>"})]),  # opening tags inside a value are text
-    ("<tool_call>\n<function=f>\n<parameter=v>\n</param>\n</parameter>\n</function>\n</tool_call>", [("f", {"v": "</param>"})]),
+    ("<tool_call>\n<function=f>\n<parameter=v>\n</param>\n</parameter>\n</function>\n</tool_call>",
+     [("f", {"v": "</param>"})]),
     ("<tool_call>\n<function=f>\n<parameter=v></parameter>\n</function>\n</tool_call>", [("f", {"v": ""})]),
     ("<tool_call>\n<function=f>\n<parameter=t>\nfirst\nsecond\n</parameter>\n</function>\n</tool_call>",
      [("f", {"t": "first\nsecond"})]),
@@ -112,7 +113,8 @@ def test_arguments_are_typed_by_the_declaration():
 
 WELL_FORMED = [
     "I look first.\n</think>\n\n" + render_call("run_sql", {"sql": "SELECT a\nFROM b WHERE c < 3"}),
-    "x\n</think>\n\n" + render_call("inspect_schema") + "\n" + render_call("sample_rows", {"table_name": "t", "limit": 3}),
+    ("x\n</think>\n\n" + render_call("inspect_schema") + "\n"
+     + render_call("sample_rows", {"table_name": "t", "limit": 3})),
     "x\n</think>\n\n" + render_call("submit", {"sql": "SELECT '<b>' FROM t"}),
     "x\n</think>\n\nLet me check.\n\n" + render_call("run_sql", {"sql": "SELECT 1"}),
 ]
@@ -177,7 +179,8 @@ def test_deviations_are_counted_per_kind():
 # A turn cut off by the token limit at every point of two calls, and the edge cases a model's text reaches.
 _CALL = render_call("run_sql", {"sql": "SELECT COUNT(*) FROM member"})
 _SUBMIT = render_call("submit", {"sql": "SELECT 1"})
-AGAINST_VLLM = [_CALL[:cut] for cut in range(len(_CALL) + 1)] + [_CALL + "\n" + _SUBMIT[:cut] for cut in range(len(_SUBMIT))] + [
+AGAINST_VLLM = [_CALL[:cut] for cut in range(len(_CALL) + 1)] + [
+    _CALL + "\n" + _SUBMIT[:cut] for cut in range(len(_SUBMIT))] + [
     _CALL + "\nThat is all.",
     "<think>\nmaybe " + _CALL + "\n</think>\n\n" + _SUBMIT,
     render_call("sample_rows", {"table_name": "member", "limit": 5}),
@@ -190,7 +193,8 @@ AGAINST_VLLM = [_CALL[:cut] for cut in range(len(_CALL) + 1)] + [_CALL + "\n" + 
     "<tool_call>\n<function=submit>\n< parameter = sql>\nSELECT 1\n</ parameter >\n</function>\n</tool_call>",
     "<tool_call>\n<function=submit>\n<parameter=sql>\nSELECT 1\n</tool_call>",
     "<tool_call>\n<function=submit\n<parameter=sql>\nSELECT 1\n</parameter>\n</function>\n</tool_call>",
-    "<tool_call>\n<function=>\n{\"name\": \"submit\", \"arguments\": {\"sql\": \"SELECT 1\"}}\n</function>\n</tool_call>",
+    ("<tool_call>\n<function=>\n{\"name\": \"submit\", \"arguments\": {\"sql\": \"SELECT 1\"}}\n</function>\n"
+     "</tool_call>"),
     '<tool_call>\n{"name": "submit", "arguments": {"sql": "SELECT 1"}}\n</tool_call>',
     "<tool_call>\nhello\n<tool_call>\n<function=submit>\n</function>\n</tool_call>",
     "<tool_call>\n<function=sub<|im_end|>mit>\n<parameter=sql>\nSELECT<|im_start|> 1\n</parameter>\n</function>",

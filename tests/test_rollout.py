@@ -67,7 +67,8 @@ def assert_stream_invariants(trace, tok, config: EpisodeConfig = SMALL):
         previous = model_runs[k]
         lead = "" if previous[-1] == im_end else "<|im_end|>"
         if k < len(turns) and turns[k]["observation"]:
-            expected = f"{lead}\n<|im_start|>user\n{turns[k]['observation'].strip()}<|im_end|>\n<|im_start|>assistant\n<think>\n"
+            expected = (f"{lead}\n<|im_start|>user\n{turns[k]['observation'].strip()}<|im_end|>\n"
+                        "<|im_start|>assistant\n<think>\n")
             if k + 1 == len(model_runs):  # no model turn followed (generation error or budget): closed here
                 expected += "<|im_end|>"
         else:  # the closing <|im_end|> after a last turn that did not end on it
@@ -83,7 +84,8 @@ def test_hf_generate_rollout_invariants(rows, tiny_model, tiny_tokenizer):
 
     finished = []
     rollout = Rollout(
-        HFGenerateBackend(tiny_model, tiny_tokenizer), tiny_tokenizer, EpisodeConfig(max_turns=2, max_tokens_per_turn=16),
+        HFGenerateBackend(tiny_model, tiny_tokenizer), tiny_tokenizer,
+        EpisodeConfig(max_turns=2, max_tokens_per_turn=16),
         sampling=SamplingSettings(seed=0), on_finish=finished.append,
     )  # fmt: skip
     traces = rollout.run(rows[:3])
@@ -151,9 +153,11 @@ def test_fake_server_good_agent_submits(rows, tiny_tokenizer, stop):
         traces = rollout.run([row] * 4)
     for trace in traces:
         assert_stream_invariants(trace, tiny_tokenizer, config)
-        assert trace.record.to_json()["final_sql_source"] == "submitted" and trace.record.to_json()["counters"]["submitted"]
+        assert trace.record.to_json()["final_sql_source"] == "submitted"
+        assert trace.record.to_json()["counters"]["submitted"]
         assert trace.record.to_json()["final_sql"] == row["gold_sql"]
-        assert [t["calls"][0]["tool"] for t in trace.record.to_json()["turns"]] == ["list_tables", "run_query", "submit_sql"]
+        assert [t["calls"][0]["tool"] for t in trace.record.to_json()["turns"]] == [
+            "list_tables", "run_query", "submit_sql"]
         assert trace.record.to_json()["turns"][0]["observation"].endswith("[5 tool turns left before you must answer]")
         assert trace.outcome.equivalent and trace.outcome.executes
     batch = rollout.to_trl(traces)
@@ -173,7 +177,8 @@ def test_each_observation_is_tokenized_once(rows, tiny_tokenizer, monkeypatch):
 
     tokenized = []
     observation_ids = protocol.observation_ids
-    monkeypatch.setattr(protocol, "observation_ids", lambda tok, text: tokenized.append(text) or observation_ids(tok, text))
+    monkeypatch.setattr(protocol, "observation_ids",
+                        lambda tok, text: tokenized.append(text) or observation_ids(tok, text))
     row = rows[0]
     with FakeVLLMServer(ScriptedAgent(tiny_tokenizer, good_agent_turns(row))) as server:
         rollout = Rollout(VLLMServerBackend(server.base_url, tiny_tokenizer), tiny_tokenizer,
@@ -288,7 +293,8 @@ def test_a_hostile_turn_does_not_stop_the_rollout(rows, tiny_tokenizer, monkeypa
     traces = Rollout(backend, tiny_tokenizer, config).run([row] * 2)
     for trace in traces:
         assert_stream_invariants(trace, tiny_tokenizer, config)
-        assert trace.record.to_json()["final_sql"] == row["gold_sql"] and trace.record.to_json()["counters"]["format_deviations"] >= 1
+        assert trace.record.to_json()["final_sql"] == row["gold_sql"]
+        assert trace.record.to_json()["counters"]["format_deviations"] >= 1
         assert trace.outcome.equivalent
 
     from t2s.env.episode import Episode
@@ -304,6 +310,7 @@ def test_a_hostile_turn_does_not_stop_the_rollout(rows, tiny_tokenizer, monkeypa
     llm = FakeLLM(ScriptedAgent(tiny_tokenizer, [submit]))
     backend = VLLMColocateBackend(llm, tiny_tokenizer, sampling_params_cls=FakeSamplingParams)
     failed, finished = Rollout(backend, tiny_tokenizer, config).run([rows[1], row])
-    assert failed.record.to_json()["counters"]["tool_errors"] == 1 and failed.record.to_json()["final_sql_source"] == "none"
+    assert failed.record.to_json()["counters"]["tool_errors"] == 1
+    assert failed.record.to_json()["final_sql_source"] == "none"
     assert finished.record.to_json()["final_sql"] == row["gold_sql"] and finished.outcome.equivalent
     assert_stream_invariants(failed, tiny_tokenizer, config)

@@ -78,7 +78,8 @@ def test_malformed_calls_count_as_in_the_json_format(demo_dir):
     row = load_json_rows(demo_dir / "dev.json")[0]
     replies = [
         {"content": "", "reasoning_content": "a", "tool_calls": [
-            call(0, "run_sql", '{"sql": "SELECT 1"'), call(1, "drop_everything", {}), call(2, "run_sql", {"sql": "SELECT 7"})]},
+            call(0, "run_sql", '{"sql": "SELECT 1"'), call(1, "drop_everything", {}),
+            call(2, "run_sql", {"sql": "SELECT 7"})]},
         {"content": "I will answer without tools.", "reasoning_content": "b"},
         {"content": "SELECT 7", "reasoning_content": "c"},
     ]
@@ -116,7 +117,8 @@ def test_calls_that_did_not_run_are_still_answered(demo_dir):
     with FakeVLLMServer(None, chat_reply=lambda body: replies[turn_number(body)]) as server:
         client = ChatEndpointClient(server.base_url, retries=0)
         config = EpisodeConfig(dialect="sibling", tool_format="native", max_calls_per_turn=2)
-        record = play(Episode(row, config), ToolsEndpointPolicy(client, SamplingSettings.evaluation())).record().to_json()
+        record = play(Episode(row, config),
+                      ToolsEndpointPolicy(client, SamplingSettings.evaluation())).record().to_json()
         second = server.chat_requests[1]["messages"]
     assert record["final_sql"] == "SELECT 2" and record["final_sql_source"] == "submitted"
     assert [m.get("tool_call_id") for m in second if m["role"] == "tool"] == ["call_0", "call_1", "call_2"]
@@ -134,5 +136,6 @@ def test_ask_through_a_tools_endpoint(demo_dir, tmp_path, capsys):
         body = server.chat_requests[0]
     assert code == 0
     record = json.loads(capsys.readouterr().out)
-    assert record["final_sql"] == "SELECT 1" and record["turns"][0]["calls"] == [{"tool": "submit", "args": {"sql": "SELECT 1"}}]
+    assert record["final_sql"] == "SELECT 1"
+    assert record["turns"][0]["calls"] == [{"tool": "submit", "args": {"sql": "SELECT 1"}}]
     assert [t["function"]["name"] for t in body["tools"]][-1] == "submit"
