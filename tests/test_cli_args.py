@@ -80,3 +80,20 @@ def test_the_types_themselves():
                            (positive_float, "0"), (positive_float, "inf"), (unit_float, "0"), (non_empty_path, "")):
         with pytest.raises(argparse.ArgumentTypeError):
             function(text)
+
+
+@pytest.mark.parametrize("verb", ["train", "sft"])
+def test_output_names_the_output_folder_for_recipe_commands_too(verb, tmp_path):
+    """Every verb takes --output; train and sft also keep TRL's --output_dir, and both reach the recipe's output_dir."""
+    from t2s.commands import build_parser
+
+    for given in (["--output", "runs/a"], ["--output=runs/a"], ["--output_dir", "runs/a"]):
+        args = build_parser(verb).parse_args([verb, "--config", "recipes/smoke.yaml", *given, "--max_steps", "1"])
+        assert args.overrides[-2:] == ["--max_steps", "1"]
+        assert args.overrides[:-2] in (["--output_dir", "runs/a"], ["--output_dir=runs/a"])
+    if verb == "train":  # TRL's parser takes it: no "ambiguous option", and the run writes where --output says
+        from t2s.training.configs import parse_recipe
+
+        overrides = build_parser(verb).parse_args([verb, "--config", "x", "--output", str(tmp_path / "out")]).overrides
+        _, training_args, _ = parse_recipe(["--config", "recipes/smoke.yaml", *overrides])
+        assert training_args.output_dir == str(tmp_path / "out")

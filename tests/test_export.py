@@ -147,46 +147,73 @@ def test_export_cli_error_line(tmp_path, capsys):
     assert err[-1].startswith("Error: checkpoint folder not found")
 
 
-def test_export_model_card_holds_the_eval_summary(tiny_model_dir, demo_dir, tmp_path):
+def model_eval(model_dir, demo_dir, output, *modes, n=3) -> dict:
+    """A short eval of ``model_dir`` (its weights recorded, as ``export --eval`` needs); returns {mode: summary}."""
     from t2s.commands import build_parser
     from t2s.evaluation.runner import evaluate
 
-    evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4",
-                                              "--output", str(tmp_path / "eval"), "--quiet"]))
+    return evaluate(build_parser("eval").parse_args(
+        ["eval", "--policy", "model", "--model", str(model_dir), "--data", str(demo_dir), "--n", str(n), "--mode",
+         *(modes or ("full",)), "--max-turns", "1", "--max-tokens-per-turn", "8", "--output", str(output), "--quiet"]))
+
+
+def test_export_model_card_holds_the_eval_summary(tiny_model_dir, demo_dir, tmp_path):
+    summary = model_eval(tiny_model_dir, demo_dir, tmp_path / "eval")["full"]
     out = export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval"), verify=False)
     card = (out / "README.md").read_text()
-    assert "## Evaluation" in card and "| official EX | 1.000 |" in card and "Qwen3_5ForCausalLM" in card
+    official = f"{summary['execution_accuracy_official']:.3f}"
+    assert "## Evaluation" in card and f"| official EX | {official} |" in card and "Qwen3_5ForCausalLM" in card
+
+
+def test_export_refuses_an_eval_of_other_weights(tiny_model_dir, demo_dir, tmp_path):
+    """The card's figures must be this checkpoint's: an eval of other weights, or one that recorded none, is refused;
+    an eval of an earlier export into the same folder is taken."""
+    import shutil
+
+    from t2s.commands import build_parser
+    from t2s.evaluation.runner import evaluate
+
+    other = tmp_path / "other"
+    shutil.copytree(tiny_model_dir, other)
+    tensors = read_safetensors(other)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] + 1.0  # other weights, same architecture
+    from safetensors.torch import save_file
+
+    save_file(tensors, other / "model.safetensors", metadata={"format": "pt"})
+    model_eval(other, demo_dir, tmp_path / "eval-other", n=1)
+    with pytest.raises(ExportError, match="ran other weights than"):
+        export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval-other"), verify=False)
+    evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "1",
+                                              "--output", str(tmp_path / "eval-gold"), "--quiet"]))
+    with pytest.raises(ExportError, match="recorded no model weights"):
+        export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval-gold"), verify=False)
+    first = export_model(tiny_model_dir, tmp_path / "export", verify=False)
+    model_eval(first, demo_dir, tmp_path / "eval-export", n=1)  # the exported folder, evaluated, then re-exported
+    again = export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval-export"), verify=False,
+                         force=True)
+    assert "## Evaluation" in (again / "README.md").read_text()
 
 
 def test_export_model_card_names_no_local_path(tiny_model_dir, demo_dir, tmp_path):
-    """An eval of a local target (here a predictions file, recorded with its absolute path): the card names it by
-    its file name only."""
-    from t2s.commands import build_parser
-    from t2s.evaluation.runner import evaluate
-
-    records = json.loads((demo_dir / "dev.json").read_text())
-    predictions = tmp_path / "preds.jsonl"
-    predictions.write_text("".join(json.dumps({"question_id": r["question_id"], "sql": r["SQL"]}) + "\n"
-                                   for r in records))
-    evaluate(build_parser("eval").parse_args(["eval", "--policy", "predictions", "--predictions", str(predictions),
-                                              "--data", str(demo_dir), "--output", str(tmp_path / "eval"), "--quiet"]))
+    """An eval of a local model (recorded with its absolute path): the card names it by its folder name only."""
+    model_eval(tiny_model_dir, demo_dir, tmp_path / "eval", n=1)
     config = json.loads((tmp_path / "eval" / "full" / "eval_config.json").read_text())
-    assert config["predictions"] == str(predictions.resolve())  # the eval folder keeps where it came from
+    assert config["model"] == str(tiny_model_dir)  # the eval folder keeps where it came from
     out = export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval"), verify=False)
     card = (out / "README.md").read_text()
-    assert "target `preds.jsonl`" in card and str(tmp_path) not in card
+    assert f"target `{tiny_model_dir.name}`" in card and str(tiny_model_dir.parent) not in card
 
 
 def test_export_model_card_takes_a_several_mode_eval_folder(tiny_model_dir, demo_dir, tmp_path):
     from t2s.commands import build_parser
     from t2s.evaluation.runner import evaluate
 
-    evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "3",
-                                              "--mode", "full", "withheld", "--output", str(tmp_path / "eval"),
-                                              "--quiet"]))
+    summaries = model_eval(tiny_model_dir, demo_dir, tmp_path / "eval", "full", "withheld")
     out = export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval"), verify=False)
     card = (out / "README.md").read_text()
-    assert "| metric | full | withheld |" in card and "| official EX | 1.000 | 1.000 |" in card
+    official = " | ".join(f"{summaries[m]['execution_accuracy_official']:.3f}" for m in ("full", "withheld"))
+    assert "| metric | full | withheld |" in card and f"| official EX | {official} |" in card
     with pytest.raises(ExportError, match="no summary.json"):
         export_model(tiny_model_dir, tmp_path / "export2", eval_dir=str(tmp_path), verify=False)
 
@@ -213,8 +240,7 @@ def test_export_model_card_metadata_and_usage_snippet(tiny_model_dir, demo_dir, 
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     _hub_cached(tiny_model_dir, tmp_path / "hub", "t2s-test/tiny-base")
-    evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "4",
-                                              "--output", str(tmp_path / "eval"), "--quiet"]))
+    summary = model_eval(tiny_model_dir, demo_dir, tmp_path / "eval", n=4)["full"]
     out = export_model(tiny_model_dir, tmp_path / "export", base="t2s-test/tiny-base", eval_dir=str(tmp_path / "eval"),
                        repo_id="t2s-test/tiny-sql", verify=False)
     card = ModelCard.load(out / "README.md")
@@ -222,7 +248,7 @@ def test_export_model_card_metadata_and_usage_snippet(tiny_model_dir, demo_dir, 
     assert card.data.model_name == "t2s-test/tiny-sql"
     scores = {(r.task_name, r.metric_type): r.metric_value for r in card.data.eval_results}
     task = "agentic text-to-SQL (full schema, n=4)"
-    assert scores == {(task, "execution_accuracy_official"): 1.0, (task, "strict"): 1.0, (task, "soft_f1"): 1.0}
+    assert scores == {(task, key): summary[key] for key in ("execution_accuracy_official", "strict", "soft_f1")}
     assert {r.dataset_name for r in card.data.eval_results} == {"demo/dev.json"}
     assert str(tmp_path) not in card.content and str(tiny_model_dir) not in card.content  # no local paths
 
@@ -306,3 +332,16 @@ def test_export_ships_the_recipes_system_prompt(tiny_model_dir, tmp_path, recipe
             args = build_parser(argv[3]).parse_args(argv[3:])
             assert args.system_prompt_file == "system_prompt.txt"
             assert (args.dialect, args.tool_format) == (dialect, tool_format)
+
+
+def test_export_finds_a_recipe_as_train_does(tiny_model_dir, tmp_path, monkeypatch):
+    """``--recipe recipes/demo.yaml`` outside the checkout is the shipped recipe, as ``train --config`` finds it."""
+    from t2s.evaluation.options import read_system_prompt
+    from t2s.settings import RECIPES_DIR
+
+    monkeypatch.chdir(tmp_path)
+    assert not (tmp_path / "recipes").exists()
+    out = export_model(tiny_model_dir, tmp_path / "export", recipe="recipes/demo.yaml", verify=False)
+    assert (out / "system_prompt.txt").read_text() == read_system_prompt(RECIPES_DIR / "demo_system_prompt.txt") + "\n"
+    with pytest.raises(ExportError, match="recipe file not found: recipes/nope.yaml"):
+        export_model(tiny_model_dir, tmp_path / "export2", recipe="recipes/nope.yaml", verify=False)

@@ -16,7 +16,8 @@ What the folder holds:
   t2s's own prompt for the recipe's tool set and call format; an SFT recipe's come from its ``rl_recipe``; without
   ``--recipe``, the default exec_plan prompt, and the export says so);
 - a model card (``README.md``, ``t2s.export.model_card``) whose metadata names the ``base_model`` (a hub id)
-  and, given an eval folder, a ``model-index`` of its scores; its body holds a usage snippet that runs as written
+  and, given an eval folder of these weights (its recorded ``weights_sha256`` is the checkpoint's, or that of an
+  earlier export into the same folder), a ``model-index`` of its scores; its body holds a usage snippet that runs as written
   (``eval`` and ``ask`` pass ``system_prompt.txt`` and the recipe's tool set and call format), the recipe and the
   eval summary table. It names no local paths.
 
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from t2s.backends.base import SamplingSettings
 from t2s.errors import ExportError
-from t2s.export.model_card import SYSTEM_PROMPT_FILE, eval_summaries, model_card, trained_prompt
+from t2s.export.model_card import SYSTEM_PROMPT_FILE, check_eval_of, model_card, trained_prompt
 from t2s.settings import match_umask
 
 
@@ -226,14 +227,21 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
                           "checkpoint complete?)")
     if out.exists() and any(out.iterdir()) and not force:
         raise ExportError(f"output folder {out} is not empty (pass --force to write into it)")
-    if recipe and not Path(recipe).is_file():
-        raise ExportError(f"recipe file not found: {recipe}")
+    if recipe:  # found as train and sft find it: as given, else a shipped recipe path
+        from t2s.training.pipeline import resolve_path
+
+        found = resolve_path(recipe)
+        if found is None or not found.is_file():
+            raise ExportError(f"recipe file not found: {recipe}")
+        recipe = str(found)
     system_prompt, tool_flags = trained_prompt(recipe)
     if not recipe:
         print("note: no --recipe given: system_prompt.txt holds t2s's default exec_plan prompt; pass the recipe the "
               "model was trained with if it used another prompt, tool set or call format")
-    if eval_dir:
-        eval_summaries(eval_dir)  # fails early when the folder holds no summary
+    if eval_dir:  # fails early: no summary, or an eval of other weights (this checkpoint, or an earlier export of it)
+        from t2s.training.checkpoints import weights_fingerprint
+
+        check_eval_of(eval_dir, {checkpoint: weights_fingerprint(checkpoint), out: weights_fingerprint(out)})
     out.mkdir(parents=True, exist_ok=True)
 
     model, base_dir = load_merged_model(checkpoint, base)

@@ -153,6 +153,22 @@ def eval_summaries(eval_dir) -> dict[str, dict]:
         raise ExportError(str(exc).removeprefix("Error: ")) from None
 
 
+def check_eval_of(eval_dir, weights: dict[str, str | None]) -> None:
+    """ExportError unless every mode of the eval in ``eval_dir`` ran one of ``weights`` ({folder: fingerprint}, the
+    checkpoint exported and an earlier export of it): the card's ``model-index`` must be this model's figures."""
+    for mode, summary in eval_summaries(eval_dir).items():
+        config = summary.get("config") or {}
+        ran = config.get("weights_sha256")
+        if ran is None:
+            raise ExportError(f"the eval in {eval_dir} ({mode}) recorded no model weights (policy "
+                              f"{config.get('policy')!r}, or an eval older than weight fingerprints), so its figures "
+                              "cannot be shown to be this checkpoint's; evaluate the checkpoint with --policy model "
+                              "or vllm, or export without --eval")
+        if ran not in {fingerprint for fingerprint in weights.values() if fingerprint}:
+            raise ExportError(f"the eval in {eval_dir} ({mode}) ran other weights than {', '.join(map(str, weights))}; "
+                              "its figures are not this model's: evaluate this checkpoint, or export without --eval")
+
+
 def eval_markdown(eval_dir) -> str:
     from t2s.evaluation.report import modes_markdown
 

@@ -197,3 +197,23 @@ def restored_beta(checkpoint: str, initial: float) -> float:
     log.warning("KL controller: %s %s and trainer_state.json logs no beta; beta restarts at its initial %.6g",
                 path, problem, initial)
     return initial
+
+
+def weights_fingerprint(folder) -> str | None:
+    """The sha256 of a model folder's weight files (``*.safetensors``, else ``*.bin``; names and contents, in name
+    order): which weights an eval ran, and whether an export is of them. None for a folder without weight files (a
+    hub id, an endpoint)."""
+    import hashlib
+
+    from t2s.env.databases import file_checksum
+
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path.name}\0{file_checksum(path)}\n".encode())
+    return digest.hexdigest()

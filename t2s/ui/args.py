@@ -108,9 +108,16 @@ class CommandParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def output_dir_alias(flag: str) -> str:
+    """``--output`` (every other verb's name for where results go) as the recipe key ``--output_dir`` (TRL's name)."""
+    if flag == "--output":
+        return "--output_dir"
+    return "--output_dir=" + flag.removeprefix("--output=") if flag.startswith("--output=") else flag
+
+
 def add_recipe_arguments(parser: argparse.ArgumentParser, epilog: str, keys_help, examples: str) -> None:
     """``--config RECIPE`` (``examples``: the command's own shipped recipes); every other flag is kept in
-    ``args.overrides`` as a recipe-key override for TrlParser (``train``, ``sft``). ``--help`` appends ``keys_help()``,
+    ``args.overrides`` as a recipe-key override for TrlParser (``train``, ``sft``), ``--output`` as ``--output_dir``. ``--help`` appends ``keys_help()``,
     the recipe keys, read only when help is asked for."""
     parser.add_argument("--config", required=True, help=f"recipe YAML ({examples}, ...)")
     parser.epilog = epilog
@@ -121,7 +128,7 @@ def add_recipe_arguments(parser: argparse.ArgumentParser, epilog: str, keys_help
     def keep_overrides(args=None, namespace=None):
         """Recipe overrides are not this parser's options: keep them for TrlParser instead of rejecting them."""
         namespace, extras = parse_known(args, namespace)
-        namespace.overrides = [*namespace.overrides, *(a for a in extras if a != "--")]
+        namespace.overrides = [*namespace.overrides, *(output_dir_alias(a) for a in extras if a != "--")]
         return namespace, []
 
     parser.parse_known_args = keep_overrides
