@@ -117,8 +117,8 @@ def output_dir_alias(flag: str) -> str:
 
 def add_recipe_arguments(parser: argparse.ArgumentParser, epilog: str, keys_help, examples: str) -> None:
     """``--config RECIPE`` (``examples``: the command's own shipped recipes); every other flag is kept in
-    ``args.overrides`` as a recipe-key override for TrlParser (``train``, ``sft``), ``--output`` as ``--output_dir``. ``--help`` appends ``keys_help()``,
-    the recipe keys, read only when help is asked for."""
+    ``args.overrides`` as a recipe-key override for TrlParser (``train``, ``sft``), ``--output`` as ``--output_dir``.
+    ``--help`` appends ``keys_help()``, the recipe keys, read only when help is asked for."""
     parser.add_argument("--config", required=True, help=f"recipe YAML ({examples}, ...)")
     parser.epilog = epilog
     parser.set_defaults(overrides=[])
