@@ -11,13 +11,16 @@ import pytest
 from t2s.env import databases
 from t2s.env.databases import limits
 from t2s.commands import main
+from t2s.data.loaders import load_json_rows
 from t2s.scoring.metrics import score_sql
-from t2s.evaluation.score import score_files
+from t2s.errors import EvalError
+from t2s.evaluation.score import read_predictions, score_files
 
 SEP = "\t----- bird -----\t"
 LINE_KEYS = {"question_id", "db_id", "difficulty", "official", "strict", "soft_f1", "error", "unscored"}
 SUMMARY_KEYS = {"n", "execution_accuracy_official", "strict", "soft_f1", "per_difficulty", "missing", "missing_ids",
-                "errors", "error_ids", "gold_failures", "gold_failure_ids"}
+                "errors", "error_ids", "gold_failures", "gold_failure_ids", "skipped_missing_dbs", "missing_db_ids",
+                "skipped_unusable_dbs", "unusable_db_ids", "unusable_dbs"}
 SLOW_SQL = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 
 
@@ -227,28 +230,108 @@ def test_superhero_gold_scores_one_and_shifted_scores_near_zero(bird_superhero_d
     _counts_add_up(summary, result["lines"])
 
 
-def test_spider_gold_scores_one_and_wta_1_is_reported_unscorable(spider_dev_dir, tmp_path):
+def test_spider_gold_scores_one_and_wta_1_stops_the_run_or_is_skipped(spider_dev_dir, tmp_path):
+    """Spider dev's wta_1 has no database: as in eval, score stops naming it, or skips and counts its questions."""
     records = json.loads((spider_dev_dir / "dev.json").read_text())
     gold = _write(tmp_path / "gold.jsonl", "\n".join(
         json.dumps({"question_id": f"spider_dev:{i}", "sql": r["query"]}) for i, r in enumerate(records)))
-    result = score_files(spider_dev_dir / "dev.json", gold, tmp_path / "gold", progress=False)
+    with pytest.raises(EvalError, match="1 database\\(s\\) missing under .*: wta_1 .*--skip-missing-dbs"):
+        score_files(spider_dev_dir / "dev.json", gold, tmp_path / "refused", progress=False)
+    assert not (tmp_path / "refused").exists()
+    result = score_files(spider_dev_dir / "dev.json", gold, tmp_path / "gold", progress=False, skip_missing_dbs=True)
     summary, lines = result["summary"], result["lines"]
-    assert summary["n"] == 1034
-    assert summary["execution_accuracy_official"] == summary["strict"] == summary["soft_f1"] == 1.0
     wta = [f"spider_dev:{i}" for i, r in enumerate(records) if r["db_id"] == "wta_1"]
     assert len(wta) == 62
-    assert summary["errors"] == 62 and summary["error_ids"] == wta and summary["missing"] == 0
-    unscorable = [line for line in lines if line["db_id"] == "wta_1"]
-    assert all(line["error"].startswith("Error: database not found") and line["official"] is None
-               for line in unscorable)
-    assert result["problems"]["unscorable_ids"] == wta
+    assert summary["n"] == 1034 - 62 and summary["skipped_missing_dbs"] == 62 and summary["missing_db_ids"] == ["wta_1"]
+    assert summary["execution_accuracy_official"] == summary["strict"] == summary["soft_f1"] == 1.0
+    assert summary["errors"] == 0 and summary["missing"] == 0
+    assert not [line for line in lines if line["db_id"] == "wta_1"]
+    assert result["problems"]["missing_databases"] == ["wta_1"] and result["problems"]["unscorable_ids"] == []
     _counts_add_up(summary, lines)
 
     others = _other_question_sql(records, "query")
     shifted = _write(tmp_path / "shift.jsonl", "\n".join(
         json.dumps({"question_id": f"spider_dev:{i}", "sql": sql}) for i, sql in enumerate(others)))
-    result = score_files(spider_dev_dir / "dev.json", shifted, tmp_path / "shift", progress=False)
+    result = score_files(spider_dev_dir / "dev.json", shifted, tmp_path / "shift", progress=False,
+                         skip_missing_dbs=True)
     assert result["summary"]["execution_accuracy_official"] < 0.1
     assert result["summary"]["strict"] <= result["summary"]["execution_accuracy_official"]
-    assert result["summary"]["errors"] == 62
+    assert result["summary"]["errors"] == 0 and result["summary"]["skipped_missing_dbs"] == 62
     _counts_add_up(result["summary"], result["lines"])
+
+
+# ------------------------------------------------------------------------------- one reader, one rule, as eval
+
+
+def _with_missing_database(bird_dir):
+    """bird_dir's data plus two questions on a database that is not there."""
+    data = json.loads((bird_dir / "dev.json").read_text())
+    data += [{"question_id": 200 + i, "db_id": "gone", "question": f"g{i}", "evidence": "", "SQL": "SELECT 1",
+              "difficulty": "simple"} for i in range(2)]
+    (bird_dir / "dev.json").write_text(json.dumps(data))
+    return bird_dir / "dev.json"
+
+
+def test_questions_on_a_missing_database_follow_evals_rule_whatever_was_predicted(bird_dir, tmp_path, capsys):
+    data = _with_missing_database(bird_dir)
+    on_present = [{"question_id": q, "sql": "SELECT name FROM hero WHERE id = 1"} for q in (100, 101, 102, 103)]
+    files = {
+        "with": _write(tmp_path / "with.jsonl", "\n".join(json.dumps(p) for p in on_present + [
+            {"question_id": 200, "sql": "SELECT 1"}, {"question_id": 201, "sql": "SELECT 1"}])),
+        "without": _write(tmp_path / "without.jsonl", "\n".join(json.dumps(p) for p in on_present)),
+    }
+    for name, predictions in files.items():  # without the option: stopped at start-up, as eval is
+        code = main(["score", "--data", str(data), "--predictions", str(predictions), "--output",
+                     str(tmp_path / f"refused-{name}"), "--quiet"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and len(err) == 1, err
+        assert err[0].startswith("Error: 1 database(s) missing under") and "gone" in err[0]
+        assert "--skip-missing-dbs" in err[0] and not (tmp_path / f"refused-{name}").exists()
+    summaries = {}
+    for name, predictions in files.items():
+        assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output",
+                     str(tmp_path / name), "--quiet", "--skip-missing-dbs"]) == 0
+        printed = capsys.readouterr().out
+        assert "Warning: 2 questions skipped, their database missing: gone" in printed
+        summaries[name] = _summary(tmp_path / name)
+        assert [line["question_id"] for line in _lines(tmp_path / name)] == ["100", "101", "102", "103"]
+    assert summaries["with"] == summaries["without"]  # the denominator does not depend on what was predicted
+    assert summaries["with"]["n"] == 4 and summaries["with"]["missing"] == 0
+    assert summaries["with"]["skipped_missing_dbs"] == 2 and summaries["with"]["missing_db_ids"] == ["gone"]
+
+    eval_out = tmp_path / "eval"  # eval skips and counts the same questions
+    assert main(["eval", "--policy", "predictions", "--predictions", str(files["with"]), "--data", str(data),
+                 "--output", str(eval_out), "--quiet", "--skip-missing-dbs"]) == 0
+    eval_summary = json.loads((eval_out / "summary.json").read_text())["modes"]["full"]
+    assert eval_summary["skipped_missing_dbs"] == 2 and eval_summary["missing_db_ids"] == ["gone"]
+
+
+def test_eval_and_score_print_the_same_warnings_for_one_predictions_file(bird_dir, tmp_path, capsys):
+    predictions = _write(tmp_path / "p.jsonl", "\n".join(json.dumps(p) for p in [
+        {"question_id": 100, "sql": "SELECT name FROM hero WHERE id = 1", "db_id": "heroes"},
+        {"question_id": 101, "sql": "SELECT 1", "db_id": "other_db"},  # db_id disagrees with the data
+        {"question_id": 101, "sql": "SELECT name, height FROM hero ORDER BY id"},  # predicted twice
+        {"question_id": 999, "sql": "SELECT 1"},  # not in the data
+        {"question_id": "[bold]x[/bold]", "sql": "SELECT 1"},  # markup is data
+    ]))  # 102 and 103 have no prediction
+    rows = list(load_json_rows(bird_dir / "dev.json"))
+    expected = read_predictions(predictions, rows).warnings
+    assert [line.split(" ", 2)[1] for line in expected] == ["questions", "prediction", "questions", "predictions"]
+    assert expected[0] == "2 questions have no prediction (scored 0): 102, 103"
+    assert expected[1] == "2 prediction ids are not in the data (ignored): 999, [bold]x[/bold]"
+    assert expected[2] == "1 questions are predicted more than once (the last one is scored): 101"
+    assert expected[3] == ("1 predictions name a db_id other than the data's (the data's is used): "
+                           "101 (other_db vs heroes)")
+
+    def warnings(argv):
+        assert main(argv) == 0
+        return [line for line in capsys.readouterr().out.splitlines() if line.startswith("Warning:")]
+
+    scored = warnings(["score", "--data", str(bird_dir / "dev.json"), "--predictions", str(predictions), "--output",
+                       str(tmp_path / "score"), "--quiet"])
+    evaluated = warnings(["eval", "--policy", "predictions", "--predictions", str(predictions), "--data",
+                          str(bird_dir / "dev.json"), "--output", str(tmp_path / "eval"), "--quiet"])
+    assert evaluated == [f"Warning: {line}" for line in expected]
+    assert scored[: len(expected)] == evaluated
+    problems = json.loads((tmp_path / "score" / "problems.json").read_text())
+    assert problems["duplicate_ids"] == ["101"] and problems["unknown_ids"] == ["999", "[bold]x[/bold]"]

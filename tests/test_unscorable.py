@@ -109,24 +109,34 @@ def test_eval_with_every_question_skipped_is_an_error_not_ex_zero(demo_dir, tmp_
 
 
 def test_score_does_not_blame_predictions_for_broken_databases_or_gold(demo_dir, tmp_path, capsys):
+    """Unreadable databases follow eval's rule: the run stops naming them, or --skip-missing-dbs skips and counts
+    their questions."""
     data = _bird_with_broken_databases(demo_dir, tmp_path / "bird") / "dev.json"
     records = json.loads(data.read_text())
     predictions = tmp_path / "p.jsonl"
     predictions.write_text("\n".join(json.dumps({"question_id": r["question_id"], "sql": r["SQL"]}) for r in records))
     out = tmp_path / "out"
-    assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output", str(out),
-                 "--quiet"]) == 0
+    argv = ["score", "--data", str(data), "--predictions", str(predictions), "--output", str(out), "--quiet"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: 4 database(s) cannot be read")
+    assert all(db_id in err[0] for db_id in BROKEN) and "--skip-missing-dbs" in err[0]
+    assert not out.exists()
+
+    assert main([*argv, "--skip-missing-dbs"]) == 0
     printed = " ".join(capsys.readouterr().out.split())
     summary = json.loads((out / "summary.json").read_text())
     assert summary["execution_accuracy_official"] == 1.0  # only the 3 scorable questions count
     assert summary["gold_failures"] == 1 and summary["gold_failure_ids"] == ["gold_fails"]
     broken_ids = sorted(r["question_id"] for r in records if r["db_id"] in BROKEN)
-    assert sorted(summary["error_ids"]) == broken_ids
+    assert summary["n"] == len(records) - len(broken_ids) and summary["error_ids"] == []
+    assert summary["skipped_unusable_dbs"] == len(broken_ids) == 8 and summary["unusable_db_ids"] == sorted(BROKEN)
     lines = {line["question_id"]: line for line in map(json.loads, (out / "scores.jsonl").read_text().splitlines())}
-    assert all(lines[q]["official"] is None and lines[q]["unscored"] == "database unreadable" for q in broken_ids)
+    assert not set(lines) & set(broken_ids)
     problems = json.loads((out / "problems.json").read_text())
     assert sorted(problems["unusable_databases"]) == sorted(BROKEN)
     assert "their gold SQL fails" in printed and "failed or were blank" not in printed
+    assert "8 questions skipped, their database unreadable" in printed
 
 
 def test_a_wal_database_in_a_read_only_folder_is_read_not_reported(tmp_path):

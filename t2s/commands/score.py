@@ -21,6 +21,9 @@ def add_arguments(parser) -> None:
     add_engine_arguments(parser)
     parser.add_argument("--output", required=True, type=non_empty_path,
                         help="folder for scores.jsonl, summary.json and problems.json")
+    parser.add_argument("--skip-missing-dbs", action="store_true",
+                        help="skip (and count) questions whose database is missing or cannot be read, as eval does "
+                        "(default: stop, naming the databases)")
     parser.add_argument("--workers", type=positive_int, default=min(8, os.cpu_count() or 1),
                         help="parallel scoring threads")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -28,11 +31,11 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    """Bad input raises (PredictionsError, DataError, OSError): ``t2s.commands.main`` reports it as one ``Error:``
-    line."""
+    """Bad input raises (PredictionsError, DataError, EvalError, OSError): ``t2s.commands.main`` reports it as one
+    ``Error:`` line."""
     import logging
 
-    from t2s.evaluation.score import score_files, score_table, score_warnings
+    from t2s.evaluation.score import print_warnings, score_files, score_table, score_warnings
     from t2s.ui.console import console as make_console, print_table
 
     console = make_console()
@@ -42,11 +45,11 @@ def run(args) -> int:
 
         raise UsageError("Error: --engine postgres needs --dsn postgresql://... (or T2S_DSN)")
     result = score_files(args.data, args.predictions, args.output, db_root=args.db_root, workers=args.workers,
-                         progress=not args.quiet, engine=args.engine, dsn=args.dsn)
-    summary, problem_report = result["summary"], result["problems"]
+                         progress=not args.quiet, engine=args.engine, dsn=args.dsn,
+                         skip_missing_dbs=args.skip_missing_dbs)
+    summary = result["summary"]
     print_table(console, score_table(summary, result["lines"]))
-    for warning in score_warnings(summary, problem_report, result["lines"]):
-        console.print(f"Warning: {warning}", style="yellow", markup=False, highlight=False)
+    print_warnings(score_warnings(summary, result["predictions"]))
     console.print(f"missing {summary['missing']}, errors {summary['errors']}; "
                   f"wrote {Path(args.output) / 'scores.jsonl'} and {Path(args.output) / 'summary.json'}")
     return 0

@@ -158,14 +158,16 @@ class Runner:
         self.target: dict = {}
 
     # -- set-up -------------------------------------------------------------------------------------------------
-    def setup(self, all_rows: list[dict]) -> None:
+    def setup(self, all_rows: list[dict], questions: list[dict] | None = None) -> None:
+        """Load what the policy needs; ``questions``: the rows to play (default: all), over which a predictions
+        file's questions without a prediction are counted."""
         args = self.args
         if args.policy in ("model", "vllm") and not args.model:
             raise EvalError(f"Error: --policy {args.policy} needs --model PATH")
         if args.policy == "endpoint" and not args.endpoint:
             raise EvalError("Error: --policy endpoint needs --endpoint URL")
         if args.policy == "predictions":
-            self._setup_predictions(all_rows)
+            self._setup_predictions(all_rows, questions)
         elif args.policy == "endpoint":
             self._setup_endpoint()
         elif args.policy == "model":
@@ -173,15 +175,16 @@ class Runner:
         elif args.policy == "vllm":
             self._setup_vllm()
 
-    def _setup_predictions(self, all_rows: list[dict]) -> None:
-        from t2s.evaluation.score import PredictionsError, read_predictions
+    def _setup_predictions(self, all_rows: list[dict], questions: list[dict] | None) -> None:
+        from t2s.evaluation.score import PredictionsError, print_warnings, read_predictions
 
         if not self.args.predictions:
             raise EvalError("Error: --policy predictions needs --predictions FILE")
         try:
-            self.predictions = read_predictions(self.args.predictions, all_rows)
+            self.predictions = read_predictions(self.args.predictions, all_rows, questions)
         except (PredictionsError, ValueError) as exc:
             raise EvalError(str(exc)) from None
+        print_warnings(self.predictions.warnings)  # the lines `score` prints for the same file
         self.target = {"predictions": str(Path(self.args.predictions).resolve()),
                        "predictions_sha256": file_checksum(self.args.predictions)}
 

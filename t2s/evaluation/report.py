@@ -97,6 +97,8 @@ def _ordered(keys) -> list[str]:
 def summarise(lines: list[dict], *, config: dict, k: int = 1, vote_at_k: float | None = None,
               skipped: dict | None = None) -> dict:
     """The summary.json dict of one run (one mode)."""
+    from t2s.evaluation.questions import skipped_summary
+
     gold_failure_ids = sorted({str(line["question_id"]) for line in lines if line["official"] is None})
     lines = [line for line in lines if line["official"] is not None]
     summary: dict = score_block(lines)
@@ -116,12 +118,7 @@ def summarise(lines: list[dict], *, config: dict, k: int = 1, vote_at_k: float |
     summary["k"] = k
     summary["n_episodes"] = len(lines)
     skipped = skipped or {}
-    summary["skipped_missing_dbs"] = int(skipped.get("questions", 0))
-    summary["missing_db_ids"] = sorted(skipped.get("db_ids", []))
-    unusable = skipped.get("unusable_dbs") or {}
-    summary["skipped_unusable_dbs"] = int(skipped.get("unusable_questions", 0))
-    summary["unusable_db_ids"] = sorted(unusable)
-    summary["unusable_dbs"] = dict(sorted(unusable.items()))
+    summary.update(skipped_summary(skipped))
     summary["gold_failures"] = len(gold_failure_ids)
     summary["gold_failure_ids"] = gold_failure_ids
     summary["repeated_question_ids"] = sorted(skipped.get("repeated_ids", []))

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
 import sqlite3
 import time
 from pathlib import Path
 
-from t2s.env.databases import file_checksum, is_dsn
+from t2s.env.databases import file_checksum
 from t2s.errors import writing
 from t2s.evaluation.records import score_record
 from t2s.evaluation.policies import Runner, single_turn_system_prompt
@@ -29,6 +28,7 @@ from t2s.evaluation.options import EPISODE_LIMITS, check_policy_args, read_syste
 from t2s.evaluation.report import published_differences
 from t2s.evaluation.run_folders import EPISODES, EVAL_CONFIG
 from t2s.evaluation.progress import Progress
+from t2s.evaluation.questions import playable_rows, select_rows
 from t2s.run_lock import run_folder_lock
 
 PACKAGES = ("torch", "transformers", "trl", "vllm", "peft", "sqlglot")
@@ -56,17 +56,6 @@ def package_versions() -> dict:
             except metadata.PackageNotFoundError:
                 continue
     return versions
-
-
-def select_rows(rows: list[dict], n: int, seed: int) -> list[dict]:
-    """``n`` rows picked by ``seed`` from the whole data file (kept in file order); all rows when n is 0.
-
-    The pick depends only on the file's length, n and seed, so runs of different models pair question by question.
-    """
-    if n <= 0 or n >= len(rows):
-        return list(rows)
-    positions = sorted(random.Random(seed).sample(range(len(rows)), n))
-    return [rows[i] for i in positions]
 
 
 def tokenizer_fingerprint(tokenizer) -> tuple[str | None, str | None]:
@@ -175,7 +164,6 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
     A missing or unreadable database (``data.db_probe``) is an error naming it; with ``--skip-missing-dbs`` its
     questions are left out, and counted with the database ids in ``skipped``.
     """
-    from t2s.data.db_probe import database_problems, problems_text
     from t2s.data.loaders import json_data_file, load_json_rows
     from t2s.data.rows import DataError
 
@@ -196,30 +184,8 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
         unique.setdefault(row["question_id"], row)
     repeated = sorted({row["question_id"] for row in selected} & set(rows.repeated_ids))
     selected = list(unique.values())
-    missing = {r["db_id"] for r in selected if r.get("db_path") and not is_dsn(r["db_path"])
-               and not Path(r["db_path"]).is_file()}
-    missing |= {r["db_id"] for r in selected if r["db_id"] in rows.missing_databases}  # a server without it
-    skipped = {"questions": 0, "db_ids": [], "repeated_ids": repeated}
-    if missing:
-        if not args.skip_missing_dbs:
-            root = getattr(rows, "db_root", None) or args.db_root
-            raise EvalError(
-                f"Error: {len(missing)} database(s) missing under {root}: {', '.join(sorted(missing))} "
-                "(pass --db-root, or --skip-missing-dbs to skip their questions)"
-            )
-        skipped.update(questions=sum(r["db_id"] in missing for r in selected), db_ids=sorted(missing))
-        selected = [r for r in selected if r["db_id"] not in missing]
-    unusable = database_problems(selected)
-    if unusable:
-        if not args.skip_missing_dbs:
-            raise EvalError(f"Error: {len(unusable)} database(s) cannot be read: {problems_text(unusable)} "
-                            "(repair them, or pass --skip-missing-dbs to skip their questions)")
-        skipped["unusable_questions"] = sum(r["db_id"] in unusable for r in selected)
-        skipped["unusable_dbs"] = unusable
-        selected = [r for r in selected if r["db_id"] not in unusable]
-    if not selected:  # an average over no question would print EX 0.000 as if it were a result
-        raise EvalError(f"Error: every selected question was skipped ({skipped['questions']} with a missing database, "
-                        f"{skipped.get('unusable_questions', 0)} with an unreadable one): nothing to evaluate")
+    selected, skipped = playable_rows(rows, selected, skip_missing_dbs=args.skip_missing_dbs, db_root=args.db_root)
+    skipped["repeated_ids"] = repeated
     return list(rows), selected, skipped, data_file
 
 
@@ -298,7 +264,7 @@ def evaluate(args) -> dict[str, dict]:
         check_eval_layout(root)
         earlier = earlier_summaries(root, modes)
         runner = Runner(args)
-        runner.setup(all_rows)
+        runner.setup(all_rows, selected)
         try:
             for mode in modes:
                 summaries[mode] = evaluate_mode(args, mode, runner, selected, skipped, data_file, root / mode)

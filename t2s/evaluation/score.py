@@ -3,20 +3,26 @@
 Predictions come as BIRD's ``predict_dev.json`` (``{"<position>": "<SQL>\\t----- bird -----\\t<db_id>"}``, keyed by
 0-based position in the data file) or as JSONL / a JSON list of ``{"question_id": ..., "sql": ...}``.
 
-Writes ``DIR/scores.jsonl`` (one line per data row: question_id, db_id, difficulty, official, strict, soft_f1,
+:func:`read_predictions` is the one reader of a predictions file, for ``score`` and ``eval --policy predictions``:
+its result holds the problems found and their warning lines, which both commands print with :func:`print_warnings`.
+
+Writes ``DIR/scores.jsonl`` (one line per scored data row: question_id, db_id, difficulty, official, strict, soft_f1,
 error, unscored), ``DIR/summary.json`` (n, execution_accuracy_official, strict, soft_f1, per_difficulty, missing,
-missing_ids, errors, error_ids, gold_failures, gold_failure_ids) and ``DIR/problems.json`` (what was wrong with the
-input: ids not in the data, duplicated ids, db_ids that disagree with the data, questions that cannot be scored,
+missing_ids, errors, error_ids, gold_failures, gold_failure_ids, and eval's skipped_missing_dbs, missing_db_ids,
+skipped_unusable_dbs, unusable_db_ids, unusable_dbs) and ``DIR/problems.json`` (what was wrong with the input: ids
+not in the data, duplicated ids, db_ids that disagree with the data, questions that cannot be scored, missing and
 unreadable databases with the reason, questions whose gold SQL fails).
 
 Counting rules:
+- a question whose database is missing or cannot be read follows eval's rule (``t2s.evaluation.questions``): the
+  run stops at start-up naming the databases, or, with ``--skip-missing-dbs``, their questions are left out of the
+  scores and of ``n`` and counted in ``skipped_missing_dbs`` / ``skipped_unusable_dbs``, whatever was predicted;
 - a question without a prediction scores 0 and is listed in ``missing_ids``;
 - a prediction that is blank, not a string, fails, times out or goes over the scoring cap scores 0 and is listed in
   ``error_ids``;
-- a question that cannot be scored has null metrics, is left out of the averages (``n`` still counts it), and says
-  why in ``unscored``: ``database missing`` or ``database unreadable`` (the databases are probed once at start-up;
-  both are listed in ``error_ids``), or ``gold failed`` (its gold SQL fails, times out or goes over the scoring cap:
-  listed in ``gold_failure_ids``, never blamed on the prediction);
+- a question whose gold SQL fails, times out or goes over the scoring cap has null metrics, is left out of the
+  averages (``n`` still counts it), says ``gold failed`` in ``unscored``, and is listed in ``gold_failure_ids``,
+  never blamed on the prediction;
 - a prediction's db_id that disagrees with the data is reported; the data's database is used, as BIRD's script does.
 """
 
@@ -42,10 +48,15 @@ class PredictionsError(T2SError, ValueError):
 
 @dataclass
 class Predictions:
+    """A predictions file as read against its data, with what was wrong with it (:func:`read_predictions`)."""
+
     sql: dict[str, object] = field(default_factory=dict)  # question_id -> the predicted SQL (maybe not a string)
     db_ids: dict[str, str] = field(default_factory=dict)  # question_id -> the db_id the prediction names
     unknown_ids: list[str] = field(default_factory=list)  # prediction keys that match no data row
     duplicate_ids: list[str] = field(default_factory=list)
+    db_id_mismatches: list[dict] = field(default_factory=list)  # {"question_id", "data", "prediction"}
+    missing_ids: list[str] = field(default_factory=list)  # questions to score that have no prediction
+    warnings: list[str] = field(default_factory=list)  # one line per kind of problem, as both commands print them
 
 
 def _split_bird(value) -> tuple[object, str | None]:
@@ -55,8 +66,57 @@ def _split_bird(value) -> tuple[object, str | None]:
     return value, None
 
 
-def read_predictions(path, rows: list[dict]) -> Predictions:
-    """Read either predictions format, mapping BIRD positions to the rows' question ids."""
+def read_predictions(path, rows: list[dict], questions: list[dict] | None = None) -> Predictions:
+    """Read either predictions format, mapping BIRD positions to the rows' question ids; PredictionsError when the
+    file cannot be read.
+
+    ``rows``: every row of the data file (BIRD positions count in it); ``questions``: the rows that will be scored
+    (default: all), over which questions without a prediction are counted. The result holds the problems found and
+    their warning lines (``warnings``).
+    """
+    out = _read(path, rows)
+    out.db_id_mismatches = [
+        {"question_id": row["question_id"], "data": row["db_id"], "prediction": out.db_ids[row["question_id"]]}
+        for row in rows if out.db_ids.get(row["question_id"], row["db_id"]) != row["db_id"]
+    ]
+    out.missing_ids = [row["question_id"] for row in (rows if questions is None else questions)
+                       if row["question_id"] not in out.sql]
+    out.warnings = prediction_warnings(out)
+    return out
+
+
+def prediction_warnings(predictions: Predictions) -> list[str]:
+    """The warning lines of a predictions file's problems (without the ``Warning:`` prefix)."""
+    from t2s.ui.console import some
+
+    out = []
+    if predictions.missing_ids:
+        ids = predictions.missing_ids
+        out.append(f"{len(ids)} questions have no prediction (scored 0): {some(ids, limit=5)}")
+    if predictions.unknown_ids:
+        ids = predictions.unknown_ids
+        out.append(f"{len(ids)} prediction ids are not in the data (ignored): {some(ids, limit=5)}")
+    if predictions.duplicate_ids:
+        ids = predictions.duplicate_ids
+        out.append(f"{len(ids)} questions are predicted more than once (the last one is scored): {some(ids, limit=5)}")
+    if predictions.db_id_mismatches:
+        items = predictions.db_id_mismatches
+        named = [f"{m['question_id']} ({m['prediction']} vs {m['data']})" for m in items]
+        out.append(f"{len(items)} predictions name a db_id other than the data's (the data's is used): "
+                   f"{some(named, limit=5)}")
+    return out
+
+
+def print_warnings(warnings: list[str]) -> None:
+    """Print each line as ``Warning: ...`` on stdout, through the project's console (as data, never markup)."""
+    from t2s.ui.console import console
+
+    out = console()
+    for warning in warnings:
+        out.print(f"Warning: {warning}", style="yellow", markup=False, highlight=False)
+
+
+def _read(path, rows: list[dict]) -> Predictions:
     from t2s.data.rows import DataError, parse_records, read_text_file
 
     file = Path(path)
@@ -111,20 +171,12 @@ def read_predictions(path, rows: list[dict]) -> Predictions:
     return out
 
 
-def _database_missing(row: dict) -> bool:
-    """No database file (a server database that cannot be reached is found by ``database_problems``)."""
-    from t2s.env.databases import is_dsn
-
-    path = row.get("db_path")
-    return row.get("schema_id") is None and not (path and (is_dsn(path) or Path(path).is_file()))
-
-
 def _unscored(line: dict, reason: str, error: str) -> dict:
     return {**line, "official": None, "strict": None, "soft_f1": None, "error": error, "unscored": reason}
 
 
-def score_row(row: dict, predictions: Predictions, unusable: dict[str, str] | None = None) -> dict:
-    """The scores.jsonl line of one data row (``unusable``: db_id -> why that database cannot be read)."""
+def score_row(row: dict, predictions: Predictions) -> dict:
+    """The scores.jsonl line of one data row (whose database is present and readable: ``questions.playable_rows``)."""
     from t2s.env import databases
     from t2s.scoring.metrics import score_sql
 
@@ -132,10 +184,6 @@ def score_row(row: dict, predictions: Predictions, unusable: dict[str, str] | No
     if row["question_id"] not in predictions.sql:
         return {**line, "official": 0, "strict": 0, "soft_f1": 0.0, "error": "Error: no prediction for this question",
                 "unscored": None}
-    if _database_missing(row):
-        return _unscored(line, "database missing", f"Error: database not found: {row.get('db_path')}")
-    if unusable and row["db_id"] in unusable:
-        return _unscored(line, "database unreadable", f"Error: the database cannot be read: {unusable[row['db_id']]}")
     try:
         scores = score_sql(databases.ref_from_row(row), predictions.sql[row["question_id"]], row["gold_sql"])
     except Exception as exc:  # one broken question must not stop the run
@@ -153,8 +201,10 @@ def _means(lines: list[dict]) -> dict:
     return out
 
 
-def summarise(lines: list[dict]) -> dict:
-    """summary.json from the scores.jsonl lines."""
+def summarise(lines: list[dict], skipped: dict | None = None) -> dict:
+    """summary.json from the scores.jsonl lines and the questions skipped (``questions.playable_rows``)."""
+    from t2s.evaluation.questions import skipped_summary
+
     summary = _means(lines)
     by_difficulty: dict[str, list[dict]] = defaultdict(list)
     for line in lines:
@@ -166,30 +216,25 @@ def summarise(lines: list[dict]) -> dict:
     errors = [line["question_id"] for line in lines
               if line["error"] and line["question_id"] not in missing_set and line.get("unscored") != "gold failed"]
     summary.update({"missing": len(missing), "missing_ids": missing, "errors": len(errors), "error_ids": errors,
-                    "gold_failures": len(gold), "gold_failure_ids": gold})
+                    "gold_failures": len(gold), "gold_failure_ids": gold, **skipped_summary(skipped)})
     return summary
 
 
-def problems(rows: list[dict], predictions: Predictions, lines: list[dict],
-             unusable: dict[str, str] | None = None) -> dict:
-    """What was wrong with the input, for problems.json and the printed warnings."""
-    mismatched = [
-        {"question_id": row["question_id"], "data": row["db_id"], "prediction": predictions.db_ids[row["question_id"]]}
-        for row in rows
-        if row["question_id"] in predictions.db_ids and predictions.db_ids[row["question_id"]] != row["db_id"]
-    ]
+def problems(predictions: Predictions, lines: list[dict], skipped: dict | None = None) -> dict:
+    """What was wrong with the input, for problems.json."""
+    skipped = skipped or {}
     return {
         "unknown_ids": predictions.unknown_ids,
         "duplicate_ids": predictions.duplicate_ids,
-        "db_id_mismatches": mismatched,
+        "db_id_mismatches": predictions.db_id_mismatches,
         "unscorable_ids": [line["question_id"] for line in lines if line["official"] is None],
-        "unusable_databases": dict(sorted((unusable or {}).items())),
+        "missing_databases": sorted(skipped.get("db_ids", [])),
+        "unusable_databases": dict(sorted((skipped.get("unusable_dbs") or {}).items())),
         "gold_failure_ids": [line["question_id"] for line in lines if line.get("unscored") == "gold failed"],
     }
 
 
-def score_rows(rows: list[dict], predictions: Predictions, *, workers: int = 4, progress: bool = True,
-               unusable: dict[str, str] | None = None) -> list[dict]:
+def score_rows(rows: list[dict], predictions: Predictions, *, workers: int = 4, progress: bool = True) -> list[dict]:
     """Score every row in parallel threads (each query under its own deadline); lines come back in data order."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -198,7 +243,7 @@ def score_rows(rows: list[dict], predictions: Predictions, *, workers: int = 4, 
     with Progress(*columns, disable=not progress, transient=True) as bar, \
             ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         task = bar.add_task("scoring", total=len(rows))
-        futures = {pool.submit(score_row, row, predictions, unusable): index for index, row in enumerate(rows)}
+        futures = {pool.submit(score_row, row, predictions): index for index, row in enumerate(rows)}
         for future in as_completed(futures):
             lines[futures[future]] = future.result()
             bar.advance(task)
@@ -224,60 +269,47 @@ def score_table(summary: dict, lines: list[dict]):
     return table
 
 
-def score_warnings(summary: dict, problem_report: dict, lines: list[dict]) -> list[str]:
-    from functools import partial
-
+def score_warnings(summary: dict, predictions: Predictions) -> list[str]:
+    """Every warning line of a scoring run: the predictions file's (the lines ``eval --policy predictions`` prints
+    too), the questions skipped for their database (as eval words them), gold failures and failed predictions."""
+    from t2s.evaluation.report import unscored_notes
+    from t2s.evaluation.questions import skipped_summary
     from t2s.ui.console import some
 
-    some = partial(some, limit=5)
-
-    out = []
-    if summary["missing"]:
-        out.append(f"{summary['missing']} questions have no prediction (scored 0): {some(summary['missing_ids'])}")
-    if problem_report["unknown_ids"]:
-        ids = problem_report["unknown_ids"]
-        out.append(f"{len(ids)} prediction ids are not in the data (ignored): {some(ids)}")
-    if problem_report["duplicate_ids"]:
-        ids = problem_report["duplicate_ids"]
-        out.append(f"{len(ids)} questions are predicted more than once (the last one is scored): {some(ids)}")
-    if problem_report["db_id_mismatches"]:
-        items = problem_report["db_id_mismatches"]
-        named = [f"{m['question_id']} ({m['prediction']} vs {m['data']})" for m in items]
-        out.append(f"{len(items)} predictions name a db_id other than the data's (the data's is used): {some(named)}")
-    no_database = [line["question_id"] for line in lines if line.get("unscored") in ("database missing",
-                                                                                      "database unreadable")]
-    if no_database:
-        out.append(f"{len(no_database)} questions cannot be scored, their database is missing or unreadable (left "
-                   f"out of the averages): {some(no_database)}")
-    for db_id, reason in problem_report.get("unusable_databases", {}).items():
-        out.append(f"database {db_id} cannot be read: {reason}")
+    out = list(predictions.warnings)
+    out += unscored_notes({key: summary[key] for key in skipped_summary(None)}, limit=5)  # the skipped questions
     if summary["gold_failures"]:
         out.append(f"{summary['gold_failures']} questions cannot be scored, their gold SQL fails (left out of the "
-                   f"averages, not blamed on the predictions): {some(summary['gold_failure_ids'])}")
-    errors = summary["errors"] - len(no_database)
-    if errors:
-        out.append(f"{errors} predictions failed or were blank (scored 0); see the error column of scores.jsonl")
+                   f"averages, not blamed on the predictions): {some(summary['gold_failure_ids'], limit=5)}")
+    if summary["errors"]:
+        out.append(f"{summary['errors']} predictions failed or were blank (scored 0); see the error column of "
+                   "scores.jsonl")
     return out
 
 
 def score_files(data, predictions_file, output, *, db_root=None, workers: int = 4, progress: bool = True,
-                engine: str = "sqlite", dsn: str | None = None) -> dict:
+                engine: str = "sqlite", dsn: str | None = None, skip_missing_dbs: bool = False) -> dict:
     """Score a predictions file against a data file; writes scores.jsonl, summary.json and problems.json.
-    ``engine``/``dsn``: the databases' engine (see ``loaders.load_json_rows``)."""
-    from t2s.data.db_probe import database_problems
+    ``engine``/``dsn``: the databases' engine (see ``loaders.load_json_rows``). A missing or unreadable database
+    stops the run (EvalError), unless ``skip_missing_dbs`` leaves its questions out (``questions.playable_rows``).
+    Returns {"summary", "problems", "lines", "predictions"}."""
     from t2s.data.loaders import load_json_rows
+    from t2s.data.rows import DataError
+    from t2s.evaluation.questions import playable_rows
 
-    rows = list(load_json_rows(data, db_root, require_databases=None, engine=engine, dsn=dsn))
-    predictions = read_predictions(predictions_file, rows)
+    rows = load_json_rows(data, db_root, require_databases=False, engine=engine, dsn=dsn)
+    if not rows:
+        raise DataError(f"Error: no questions in {data}")
+    scored, skipped = playable_rows(rows, list(rows), skip_missing_dbs=skip_missing_dbs, db_root=db_root)
+    predictions = read_predictions(predictions_file, list(rows), scored)
     with run_folder_lock(output) as out:
-        unusable = database_problems(rows)
-        lines = score_rows(rows, predictions, workers=workers, progress=progress, unusable=unusable)
-        summary = summarise(lines)
-        problem_report = problems(rows, predictions, lines, unusable)
+        lines = score_rows(scored, predictions, workers=workers, progress=progress)
+        summary = summarise(lines, skipped)
+        problem_report = problems(predictions, lines, skipped)
         with writing(out / "scores.jsonl"), open(out / "scores.jsonl", "w", encoding="utf-8") as handle:
             for line in lines:
                 handle.write(json.dumps(line, ensure_ascii=False) + "\n")
         (out / "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         (out / "problems.json").write_text(json.dumps(problem_report, indent=2, ensure_ascii=False) + "\n",
                                            encoding="utf-8")
-    return {"summary": summary, "problems": problem_report, "lines": lines}
+    return {"summary": summary, "problems": problem_report, "lines": lines, "predictions": predictions}
