@@ -88,7 +88,8 @@ def _composite_base(folder, vocab_size):
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64, patch_size=4,
                   spatial_merge_size=2, temporal_patch_size=2)
     torch.manual_seed(1)
-    model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True))
+    config = Qwen3_5Config(text_config=text, vision_config=vision, tie_word_embeddings=True)
+    model = Qwen3_5ForConditionalGeneration(config)
     model.save_pretrained(folder)
     tensors = load_file(str(folder / "model.safetensors"))
     tensors["mtp.fc.weight"] = torch.randn(64, 128)
@@ -206,8 +207,6 @@ def test_export_model_card_names_no_local_path(tiny_model_dir, demo_dir, tmp_pat
 
 
 def test_export_model_card_takes_a_several_mode_eval_folder(tiny_model_dir, demo_dir, tmp_path):
-    from t2s.commands import build_parser
-    from t2s.evaluation.runner import evaluate
 
     summaries = model_eval(tiny_model_dir, demo_dir, tmp_path / "eval", "full", "withheld")
     out = export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval"), verify=False)
@@ -236,7 +235,6 @@ def test_export_model_card_metadata_and_usage_snippet(tiny_model_dir, demo_dir, 
     from huggingface_hub import ModelCard
 
     from t2s.commands import build_parser
-    from t2s.evaluation.runner import evaluate
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     _hub_cached(tiny_model_dir, tmp_path / "hub", "t2s-test/tiny-base")
@@ -262,7 +260,8 @@ def test_export_model_card_metadata_and_usage_snippet(tiny_model_dir, demo_dir, 
         args = build_parser(argv[0]).parse_args(argv)  # the real parser: a missing required option exits
         assert args.endpoint == "http://localhost:8000"
         # the system prompt the model was trained with (no --recipe: t2s's own exec_plan prompt), in its tool set
-        assert args.system_prompt_file == "system_prompt.txt" and (args.dialect, args.tool_format) == ("exec_plan", "json")
+        assert args.system_prompt_file == "system_prompt.txt"
+        assert (args.dialect, args.tool_format) == ("exec_plan", "json")
     from t2s.env.protocol import default_system_prompt
 
     assert (out / "system_prompt.txt").read_text() == default_system_prompt() + "\n"

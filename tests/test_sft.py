@@ -48,7 +48,8 @@ def _sft_argv(tiny_model_dir, output_dir, *extra) -> list[str]:
             "--rl_recipe", "recipes/demo.yaml", "--gold_style", "submit", "--dtype", "float32", "--bf16", "false",
             "--use_cpu", "true", "--gradient_checkpointing", "false", "--max_steps", "3",
             "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--max_length", "640",
-            "--learning_rate", "1e-3", "--output_dir", str(output_dir), "--logging_steps", "1", "--disable_tqdm", "true",
+            "--learning_rate", "1e-3", "--output_dir", str(output_dir), "--logging_steps", "1",
+            "--disable_tqdm", "true",
             *extra]
 
 
@@ -74,7 +75,7 @@ def test_gold_trajectories_are_the_training_token_stream(rows, tiny_tokenizer):
         assert trace.record.to_json()["turns"] == text_record["turns"] and len(trace.record.to_json()["turns"]) == 4
         # the protocol a warm start teaches: one JSON object per turn, no deviation, within the tool turns
         assert [len(turn["calls"]) for turn in trace.record.to_json()["turns"]] == [1, 1, 1, 1]
-        assert trace.record.to_json()["counters"]["format_deviations"] == 0 and trace.record.to_json()["counters"]["forced"] == 0
+        assert trace.record.counters["format_deviations"] == 0 and trace.record.counters["forced"] == 0
         example = sft.example(trace, "gold")
         prompt = len(trace.prompt_ids)
         assert example["input_ids"] == trace.prompt_ids + trace.completion_ids
@@ -164,7 +165,8 @@ def test_sft_trainer_labels_are_the_env_mask_and_it_trains(tiny_model_dir, tmp_p
         assert len(labels) == len(item["input_ids"])
         trained = [label != -100 for label in labels]
         assert any(trained) and not trained[0]
-        assert [t for t, keep in zip(item["input_ids"], trained) if keep][-1] == trainer.processing_class.convert_tokens_to_ids(IM_END)
+        im_end = trainer.processing_class.convert_tokens_to_ids(IM_END)
+        assert [t for t, keep in zip(item["input_ids"], trained) if keep][-1] == im_end
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     sft.fit(trainer, counts)
     assert trainer.state.global_step == 3
@@ -189,7 +191,8 @@ def test_sft_examples_mask_matches_rollout_env_mask(rows, tiny_tokenizer, demo_r
     for example, prompt, completion, env_mask in zip(examples, trl_output["prompt_ids"], trl_output["completion_ids"],
                                                      trl_output["env_mask"], strict=True):
         assert example["input_ids"] == prompt + completion
-        assert example["completion_mask"][len(prompt):] == env_mask and not any(example["completion_mask"][:len(prompt)])
+        assert example["completion_mask"][len(prompt):] == env_mask
+        assert not any(example["completion_mask"][:len(prompt)])
 
 
 def _run(*args, timeout=600):
@@ -217,7 +220,8 @@ def test_sft_command_output_is_taken_by_train_eval_and_export(tiny_model_dir, tm
                  "--output_dir", str(tmp_path / "grpo"))
     assert train.returncode == 0, train.stderr[-2000:]
     assert json.loads((tmp_path / "grpo" / "train_summary.json").read_text())["global_step"] == 1
-    assert train.stdout.strip().splitlines()[-1].startswith(f"wrote {tmp_path / 'grpo'} after 1 steps: the trained model")
+    last = train.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"wrote {tmp_path / 'grpo'} after 1 steps: the trained model")
     assert KERNEL_FALLBACK not in train.stderr and train.stderr.count(KERNEL_FALLBACK_LINE) <= 1
     # evaluation with the model policy
     evaluated = _run("eval", "--policy", "model", "--model", str(out), "--data", str(REPO_ROOT / "data/demo/dev.json"),
@@ -225,9 +229,25 @@ def test_sft_command_output_is_taken_by_train_eval_and_export(tiny_model_dir, tm
                      "--episode-token-budget", "4096", "--device", "cpu", "--output", str(tmp_path / "eval"))
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
     assert json.loads((tmp_path / "eval" / "summary.json").read_text())
-    exported = _run("export", "--checkpoint", str(out), "--output", str(tmp_path / "export"))
+    # export with that eval (of these weights) and the SFT recipe, whose prompt is its rl_recipe's
+    exported = _run("export", "--checkpoint", str(out), "--output", str(tmp_path / "export"), "--eval",
+                    str(tmp_path / "eval"), "--recipe", "recipes/demo_sft.yaml")
     assert exported.returncode == 0, exported.stderr[-2000:]
-    assert (tmp_path / "export" / "config.json").is_file()
+    assert (tmp_path / "export" / "config.json").is_file() and "## Evaluation" in (tmp_path / "export" / "README.md"
+                                                                                    ).read_text()
+    assert (tmp_path / "export" / "system_prompt.txt").read_text() == (RECIPES_DIR / "demo_system_prompt.txt"
+                                                                       ).read_text().strip() + "\n"
+    # the GRPO run's card names the overrides it ran with (paths by their last part), and the eval of other weights
+    # is refused
+    refused = _run("export", "--checkpoint", str(tmp_path / "grpo"), "--output", str(tmp_path / "export-grpo"),
+                   "--eval", str(tmp_path / "eval"), "--no-verify")
+    assert refused.returncode == 1 and "ran other weights than" in refused.stderr.strip().splitlines()[-1]
+    grpo_export = _run("export", "--checkpoint", str(tmp_path / "grpo"), "--output", str(tmp_path / "export-grpo"),
+                       "--recipe", "recipes/demo.yaml", "--no-verify")
+    assert grpo_export.returncode == 0, grpo_export.stderr[-2000:]
+    card = (tmp_path / "export-grpo" / "README.md").read_text()
+    assert ("`--model_name_or_path warm --max_steps 1 --per_device_train_batch_size 4 --num_generations 2 "
+            "--output_dir grpo`") in card and str(tmp_path) not in card
     # every folder that "loads directly in vLLM" is readable as a whole by a server running as another user
     grpo = tmp_path / "grpo"
     for folder in (out, grpo, *grpo.glob("checkpoint-*"), tmp_path / "export"):

@@ -29,7 +29,8 @@ def test_two_process_cpu_run_completes_two_steps(tiny_model_dir, tmp_path):
                "--master_port", str(_free_port()), str(REPO_ROOT / "tests" / "_train_script.py"), str(tiny_model_dir),
                str(tmp_path)]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
-    assert result.returncode == 0, "\n".join(l for l in result.stderr.splitlines() if "Error" in l or "error" in l or "abort" in l)[-4000:]
+    errors = [line for line in result.stderr.splitlines() if "Error" in line or "error" in line or "abort" in line]
+    assert result.returncode == 0, "\n".join(errors)[-4000:]
     results = [json.loads((tmp_path / f"result_rank{rank}.json").read_text()) for rank in (0, 1)]
     for r in results:
         assert r["world_size"] == 2 and "MULTI_CPU" in r["distributed_type"]

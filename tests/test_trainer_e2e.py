@@ -58,8 +58,9 @@ def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_di
         assert all(o is not None for o in out["outcome"])  # every episode was scored
 
     logged = {key for entry in trainer.state.log_history for key in entry}
-    for key in ("reward", "rewards/dense/mean", "rewards/dense/f1", "rewards/dense/join", "rewards/dense/consensus", "tier/invalid",
-                "frac_reward_zero_std", "episodes/turns_mean", "episodes/submit_rate", "episodes/forced_rate",
+    for key in ("reward", "rewards/dense/mean", "rewards/dense/f1", "rewards/dense/join", "rewards/dense/consensus",
+                "tier/invalid", "frac_reward_zero_std", "episodes/stop/submitted", "episodes/stop/prompt_too_long",
+                "episodes/turns_mean", "episodes/submit_rate", "episodes/forced_rate",
                 "episodes/truncated_rate", "episodes/turn_cutoff_rate", "kl", "beta", "sampling/logp_gap/mean",
                 *TIME_METRICS):
         assert key in logged, key

@@ -22,8 +22,10 @@ def shard_size(text: str) -> str:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--checkpoint", required=True, type=non_empty_path, help="trained model folder, or a LoRA adapter folder")
-    parser.add_argument("--output", required=True, type=non_empty_path, help="folder to write (must be empty or absent)")
+    parser.add_argument("--checkpoint", required=True, type=non_empty_path,
+                        help="trained model folder, or a LoRA adapter folder")
+    parser.add_argument("--output", required=True, type=non_empty_path,
+                        help="folder to write (must be empty or absent)")
     parser.add_argument(
         "--base",
         default=None,

@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         return setup_error(exc)
     use_step_printer(trainer)
     with rank_zero_lock(training_args.output_dir):  # one run per output_dir; a second stops with one Error: line
-        fit(trainer, counts, checkpoint)
+        fit(trainer, counts, checkpoint, recipe={"recipe": config.name, "overrides": list(args.overrides)})
     checkpoints = sorted(Path(training_args.output_dir).glob("checkpoint-*"))
     saved = f"{len(checkpoints)} checkpoint{'s' if len(checkpoints) != 1 else ''}, " if checkpoints else ""
     say_written(trainer, f"the trained model and tokenizer, {saved}train_summary.json and metrics.jsonl")

@@ -145,6 +145,8 @@ def check_resume_config(folder: Path, config: dict) -> None:
         except (ValueError, AttributeError, TypeError):  # cut off or edited: its results cannot be matched to a config
             raise EvalError(f"Error: {path} is unreadable; move {folder} away to start over, or choose another "
                             "--output") from None
+        if "weights_sha256" not in old:  # written before evals recorded their weights
+            wanted.pop("weights_sha256", None)
         if old != wanted:
             changed = sorted(k for k in set(old) | set(wanted) if old.get(k) != wanted.get(k))
             raise EvalError(
@@ -233,6 +235,10 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, selected: lis
         "skip_missing_dbs": bool(args.skip_missing_dbs),
         "training_token_stream": bool(generative and not chat and mode != "single" and args.enable_thinking),
     }
+    if args.policy in ("model", "vllm") and args.model:  # which weights ran (``export --eval`` checks it)
+        from t2s.training.checkpoints import weights_fingerprint
+
+        config["weights_sha256"] = weights_fingerprint(args.model)
     for key in ("engine", "dtype"):  # what generated the episodes: "vllm 0.31.0", "transformers 5.17.0"
         if runner.target.get(key) is not None:
             config[key] = runner.target[key]

@@ -17,7 +17,8 @@ What the folder holds:
   ``--recipe``, the default exec_plan prompt, and the export says so);
 - a model card (``README.md``, ``t2s.export.model_card``) whose metadata names the ``base_model`` (a hub id)
   and, given an eval folder of these weights (its recorded ``weights_sha256`` is the checkpoint's, or that of an
-  earlier export into the same folder), a ``model-index`` of its scores; its body holds a usage snippet that runs as written
+  earlier export into the same folder), a ``model-index`` of its scores; its body holds a usage snippet that runs as
+  written
   (``eval`` and ``ask`` pass ``system_prompt.txt`` and the recipe's tool set and call format), the recipe and the
   eval summary table. It names no local paths.
 
@@ -100,11 +101,14 @@ def load_merged_model(checkpoint: Path, base: str | None):
     return model, base_dir
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
 def load_tokenizer(checkpoint: Path, base_dir: Path | None):
     from transformers import AutoTokenizer
 
     for folder in (checkpoint, base_dir):
-        if folder is not None and ((folder / "tokenizer.json").is_file() or (folder / "tokenizer_config.json").is_file()):
+        if folder is not None and any((folder / name).is_file() for name in TOKENIZER_FILES):
             return AutoTokenizer.from_pretrained(folder)
     raise ExportError(f"no tokenizer in {checkpoint}" + (f" or {base_dir}" if base_dir else ""))
 
@@ -186,7 +190,8 @@ def compose_with_base(trained: dict, base_dir: Path) -> tuple[dict, dict]:
         if name not in replaced:
             key = ".".join(name.split(".")[:2]) if name.startswith("model.") else name.split(".")[0]
             carried[key] = carried.get(key, 0) + 1
-    untouched_text = [n for n in base if n not in replaced and not (n.startswith("model.visual.") or n.startswith("mtp."))]
+    untouched_text = [n for n in base
+                      if n not in replaced and not (n.startswith("model.visual.") or n.startswith("mtp."))]
     tied = [n for n in untouched_text if n == "lm_head.weight"]
     missing = [n for n in untouched_text if n not in tied]
     if missing:
@@ -211,7 +216,8 @@ def _is_composite(base_dir: Path | None) -> bool:
     if base_dir is None:
         return False
     config = _read_json(base_dir / "config.json")
-    return "text_config" in config and any(a.endswith("ForConditionalGeneration") for a in config.get("architectures", []))
+    architectures = config.get("architectures", [])
+    return "text_config" in config and any(a.endswith("ForConditionalGeneration") for a in architectures)
 
 
 # ---------------------------------------------------------------------------------------------------------- export

@@ -9,6 +9,7 @@ tool set and call format the recipe trained.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from t2s.errors import ExportError
@@ -80,7 +81,8 @@ def model_card(*, repo_id: str, checkpoint: Path, base: str | None, architecture
         f"# {repo_id}",
         "",
         "An agentic text-to-SQL model trained with GRPO on the t2s exec_plan protocol: it explores a SQLite database "
-        "through tools (`list_tables`, `describe_table`, `run_query`, ...) and submits a final query with `submit_sql`.",
+        "through tools (`list_tables`, `describe_table`, `run_query`, ...) and submits a final query with "
+        "`submit_sql`.",
         "",
         f"- architecture: `{architecture}`",
         f"- base model: {base_line}",
@@ -103,9 +105,30 @@ def model_card(*, repo_id: str, checkpoint: Path, base: str | None, architecture
         if not recipe_path.is_file():
             raise ExportError(f"recipe file not found: {recipe}")
         lines += ["", f"## Recipe (`{recipe_path.name}`)", "", "```yaml", recipe_path.read_text().rstrip(), "```"]
+        lines += run_overrides_lines(checkpoint)
     if eval_dir:
         lines += ["", "## Evaluation", "", eval_markdown(eval_dir).rstrip()]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
+
+
+def run_overrides_lines(checkpoint: Path) -> list[str]:
+    """The card's lines on what the run changed from its recipe: ``train_summary.json``'s ``overrides``, read from the
+    checkpoint folder or, for a ``checkpoint-N``, the run folder above it (paths in them shown by their last part)."""
+    for folder in (checkpoint, checkpoint.parent):
+        path = folder / "train_summary.json"
+        if path.is_file():
+            try:
+                summary = json.loads(path.read_text(encoding="utf-8"))
+            except ValueError:
+                return []
+            overrides = summary.get("overrides") if isinstance(summary, dict) else None
+            if not isinstance(overrides, list):
+                return []
+            shown = [Path(flag).name if "/" in flag and not flag.startswith("--") else flag
+                     for flag in map(str, overrides)]
+            text = " ".join(shown) if shown else "none"
+            return ["", f"The run's overrides of this recipe (`train` flags): `{text}`."]
+    return ["", "The run's overrides of this recipe were not recorded (no `train_summary.json` beside the checkpoint)."]
 
 
 def usage_commands(repo_id: str, tool_flags=()) -> list[str]:
@@ -120,7 +143,8 @@ def usage_commands(repo_id: str, tool_flags=()) -> list[str]:
         f"hf download {repo} {SYSTEM_PROMPT_FILE} --local-dir .",
         f"python -m t2s eval --policy endpoint --endpoint http://localhost:8000 --data bird/dev.json {prompt} "
         "--output runs/eval-endpoint",
-        f"python -m t2s ask --db my.sqlite --endpoint http://localhost:8000 {prompt} \"How many orders shipped in 2023?\"",
+        f"python -m t2s ask --db my.sqlite --endpoint http://localhost:8000 {prompt} "
+        "\"How many orders shipped in 2023?\"",
     ]
 
 

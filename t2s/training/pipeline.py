@@ -229,8 +229,10 @@ def resume_checkpoint(training_args) -> str | None:
     return str(value)
 
 
-def fit(trainer, counts: dict, checkpoint: str | None = None):
+def fit(trainer, counts: dict, checkpoint: str | None = None, recipe: dict | None = None):
     """Train (from ``checkpoint`` when given), save the model and a summary in output_dir, then end the run.
+    ``recipe`` (``{"recipe": file name, "overrides": [flags]}``, from ``train``) goes into ``train_summary.json``,
+    where ``export`` reads which overrides the run used.
 
     Ending the run unregisters the process group, but the trainer's model still holds it, and the trainer lives in
     reference cycles. Left to the collector at interpreter shutdown, a gloo worker thread still dropping its last
@@ -245,7 +247,7 @@ def fit(trainer, counts: dict, checkpoint: str | None = None):
     trainer.save_model(output_dir)
     if trainer.accelerator.is_main_process:
         match_umask(output_dir)
-        summary = {"global_step": trainer.state.global_step, "beta": trainer.beta, "data": counts}
+        summary = {"global_step": trainer.state.global_step, "beta": trainer.beta, "data": counts, **(recipe or {})}
         Path(output_dir, "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     from t2s.training.vllm_sync import release_engine
 
