@@ -3,12 +3,13 @@
     python tests/_vllm_train_script.py MODEL_DIR OUTPUT_DIR [--lora] [--server URL]
     torchrun --nproc_per_node 2 tests/_vllm_train_script.py MODEL_DIR OUTPUT_DIR
 
-Colocated (the default) or through a server (``--server``: ``rollout_backend: vllm_server``, weights synced through
-files). After every optimiser step a callback moves every weight by noise (a tiny random policy's rewards are often all
-equal, so its own updates can be zero), so each step's sampler must have received the new weights for
-``sampling/logp_gap`` to stay small. After training the weights are pushed once more, and the engine's logprobs for a
-fixed sequence are compared with transformers' on the trained weights and on the starting ones. Each rank writes
-``OUTPUT_DIR/result_rank{R}.json``. Each run is its own process, as a user starts one.
+The smoke recipe in ``withheld`` mode (prompts without the schema, so shorter steps: what is checked is where the
+weights are, not what the episodes hold). Colocated (the default) or through a server (``--server``: ``rollout_backend:
+vllm_server``, weights synced through files). After every optimiser step a callback moves every weight by noise (a tiny
+random policy's rewards are often all equal, so its own updates can be zero), so each step's sampler must have received
+the new weights for ``sampling/logp_gap`` to stay small. After training the weights are pushed once more, and the
+engine's logprobs for a fixed sequence are compared with transformers' on the trained weights and on the starting ones.
+Each rank writes ``OUTPUT_DIR/result_rank{R}.json``. Each run is its own process, as a user starts one.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def main() -> int:
             "q_proj", "v_proj", "gate_proj"] if args.lora else []
     script_args, training_args, model_args = parse_recipe([
         "--config", str(RECIPES_DIR / "smoke.yaml"), "--model_name_or_path", args.model, "--output_dir", args.output,
-        "--max_steps", "2", *backend, *peft,
+        "--max_steps", "2", "--mode", "withheld", *backend, *peft,  # withheld: no schema, prompts ~40% shorter
     ])
     trainer, counts = build_trainer(script_args, training_args, model_args, callbacks=[perturb_callback()])
     rank = trainer.accelerator.process_index
