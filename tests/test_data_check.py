@@ -74,11 +74,30 @@ def _tiny_bird(folder: Path, slow_query: bool = True) -> Path:
 
 def test_limit_counts_missing_databases_over_the_rows_kept(tmp_path, capsys):
     data = _tiny_bird(tmp_path / "bird", slow_query=False)  # the last row's database is absent
-    assert main(["data", "check", "--data", str(data), "--n", "2"]) == 0
+    assert main(["data", "check", "--data", str(data), "--n", "2", "--seed", "1"]) == 0  # seed 1 picks rows 0 and 1
     printed = capsys.readouterr().out
     assert "missing" in printed and "gone" not in printed and "point at databases" not in printed
     assert main(["data", "check", "--data", str(data), "--limit", "5", "--no-cache"]) == 0
     assert "1 of 5 questions point at databases missing" in " ".join(capsys.readouterr().out.split())
+
+
+def test_n_is_evals_seeded_pick_from_the_whole_file(bird_superhero_dir, tmp_path, capsys):
+    from t2s.evaluation.runner import select_rows
+
+    rows = load_json_rows(bird_superhero_dir)
+    for seed in (0, 7):
+        out = tmp_path / f"seed{seed}"
+        assert main(["data", "check", "--data", str(bird_superhero_dir), "--n", "5", "--seed", str(seed),
+                     "--output", str(out)]) == 0
+        checked = [json.loads(line)["question_id"] for line in (out / "check.jsonl").read_text().splitlines()]
+        assert checked == [r["question_id"] for r in select_rows(rows, 5, seed)]  # the questions eval --n 5 plays
+        assert checked != [r["question_id"] for r in rows[:5]]
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["data", "check", "--help"])
+    helped = " ".join(capsys.readouterr().out.split())
+    assert "only N rows, picked with --seed from the whole file as eval picks its questions" in helped
+    assert "--seed SEED picks the --n rows, as in eval (default: 0)" in helped
 
 
 def test_outcome_classes_and_filter_rows(tmp_path):

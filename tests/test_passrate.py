@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from t2s.commands import main
 from t2s.evaluation import passrate
 from t2s.data.loaders import load_json_rows, load_rows
+from t2s.evaluation.runner import select_rows
 
 
 def test_solve_counts_follow_the_scripted_policy(bird_superhero_dir):
@@ -43,12 +46,30 @@ def test_passrate_command_end_to_end(bird_superhero_dir, tmp_path, capsys):
     assert code == 0
     printed = capsys.readouterr().out
     assert "pass rate over 8 samples" in printed and "kept" in printed
-    rows = load_rows("bird", bird_superhero_dir, limit=16)
+    rows = select_rows(load_rows("bird", bird_superhero_dir), 16, seed=0)  # --n: eval's seeded pick (--seed 0)
+    assert [r["question_id"] for r in rows] != [r["question_id"] for r in load_rows("bird", bird_superhero_dir)[:16]]
     expected = [r["question_id"] for r in rows if 1 <= passrate.mix_solved(r["question_id"], 8) <= 7]
     written = json.loads(output.read_text())
     assert [r["question_id"] for r in written] == expected
     # the output is a data file in the common row shape: it loads again
     assert [r["question_id"] for r in load_json_rows(output)] == expected
+
+
+def test_n_and_seed_pick_the_questions_eval_picks(bird_superhero_dir, tmp_path, capsys):
+    rows = load_rows("bird", bird_superhero_dir)
+    for seed in (0, 5):
+        out = tmp_path / str(seed)
+        assert main(["data", "passrate", "--data", str(bird_superhero_dir), "--policy", "scripted-mix", "--k", "8",
+                     "--n", "12", "--seed", str(seed), "--output", str(out), "--quiet"]) == 0
+        picked = select_rows(rows, 12, seed)
+        expected = [r["question_id"] for r in picked if 1 <= passrate.mix_solved(r["question_id"], 8) <= 7]
+        assert [r["question_id"] for r in json.loads((out / "passrate_kept.json").read_text())] == expected
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["data", "passrate", "--help"])
+    helped = " ".join(capsys.readouterr().out.split())
+    assert "only N rows, picked with --seed from the whole file as eval picks its questions" in helped
+    assert "picks the --n questions (the same pick in eval and data passrate)" in helped
 
 
 def test_gold_policy_command_plays_the_evaluators_gold_episodes(demo_dir, tmp_path, capsys):

@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="folder of <db_id>/<db_id>.sqlite (default: beside the data)")
         p.add_argument("--schemas", default=None, help="SQaLe schema table (parquet/JSONL file or Hub id)")
         p.add_argument("--n", dest="limit", type=positive_int, default=None,
-                       help="only the first N rows (default: all)")
+                       help="only N rows, picked with --seed from the whole file as eval picks its questions "
+                       "(default: all)")
         add_hidden_alias(p, "--n", "--limit", type=positive_int)
         p.add_argument("--output", type=non_empty_path, default=None, help=output_help)
 
@@ -63,6 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     p = sub.add_parser("check", help="run every gold SQL: ok / error / timeout / empty per database (cached)")
     data_args(p, "folder for check.jsonl, the per-row outcomes (default: print only)")
+    p.add_argument("--seed", type=int, default=0, help="picks the --n rows, as in eval")
     p.add_argument("--workers", type=positive_int, default=4, help="parallel queries (default: 4)")
     p.add_argument("--timeout", type=positive_float, default=None,
                    help="seconds per gold SQL (default: the scoring cap)")
@@ -161,17 +163,19 @@ def _console():
 
 
 def load_for_command(args, *, require_databases=None):
-    """Rows of --data by --kind (auto-detected BIRD/Spider/SynSQL JSON by default)."""
+    """Rows of --data by --kind (auto-detected BIRD/Spider/SynSQL JSON by default); with --n, the rows eval's seeded
+    pick (``questions.select_rows``) takes from the whole file."""
     from t2s.data import loaders, rows as data_rows
+    from t2s.evaluation.questions import select_rows
 
     if args.kind == "sqale":
-        return loaders.load_rows("sqale", args.data, schemas=args.schemas, limit=args.limit)
-    if args.kind == "auto":
+        rows = loaders.load_rows("sqale", args.data, schemas=args.schemas)
+    elif args.kind == "auto":
         rows = loaders.load_json_rows(args.data, args.db_root, require_databases=require_databases)
     else:
         rows = loaders.load_rows(args.kind, args.data, args.db_root, require_databases=require_databases)
     if args.limit is not None:  # the missing databases counted again, over the rows kept
-        kept = rows[: args.limit]
+        kept = select_rows(rows, args.limit, args.seed)
         missing: dict[str, int] = {}
         for row in kept:
             if row["db_id"] in rows.missing_databases:

@@ -118,7 +118,8 @@ def add_policy_arguments(p) -> None:
 
     Shared by ``eval`` and ``data passrate`` (whose episodes run through :func:`solve_counts`).
     """
-    p.add_argument("--seed", type=int, default=0, help="seeds sampling (eval: also picks the --n questions)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seeds sampling, and picks the --n questions (the same pick in eval and data passrate)")
     add_sampling_arguments(p)
     add_episode_arguments(p)
     add_tool_arguments(p)
@@ -183,7 +184,8 @@ def add_eval_arguments(parser) -> None:
                    help="folder of per-db_id folders (default: beside the data file)")
     add_engine_arguments(p)
     p.add_argument("--mode", nargs="+", default=["full"], choices=MODES, help="one or more of full, withheld, single")
-    p.add_argument("--n", type=non_negative_int, default=0, help="questions to evaluate, picked with --seed (0 = all)")
+    p.add_argument("--n", type=non_negative_int, default=0,
+                   help="questions to evaluate, picked with --seed from the whole file (0 = all)")
     p.add_argument("--k", type=positive_int, default=1, help="samples per question (k > 1 adds vote_at_k)")
     p.add_argument("--output", required=True, type=non_empty_path,
                    help="output folder (re-running the same command resumes it)")

@@ -1,7 +1,7 @@
 """Which questions a command plays or scores: one meaning of ``--n`` and one rule for a missing database.
 
-- ``--n N --seed S`` (``eval``, ``score``'s data, ``data check``, ``data passrate``): :func:`select_rows`, N rows
-  picked by S from the whole data file, kept in file order; every row when N is 0 or absent.
+- ``--n N --seed S`` (``eval``, ``data check``, ``data passrate``): :func:`select_rows`, N rows picked by S from
+  the whole data file, kept in file order; every row when N is 0 or absent.
 - A question whose database is missing (no file, or a server without it) or cannot be read (``data.db_probe``):
   :func:`playable_rows` stops with an error naming the databases, or, with ``--skip-missing-dbs``, leaves their
   questions out and counts them (:func:`skipped_summary` writes the count into a summary). ``eval`` and ``score``
