@@ -175,7 +175,8 @@ def postgres_dsn():
         pytest.skip("psycopg is not installed (pip install -r requirements.txt)")
     bindir = postgres_bin_dir()
     if not bindir or not os.path.isfile(os.path.join(bindir, "initdb")):
-        pytest.skip("PostgreSQL's server is not installed: `make install-postgres` (as root) installs it, or set T2S_PG_BIN")
+        pytest.skip("PostgreSQL's server is not installed: `make install-postgres` (as root) installs it, or set "
+                    "T2S_PG_BIN")
     root = tempfile.mkdtemp(prefix="t2s-pg-")
     os.chmod(root, 0o755)
     data, sock = os.path.join(root, "data"), os.path.join(root, "sock")

@@ -43,7 +43,8 @@ def run_eval(out: Path, *argv) -> list[list[str]]:
 def turn_texts(out: Path) -> list[list[str]]:
     """Each episode's assistant turn texts, by question id (an endpoint's episodes land in the order they finish)."""
     lines = (out / "withheld" / "episodes.jsonl").read_text().splitlines()
-    episodes = sorted((json.loads(line) for line in lines if line.strip()), key=lambda e: (e["question_id"], e["sample"]))
+    episodes = sorted((json.loads(line) for line in lines if line.strip()),
+                      key=lambda e: (e["question_id"], e["sample"]))
     return [[turn["assistant"] for turn in episode["turns"]] for episode in episodes]
 
 
