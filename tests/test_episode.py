@@ -277,6 +277,20 @@ def test_prompt_too_long(db_row):
     assert record.to_json()["stop_reason"] == "prompt_too_long" and record.counters["turns"] == 0
 
 
+def test_an_error_in_the_forced_turn_is_the_stop_reason(db_row):
+    """The forced turn after the tool turns ran out: a generation failure there ends the episode as an error."""
+    episode = Episode(db_row, EpisodeConfig(max_turns=1))
+    episode.start(0)
+    assert episode.step(turn(call("list_tables"))) is not None and episode.forced_turn
+    episode.finish("error")
+    assert episode.record().stop_reason == "error"
+    again = Episode(db_row, EpisodeConfig(max_turns=1))
+    again.start(0)
+    again.step(turn(call("list_tables")))
+    again.end_with_error("garbage")
+    assert again.record().stop_reason == "error"
+
+
 @pytest.mark.parametrize("budget, minimum, refused", [(2048, 2048, True), (1000, 2048, True), (2049, 2048, False)])
 def test_a_budget_that_cannot_leave_min_episode_tokens_is_named(budget, minimum, refused):
     problem = EpisodeConfig(episode_token_budget=budget, min_episode_tokens=minimum).budget_problem()

@@ -534,7 +534,26 @@ def test_a_budget_that_leaves_no_turn_is_refused_at_the_start(demo_dir, tmp_path
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
-def test_every_episode_limit_is_an_eval_option_and_is_recorded(demo_dir, tmp_path):
+def test_a_folder_from_before_weight_fingerprints_resumes_and_vouches_for_no_weights(tiny_model_dir, demo_dir,
+                                                                                     tmp_path):
+    """An eval folder written before evals recorded ``weights_sha256`` resumes, and its config still records none:
+    its earlier episodes ran weights nobody recorded."""
+    argv = ("--policy", "model", "--model", tiny_model_dir, "--data", demo_dir, "--n", "2", "--mode", "withheld",
+            "--max-turns", "1", "--max-tokens-per-turn", "8", "--output", tmp_path)
+    evaluate(eval_args(*argv))
+    for name in ("eval_config.json",):
+        path = tmp_path / "withheld" / name
+        config = json.loads(path.read_text())
+        assert config.pop("weights_sha256")  # recorded now
+        path.write_text(json.dumps(config))  # as an older eval wrote it
+    lines = read_lines(tmp_path / "withheld")
+    (tmp_path / "withheld" / "episodes.jsonl").write_text(json.dumps(lines[0]) + "\n")  # one question to go
+    summary = evaluate(eval_args(*argv))["withheld"]
+    assert summary["n"] == 2 and "weights_sha256" not in summary["config"]
+    assert "weights_sha256" not in json.loads((tmp_path / "withheld" / "eval_config.json").read_text())
+
+
+def test_every_episode_limit_is_an_eval_option_and_is_recorded(demo_dir, tmp_path, capsys):
     """The episode limits a user may need reach the episodes, and a changed one is part of the resumed config."""
     from t2s.evaluation.options import EPISODE_LIMITS, episode_config
 
@@ -544,7 +563,12 @@ def test_every_episode_limit_is_an_eval_option_and_is_recorded(demo_dir, tmp_pat
     config = episode_config(args, "full")
     assert (config.max_calls_per_turn, config.max_failed_queries, config.tool_timeout, config.episode_tool_seconds,
             config.forced_turn_reserve, config.min_episode_tokens) == (3, 2, 1.5, 9.0, 100, 1000)
-    assert {name for name, _, _ in EPISODE_LIMITS} >= {"max_calls_per_turn", "max_failed_queries", "tool_timeout"}
+    from t2s.commands import main
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    help_text = capsys.readouterr().out  # each limit is a command-line option, with its default
+    assert all(f"--{name.replace('_', '-')}" in help_text for name, _, _ in EPISODE_LIMITS)
     summary = evaluate(args)["full"]
     assert summary["config"]["max_calls_per_turn"] == 3 and summary["config"]["min_episode_tokens"] == 1000
     assert summary["stop_reasons"] == {"submitted": 2} and summary["execution_accuracy_official"] == 1.0

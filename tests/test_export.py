@@ -194,16 +194,41 @@ def test_export_refuses_an_eval_of_other_weights(tiny_model_dir, demo_dir, tmp_p
     again = export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval-export"), verify=False,
                          force=True)
     assert "## Evaluation" in (again / "README.md").read_text()
+    # an export of other weights into that folder, evaluated, does not vouch for this checkpoint
+    export_model(other, tmp_path / "export", verify=False, force=True)
+    model_eval(tmp_path / "export", demo_dir, tmp_path / "eval-export-other", n=1)
+    with pytest.raises(ExportError, match="ran other weights than"):
+        export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval-export-other"), verify=False,
+                     force=True)
 
 
-def test_export_model_card_names_no_local_path(tiny_model_dir, demo_dir, tmp_path):
-    """An eval of a local model (recorded with its absolute path): the card names it by its folder name only."""
-    model_eval(tiny_model_dir, demo_dir, tmp_path / "eval", n=1)
+@pytest.mark.parametrize("relative", [False, True])
+def test_export_model_card_names_no_local_path(tiny_model_dir, demo_dir, tmp_path, monkeypatch, relative):
+    """An eval of a local model, named by an absolute or a relative path, and a run whose overrides hold paths (as
+    ``--key value`` and ``--key=value``): the card names each by its last part only, and takes the run's own
+    prompt settings."""
+    import shutil
+
+    from t2s.settings import RECIPES_DIR
+
+    checkpoint = tmp_path / "runs" / "mine"
+    shutil.copytree(tiny_model_dir, checkpoint)
+    (checkpoint / "train_summary.json").write_text(json.dumps({"global_step": 1, "recipe": "demo.yaml", "overrides": [
+        "--output_dir", str(checkpoint), f"--dataset_path={tmp_path / 'data' / 'train.json'}", "--dialect=sibling",
+        "--model_name_or_path", "Qwen/Qwen3.5-2B"]}))
+    monkeypatch.chdir(tmp_path)
+    model = "runs/mine" if relative else str(checkpoint)
+    model_eval(model, demo_dir, tmp_path / "eval", n=1)
     config = json.loads((tmp_path / "eval" / "full" / "eval_config.json").read_text())
-    assert config["model"] == str(tiny_model_dir)  # the eval folder keeps where it came from
-    out = export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval"), verify=False)
+    assert config["model"] == model  # the eval folder keeps where it came from
+    out = export_model(checkpoint, tmp_path / "export", eval_dir=str(tmp_path / "eval"),
+                       recipe=str(RECIPES_DIR / "demo.yaml"), verify=False)
     card = (out / "README.md").read_text()
-    assert f"target `{tiny_model_dir.name}`" in card and str(tiny_model_dir.parent) not in card
+    assert "target `mine`" in card and str(tmp_path) not in card and "runs/mine" not in card
+    assert ("`--output_dir mine --dataset_path=train.json --dialect=sibling --model_name_or_path Qwen/Qwen3.5-2B`"
+            in card)  # a hub id is not a local path
+    args = [line for line in card.splitlines() if line.startswith("python -m t2s eval")][0]
+    assert "--dialect sibling" in args  # the run's own --dialect, over the recipe's exec_plan
 
 
 def test_export_model_card_takes_a_several_mode_eval_folder(tiny_model_dir, demo_dir, tmp_path):

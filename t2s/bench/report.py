@@ -104,6 +104,7 @@ def synthetic_line(rng: random.Random, question_id: int, mode: str, turns: int =
                 "turn_cutoffs": 0, "submitted": True, "forced": False, "fallback_used": False, "truncated": False}
     line = {"question_id": question_id, "db_id": TABLES[question_id % len(TABLES)], "mode": mode, "turns": played,
             "final_sql": final_sql, "final_sql_source": "submitted", "submitted_sql": final_sql, "counters": counters,
+            "stop_reason": "submitted", "prompt_tokens": 900 + 40 * len(TABLES),
             "question": f"What is the {_words(rng, 14)}?", "evidence": _words(rng, 20), "gold_sql": gold_sql,
             "gold_result": preview(), "pred_result": preview(), "sample": 0,
             "difficulty": ("simple", "moderate", "challenging")[question_id % 3], "official": official,

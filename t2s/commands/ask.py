@@ -26,6 +26,8 @@ RECORD_EXTRA_KEYS = ("question", "evidence", "pred_result")  # what ask's record
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from t2s.env.episode import EpisodeConfig  # the episode defaults, declared once there
+
     parser.add_argument("question", help="the question to answer")
     parser.add_argument("--db", required=True, type=non_empty_path,
                         help="the database to ask, read-only: a SQLite or DuckDB (.duckdb) file, "
@@ -34,8 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mode", choices=("full", "withheld"), default="full",
                         help="full: the prompt shows the schema; withheld: the model discovers it with tools")
     parser.add_argument("--evidence", default="", help="a hint, as BIRD's evidence field")
-    parser.add_argument("--max-turns", type=positive_int, default=None,
-                        help="tool turns before the forced final turn (default: 6)")
+    parser.add_argument("--max-turns", type=positive_int, default=EpisodeConfig.max_turns,
+                        help=f"tool turns before the forced final turn (default: {EpisodeConfig.max_turns})")
     parser.add_argument("--system-prompt-file", type=non_empty_path, default=None,
                         help="replace the system prompt with this file's text")
     parser.add_argument("--json", action="store_true", help="print the episode record as one JSON object")
@@ -109,8 +111,7 @@ def run(args: argparse.Namespace) -> int:
         read_system_prompt(args.system_prompt_file)  # an EvalError names the file
     config = EpisodeConfig(mode=args.mode, system_prompt_file=args.system_prompt_file, dialect=args.dialect,
                            tool_format=args.tool_format)
-    if args.max_turns is not None:
-        config.max_turns = args.max_turns
+    config.max_turns = args.max_turns
     row = ask_row(args.question, args.evidence, db)
     console = make_console()
     if not args.json:
@@ -154,12 +155,13 @@ def show_trajectory(record: dict, console) -> None:
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    from t2s.env.episode import EpisodeConfig
     from t2s.evaluation.options import add_endpoint_arguments, add_sampling_arguments
 
     parser.add_argument("--model", default=None, help="a transformers model folder or hub id (runs locally)")
     parser.add_argument("--device", default=None, help="--model: cpu, cuda, ... (default: cuda when available)")
-    parser.add_argument("--max-tokens-per-turn", type=positive_int, default=2048,
-                        help="tokens one model turn may generate")
+    parser.add_argument("--max-tokens-per-turn", type=positive_int, default=EpisodeConfig.max_tokens_per_turn,
+                        help=f"tokens one model turn may generate (default: {EpisodeConfig.max_tokens_per_turn})")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: unseeded)")
     add_sampling_arguments(parser)
     add_endpoint_arguments(parser)

@@ -366,7 +366,7 @@ class Episode:
             return
         self.done = True
         self.forced_turn = False
-        if self.stop_reason is None or reason in ("submitted", "budget", "prompt_too_long"):
+        if self.stop_reason is None or reason in ("submitted", "budget", "prompt_too_long", "error"):
             self.stop_reason = reason
         self._choose_final_sql()
 

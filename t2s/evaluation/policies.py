@@ -68,9 +68,9 @@ def single_turn_record(row: dict, text: str | None, *, cut_off: bool = False, pr
                            prompt_tokens=prompt_tokens)
 
 
-def unplayed_record(row: dict, mode: str, error: str, stop_reason: str = "error"):
+def unplayed_record(row: dict, mode: str, error: str, stop_reason: str = "error", prompt_tokens: int = 0):
     """The ``EpisodeRecord`` of an episode that could not be played (``error`` says why; it scores 0)."""
-    return one_turn_record(row, mode, None, None, stop_reason=stop_reason, error=error)
+    return one_turn_record(row, mode, None, None, stop_reason=stop_reason, error=error, prompt_tokens=prompt_tokens)
 
 
 def load_tokenizer(name: str | None, required: bool):
@@ -322,7 +322,7 @@ class Runner:
                     limit = 2 * self.args.max_tokens_per_turn
                 if limit <= 0:
                     return unplayed_record(row, "single", "Error: the prompt does not fit the episode token budget",
-                                           "prompt_too_long")
+                                           "prompt_too_long", len(prompt))
                 text, finish, _ = self.chat_client.complete(messages, limit, sampling, seed)
                 return single_turn_record(row, text, cut_off=finish == "length",
                                           prompt_tokens=len(prompt) if self.tokenizer is not None else 0)
@@ -379,7 +379,7 @@ class Runner:
             out = by_index.get(index)
             if out is None:
                 record = unplayed_record(row, "single", "Error: the prompt does not fit the episode token budget",
-                                         "prompt_too_long")
+                                         "prompt_too_long", len(prompts[index]))
             elif out.finish_reason == "error":
                 raise EvalError(f"{out.error} (finished results are kept)")
             else:

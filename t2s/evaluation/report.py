@@ -189,6 +189,12 @@ def episode_notes(summary: dict) -> list[str]:
 
     config = summary.get("config") or {}
     defaults = EpisodeConfig()
+    budget = config.get("episode_token_budget", defaults.episode_token_budget)
+    if config.get("mode") == "single":  # one turn: its prompt must leave room in the budget, nothing more
+        longest = summary.get("no_turn_longest_prompt", 0)
+        prompts = f"prompts of up to {longest} tokens" if longest else "their prompts"
+        return [f"{summary['no_turn_episodes']} of {summary.get('n_episodes', 0)} single-turn episodes were not "
+                f"played: {prompts} left no room in the episode token budget ({budget})"]
     return [no_turn_line(summary["no_turn_episodes"], summary.get("n_episodes", 0),
                          summary.get("no_turn_longest_prompt", 0),
                          config.get("episode_token_budget", defaults.episode_token_budget),
@@ -276,7 +282,7 @@ def _settings_line(config: dict, *, public: bool = False) -> str:
         return ""
     sampling = config.get("sampling") or {}
     target = config.get("model") or config.get("endpoint") or config.get("predictions") or config.get("policy")
-    if public and isinstance(target, str) and Path(target).is_absolute():
+    if public and isinstance(target, str) and (Path(target).is_absolute() or Path(target).exists()):
         target = Path(target).name
     parts = [
         f"policy `{config.get('policy')}`",

@@ -136,7 +136,8 @@ def resume_config(config: dict) -> dict:
 
 
 def check_resume_config(folder: Path, config: dict) -> None:
-    """Write ``eval_config.json``, or refuse when the folder holds results of another configuration."""
+    """Write ``eval_config.json``, or refuse when the folder holds results of another configuration. A folder written
+    before evals recorded ``weights_sha256`` resumes, and ``config`` then loses that key: it vouches for no weights."""
     path = folder / EVAL_CONFIG
     wanted = resume_config(config)
     if path.is_file():
@@ -145,8 +146,9 @@ def check_resume_config(folder: Path, config: dict) -> None:
         except (ValueError, AttributeError, TypeError):  # cut off or edited: its results cannot be matched to a config
             raise EvalError(f"Error: {path} is unreadable; move {folder} away to start over, or choose another "
                             "--output") from None
-        if "weights_sha256" not in old:  # written before evals recorded their weights
-            wanted.pop("weights_sha256", None)
+        if "weights_sha256" not in old:  # written before evals recorded their weights: its earlier episodes ran
+            wanted.pop("weights_sha256", None)  # weights nobody recorded, so the folder vouches for none
+            config.pop("weights_sha256", None)
         if old != wanted:
             changed = sorted(k for k in set(old) | set(wanted) if old.get(k) != wanted.get(k))
             raise EvalError(

@@ -12,6 +12,8 @@ What the folder holds:
 - the tokenizer and chat template;
 - the weights written by ``huggingface_hub.save_torch_state_dict``: one ``model.safetensors``, or shards of at most
   ``--max-shard-size`` plus ``model.safetensors.index.json``;
+- ``t2s_export.json``: the fingerprint of the checkpoint's weights, so that an eval of this folder counts as an eval
+  of that checkpoint when it is exported again (``--force --eval``), and of no other;
 - ``system_prompt.txt``: the system prompt the model was trained with (the recipe's ``system_prompt_file``, else
   t2s's own prompt for the recipe's tool set and call format; an SFT recipe's come from its ``rl_recipe``; without
   ``--recipe``, the default exec_plan prompt, and the export says so);
@@ -34,7 +36,8 @@ from pathlib import Path
 
 from t2s.backends.base import SamplingSettings
 from t2s.errors import ExportError
-from t2s.export.model_card import SYSTEM_PROMPT_FILE, check_eval_of, model_card, trained_prompt
+from t2s.export.model_card import (SYSTEM_PROMPT_FILE, check_eval_of, model_card, override_values, recorded_overrides,
+                                   trained_prompt)
 from t2s.settings import match_umask
 
 
@@ -45,6 +48,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 
 
 MAX_SHARD_SIZE = "5GB"
+EXPORT_SOURCE = "t2s_export.json"  # which checkpoint's weights the folder's were exported from (its fingerprint)
 
 
 
@@ -240,14 +244,16 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
         if found is None or not found.is_file():
             raise ExportError(f"recipe file not found: {recipe}")
         recipe = str(found)
-    system_prompt, tool_flags = trained_prompt(recipe)
+    system_prompt, tool_flags = trained_prompt(recipe, override_values(recorded_overrides(checkpoint) or []))
     if not recipe:
         print("note: no --recipe given: system_prompt.txt holds t2s's default exec_plan prompt; pass the recipe the "
               "model was trained with if it used another prompt, tool set or call format")
-    if eval_dir:  # fails early: no summary, or an eval of other weights (this checkpoint, or an earlier export of it)
-        from t2s.training.checkpoints import weights_fingerprint
+    from t2s.training.checkpoints import weights_fingerprint
 
-        check_eval_of(eval_dir, {checkpoint: weights_fingerprint(checkpoint), out: weights_fingerprint(out)})
+    source = weights_fingerprint(checkpoint)
+    if eval_dir:  # fails early: no summary, or an eval of other weights (this checkpoint, or an earlier export of it)
+        earlier = weights_fingerprint(out) if exported_from(out) == source else None
+        check_eval_of(eval_dir, {checkpoint: source, out: earlier})
     out.mkdir(parents=True, exist_ok=True)
 
     model, base_dir = load_merged_model(checkpoint, base)
@@ -277,6 +283,7 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
     for stale in list(out.glob("*.safetensors")) + list(out.glob("*.safetensors.index.json")):
         stale.unlink()
     write_safetensors(tensors, out, max_shard_size)
+    (out / EXPORT_SOURCE).write_text(json.dumps({"checkpoint_weights_sha256": source}) + "\n")
     del tensors, trained
 
     write_generation_config(out, checkpoint, base_dir, tokenizer, stop_ids)
@@ -297,6 +304,14 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
     if verify:
         verify_export(out, model, stop_ids)
     return out
+
+
+def exported_from(folder: Path) -> str | None:
+    """The weights fingerprint of the checkpoint an earlier export into ``folder`` was made from (None if none)."""
+    try:
+        return json.loads((folder / EXPORT_SOURCE).read_text(encoding="utf-8")).get("checkpoint_weights_sha256")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _torch_dtype(name: str):

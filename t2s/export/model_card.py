@@ -41,10 +41,11 @@ def _recipe_keys(path) -> dict:
     return keys if isinstance(keys, dict) else {}
 
 
-def trained_prompt(recipe: str | None) -> tuple[str, list[str]]:
+def trained_prompt(recipe: str | None, overrides: dict[str, str] | None = None) -> tuple[str, list[str]]:
     """(the system prompt a recipe trains with, the ``eval``/``ask`` flags of its tool set and call format when they
     are not the defaults). The recipe's keys are read from its YAML as ``train`` reads them (an SFT recipe's through
-    its ``rl_recipe``, as ``sft`` reads them); the prompt file is found as ``train`` finds it."""
+    its ``rl_recipe``, as ``sft`` reads them), then the run's ``overrides`` of them; the prompt file is found as
+    ``train`` finds it."""
     from t2s.env.protocol import default_system_prompt
     from t2s.evaluation.options import read_system_prompt
     from t2s.training.pipeline import resolve_path
@@ -55,6 +56,7 @@ def trained_prompt(recipe: str | None) -> tuple[str, list[str]]:
         if path is None:
             raise ExportError(f"the recipe's rl_recipe {keys['rl_recipe']!r} not found")
         keys = {**_recipe_keys(path), **{k: v for k, v in keys.items() if k in EPISODE_PROMPT_KEYS}}
+    keys.update({k: v for k, v in (overrides or {}).items() if k in EPISODE_PROMPT_KEYS})  # the run's own flags
     dialect, tool_format = keys.get("dialect") or "exec_plan", keys.get("tool_format") or "json"
     flags = (["--dialect", dialect] if dialect != "exec_plan" else []) + (
         ["--tool-format", tool_format] if tool_format != "json" else [])
@@ -105,30 +107,56 @@ def model_card(*, repo_id: str, checkpoint: Path, base: str | None, architecture
         if not recipe_path.is_file():
             raise ExportError(f"recipe file not found: {recipe}")
         lines += ["", f"## Recipe (`{recipe_path.name}`)", "", "```yaml", recipe_path.read_text().rstrip(), "```"]
-        lines += run_overrides_lines(checkpoint)
+        lines += run_overrides_lines(recorded_overrides(checkpoint))
     if eval_dir:
         lines += ["", "## Evaluation", "", eval_markdown(eval_dir).rstrip()]
     return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines) + "\n")
 
 
-def run_overrides_lines(checkpoint: Path) -> list[str]:
-    """The card's lines on what the run changed from its recipe: ``train_summary.json``'s ``overrides``, read from the
-    checkpoint folder or, for a ``checkpoint-N``, the run folder above it (paths in them shown by their last part)."""
+def recorded_overrides(checkpoint: Path) -> list[str] | None:
+    """The ``train`` flags the run used on top of its recipe (``train_summary.json``'s ``overrides``, in the checkpoint
+    folder or, for a ``checkpoint-N``, the run folder above it); None when nothing recorded them."""
     for folder in (checkpoint, checkpoint.parent):
         path = folder / "train_summary.json"
         if path.is_file():
             try:
                 summary = json.loads(path.read_text(encoding="utf-8"))
             except ValueError:
-                return []
+                return None
             overrides = summary.get("overrides") if isinstance(summary, dict) else None
-            if not isinstance(overrides, list):
-                return []
-            shown = [Path(flag).name if "/" in flag and not flag.startswith("--") else flag
-                     for flag in map(str, overrides)]
-            text = " ".join(shown) if shown else "none"
-            return ["", f"The run's overrides of this recipe (`train` flags): `{text}`."]
-    return ["", "The run's overrides of this recipe were not recorded (no `train_summary.json` beside the checkpoint)."]
+            return [str(flag) for flag in overrides] if isinstance(overrides, list) else None
+    return None
+
+
+def override_values(flags: list[str]) -> dict[str, str]:
+    """``{recipe key: value}`` of override flags (``--key value``, ``--key=value``, hyphens or underscores)."""
+    values: dict[str, str] = {}
+    for index, flag in enumerate(flags):
+        if not flag.startswith("--"):
+            continue
+        name, has_value, value = flag[2:].partition("=")
+        if not has_value:
+            following = flags[index + 1] if index + 1 < len(flags) else ""
+            value = "" if following.startswith("--") else following
+        values[name.replace("-", "_")] = value
+    return values
+
+
+def _shown(flag: str) -> str:
+    """A flag or value as a card shows it: a path by its last part (``--key=/a/b`` as ``--key=b``)."""
+    name, has_value, value = flag.partition("=") if flag.startswith("--") else ("", False, flag)
+    if value and (Path(value).is_absolute() or value.startswith(".") or Path(value).exists()):  # not a hub id
+        value = Path(value).name
+    return f"{name}={value}" if has_value else (value if not flag.startswith("--") else flag)
+
+
+def run_overrides_lines(overrides: list[str] | None) -> list[str]:
+    """The card's lines on what the run changed from its recipe (paths shown by their last part)."""
+    if overrides is None:
+        return ["", "The run's overrides of this recipe were not recorded (no `train_summary.json` beside the "
+                "checkpoint)."]
+    text = " ".join(map(_shown, overrides)) if overrides else "none"
+    return ["", f"The run's overrides of this recipe (`train` flags): `{text}`."]
 
 
 def usage_commands(repo_id: str, tool_flags=()) -> list[str]:
