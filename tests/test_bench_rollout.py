@@ -1,4 +1,4 @@
-"""The rollout-scheduling benchmark: its simulated engine's timing rules and the command's figures."""
+"""The rollout-scheduling benchmark: its serving simulator's timing rules and the command's figures."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from t2s.backends.base import SamplingSettings
-from t2s.bench.rollout import EngineSpec, EpisodePlan, SimulatedEngine
+from t2s.bench.rollout import SimulatorSpec, EpisodePlan, ServingSimulator
 
 
 def make_engine(tiny_tokenizer, n_plans: int, turn_len: int, prompt_len: int, **spec):
@@ -16,7 +16,7 @@ def make_engine(tiny_tokenizer, n_plans: int, turn_len: int, prompt_len: int, **
         EpisodePlan({"question_id": str(i)}, [[7] * (turn_len - 1) + [im_end]], tuple([100 + i] * prompt_len))
         for i in range(n_plans)
     ]
-    return SimulatedEngine(tiny_tokenizer, plans, EngineSpec(**spec), "turnsync"), plans
+    return ServingSimulator(tiny_tokenizer, plans, SimulatorSpec(**spec), "turnsync"), plans
 
 
 def test_engine_single_request_timing(tiny_tokenizer):

@@ -6,7 +6,7 @@ temperature 1, so that turn lengths vary as they do in training) run through the
 alternating, so that both see a warm prefix cache; the best time of each is reported. The turn-synchronous schedule
 sends every active episode's next turn together and waits for the slowest, as a colocated engine does; the async one
 lets each episode send its next turn as soon as its tools have run. The last line is
-``vllm: async_s=A turnsync_s=T turnsync_over_async=R``. The simulated engine (the default ``--engine sim``) stays the
+``vllm: async_s=A turnsync_s=T turnsync_over_async=R``. The serving simulator (the default ``--engine sim``) stays the
 benchmark for the large, exact workload.
 """
 

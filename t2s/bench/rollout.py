@@ -1,6 +1,6 @@
-"""`python -m t2s bench rollout`: async vs turn-synchronous rollout scheduling on a simulated engine (DESIGN §11).
+"""`python -m t2s bench rollout`: async vs turn-synchronous rollout scheduling on a serving simulator (DESIGN §11).
 
-The engine is a discrete-event model of a vLLM server, run on a **virtual clock**:
+The simulator is a discrete-event model of a vLLM server, run on a **virtual clock**:
 
 - one decode step is 10 ms and advances every running sequence by one token, with at most ``max_num_seqs`` (256)
   sequences running; requests over capacity wait in arrival order;
@@ -13,19 +13,19 @@ The engine is a discrete-event model of a vLLM server, run on a **virtual clock*
   ``bench env``, spread over the turns, in the ``--dialect`` and ``--tool-format`` played); the last turn submits
   the gold SQL, so every episode should score correct.
 
-The engine knows an episode by its prompt, as a prefix cache would: a first request is the episode's first prompt
+The simulator knows an episode by its prompt, as a prefix cache would: a first request is the episode's first prompt
 exactly as the rollout renders it (the chat template's ``tools=`` included in the native format), and every later
-request of that episode extends it with the episode's first turn. Its turn index is the number of turns the engine
+request of that episode extends it with the episode's first turn. Its turn index is the number of turns the simulator
 has served that episode, so neither depends on how the environment's segments are rendered.
 
 Everything else is real: the rollout code (``t2s.rollout.driver.Rollout``, both schedules), Episode, tools, SQLite on
-``data/demo`` and scoring. Wall-clock time spent outside the engine - tool calls, tokenisation, bookkeeping -
+``data/demo`` and scoring. Wall-clock time spent outside the simulator - tool calls, tokenisation, bookkeeping -
 is added to the virtual clock where it happens: an episode's next request arrives at the virtual time its previous
-turn returned plus the wall time it took to come back. The engine only advances while every live episode is inside
-it, so no request ever arrives in the engine's past.
+turn returned plus the wall time it took to come back. The simulator only advances while every live episode is inside
+it, so no request ever arrives in the simulator's past.
 
-The critical path is the longest single episode, each episode run alone on an idle engine. A schedule's time is the
-virtual time of its last engine event plus the wall time from then until the rollout returned. The last line is
+The critical path is the longest single episode, each episode run alone on an idle simulator. A schedule's time is the
+virtual time of its last simulator event plus the wall time from then until the rollout returned. The last line is
 ``async_over_critical=<float> turnsync_over_critical=<float>``.
 """
 
@@ -36,7 +36,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from t2s.bench.engine import EngineSpec, EngineStats, EpisodePlan, SimulatedEngine
+from t2s.bench.simulator import SimulatorSpec, SimulatorStats, EpisodePlan, ServingSimulator
 
 
 ROLLOUTS_PER_QUESTION = 8
@@ -104,7 +104,7 @@ def build_plans(rows: list[dict], tokenizer, config, seed: int, lengths: LengthM
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The simulated engine
+# The serving simulator
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ def build_plans(rows: list[dict], tokenizer, config, seed: int, lengths: LengthM
 class ScheduleResult:
     name: str
     seconds: float
-    stats: EngineStats
+    stats: SimulatorStats
     turns: int = 0
     submitted: int = 0
     equivalent: int = 0
@@ -125,14 +125,14 @@ class ScheduleResult:
 def run_schedule(name, plans, tokenizer, config, spec, workers, schedule) -> ScheduleResult:
     from t2s.rollout.driver import Rollout
 
-    engine = SimulatedEngine(tokenizer, plans, spec, schedule)
-    rollout = Rollout(engine, tokenizer, config, tool_workers=workers, schedule=schedule,
-                      on_finish=engine.episode_finished)
+    simulator = ServingSimulator(tokenizer, plans, spec, schedule)
+    rollout = Rollout(simulator, tokenizer, config, tool_workers=workers, schedule=schedule,
+                      on_finish=simulator.episode_finished)
     traces = rollout.run([p.row for p in plans])
-    seconds = engine.elapsed()
-    result = ScheduleResult(name, seconds, engine.stats)
-    if engine.live != 0 and schedule == "async":
-        raise RuntimeError(f"{engine.live} episodes never reported their end")
+    seconds = simulator.elapsed()
+    result = ScheduleResult(name, seconds, simulator.stats)
+    if simulator.live != 0 and schedule == "async":
+        raise RuntimeError(f"{simulator.live} episodes never reported their end")
     result.turns = sum(t.record.counters["turns"] for t in traces)
     result.submitted = sum(bool(t.record.counters["submitted"]) for t in traces)
     result.equivalent = sum(bool(getattr(t.outcome, "equivalent", False)) for t in traces)
@@ -140,7 +140,7 @@ def run_schedule(name, plans, tokenizer, config, spec, workers, schedule) -> Sch
 
 
 def critical_path(plans, tokenizer, config, spec, workers, progress=None) -> tuple[float, int]:
-    """The longest single episode, each run alone on an idle engine: (seconds, index)."""
+    """The longest single episode, each run alone on an idle simulator: (seconds, index)."""
     best, where = 0.0, -1
     for index, plan in enumerate(plans):
         seconds = run_schedule("solo", [plan], tokenizer, config, spec, workers, "async").seconds
@@ -174,7 +174,7 @@ def measure(episodes: int = 144, seed: int = 0, data=None, prefix_caching: bool 
     tokenizer = build_tokenizer()
     rows = pick_rows(load_json_rows(data or DEMO_DIR / "dev.json"), episodes, seed)
     config = EpisodeConfig(dialect=dialect, tool_format=tool_format)
-    spec = EngineSpec(prefix_caching=prefix_caching)
+    spec = SimulatorSpec(prefix_caching=prefix_caching)
     plans = build_plans(rows, tokenizer, config, seed, LengthModel())
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("episodes alone (critical path)", total=len(plans) + 2)
@@ -211,9 +211,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     table = Table(
         title=f"Rollout scheduling: {len(plans)} episodes, {args.dialect} tools in {args.tool_format} calls, "
-        "simulated engine (virtual clock)",
-        caption="critical path: the longest episode run alone. seconds: virtual engine time plus the real time "
-        "episodes spent outside the engine (outside s: summed over episodes)",
+        "serving simulator (virtual clock)",
+        caption="critical path: the longest episode run alone. seconds: virtual simulator time plus the real time "
+        "episodes spent outside the simulator (outside s: summed over episodes)",
     )
     for column in ("schedule", "seconds", "x critical", "turns", "submitted", "correct", "steps", "mean running",
                    "outside s"):

@@ -35,7 +35,7 @@ def rollout_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-prefix-cache", action="store_true", help="prefill every prompt token on every turn")
     parser.add_argument("--workers", type=int, default=None, help="tool worker threads (default: the core count)")
     parser.add_argument("--engine", default="sim", choices=("sim", "vllm"),
-                        help="sim: the simulated engine on a virtual clock; vllm: a real vLLM server at --endpoint "
+                        help="sim: the serving simulator on a virtual clock; vllm: a real vLLM server at --endpoint "
                         "(default: sim)")
     parser.add_argument("--endpoint", default=None, help="--engine vllm: the server's URL (a running `make serve`)")
     parser.add_argument("--tokenizer", default=None, help="--engine vllm: the served model's tokenizer folder")
@@ -72,7 +72,7 @@ def sandbox_arguments(parser: argparse.ArgumentParser) -> None:
 BENCHMARKS = {
     "env": ("t2s.bench.env", env_arguments, "environment overhead against plain sqlite3 on a pinned workload"),
     "rollout": ("t2s.bench.rollout", rollout_arguments,
-                "async vs turn-synchronous rollout scheduling on a simulated engine"),
+                "async vs turn-synchronous rollout scheduling on a serving simulator"),
     "learn": ("t2s.bench.learn", learn_arguments,
               "CPU proof that training learns: warm start, then GRPO against a permuted-reward control"),
     "report": ("t2s.bench.report", report_arguments,

@@ -1,4 +1,5 @@
-"""The simulated vLLM engine of ``bench rollout``: a discrete-event model on a virtual clock (decode steps, a token
+"""The serving simulator of ``bench rollout`` (a model of a vLLM server, called a simulator so that "engine" keeps one
+meaning, the database engine): a discrete-event model on a virtual clock (decode steps, a token
 budget per step with chunked prefill, prefix caching, ``max_num_seqs``), which serves the rollout's real requests
 (see ``t2s.bench.rollout``)."""
 
@@ -20,7 +21,7 @@ class EpisodePlan:
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class SimulatorSpec:
     step_seconds: float = 0.010
     max_num_seqs: int = 256
     tokens_per_step: int = 2048
@@ -50,7 +51,7 @@ class _Request:
 
 
 @dataclass
-class EngineStats:
+class SimulatorStats:
     steps: int = 0
     prefill_tokens: int = 0
     decode_tokens: int = 0
@@ -61,10 +62,10 @@ class EngineStats:
     outside_seconds: float = 0.0  # wall time episodes spent outside the engine between turns (tools, tokenising)
 
 
-class SimulatedEngine:
+class ServingSimulator:
     """A GenerationBackend over a virtual clock (see the module docstring). One rollout run per engine."""
 
-    def __init__(self, tokenizer, plans: list[EpisodePlan], spec: EngineSpec, schedule: str):
+    def __init__(self, tokenizer, plans: list[EpisodePlan], spec: SimulatorSpec, schedule: str):
         from t2s.backends.base import stop_token_ids
 
         self.stop_token_ids = stop_token_ids(tokenizer)
@@ -72,7 +73,7 @@ class SimulatedEngine:
         self.schedule = schedule
         self.now = 0.0
         self.last_event_wall = time.perf_counter()
-        self.stats = EngineStats()
+        self.stats = SimulatorStats()
         self._fresh: dict[tuple, list[EpisodePlan]] = {}
         for plan in plans:
             self._fresh.setdefault(plan.first_prompt, []).append(plan)
@@ -98,7 +99,7 @@ class SimulatedEngine:
                 if (chain.first_output
                         and tuple(prompt[length : length + len(chain.first_output)]) == chain.first_output):
                     return chain
-        raise RuntimeError("the simulated engine got a prompt that belongs to no planned episode")
+        raise RuntimeError("the serving simulator got a prompt that belongs to no planned episode")
 
     def _request(self, prompt_ids: list[int], max_tokens: int) -> _Request:
         chain = self._chain_for(prompt_ids)
@@ -193,7 +194,7 @@ class SimulatedEngine:
         while left:
             finished = self._advance()
             if not finished:
-                raise RuntimeError("the simulated engine stalled")
+                raise RuntimeError("the serving simulator stalled")
             left -= set(map(id, finished))
         wall = self.last_event_wall = time.perf_counter()
         for request in requests:  # the caller sees every result when the batch's last request finishes
