@@ -15,6 +15,7 @@ from t2s.env.databases import file_checksum
 from t2s.env.record import one_turn_record
 from t2s.evaluation.options import episode_config
 from t2s.evaluation.records import eval_line, score_final_sql, score_record
+from t2s.training.checkpoints import weights_fingerprint
 from t2s.errors import EvalError
 
 SINGLE_TURN_SYSTEM_PROMPT = """\
@@ -207,6 +208,7 @@ class Runner:
 
         self.target = {"model": args.model, "device": device,
                        "engine": f"transformers {metadata.version('transformers')}"}
+        self.target["weights_sha256"] = weights_fingerprint(args.model)
 
     def _setup_vllm(self) -> None:
         args = self.args
@@ -231,6 +233,7 @@ class Runner:
         )  # fmt: skip
         self.backend = VLLMColocateBackend(llm, self.tokenizer)
         self.target = {"model": args.model, "engine": f"vllm {getattr(vllm, '__version__', 'unknown')}", "dtype": dtype}
+        self.target["weights_sha256"] = weights_fingerprint(args.model)
 
     # -- playing ------------------------------------------------------------------------------------------------
     def batch_size(self) -> int:

@@ -237,10 +237,8 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, selected: lis
         "skip_missing_dbs": bool(args.skip_missing_dbs),
         "training_token_stream": bool(generative and not chat and mode != "single" and args.enable_thinking),
     }
-    if args.policy in ("model", "vllm") and args.model:  # which weights ran (``export --eval`` checks it)
-        from t2s.training.checkpoints import weights_fingerprint
-
-        config["weights_sha256"] = weights_fingerprint(args.model)
+    if "weights_sha256" in runner.target:  # which weights ran (``export --eval`` checks it), hashed once at set-up
+        config["weights_sha256"] = runner.target["weights_sha256"]
     for key in ("engine", "dtype"):  # what generated the episodes: "vllm 0.31.0", "transformers 5.17.0"
         if runner.target.get(key) is not None:
             config[key] = runner.target[key]
