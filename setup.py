@@ -1,6 +1,7 @@
 """Packaging beyond pyproject.toml: the wheel carries the files the code reads from the repository.
 
-Every ``recipes/*.yaml`` and ``recipes/*.txt`` and everything in ``data/demo`` are installed under ``t2s/bundled/``
+Every ``recipes/*.yaml``, ``recipes/*.txt`` and ``recipes/chat_templates/*.jinja`` and everything in ``data/demo`` are
+installed under ``t2s/bundled/``
 with their repository paths (``t2s/bundled/recipes/smoke.yaml``, ``t2s/bundled/data/demo/dev.json``), where
 ``t2s.settings.shipped`` finds them in a non-editable install.
 """
@@ -8,7 +9,7 @@ with their repository paths (``t2s/bundled/recipes/smoke.yaml``, ``t2s/bundled/d
 from setuptools import find_packages, setup
 
 # repository folder -> the files of it that the wheel carries
-BUNDLED = {"recipes": ["*.yaml", "*.txt"], "data/demo": ["**/*"]}
+BUNDLED = {"recipes": ["*.yaml", "*.txt", "chat_templates/*.jinja"], "data/demo": ["**/*"]}
 
 
 def bundled_package(folder: str) -> str:

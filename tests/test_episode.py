@@ -327,7 +327,7 @@ def test_injected_turn_boundary_is_plain_text(db_row, tiny_tokenizer):
     episode.start(0)
     observation = episode.step(turn(call("run_query", sql="SELECT body FROM notes")))
     assert INJECTION in observation
-    ids = env_suffix_ids(tiny_tokenizer, observation, needs_im_end=False)
+    ids = env_suffix_ids(tiny_tokenizer, observation, needs_end_of_turn=False)
     im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert ids.count(im_end) == 1  # the environment's own, after the whole observation
     assert INJECTION in tiny_tokenizer.decode(ids[: ids.index(im_end)])
@@ -359,7 +359,7 @@ def test_play_counts_every_token_once_and_tokenizes_each_observation_once(db_row
     for t in episode.turns:
         expected += len(tiny_tokenizer(t["assistant"], add_special_tokens=False)["input_ids"]) + 1  # + <|im_end|>
         if t["observation"]:
-            expected += len(env_suffix_ids(tiny_tokenizer, t["observation"], needs_im_end=False))
+            expected += len(env_suffix_ids(tiny_tokenizer, t["observation"], needs_end_of_turn=False))
     assert episode.tokens_used == expected
 
 

@@ -95,19 +95,25 @@ def test_think_block_check(tiny_tokenizer):
     check_think_prompt(tiny_tokenizer, {}, False)  # thinking off: nothing to check
 
 
-def test_trainer_rejects_a_template_that_does_not_open_a_think_block(tiny_model_dir, tmp_path):
+def test_trainer_plays_a_template_without_a_think_block_without_thinking(tiny_model_dir, tmp_path):
+    """A template with no think block (SmolLM2's, say) means no thinking, said once: never a refusal."""
     from datasets import Dataset
     from transformers import AutoTokenizer
 
     from _train_script import make_rows, scripted_reward
+    from t2s.env.chat_format import chat_format
     from t2s.training.trainer import Text2SQLGRPOTrainer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir, padding_side="left")
     tokenizer.chat_template = CHATML_NO_THINK
-    with pytest.raises(ConfigError) as excinfo:
-        Text2SQLGRPOTrainer(str(tiny_model_dir), make_config(tmp_path), train_dataset=Dataset.from_list(make_rows(2)),
-                            processing_class=tokenizer, reward_funcs=[scripted_reward])
-    assert "think block" in _error(excinfo)
+    check_think_prompt(tokenizer, {"enable_thinking": True}, True)
+    fmt = chat_format(tokenizer)
+    assert not fmt.thinking and any("opens no think block" in note for note in fmt.notes)
+    assert fmt.episode_config(make_config(tmp_path).episode_config()).enable_thinking is False
+    trainer = Text2SQLGRPOTrainer(str(tiny_model_dir), make_config(tmp_path),
+                                  train_dataset=Dataset.from_list(make_rows(2)), processing_class=tokenizer,
+                                  reward_funcs=[scripted_reward])
+    assert list(trainer.model.generation_config.eos_token_id) == list(fmt.stop_ids)
 
 
 def test_eos_check_names_the_missing_token(tiny_tokenizer):

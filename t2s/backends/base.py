@@ -6,9 +6,10 @@ A backend turns token-id prompts into one assistant turn each. It never sees tex
 - ``generate(prompts, max_tokens, sampling)``: a turn-synchronous batch (vLLM colocate, transformers);
 - ``await agenerate(prompt_ids, max_tokens, sampling)``: one request in an episode's own chain (vLLM server).
 
-Every backend stops on both ``<|im_end|>`` and ``<|endoftext|>`` and returns the sampled stop token inside
-``token_ids`` with its logprob, as vLLM does. Logprobs are those of the sampled tokens under ``log_softmax(logits / T)``
-with no top-k/top-p, which is what the training side recomputes (docs/design.md §8).
+Every backend stops on the chat template's stop tokens (``t2s.env.chat_format``: for Qwen3.5 ``<|im_end|>`` and
+``<|endoftext|>``) and returns the sampled stop token inside ``token_ids`` with its logprob, as vLLM does. Logprobs
+are those of the sampled tokens under ``log_softmax(logits / T)`` with no top-k/top-p, which is what the training
+side recomputes (docs/design.md §8).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import asyncio
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Protocol, Sequence, runtime_checkable
 
-STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 FinishReason = Literal["stop", "length", "error"]
 
 
@@ -118,14 +118,11 @@ class GenerationBackend(Protocol):
 
 
 def stop_token_ids(tokenizer) -> list[int]:
-    """``[<|im_end|>, <|endoftext|>]`` ids read from the tokenizer; a clear error when either is missing."""
-    ids = []
-    for token in STOP_TOKENS:
-        tid = tokenizer.convert_tokens_to_ids(token)
-        if tid is None or tid == getattr(tokenizer, "unk_token_id", None) or not isinstance(tid, int):
-            raise ValueError(f"Error: the tokenizer has no {token} token; t2s needs a Qwen-style chat tokenizer")
-        ids.append(tid)
-    return ids
+    """The ids generation stops on, the template's end of turn first (``chat_format``; for Qwen3.5
+    ``[<|im_end|>, <|endoftext|>]``); a ``ChatFormatError`` (a ValueError) for a template t2s cannot use."""
+    from t2s.env.chat_format import chat_format
+
+    return list(chat_format(tokenizer).stop_ids)
 
 
 def finish_turn(
@@ -148,7 +145,7 @@ def engine_turn(
     """Normalise a vLLM completion: stop/length as vLLM reports them, anything else (abort, None) an error.
 
     vLLM keeps a sampled stop token in ``token_ids``; when an engine reports "stop" without one (a stop string, say),
-    the turn still counts as stopped, with ``stop_token_id`` None, so the rollout closes it with an env ``<|im_end|>``.
+    the turn still counts as stopped, with ``stop_token_id`` None, so the rollout closes it with an env end of turn.
     """
     if finish_reason not in ("stop", "length"):
         return TurnOutput.failed(f"the engine finished a request with {finish_reason!r}")

@@ -181,7 +181,8 @@ def _model_policy(args, row: dict, config, db):
 
     sampling = _model_config(args, config)
     try:
-        backend, tokenizer, _ = model_backend(args.model, args.tokenizer, args.device)
+        backend, tokenizer, _ = model_backend(args.model, args.tokenizer, args.device,
+                                              chat_template=args.chat_template)
     except EvalError as exc:
         raise ValueError(str(exc)) from None
     return _rollout_episode(args, backend, tokenizer, row, config, sampling, db)
@@ -198,10 +199,11 @@ def _endpoint_policy(args, row: dict, config, db):
     try:
         client = endpoint_client(args)
         if args.endpoint_mode == "completions":
-            tokenizer = load_tokenizer(args.tokenizer or client.model, required=True)
+            tokenizer = load_tokenizer(args.tokenizer or client.model, required=True,
+                                       chat_template=args.chat_template)
             backend = completions_backend(args, tokenizer, client.model, config.episode_token_budget)
             return _rollout_episode(args, backend, tokenizer, row, config, sampling, db)
-        tokenizer = load_tokenizer(args.tokenizer, required=False)
+        tokenizer = load_tokenizer(args.tokenizer, required=False, chat_template=args.chat_template)
         if args.endpoint_mode == "tools":  # the server's function calling: the native call format
             from t2s.backends.tools_endpoint import ToolsEndpointPolicy
 
@@ -295,7 +297,10 @@ class LiveBackend:
     def _before(self, prompt_ids) -> None:
         if self.seen:  # the environment's suffix since the last turn holds the observation
             text = self.tokenizer.decode(list(prompt_ids[self.seen:]), skip_special_tokens=False)
-            observation = text.partition("<|im_start|>user\n")[2].rpartition("<|im_end|>")[0]
+            from t2s.env.chat_format import chat_format
+
+            fmt = chat_format(self.tokenizer)  # the template's user-turn opening, and its end of turn
+            observation = text.partition(fmt.user_head[True].strip())[2].rpartition(fmt.end_of_turn)[0].strip("\n")
             _show_observation(self.console, observation)
 
     def _after(self, prompt_ids, out) -> None:

@@ -27,7 +27,8 @@ import json
 from t2s.env import protocol
 from t2s.env.native_reader import (FUNCTION_CLOSE, FUNCTION_OPEN, PARAMETER_CLOSE, PARAMETER_OPEN, TOOL_CALL_CLOSE,
                                    TOOL_CALL_OPEN, parse_turn)  # noqa: F401 - parse_turn: read where it is written
-from t2s.env.protocol import IM_END, OBSERVATION_CHAR_CAP, cap_text
+from t2s.env.chat_format import chat_format
+from t2s.env.protocol import OBSERVATION_CHAR_CAP, cap_text
 MIN_RESULT_CHARS = 200  # a tool message keeps at least this much when the observation cap is reached
 NOT_RUN = "Error: this call was not run."
 
@@ -99,7 +100,7 @@ _SENTINEL = "\x00t2s-{}\x00"  # survives the template's trim; never in a rendere
 
 
 def _suffix_pieces(tokenizer, roles: tuple[str, ...], enable_thinking: bool) -> list:
-    """The template's text between an assistant turn's ``<|im_end|>`` and the next generation prompt's end, for
+    """The template's text between an assistant turn's end of turn and the next generation prompt's end, for
     messages of these roles, rendered once per shape: a list of message slots (int) and ``(text, is an added token)``
     pieces of the template's own text."""
     key = (id(tokenizer), len(tokenizer), tokenizer.chat_template, roles, enable_thinking)
@@ -112,9 +113,10 @@ def _suffix_pieces(tokenizer, roles: tuple[str, ...], enable_thinking: bool) -> 
                  "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]}]
     messages += [{"role": role, "content": _SENTINEL.format(i), **({"name": "f"} if role == "tool" else {})}
                  for i, role in enumerate(roles)]
+    end_of_turn = chat_format(tokenizer).end_of_turn
     rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                              enable_thinking=enable_thinking)
-    after = rendered.index(IM_END, rendered.index(assistant)) + len(IM_END)
+    after = rendered.index(end_of_turn, rendered.index(assistant)) + len(end_of_turn)
     suffix = rendered[after:]
     added = sorted(tokenizer.get_added_vocab(), key=len, reverse=True)
     pieces = []
@@ -146,15 +148,16 @@ def _split_tokens(text: str, added: list[str]) -> list[tuple[str, bool]]:
     return out
 
 
-def suffix_ids(tokenizer, messages: list[dict], *, needs_im_end: bool, enable_thinking: bool = True) -> list[int]:
+def suffix_ids(tokenizer, messages: list[dict], *, needs_end_of_turn: bool, enable_thinking: bool = True) -> list[int]:
     """The environment's tokens after a model turn, carrying ``messages``, exactly as the chat template renders them.
 
     The template's own tags become their tokens; the text between two tags (message contents with the template's
     line breaks around them) is tokenised as one piece without special-token parsing, which gives the ids a
     tokenisation of the whole rendered text gives, while a ``<|im_end|>`` inside a result stays plain text.
     """
-    pieces = _suffix_pieces(tokenizer, tuple(m["role"] for m in messages), enable_thinking)
-    parts: list[tuple[str, bool]] = [(IM_END, True)] if needs_im_end else []
+    fmt = chat_format(tokenizer)
+    pieces = _suffix_pieces(tokenizer, tuple(m["role"] for m in messages), fmt.thinking_for(enable_thinking))
+    parts: list[tuple[str, bool]] = [(fmt.end_of_turn, True)] if needs_end_of_turn else []
     for piece in pieces:
         parts.append((str(messages[piece]["content"]).strip(), False) if isinstance(piece, int) else piece)
     ids: list[int] = []

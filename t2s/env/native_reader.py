@@ -21,13 +21,13 @@ import math
 from dataclasses import dataclass, field
 
 from t2s.env import turns
-from t2s.env.protocol import IM_END, THINK_CLOSE, THINK_OPEN
+from t2s.env.protocol import THINK_CLOSE, THINK_OPEN
 from t2s.env.turns import ParsedTurn, ToolCall
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 FUNCTION_OPEN, FUNCTION_CLOSE = "<function=", "</function>"
 PARAMETER_OPEN, PARAMETER_CLOSE = "<parameter=", "</parameter>"
-CHATML_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", IM_END)  # the special tokens of Qwen's tokenizers
+CHATML_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # without a tokenizer: Qwen's specials
 _TAGS = (THINK_OPEN, THINK_CLOSE, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, FUNCTION_OPEN, FUNCTION_CLOSE,
          PARAMETER_OPEN, PARAMETER_CLOSE, ">")
 # ``\s`` of the ``regex`` module vLLM's parameter pattern is written in (Unicode White_Space; ``str.isspace`` also

@@ -1,8 +1,9 @@
 """The exec_plan protocol (docs/design.md §3): prompts, rendering observations, and the environment's tokens.
 
-A turn is the text the model writes after the generation prompt ``<|im_start|>assistant\\n<think>\\n``: it starts
-inside the think block. Reading it into tool calls is ``t2s.env.turns``; the native XML format is
-``t2s.env.native_calls``.
+A turn is the text the model writes after the generation prompt (for Qwen3.5
+``<|im_start|>assistant\\n<think>\\n``): it starts inside the think block when thinking is on. What the chat
+template writes around turns is read from it (``t2s.env.chat_format``). Reading a turn into tool calls is
+``t2s.env.turns``; the native XML format is ``t2s.env.native_calls``.
 """
 
 from __future__ import annotations
@@ -12,11 +13,7 @@ from pathlib import Path
 
 from t2s.env import tool_schemas
 from t2s.env.databases.engine_base import ENGINE_NAMES, check_engine
-
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
+from t2s.env.chat_format import THINK_CLOSE, THINK_OPEN, chat_format  # noqa: F401 - THINK_* are read from here
 
 OBSERVATION_CHAR_CAP = 4000  # all tool results of one observation together (each tool result is capped too)
 LABEL_SQL_CHARS = 60  # a run_query label quotes this much of the SQL
@@ -205,32 +202,34 @@ def observation_ids(tokenizer, observation: str) -> list[int]:
 
 
 def env_suffix_ids(
-    tokenizer, observation: str, *, needs_im_end: bool, enable_thinking: bool = True, body_ids: list[int] | None = None
+    tokenizer, observation: str, *, needs_end_of_turn: bool, enable_thinking: bool = True,
+    body_ids: list[int] | None = None,
 ) -> list[int]:
     """The environment's tokens between two model turns, exactly as the chat template renders them.
 
-    ``[<|im_end|>]`` (when the model's turn did not end on it) + ``\\n<|im_start|>user\\n`` + observation +
-    ``<|im_end|>\\n<|im_start|>assistant\\n`` + ``<think>\\n`` (thinking on). ``body_ids`` are the observation's
-    tokens when the caller already has them (``observation_ids``).
+    The template's end of turn (when the model's turn did not end on it) + the text that opens a user message +
+    the observation + the text that closes it and opens the next generation prompt (with its think block when thinking
+    is on): for Qwen3.5, ``<|im_end|>`` + ``\\n<|im_start|>user\\n`` + observation +
+    ``<|im_end|>\\n<|im_start|>assistant\\n<think>\\n``. All of it is read from the template
+    (``chat_format``). ``body_ids`` are the observation's tokens when the caller already has them
+    (``observation_ids``).
     """
-    head = (IM_END if needs_im_end else "") + f"\n{IM_START}user\n"
-    think = f"{THINK_OPEN}\n" if enable_thinking else f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"
-    tail = f"{IM_END}\n{IM_START}assistant\n{think}"
+    fmt = chat_format(tokenizer)
+    thinking = fmt.thinking_for(enable_thinking)
+    head = (fmt.end_of_turn if needs_end_of_turn else "") + fmt.user_head[thinking]
     body = observation_ids(tokenizer, observation) if body_ids is None else body_ids
-    return _ids(tokenizer, head, literal=False) + body + _ids(tokenizer, tail, literal=False)
+    return _ids(tokenizer, head, literal=False) + body + _ids(tokenizer, fmt.user_tail[thinking], literal=False)
 
 
 def generation_prompt_ids(tokenizer, messages: list[dict], enable_thinking: bool = True,
                           tools: list[dict] | None = None) -> list[int]:
-    """The prompt tokens for the first turn, rendered with thinking explicitly on (or off); ``tools`` (function
-    schemas, the native format) are declared through the chat template."""
+    """The prompt tokens for the first turn, rendered by the chat template with thinking explicitly on (or off, and
+    always off where the template has no think block); ``tools`` (function schemas, the native format) are declared
+    through the template. A template without a system role gets the system prompt in the first user message."""
+    fmt = chat_format(tokenizer)
     extra = {"tools": tools} if tools else {}
     text = tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True, enable_thinking=enable_thinking, **extra
+        fmt.fold_system(messages), tokenize=False, add_generation_prompt=True,
+        enable_thinking=fmt.thinking_for(enable_thinking), **extra,
     )
-    if enable_thinking and not text.endswith(f"{IM_START}assistant\n{THINK_OPEN}\n"):
-        raise AssertionError(
-            "the chat template's generation prompt does not end in '<think>\\n' with enable_thinking=True: "
-            f"{text[-60:]!r}"
-        )
     return _ids(tokenizer, text, literal=False)

@@ -59,6 +59,8 @@ def add_endpoint_arguments(p) -> None:
     p.add_argument("--served-model", default=None, help="model name on the server (default: the first of /v1/models)")
     p.add_argument("--tokenizer", default=None,
                    help="tokenizer folder or hub id (default: --model, else the served name)")
+    p.add_argument("--chat-template", type=non_empty_path, default=None, metavar="FILE",
+                   help="a Jinja chat template for a tokenizer that has none (a base model)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
                    help="bearer token (default: $OPENAI_API_KEY)")
     p.add_argument("--retries", type=non_negative_int, default=3, help="endpoint retries, with exponential backoff")

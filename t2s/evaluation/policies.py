@@ -74,25 +74,33 @@ def unplayed_record(row: dict, mode: str, error: str, stop_reason: str = "error"
     return one_turn_record(row, mode, None, None, stop_reason=stop_reason, error=error, prompt_tokens=prompt_tokens)
 
 
-def load_tokenizer(name: str | None, required: bool):
-    """A tokenizer by folder or hub id; None when it cannot be loaded and is not required."""
+def load_tokenizer(name: str | None, required: bool, chat_template: str | None = None):
+    """A tokenizer by folder or hub id, with ``chat_template`` (a Jinja file) when given; None when it cannot be loaded
+    and is not required. Its chat format is read here, so a template t2s cannot use stops the command at once."""
     if not name:
         if required:
             raise EvalError("Error: token-id prompts need a tokenizer: pass --tokenizer (or --model)")
         return None
     from transformers import AutoTokenizer
 
+    from t2s.env.chat_format import ChatFormatError, apply_chat_template_file, chat_format
+
     try:
-        return AutoTokenizer.from_pretrained(name)
+        tokenizer = AutoTokenizer.from_pretrained(name)
     except Exception as exc:  # noqa: BLE001 - one clear line
         if required:
             raise EvalError(f"Error: cannot load the tokenizer {name!r} ({type(exc).__name__}); pass --tokenizer, "
                             "or use --endpoint-mode chat") from None
         return None
+    try:
+        chat_format(apply_chat_template_file(tokenizer, chat_template))
+    except ChatFormatError as exc:
+        raise EvalError(str(exc)) from None
+    return tokenizer
 
 
 def model_backend(model: str, tokenizer_name: str | None = None, device: str | None = None,
-                  max_batch_size: int | None = None):
+                  max_batch_size: int | None = None, chat_template: str | None = None):
     """(HFGenerateBackend, tokenizer, device) for a transformers checkpoint (bf16 on GPU, fp32 on CPU)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -105,7 +113,7 @@ def model_backend(model: str, tokenizer_name: str | None = None, device: str | N
         from t2s.training.cpu_threads import quiet_kernel_fallbacks
 
         quiet_kernel_fallbacks()
-    tokenizer = load_tokenizer(tokenizer_name or model, required=True)
+    tokenizer = load_tokenizer(tokenizer_name or model, required=True, chat_template=chat_template)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
     except Exception as exc:  # noqa: BLE001
@@ -194,7 +202,8 @@ class Runner:
         self.chat_client = endpoint_client(args)
         served = self.chat_client.model
         names = [args.tokenizer or args.model] if (args.tokenizer or args.model) else [served]
-        self.tokenizer = load_tokenizer(names[0], required=args.endpoint_mode == "completions")
+        self.tokenizer = load_tokenizer(names[0], required=args.endpoint_mode == "completions",
+                                        chat_template=args.chat_template)
         if args.endpoint_mode == "completions":
             self.backend = completions_backend(args, self.tokenizer, served, args.episode_token_budget)
         self.target = {"endpoint": self.chat_client.base_url, "endpoint_mode": args.endpoint_mode,
@@ -203,7 +212,7 @@ class Runner:
     def _setup_model(self) -> None:
         args = self.args
         self.backend, self.tokenizer, device = model_backend(args.model, args.tokenizer, args.device,
-                                                             args.batch_size or None)
+                                                             args.batch_size or None, args.chat_template)
         from importlib import metadata
 
         self.target = {"model": args.model, "device": device,
@@ -220,7 +229,7 @@ class Runner:
 
         import vllm
 
-        self.tokenizer = load_tokenizer(args.tokenizer or args.model, required=True)
+        self.tokenizer = load_tokenizer(args.tokenizer or args.model, required=True, chat_template=args.chat_template)
         from t2s.backends.vllm_engine import checkpoint_dtype, cpu_engine_kwargs, has_cuda, vllm_environment
 
         vllm_environment()

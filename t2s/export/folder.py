@@ -7,7 +7,8 @@ What the folder holds:
   tensor training never saw (the vision tower, the MTP head) is copied unchanged from the base's safetensors, so
   vLLM serves the same architecture the base shipped with. A checkpoint with no composite base keeps its own
   architecture (the tiny test model does);
-- ``generation_config.json`` stopping on both ``<|im_end|>`` and ``<|endoftext|>``, ids read from the tokenizer, and
+- ``generation_config.json`` stopping on the chat template's stop tokens (``t2s.env.chat_format``; for Qwen3.5
+  ``<|im_end|>`` and ``<|endoftext|>``), and
   sampling as ``eval`` samples by default (T 0.6, top-p 0.95, top-k 20), so a plain client samples as the figures were;
 - the tokenizer and chat template;
 - the weights written by ``huggingface_hub.save_torch_state_dict``: one ``model.safetensors``, or shards of at most
@@ -41,7 +42,6 @@ from t2s.export.model_card import (SYSTEM_PROMPT_FILE, check_eval_of, model_card
 from t2s.settings import match_umask
 
 
-STOP_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -118,13 +118,13 @@ def load_tokenizer(checkpoint: Path, base_dir: Path | None):
 
 
 def stop_token_ids(tokenizer) -> list[int]:
-    ids = []
-    for token in STOP_TOKENS:
-        token_id = tokenizer.convert_tokens_to_ids(token)
-        if token_id is None or token_id == tokenizer.unk_token_id:
-            raise ExportError(f"the tokenizer has no {token} token")
-        ids.append(int(token_id))
-    return ids
+    """The chat template's stop ids, its end of turn first (``chat_format``)."""
+    from t2s.env.chat_format import ChatFormatError, chat_format
+
+    try:
+        return [int(i) for i in chat_format(tokenizer).stop_ids]
+    except ChatFormatError as exc:
+        raise ExportError(str(exc).removeprefix("Error: ")) from None
 
 
 # ---------------------------------------------------------------------------------------------------------- weights
@@ -259,6 +259,9 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
     model, base_dir = load_merged_model(checkpoint, base)
     tokenizer = load_tokenizer(checkpoint, base_dir)
     stop_ids = stop_token_ids(tokenizer)
+    from t2s.env.chat_format import chat_format
+
+    fmt = chat_format(tokenizer)
     composite = _is_composite(base_dir)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -295,7 +298,8 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
             break
     card = model_card(repo_id=repo_id or out.name, checkpoint=checkpoint, base=base_name(checkpoint, base),
                       architecture=architecture, stop_ids=stop_ids, recipe=recipe, eval_dir=eval_dir,
-                      adapter=is_adapter(checkpoint), tool_flags=tool_flags)
+                      adapter=is_adapter(checkpoint), tool_flags=tool_flags, stop_tokens=fmt.stop_tokens,
+                      thinking=fmt.thinking)
     card.save(out / "README.md")
     (out / SYSTEM_PROMPT_FILE).write_text(system_prompt + "\n", encoding="utf-8")
     print(f"weights: {report['replaced']} trained tensors" + (
@@ -350,7 +354,7 @@ def verify_export(out: Path, trained_model, stop_ids: list[int]) -> None:
         if not torch.allclose(got[name].float(), tensor.float().to(got[name].dtype).float(), atol=1e-2, rtol=1e-2):
             raise ExportError(f"verification failed: {name} differs after reload")
     if sorted(reloaded.generation_config.eos_token_id or []) != sorted(stop_ids):
-        raise ExportError("verification failed: generation_config does not stop on both stop tokens")
+        raise ExportError("verification failed: generation_config does not stop on the chat template's stop tokens")
     prompt = tokenizer.apply_chat_template(
         [{"role": "user", "content": "List the tables."}], add_generation_prompt=True, tokenize=False,
         enable_thinking=True,

@@ -69,7 +69,8 @@ def trained_prompt(recipe: str | None, overrides: dict[str, str] | None = None) 
 
 
 def model_card(*, repo_id: str, checkpoint: Path, base: str | None, architecture: str, stop_ids: list[int],
-               recipe: str | None, eval_dir: str | None, adapter: bool, tool_flags: list[str] = ()):
+               recipe: str | None, eval_dir: str | None, adapter: bool, tool_flags: list[str] = (),
+               stop_tokens: tuple[str, ...] = ("<|im_end|>", "<|endoftext|>"), thinking: bool = True):
     """The export's ``huggingface_hub.ModelCard``: ``base_model`` and ``model-index`` metadata, then the text."""
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -89,8 +90,9 @@ def model_card(*, repo_id: str, checkpoint: Path, base: str | None, architecture
         f"- architecture: `{architecture}`",
         f"- base model: {base_line}",
         f"- trained checkpoint: `{checkpoint.name}`" + (" (LoRA adapter, merged)" if adapter else ""),
-        f"- generation stops on `<|im_end|>` and `<|endoftext|>` (ids {stop_ids})",
-        "- prompts must be rendered with `enable_thinking=True` (the generation prompt ends in `<think>\\n`)",
+        f"- generation stops on {' and '.join(f'`{t}`' for t in stop_tokens)} (ids {stop_ids})",
+        ("- prompts must be rendered with `enable_thinking=True` (the generation prompt ends in `<think>\\n`)"
+         if thinking else "- the chat template opens no think block: turns are read without thinking"),
         "",
         "## Use",
         "",

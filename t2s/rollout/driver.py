@@ -2,14 +2,16 @@
 
 The token stream is accumulated raw and never re-rendered through the chat template:
 
-- prompt = ``play.first_prompt_ids(tokenizer, episode)`` (ends in ``<|im_start|>assistant\\n<think>\\n``);
+- prompt = ``play.first_prompt_ids(tokenizer, episode)`` (Qwen3.5's ends in ``<|im_start|>assistant\\n<think>\\n``);
 - each model turn's tokens are appended as sampled (a sampled stop token included), ``env_mask`` 1, sampler logprobs;
-- the environment's suffix (``protocol.env_suffix_ids``: an ``<|im_end|>`` when the turn did not end on one, the
+- the environment's suffix (``protocol.env_suffix_ids``: the template's end of turn when the turn did not end on it, the
   observation as a user turn, the next generation prompt; in the native call format ``native_calls.suffix_ids``: the
   turn's tool messages and user message as the chat template renders them) is appended with ``env_mask`` 0 and
   logprob 0.0;
-- a finished trajectory ends on ``<|im_end|>``: when the last model turn stopped on ``<|endoftext|>`` or was cut off,
-  one ``<|im_end|>`` is appended as an environment token.
+- a finished trajectory ends on the end of turn: when the last model turn stopped on another stop token (Qwen's
+  ``<|endoftext|>``) or was cut off, one end-of-turn token is appended as an environment token.
+
+Every token the template writes is read from it (``t2s.env.chat_format``): no chat family is assumed.
 
 Budgets and cut-offs are the episode's (``Episode.start / next_max_tokens / step / add_env_tokens``). Two schedules
 return the same traces:
@@ -39,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from t2s.backends.base import SamplingSettings, TurnOutput
+from t2s.env.chat_format import chat_format
 from t2s.env.episode import Episode, EpisodeConfig
 from t2s.env.record import EpisodeRecord
 from t2s.env.native_reader import special_tokens_of
@@ -46,7 +49,6 @@ from t2s.rollout.play import EnvTokenCounter, first_prompt_ids
 
 logger = logging.getLogger(__name__)
 
-IM_END = "<|im_end|>"
 GENERATION, ENVIRONMENT = "generation", "environment"
 
 
@@ -90,14 +92,14 @@ class EpisodeTrace:
     finish_reasons: list[str] = field(default_factory=list)
     error: str | None = None  # a generation failure that ended the episode
 
-    def check(self, im_end_id: int | None = None) -> None:
+    def check(self, end_of_turn_id: int | None = None) -> None:
         n = len(self.completion_ids)
         if len(self.logprobs) != n or len(self.env_mask) != n:
             raise AssertionError(
                 f"episode {self.index}: {n} completion ids, {len(self.logprobs)} logprobs, {len(self.env_mask)} mask"
             )
-        if im_end_id is not None and n and self.completion_ids[-1] != im_end_id:
-            raise AssertionError(f"episode {self.index}: the trajectory does not end on <|im_end|>")
+        if end_of_turn_id is not None and n and self.completion_ids[-1] != end_of_turn_id:
+            raise AssertionError(f"episode {self.index}: the trajectory does not end on the end-of-turn token")
 
 
 def default_scorer(row: dict, record: EpisodeRecord):
@@ -186,8 +188,9 @@ class _Run:
                 return None
 
     def add_environment(self, observation: str) -> None:
-        needs_im_end = self.last.stop_token_id != self.rollout.im_end_id
-        suffix = self.env_tokens.suffix_ids(observation, needs_im_end=needs_im_end)  # tokenized when it was counted
+        needs_end_of_turn = self.last.stop_token_id != self.rollout.end_of_turn_id
+        # tokenized when it was counted
+        suffix = self.env_tokens.suffix_ids(observation, needs_end_of_turn=needs_end_of_turn)
         self._append_env(suffix)
         self.episode.add_env_tokens(len(suffix))
 
@@ -200,12 +203,12 @@ class _Run:
             trace.env_texts.append(self.rollout.tokenizer.decode(ids, skip_special_tokens=False))
 
     def close(self) -> None:
-        """End the episode (generation error or budget) and end the stream on ``<|im_end|>``."""
+        """End the episode (generation error or budget) and end the stream on the end-of-turn token."""
         if not self.episode.done:
             self.episode.finish("error" if self.trace.error else "stopped")
         ids = self.trace.completion_ids
-        if not ids or ids[-1] != self.rollout.im_end_id:  # never an empty completion
-            self._append_env([self.rollout.im_end_id])
+        if not ids or ids[-1] != self.rollout.end_of_turn_id:  # never an empty completion
+            self._append_env([self.rollout.end_of_turn_id])
 
     def finish(self) -> EpisodeTrace:  # worker thread: final SQL choice may execute SQL, then scoring
         with self.rollout.clock.span(ENVIRONMENT):
@@ -245,7 +248,8 @@ class Rollout:
         self.tokenizer_lock = threading.Lock()
         self.tokenizer = tokenizer
         self.special_tokens = special_tokens_of(tokenizer)  # what a native turn's reader drops, as the server does
-        self.config = episode_config or EpisodeConfig()
+        self.format = chat_format(tokenizer)  # a template t2s cannot use is refused here, with the fix
+        self.config = self.format.episode_config(episode_config or EpisodeConfig())
         self.sampling = sampling or SamplingSettings.training()
         self.scorer = (scorer or default_scorer) if score else None
         self.tool_workers = tool_workers or max(2, os.cpu_count() or 2)
@@ -254,9 +258,10 @@ class Rollout:
             raise ValueError(f"Error: unknown rollout schedule {self.schedule!r}; expected 'async' or 'turnsync'")
         self.on_finish = on_finish
         self.clock = BusyClock()
-        self.im_end_id = tokenizer.convert_tokens_to_ids(IM_END)
-        if self.im_end_id not in getattr(backend, "stop_token_ids", [self.im_end_id]):
-            raise ValueError("Error: the backend does not stop on <|im_end|>")
+        self.end_of_turn_id = self.format.end_of_turn_id
+        if self.end_of_turn_id not in getattr(backend, "stop_token_ids", [self.end_of_turn_id]):
+            raise ValueError(f"Error: the backend does not stop on {self.format.end_of_turn}, the chat template's end "
+                             "of turn")
 
     # ---- public ----------------------------------------------------------------------------------------------------
     @property
@@ -275,11 +280,11 @@ class Rollout:
             else:
                 traces = self._run_turnsync(rows, pool)
         for trace in traces:
-            trace.check(self.im_end_id)
+            trace.check(self.end_of_turn_id)
         return traces
 
     def to_trl(self, traces: Sequence[EpisodeTrace]) -> dict:
-        return to_trl(traces, self.im_end_id)
+        return to_trl(traces, self.end_of_turn_id)
 
     # ---- async: one chain per episode --------------------------------------------------------------------------------
     async def _run_async(self, rows: list[dict], pool: ThreadPoolExecutor) -> list[EpisodeTrace]:
@@ -380,14 +385,14 @@ def _run_coroutine(coroutine):
         return runner.submit(asyncio.run, coroutine).result()
 
 
-def to_trl(traces: Sequence[EpisodeTrace], im_end_id: int | None = None) -> dict:
+def to_trl(traces: Sequence[EpisodeTrace], end_of_turn_id: int | None = None) -> dict:
     """The dict TRL's ``rollout_func`` returns: the token stream (``prompt_ids``, ``completion_ids``, float
     ``logprobs``, ``env_mask``) and, one per episode, only what the rewards and the trainer read: ``outcome`` (a dict,
     or None when not scored) and ``final_sql_source`` for the rewards, ``record`` (the ``EpisodeRecord``) for the
     trainer's episode metrics.
     """
     for trace in traces:
-        trace.check(im_end_id)
+        trace.check(end_of_turn_id)
     out: dict[str, list] = {
         "prompt_ids": [list(t.prompt_ids) for t in traces],
         "completion_ids": [list(t.completion_ids) for t in traces],

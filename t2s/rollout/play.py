@@ -8,6 +8,7 @@ import contextlib
 
 from t2s.env import native_calls, protocol
 from t2s.env import turns
+from t2s.env.chat_format import chat_format
 from t2s.env.episode import Episode, EpisodeConfig
 from t2s.env.native_reader import special_tokens_of
 from t2s.env.record import EpisodeRecord
@@ -26,7 +27,7 @@ def run_text_episode(row: dict, config: EpisodeConfig | None, policy, db=None, t
 
 
 class EnvTokenCounter:
-    """``observation -> number of environment tokens carrying it`` (an upper bound: the closing ``<|im_end|>`` of the
+    """``observation -> number of environment tokens carrying it`` (an upper bound: the end of turn that closes the
     model's turn is counted as if the environment had to add it). ``suffix_ids`` then gives the suffix actually added,
     reusing the observation's tokens, so each observation is tokenized once. ``lock`` guards a shared tokenizer."""
 
@@ -36,20 +37,21 @@ class EnvTokenCounter:
         self._last: tuple[str | None, list[int] | None] = (None, None)  # the observation last seen, its own tokens
 
     def __call__(self, observation: str) -> int:
-        return len(self.suffix_ids(observation, needs_im_end=True))
+        return len(self.suffix_ids(observation, needs_end_of_turn=True))
 
-    def suffix_ids(self, observation: str, *, needs_im_end: bool) -> list[int]:
+    def suffix_ids(self, observation: str, *, needs_end_of_turn: bool) -> list[int]:
         """The environment's tokens between two model turns carrying ``observation`` (``protocol.env_suffix_ids``;
         a native observation's messages as the chat template renders them, ``native_calls.suffix_ids``)."""
         if isinstance(observation, native_calls.Observation):
             with self.lock:
-                return native_calls.suffix_ids(self.tokenizer, observation.messages, needs_im_end=needs_im_end,
+                return native_calls.suffix_ids(self.tokenizer, observation.messages,
+                                               needs_end_of_turn=needs_end_of_turn,
                                                enable_thinking=self.enable_thinking)
         last, body = self._last
         with self.lock:
             if last != observation:
                 body = protocol.observation_ids(self.tokenizer, observation)
-            suffix = protocol.env_suffix_ids(self.tokenizer, observation, needs_im_end=needs_im_end,
+            suffix = protocol.env_suffix_ids(self.tokenizer, observation, needs_end_of_turn=needs_end_of_turn,
                                              enable_thinking=self.enable_thinking, body_ids=body)
         self._last = (observation, body)
         return suffix
@@ -70,6 +72,8 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
     """Drive ``episode`` to its end with ``policy``; returns the episode.
 
     ``policy(episode)`` returns a turn's text, or a ``ParsedTurn`` when a server already read its calls."""
+    if tokenizer is not None:
+        episode.config = chat_format(tokenizer).episode_config(episode.config)  # as the template can play it
     cfg = episode.config
     if tokenizer is not None:
         episode.special_tokens = special_tokens_of(tokenizer)
@@ -97,7 +101,7 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
                 n_tokens = len(tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]) + 1
         elif tokenizer is not None:
             ids = tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-            if len(ids) + 1 > max_tokens:  # +1: the <|im_end|> that closes the turn
+            if len(ids) + 1 > max_tokens:  # +1: the end-of-turn token that closes the turn
                 ids = ids[:max_tokens]
                 text = tokenizer.decode(ids)
                 n_tokens, cut_off = len(ids), True
@@ -107,5 +111,5 @@ def play(episode: Episode, policy, tokenizer=None) -> Episode:
         if observation is None:
             break
         if tokenizer is not None:
-            episode.add_env_tokens(len(counter.suffix_ids(observation, needs_im_end=cut_off)))
+            episode.add_env_tokens(len(counter.suffix_ids(observation, needs_end_of_turn=cut_off)))
     return episode

@@ -230,7 +230,13 @@ class T2SGRPOConfig(GRPOConfig):
     )
     enable_thinking: bool = field(
         default=_EPISODE.enable_thinking,
-        metadata={"help": "Render every prompt with enable_thinking=True (Qwen3.5-2B ships the no-think template)."},
+        metadata={"help": "Render every prompt with enable_thinking=True (Qwen3.5-2B ships the no-think template); a "
+                  "template without a think block plays without thinking."},
+    )
+    chat_template: str | None = field(
+        default=None,
+        metadata={"help": "A Jinja chat template file for a tokenizer that has none (a base model such as Gemma 3 "
+                  "270M); it is saved with every checkpoint."},
     )
     # ---- rewards
     reward_names: list[str] = field(

@@ -19,6 +19,27 @@ from t2s.settings import match_umask
 log = logging.getLogger(__name__)
 
 
+def load_chat_tokenizer(model_path, chat_template: str | None = None, **kwargs):
+    """The policy's tokenizer, given the recipe's ``chat_template`` file when it names one, and its chat format read
+    (``t2s.env.chat_format``): a template t2s cannot use stops the run here, with the fix."""
+    from transformers import AutoTokenizer
+
+    from t2s.env.chat_format import ChatFormatError, apply_chat_template_file, chat_format
+    from t2s.training.configs import ConfigError
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path, **kwargs)
+    template = None
+    if chat_template:
+        template = resolve_path(chat_template)
+        if template is None:
+            raise ConfigError(f"Error: chat_template {chat_template!r} not found.")
+    try:
+        chat_format(apply_chat_template_file(tokenizer, template))
+    except ChatFormatError as exc:
+        raise ConfigError(str(exc)) from None
+    return tokenizer
+
+
 def resolve_path(path: str | None) -> Path | None:
     """A path as given if it exists, else a shipped repository path (recipes name repo paths such as
     ``data/demo/dev.json``), else one under the workspace; None if absent."""
@@ -165,7 +186,6 @@ def prepare_model_path(script_args, model_args) -> str:
 def build_trainer(script_args, training_args, model_args, *, callbacks=None):
     """Load data and model and return a ready :class:`Text2SQLGRPOTrainer` (plus the data counts)."""
     from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl import get_peft_config
 
     from t2s.training.configs import ConfigError
@@ -178,8 +198,9 @@ def build_trainer(script_args, training_args, model_args, *, callbacks=None):
             raise ConfigError(f"Error: system_prompt_file {training_args.system_prompt_file!r} not found.")
         training_args.system_prompt_file = str(prompt_file)
     model_path = prepare_model_path(script_args, model_args)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, padding_side="left", revision=model_args.model_revision,
-                                              trust_remote_code=training_args.trust_remote_code)
+    tokenizer = load_chat_tokenizer(model_path, training_args.chat_template, padding_side="left",
+                                    revision=model_args.model_revision,
+                                    trust_remote_code=training_args.trust_remote_code)
     rows, counts = load_training_rows(script_args, training_args, tokenizer)
     log.info("training rows: %s", counts)
     init_kwargs = dict(training_args.model_init_kwargs or {})

@@ -1,32 +1,39 @@
 """What the trainer checks and sets up before its first step, beyond the config (``validate_training_config``):
-the think block of the generation prompt, both stop tokens in the eos ids, the policy's load arguments, the reward
-functions, and the shape of what the rollout returns."""
+the think block of the generation prompt, the chat template's stop tokens in the eos ids, the policy's load
+arguments, the reward functions, and the shape of what the rollout returns."""
 
 from __future__ import annotations
 
 from typing import Callable
 
-from t2s.backends.base import STOP_TOKENS, stop_token_ids
+from t2s.env.chat_format import ChatFormatError, chat_format
 from t2s.training.configs import ConfigError
 
 
-EOS_TOKENS = STOP_TOKENS  # ("<|im_end|>", "<|endoftext|>")
+def _format(tokenizer):
+    try:
+        return chat_format(tokenizer)
+    except ChatFormatError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def check_eos_ids(eos_token_ids, tokenizer) -> None:
-    """Both ``<|im_end|>`` and ``<|endoftext|>`` must end a completion; a ConfigError names the missing one."""
-    for token in EOS_TOKENS:
-        token_id = tokenizer.convert_tokens_to_ids(token)
-        if token_id is None or token_id == tokenizer.unk_token_id or token_id not in list(eos_token_ids):
+    """Every stop token of the chat template (for Qwen3.5 ``<|im_end|>`` and ``<|endoftext|>``) must end a
+    completion; a ConfigError names the missing one."""
+    fmt = _format(tokenizer)
+    for token, token_id in zip(fmt.stop_tokens, fmt.stop_ids):
+        if token_id not in list(eos_token_ids):
             raise ConfigError(
                 f"Error: the eos ids {list(eos_token_ids)} do not include {token} (id {token_id}); generation must "
-                "stop on both <|im_end|> and <|endoftext|>."
+                f"stop on every stop token of the chat template: {', '.join(fmt.stop_tokens)}."
             )
 
 
 def check_think_prompt(tokenizer, chat_template_kwargs: dict | None, enable_thinking: bool) -> None:
-    """With thinking on, the rendered generation prompt must open a think block (end in ``<think>\\n``)."""
-    if not enable_thinking:
+    """With thinking on and a template that has a think block, the prompt TRL renders with
+    ``chat_template_kwargs`` must open it (end in ``<think>\\n``). A template without one plays without thinking
+    (``chat_format`` says so once)."""
+    if not enable_thinking or not _format(tokenizer).thinking:
         return
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": "Which tables exist?"}], tokenize=False, add_generation_prompt=True,
@@ -35,17 +42,14 @@ def check_think_prompt(tokenizer, chat_template_kwargs: dict | None, enable_thin
     if not rendered.endswith("<think>\n"):
         raise ConfigError(
             f"Error: thinking is on but the chat template's generation prompt does not open a think block: it ends "
-            f"with {rendered[-40:]!r}, expected '<think>\\n'. Pass enable_thinking=True to the template, or use a "
-            "Qwen3.5 template."
+            f"with {rendered[-40:]!r}, expected '<think>\\n'. Pass enable_thinking=True to the template."
         )
 
 
 def set_generation_eos(model, tokenizer) -> list[int]:
-    """Set ``model.generation_config.eos_token_id`` to [<|im_end|>, <|endoftext|>] (Qwen3.5 defaults to the latter)."""
-    try:
-        ids = stop_token_ids(tokenizer)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
+    """Set ``model.generation_config.eos_token_id`` to the chat template's stop ids (Qwen3.5 defaults to
+    ``<|endoftext|>`` alone; its turns end on ``<|im_end|>``)."""
+    ids = list(_format(tokenizer).stop_ids)
     model.generation_config.eos_token_id = ids
     return ids
 

@@ -29,7 +29,8 @@ What the subclass changes, and where:
   rounding: a parameter's gradient sums the rows in another order (as TRL's own ``batch_size`` chunks do), and CPU
   attention kernels pick block sizes by sequence length. A batch that forms one group with nothing to cut runs TRL's
   pass itself.
-- **EOS**: generation stops on ``<|im_end|>`` and ``<|endoftext|>``; both are in ``trainer.eos_token_ids``.
+- **EOS**: generation stops on the chat template's stop tokens (``t2s.env.chat_format``; for Qwen3.5 ``<|im_end|>``
+  and ``<|endoftext|>``); all are in ``trainer.eos_token_ids``.
 - **Step metrics** besides TRL's: episode counters (``EPISODE_METRICS``), each stop reason's share of the step's
   episodes (``episodes/stop/<reason>``, with a warning when any ended before its first turn);
   ``sampling/logp_gap/{mean,max}``, the |log π_θ − log π_sampler| over model tokens in the loss's forward pass (≈ 0

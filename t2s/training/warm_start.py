@@ -262,15 +262,14 @@ def load_rl_recipe(sft_args: T2SSFTArguments):
 def build_sft_trainer(sft_args: T2SSFTArguments, config, model_args, *, callbacks=None):
     """The examples played and a ready TRL ``SFTTrainer``; returns (trainer, counts)."""
     from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl import SFTTrainer
 
-    from t2s.training.pipeline import load_training_rows
+    from t2s.training.pipeline import load_chat_tokenizer, load_training_rows
 
     script_args, rl_args = load_rl_recipe(sft_args)
     model_path = prepare_model(sft_args, model_args)
-    tokenizer = AutoTokenizer.from_pretrained(model_path, revision=model_args.model_revision,
-                                              trust_remote_code=config.trust_remote_code)
+    tokenizer = load_chat_tokenizer(model_path, rl_args.chat_template, revision=model_args.model_revision,
+                                    trust_remote_code=config.trust_remote_code)
     rows, data_counts = load_training_rows(script_args, rl_args, tokenizer)
     examples, counts = build_examples(sft_args, rows, tokenizer, rl_args.episode_config())
     counts["data"] = data_counts

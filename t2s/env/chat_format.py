@@ -1,0 +1,247 @@
+"""What t2s reads from a model's chat template and generation config, instead of assuming one chat family.
+
+Chat families differ in the token that ends a turn (``<|im_end|>``, ``<end_of_turn>``, ``<|eot_id|>``), in whether a
+system role exists (Gemma has none), in whether the template opens a think block (Qwen3.5 does when asked with
+``enable_thinking=True``; SmolLM2's does not), and in how tool calls are written. :func:`chat_format` renders a few
+probe conversations through the tokenizer's own template once and reads each of these from the result:
+
+- **end of turn**: the first special token the template writes after an assistant message's content;
+- **stop tokens**: the end of turn, then the tokenizer's ``eos_token`` and the generation config's ``eos_token_id``
+  (read from the tokenizer's folder), without any token that opens a turn in the template: a GGUF-converted
+  tokenizer can name ``<|im_start|>`` as its eos, and stopping there would be wrong. Such a disagreement is said once;
+- **thinking**: whether the generation prompt ends in ``<think>\\n`` when rendered with ``enable_thinking=True``.
+  Without a think block, thinking is off, said once;
+- **system role**: a template that refuses a system message gets the system prompt folded into the first user
+  message, as templates that fold it themselves (Gemma 3's) do;
+- **native tools**: whether the template writes a tool call as Qwen3.5's ``<tool_call><function=...>`` XML. The native
+  tool format needs it; every template takes the json format;
+- **the environment's turn**: the template's text between the end of an assistant turn and a user message's content
+  (``user_head``), and from the end of that content to the next generation prompt's end (``user_tail``).
+
+A tokenizer with no chat template (a base model) gets a clear error naming the fix: ``--chat-template FILE`` or the
+recipe key ``chat_template``, read by :func:`apply_chat_template_file`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+_SENTINEL = "\x00t2s-{}\x00"  # survives a template's trim; never in a rendered template
+_PROBE_USER, _PROBE_SYSTEM = "Which tables exist?", "You answer questions."
+
+
+class ChatFormatError(ValueError):
+    """A tokenizer whose chat template t2s cannot use; the message is one ``Error:`` line with the fix."""
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """One tokenizer's chat format, as its template renders it (see the module docstring)."""
+
+    end_of_turn: str
+    end_of_turn_id: int
+    stop_ids: tuple[int, ...]  # the end of turn first
+    stop_tokens: tuple[str, ...]
+    thinking: bool
+    system_role: bool
+    native_tools: bool
+    user_head: dict  # {enable_thinking: the template's text between the end of turn and a user message's content}
+    user_tail: dict  # {enable_thinking: the text from the end of that content to the generation prompt's end}
+    notes: tuple[str, ...] = ()
+
+    def thinking_for(self, requested: bool) -> bool:
+        """Thinking as the template can render it: off when it has no think block (said once, see ``notes``)."""
+        return bool(requested and self.thinking)
+
+    def fold_system(self, messages: list[dict]) -> list[dict]:
+        """``messages`` as the template takes them: without a system role, the system prompt opens the first user
+        message (separated by a blank line)."""
+        if self.system_role or not messages or messages[0].get("role") != "system":
+            return messages
+        system, rest = messages[0], list(messages[1:])
+        for i, message in enumerate(rest):
+            if message.get("role") == "user":
+                rest[i] = {**message, "content": f"{str(system['content']).strip()}\n\n{message['content']}"}
+                return rest
+        return [{"role": "user", "content": system["content"]}, *rest]
+
+    def episode_config(self, config):
+        """``config`` (an ``EpisodeConfig``) as this template can play it: thinking off where it has no think block;
+        the native tool format refused where the template does not write native calls."""
+        if getattr(config, "tool_format", "json") == "native" and not self.native_tools:
+            raise ChatFormatError(
+                "Error: the chat template does not write tool calls in Qwen3.5's XML form (<tool_call><function=...>), "
+                "so the native tool format cannot be used with this model; use tool_format: json (--tool-format json)"
+            )
+        if config.enable_thinking and not self.thinking:
+            return dataclasses.replace(config, enable_thinking=False)
+        return config
+
+
+_CACHE: dict[tuple, ChatFormat] = {}
+_SAID: set[str] = set()
+_LOCK = threading.Lock()
+
+
+def chat_format(tokenizer) -> ChatFormat:
+    """The tokenizer's chat format, read from its template once (cached per tokenizer and template)."""
+    template = getattr(tokenizer, "chat_template", None)
+    key = (id(tokenizer), template if isinstance(template, str) else repr(template), len(tokenizer))
+    with _LOCK:
+        found = _CACHE.get(key)
+    if found is not None:
+        return found
+    fmt = _read(tokenizer)
+    with _LOCK:
+        _CACHE[key] = fmt
+        fresh = [note for note in fmt.notes if note not in _SAID]
+        _SAID.update(fresh)
+    if fresh:
+        from t2s.ui.console import print_line
+
+        for note in fresh:
+            print_line(f"note: {note}", stderr=True)
+    return fmt
+
+
+def apply_chat_template_file(tokenizer, path: str | Path | None):
+    """Give ``tokenizer`` the Jinja chat template in ``path`` (``--chat-template`` / recipe ``chat_template``)."""
+    if not path:
+        return tokenizer
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ChatFormatError(f"Error: cannot read the chat template file {path}: {exc}") from None
+    if not text.strip():
+        raise ChatFormatError(f"Error: the chat template file {path} is empty")
+    tokenizer.chat_template = text
+    return tokenizer
+
+
+def _name(tokenizer) -> str:
+    return str(getattr(tokenizer, "name_or_path", "") or "the model")
+
+
+def _render(tokenizer, messages, *, generation: bool, thinking: bool = False, **extra) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation,
+                                             enable_thinking=thinking, **extra)
+    except Exception as exc:  # noqa: BLE001 - a template's own error, one line
+        raise ChatFormatError(f"Error: the chat template of {_name(tokenizer)} fails on a plain conversation: "
+                              f"{type(exc).__name__}: {exc}") from None
+
+
+def _special_tokens(tokenizer) -> list[str]:
+    """Added and special tokens, longest first (a template's tags)."""
+    tokens = set(getattr(tokenizer, "all_special_tokens", ()) or ())
+    try:
+        tokens.update(tokenizer.get_added_vocab())
+    except Exception:  # noqa: BLE001 - a tokenizer without added vocab
+        pass
+    return sorted((t for t in tokens if isinstance(t, str) and t), key=len, reverse=True)
+
+
+def _first_token(text: str, tokens: list[str]) -> str | None:
+    """The first of ``tokens`` that occurs in ``text`` (template text is short: a plain scan)."""
+    for pos in range(len(text)):
+        for token in tokens:
+            if text.startswith(token, pos):
+                return token
+    return None
+
+
+def _token_id(tokenizer, token: str | None) -> int | None:
+    if not token:
+        return None
+    tid = tokenizer.convert_tokens_to_ids(token)
+    return tid if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None) else None
+
+
+def _generation_eos(tokenizer) -> list[int]:
+    """``eos_token_id`` of ``generation_config.json`` beside the tokenizer (a local folder), as a list."""
+    folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    try:
+        value = json.loads((folder / "generation_config.json").read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):
+        return []
+    values = value if isinstance(value, list) else [value]
+    return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _read(tokenizer) -> ChatFormat:
+    name = _name(tokenizer)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ChatFormatError(
+            f"Error: the tokenizer of {name} has no chat template (a base model?); t2s renders every prompt with the "
+            "model's chat template. Pass --chat-template FILE (a Jinja chat template) or set chat_template: FILE in "
+            "the recipe"
+        )
+    notes: list[str] = []
+    tokens = _special_tokens(tokenizer)
+    system = [{"role": "system", "content": _PROBE_SYSTEM}]
+    user = [{"role": "user", "content": _PROBE_USER}]
+    try:
+        tokenizer.apply_chat_template(system + user, tokenize=False, add_generation_prompt=True)
+        system_role = True
+    except Exception:  # noqa: BLE001 - the template refuses a system message
+        system_role = False
+        notes.append(f"the chat template of {name} has no system role; the system prompt opens the first user message")
+    lead = system if system_role else []
+
+    answer = _SENTINEL.format("assistant")
+    closed = _render(tokenizer, lead + user + [{"role": "assistant", "content": answer}] + user, generation=False)
+    if answer not in closed:
+        raise ChatFormatError(f"Error: the chat template of {name} does not render an assistant message's content")
+    after = closed[closed.index(answer) + len(answer):]
+    end_of_turn = _first_token(after[: after.find(_PROBE_USER)] if _PROBE_USER in after else after, tokens)
+    end_id = _token_id(tokenizer, end_of_turn)
+    if end_id is None or not after.lstrip(" ").startswith(end_of_turn):
+        raise ChatFormatError(
+            f"Error: the chat template of {name} does not end an assistant turn with a special token right after its "
+            f"content (it writes {after[:40]!r}); t2s stops generation on that token. Pass --chat-template FILE"
+        )
+
+    prompt_text = _render(tokenizer, lead + user, generation=True, thinking=True)
+    thinking = prompt_text.endswith(f"{THINK_OPEN}\n")
+    openers = {t for t in tokens if t != end_of_turn and t in prompt_text}  # bos, turn openers: never a stop
+    stop_ids, stop_tokens = [end_id], [end_of_turn]
+    candidates = [getattr(tokenizer, "eos_token", None)] + [tokenizer.convert_ids_to_tokens(i)
+                                                            for i in _generation_eos(tokenizer)]
+    for token in candidates:
+        tid = _token_id(tokenizer, token) if isinstance(token, str) else None
+        if tid is None or tid in stop_ids:
+            continue
+        if token in openers:
+            notes.append(f"the tokenizer of {name} names {token} as its eos token, but its chat template opens turns "
+                         f"with it; generation stops on {end_of_turn}, the template's end of turn")
+            continue
+        stop_ids.append(tid)
+        stop_tokens.append(token)
+
+    heads, tails = {}, {}
+    observation = _SENTINEL.format("observation")
+    for think in (True, False):
+        text = _render(tokenizer, lead + user + [{"role": "assistant", "content": answer},
+                                                 {"role": "user", "content": observation}],
+                       generation=True, thinking=think)
+        rest = text[text.index(answer) + len(answer):]
+        rest = rest[rest.index(end_of_turn) + len(end_of_turn):]
+        head, _, tail = rest.partition(observation)
+        heads[think], tails[think] = head, tail
+    if not thinking:
+        notes.append(f"the chat template of {name} opens no think block; turns are read without thinking")
+
+    call = {"type": "function", "function": {"name": "probe_tool", "arguments": {"sql": "SELECT 1"}}}
+    try:
+        rendered = _render(tokenizer, lead + user + [{"role": "assistant", "content": "", "tool_calls": [call]}],
+                           generation=False)
+    except ChatFormatError:
+        rendered = ""
+    native = "<tool_call>" in rendered and "<function=probe_tool>" in rendered
+    return ChatFormat(end_of_turn, end_id, tuple(stop_ids), tuple(stop_tokens), thinking, system_role, native,
+                      heads, tails, tuple(notes))
