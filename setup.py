@@ -1,8 +1,7 @@
 """Packaging beyond pyproject.toml: the wheel carries the files the code reads from the repository.
 
 Every ``recipes/*.yaml``, ``recipes/*.txt`` and ``recipes/chat_templates/*.jinja`` and everything in ``data/demo`` are
-installed under ``t2s/bundled/``
-with their repository paths (``t2s/bundled/recipes/smoke.yaml``, ``t2s/bundled/data/demo/dev.json``), where
+installed under ``t2s/bundled/`` with their repository paths (``t2s/bundled/recipes/smoke.yaml``, ``t2s/bundled/data/demo/dev.json``), where
 ``t2s.settings.shipped`` finds them in a non-editable install.
 """
 
