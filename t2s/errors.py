@@ -17,6 +17,24 @@ class T2SError(Exception):
     """A failure the user can act on; ``str`` is one line (``Error:`` is added where it is missing)."""
 
 
+class FileError(T2SError, ValueError):
+    """A file the user named that cannot be used (unreadable, not UTF-8, empty)."""
+
+
+def read_text_file(path, what: str) -> str:
+    """The text of a file the user named (a system prompt, a chat template); a FileError names ``what`` it was
+    meant to be when it cannot be read or is empty."""
+    from pathlib import Path
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FileError(f"Error: cannot read the {what} file {path}: {exc}") from None
+    if not text.strip():
+        raise FileError(f"Error: the {what} file {path} is empty")
+    return text
+
+
 class UsageError(T2SError):
     """Options that cannot go together (exit status 2, as argparse's own usage errors)."""
 

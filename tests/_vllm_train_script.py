@@ -1,6 +1,6 @@
 """Train the smoke recipe for 2 steps with generation on real vLLM, then check that the engine follows the trainer.
 
-    python tests/_vllm_train_script.py MODEL_DIR OUTPUT_DIR [--lora] [--server URL]
+    python tests/_vllm_train_script.py MODEL_DIR OUTPUT_DIR [--lora [--default-targets]] [--server URL] [RECIPE KEYS]
     torchrun --nproc_per_node 2 tests/_vllm_train_script.py MODEL_DIR OUTPUT_DIR
 
 The smoke recipe in ``withheld`` mode (prompts without the schema, so shorter steps: what is checked is where the
@@ -9,7 +9,9 @@ vllm_server``, weights synced through files). After every optimiser step a callb
 random policy's rewards are often all equal, so its own updates can be zero), so each step's sampler must have received
 the new weights for ``sampling/logp_gap`` to stay small. After training the weights are pushed once more, and the
 engine's logprobs for a fixed sequence are compared with transformers' on the trained weights and on the starting ones.
-Each rank writes ``OUTPUT_DIR/result_rank{R}.json``. Each run is its own process, as a user starts one.
+Each rank writes ``OUTPUT_DIR/result_rank{R}.json``. Each run is its own process, as a user starts one. Any further
+arguments are recipe overrides (``--max_tokens_per_turn 16``); ``--default-targets`` leaves LoRA's target modules to
+peft's defaults for the architecture.
 """
 
 from __future__ import annotations
@@ -66,8 +68,9 @@ def main() -> int:
     parser.add_argument("model")
     parser.add_argument("output")
     parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--default-targets", action="store_true")
     parser.add_argument("--server", default=None)
-    args = parser.parse_args()
+    args, overrides = parser.parse_known_args()
     sys.path.insert(0, str(REPO))
 
     from transformers import AutoModelForCausalLM
@@ -79,11 +82,13 @@ def main() -> int:
 
     backend = ["--rollout_backend", "vllm_server", "--vllm_server_base_url", args.server] if args.server else \
         ["--rollout_backend", "vllm_colocate", "--vllm_max_model_length", "4096"]
-    peft = ["--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0", "--lora_target_modules",
-            "q_proj", "v_proj", "gate_proj"] if args.lora else []
+    targets = [] if args.default_targets else ["--lora_target_modules", "q_proj", "v_proj", "gate_proj"]
+    peft = ["--use_peft", "true", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0", *targets] \
+        if args.lora else []
     script_args, training_args, model_args = parse_recipe([
         "--config", str(RECIPES_DIR / "smoke.yaml"), "--model_name_or_path", args.model, "--output_dir", args.output,
         "--max_steps", "2", "--mode", "withheld", *backend, *peft,  # withheld: no schema, prompts ~40% shorter
+        *overrides,
     ])
     trainer, counts = build_trainer(script_args, training_args, model_args, callbacks=[perturb_callback()])
     rank = trainer.accelerator.process_index

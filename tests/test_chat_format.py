@@ -13,6 +13,7 @@ from t2s.backends.base import SamplingSettings
 from t2s.backends.scripted import ScriptedBackend
 from t2s.env.chat_format import ChatFormatError, apply_chat_template_file, chat_format
 from t2s.env.episode import Episode, EpisodeConfig
+from t2s.errors import FileError
 from t2s.rollout.driver import Rollout
 from t2s.settings import shipped
 
@@ -72,9 +73,9 @@ def test_no_template_is_a_clear_error_naming_the_fix(tiny_tokenizer, tmp_path):
     path.write_text(CHATML_NO_THINK)
     assert chat_format(apply_chat_template_file(bare, path)).end_of_turn == "<|im_end|>"
     (tmp_path / "empty.jinja").write_text(" \n")
-    with pytest.raises(ChatFormatError, match="is empty"):
+    with pytest.raises(FileError, match="chat template file .* is empty"):
         apply_chat_template_file(bare, tmp_path / "empty.jinja")
-    with pytest.raises(ChatFormatError, match="cannot read"):
+    with pytest.raises(FileError, match="cannot read the chat template file"):
         apply_chat_template_file(bare, tmp_path / "missing.jinja")
 
 

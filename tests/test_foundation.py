@@ -139,3 +139,23 @@ def test_a_cpu_run_says_once_that_gpu_kernels_do_not_apply(tiny_model_dir, quiet
         assert done.stderr.count(KERNEL_FALLBACK_LINE) == 1 and KERNEL_FALLBACK not in done.stderr
     else:  # what the line replaces: one warning per kernel function
         assert done.stderr.count(KERNEL_FALLBACK) == 4
+
+
+def test_the_tiny_model_is_never_written_over_a_users_model(tmp_path):
+    """A recipe with ``tiny_model`` pointed at a folder holding another model trains that model as it is; the tiny
+    builder refuses to write over it (it once replaced a real SmolLM2 folder)."""
+    from types import SimpleNamespace
+
+    from t2s.training.tiny_model import build_tiny_model
+    from t2s.training.warm_start import prepare_model
+
+    folder = tmp_path / "real-model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    with pytest.raises(ValueError, match="holds a model t2s did not build"):
+        build_tiny_model(folder, preset="attention")
+    sft_args = SimpleNamespace(tiny_model="attention")
+    assert prepare_model(sft_args, SimpleNamespace(model_name_or_path=str(folder))) == str(folder)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before

@@ -76,15 +76,21 @@ def call_writer(tool_format: str = "json"):
     return native_call_text if tool_format == "native" else json_call_text
 
 
-def turn_text(thinking: str, calls: list[str]) -> str:
-    """An assistant turn as the model writes it: thinking (already inside the think block), then the calls."""
+def turn_text(thinking: str | None, calls: list[str]) -> str:
+    """An assistant turn as the model writes it: thinking (already inside the think block), then the calls; without
+    thinking (None: a template with no think block), the calls alone."""
+    if thinking is None:
+        return "\n".join(calls)
     return f"{thinking}\n{THINK_CLOSE}\n\n" + "\n".join(calls)
+
+
+GOLD_THINKING = "I look at the tables the question needs, check the query, then submit it."
 
 
 class ScriptPolicy(ReplayPolicy):
     """Plays a fixed list of turns, each a list of call texts (one JSON object per call)."""
 
-    def __init__(self, turns: list[list[str]], thinking: str = "Following the script."):
+    def __init__(self, turns: list[list[str]], thinking: str | None = "Following the script."):
         super().__init__([turn_text(thinking, calls) for calls in turns])
 
 
@@ -107,7 +113,7 @@ class GoldPolicy(ScriptPolicy):
     """
 
     def __init__(self, row: dict, schema, *, dialect: str = "exec_plan", tool_format: str = "json",
-                 max_turns: int = 6, max_calls_per_turn: int = 8):
+                 max_turns: int = 6, max_calls_per_turn: int = 8, thinking: bool = True):
         gold = row["gold_sql"]
         write = call_writer(tool_format)
         if dialect == "sibling":
@@ -120,21 +126,23 @@ class GoldPolicy(ScriptPolicy):
         size = max(1, max_calls_per_turn) if tool_format == "native" else 1
         turns = [explore[i: i + size] for i in range(0, len(explore), size)]
         turns = turns[: max(0, max_turns - len(finish))] + [[call] for call in finish]
-        super().__init__(turns, thinking="I look at the tables the question needs, check the query, then submit it.")
+        super().__init__(turns, thinking=GOLD_THINKING if thinking else None)
 
     @classmethod
     def for_episode(cls, row: dict, schema, config) -> "GoldPolicy":
         """The gold policy in an ``EpisodeConfig``'s tool set, call format and turn limits."""
         return cls(row, schema, dialect=config.dialect, tool_format=config.tool_format, max_turns=config.max_turns,
-                   max_calls_per_turn=config.max_calls_per_turn)
+                   max_calls_per_turn=config.max_calls_per_turn, thinking=config.enable_thinking)
 
 
-def submit_policy(sql: str, dialect: str = "exec_plan", tool_format: str = "json", thinking: str | None = None):
-    """A scripted policy that submits ``sql`` in its first turn (the dialect's submit tool, in its call format)."""
+def submit_policy(sql: str, dialect: str = "exec_plan", tool_format: str = "json",
+                  thinking: str | None = "Following the script."):
+    """A scripted policy that submits ``sql`` in its first turn (the dialect's submit tool, in its call format);
+    ``thinking`` None writes no think block."""
     from t2s.env.tool_schemas import SUBMIT_TOOLS
 
     turns = [[call_writer(tool_format)(SUBMIT_TOOLS[dialect], sql=sql)]]
-    return ScriptPolicy(turns) if thinking is None else ScriptPolicy(turns, thinking=thinking)
+    return ScriptPolicy(turns, thinking=thinking)
 
 
 class ScriptedBackend:

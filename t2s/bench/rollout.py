@@ -37,6 +37,7 @@ import random
 from dataclasses import dataclass, field
 
 from t2s.bench.simulator import SimulatorSpec, SimulatorStats, EpisodePlan, ServingSimulator
+from t2s.env.chat_format import chat_format
 
 
 ROLLOUTS_PER_QUESTION = 8
@@ -75,12 +76,13 @@ def plan_turns(row: dict, n_turns: int, lengths: list[int], tokenizer, marker: s
     per_turn = [calls[round(i * len(calls) / tool_turns) : round((i + 1) * len(calls) / tool_turns)]
                 for i in range(tool_turns)]
     per_turn.append(pinned[-1])
-    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    end_of_turn = chat_format(tokenizer).end_of_turn_id
     filler = tokenizer(" plan", add_special_tokens=False)["input_ids"]
     head = tokenizer(f"Episode {marker}.", add_special_tokens=False)["input_ids"]
     turns = []
     for calls_text, length in zip(per_turn, lengths):
-        tail = tokenizer("\n</think>\n\n" + "\n".join(calls_text), add_special_tokens=False)["input_ids"] + [im_end]
+        text = "\n</think>\n\n" + "\n".join(calls_text)
+        tail = tokenizer(text, add_special_tokens=False)["input_ids"] + [end_of_turn]
         pad = max(0, length - len(head) - len(tail))
         turns.append(head + (filler * (pad // max(1, len(filler)) + 1))[:pad] + tail)
     return turns

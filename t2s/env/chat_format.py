@@ -30,12 +30,14 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from t2s.errors import T2SError, read_text_file
+
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _SENTINEL = "\x00t2s-{}\x00"  # survives a template's trim; never in a rendered template
 _PROBE_USER, _PROBE_SYSTEM = "Which tables exist?", "You answer questions."
 
 
-class ChatFormatError(ValueError):
+class ChatFormatError(T2SError, ValueError):
     """A tokenizer whose chat template t2s cannot use; the message is one ``Error:`` line with the fix."""
 
 
@@ -113,12 +115,7 @@ def apply_chat_template_file(tokenizer, path: str | Path | None):
     """Give ``tokenizer`` the Jinja chat template in ``path`` (``--chat-template`` / recipe ``chat_template``)."""
     if not path:
         return tokenizer
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ChatFormatError(f"Error: cannot read the chat template file {path}: {exc}") from None
-    if not text.strip():
-        raise ChatFormatError(f"Error: the chat template file {path} is empty")
+    text = read_text_file(path, "chat template")
     tokenizer.chat_template = text
     return tokenizer
 

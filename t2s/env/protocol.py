@@ -13,6 +13,7 @@ from pathlib import Path
 
 from t2s.env import tool_schemas
 from t2s.env.databases.engine_base import ENGINE_NAMES, check_engine
+from t2s.errors import read_text_file
 from t2s.env.chat_format import THINK_CLOSE, THINK_OPEN, chat_format  # noqa: F401 - THINK_* are read from here
 
 OBSERVATION_CHAR_CAP = 4000  # all tool results of one observation together (each tool result is capped too)
@@ -74,13 +75,7 @@ def system_prompt(dialect: str = "exec_plan", path: str | Path | None = None, to
     The published checkpoints are sensitive to the exact wording, which is not public: hence the file.
     """
     if path:
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"Error: cannot read the system prompt file {path}: {exc}") from exc
-        if not text.strip():
-            raise ValueError(f"Error: the system prompt file {path} is empty")
-        return text.strip()
+        return read_text_file(path, "system prompt").strip()
     return default_system_prompt(dialect, tool_format, engine)
 
 

@@ -121,6 +121,18 @@ def model_backend(model: str, tokenizer_name: str | None = None, device: str | N
     return HFGenerateBackend(loaded, tokenizer, max_batch_size=max_batch_size), tokenizer, device
 
 
+def model_context_length(model: str) -> int | None:
+    """The longest sequence the model's config allows (``max_position_embeddings``), or None when it says none."""
+    from transformers import AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except Exception:  # noqa: BLE001 - vLLM reports an unloadable model itself
+        return None
+    value = getattr(config.get_text_config(), "max_position_embeddings", None)
+    return value if isinstance(value, int) and value > 0 else None
+
+
 def endpoint_client(args):
     """A chat client for ``args.endpoint`` whose served model name is known (fails fast, after retries)."""
     from t2s.backends.chat_endpoint import ChatEndpointClient, EndpointError
@@ -235,6 +247,12 @@ class Runner:
         vllm_environment()
         dtype = getattr(args, "dtype", None) or checkpoint_dtype(args.model)
         max_model_len = args.episode_token_budget + 512
+        context = model_context_length(args.model)
+        if context is not None and args.episode_token_budget > context:
+            raise EvalError(f"Error: --episode-token-budget {args.episode_token_budget} is longer than the model's "
+                            f"context of {context} tokens (max_position_embeddings); pass a budget of at most "
+                            f"{context}")
+        max_model_len = min(max_model_len, context or max_model_len)
         memory = {"gpu_memory_utilization": args.gpu_memory_utilization} if has_cuda() else {}
         llm = LLM(
             model=args.model, tokenizer=args.tokenizer or args.model, seed=args.seed, dtype=dtype,

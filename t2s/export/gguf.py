@@ -40,21 +40,13 @@ import struct
 import tempfile
 from pathlib import Path
 
+from t2s.env.databases.hashing import file_checksum as file_sha256
 from t2s.errors import ExportError
 from t2s.settings import match_umask
 
 GGUF_MAGIC = b"GGUF"
 SOURCE_FILE = "t2s_gguf.json"  # {source_file, source_sha256, content_sha256, architecture, dtype}
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def file_sha256(path) -> str:
-    """The sha256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 _SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}  # value types

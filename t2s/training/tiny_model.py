@@ -175,6 +175,8 @@ def build_tiny_model(output_dir: str | Path, seed: int = 0, preset: str = "hybri
         wanted.update(preset=preset, sizes=PRESETS[preset])
     if marker.is_file() and json.loads(marker.read_text()) == wanted:
         return out
+    if not marker.is_file() and any((out / name).is_file() for name in ("config.json", "model.safetensors")):
+        raise ValueError(f"Error: {out} holds a model t2s did not build; the tiny model is never written over it")
     out.mkdir(parents=True, exist_ok=True)
     sizes = PRESETS[preset]
     # the demo's learner keeps the vocabulary its figures were measured with; the test model has the tool-call tags

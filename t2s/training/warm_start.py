@@ -106,7 +106,8 @@ def answer_policy(row: dict, sql: str, style: str, episode_config):
     from t2s.env.schema import get_schema
 
     if style == "submit":
-        return submit_policy(sql, episode_config.dialect, episode_config.tool_format, thinking=SUBMIT_THINKING)
+        return submit_policy(sql, episode_config.dialect, episode_config.tool_format,
+                             thinking=SUBMIT_THINKING if episode_config.enable_thinking else None)
     if style != "explore":
         raise ValueError(f"Error: gold_style {style!r} is unknown; use 'explore' or 'submit'.")
     return GoldPolicy.for_episode(dict(row, gold_sql=sql), get_schema(row_database(row)), episode_config)
@@ -201,6 +202,9 @@ def build_examples(sft_args: T2SSFTArguments, rows: list[dict], tokenizer, episo
 
     if sft_args.near_misses < 0 or sft_args.near_miss_weight < 0:
         raise ConfigError("Error: near_misses and near_miss_weight must be >= 0.")
+    from t2s.env.chat_format import chat_format
+
+    episode_config = chat_format(tokenizer).episode_config(episode_config)  # thinking as the template writes it
     counts: dict = {"questions": len(rows)}
     if sft_args.trajectories == "gold":
         base = gold_examples(rows, tokenizer, episode_config, sft_args.gold_style, counts)
@@ -225,7 +229,8 @@ def build_examples(sft_args: T2SSFTArguments, rows: list[dict], tokenizer, episo
 
 
 def prepare_model(sft_args: T2SSFTArguments, model_args) -> str:
-    """The model folder (the tiny preset built there when asked and absent) or hub id to start from."""
+    """The model folder (the tiny preset built there when asked and absent; a folder holding another model is used as
+    it is, never written over) or hub id to start from."""
     from t2s.training.configs import ConfigError
     from t2s.settings import workspace
     from t2s.training.pipeline import resolve_path
@@ -237,6 +242,8 @@ def prepare_model(sft_args: T2SSFTArguments, model_args) -> str:
         from t2s.training.tiny_model import build_tiny_model
 
         target = workspace() / name  # an absolute name stays as it is
+        if (target / "config.json").is_file() and not (target / "t2s_tiny.json").is_file():
+            return str(target)  # a model of the user's, as the recipe's tiny preset would be: used as it is
         return str(build_tiny_model(target, preset=sft_args.tiny_model))
     local = resolve_path(name)
     return str(local) if local is not None else name
