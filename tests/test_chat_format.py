@@ -154,6 +154,8 @@ def test_smollm2_stops_on_its_end_of_turn_not_on_the_eos_its_gguf_names(smollm2_
 
 
 def test_gemma3_base_has_no_template_until_one_is_given(gemma3_tokenizer):
+    turn = gemma3_tokenizer("<start_of_turn>user\nhi<end_of_turn>", add_special_tokens=False)["input_ids"]
+    assert turn[0] == 105 and turn[-1] == 106  # the GGUF's control tokens are whole tokens, with the file's ids
     bare = copy.deepcopy(gemma3_tokenizer)
     bare.chat_template = None
     with pytest.raises(ChatFormatError, match="--chat-template"):

