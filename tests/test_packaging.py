@@ -24,7 +24,8 @@ from t2s.settings import DEMO_DIR, RECIPES_DIR
 from t2s.training.pipeline import resolve_path
 print(json.dumps({
     "package": t2s.__file__, "installed": installed_from_wheel(), "workspace": str(workspace()),
-    "recipes_dir": str(RECIPES_DIR), "recipes": sorted(p.name for p in RECIPES_DIR.iterdir()),
+    "recipes_dir": str(RECIPES_DIR), "recipes": sorted(p.name for p in RECIPES_DIR.iterdir() if p.is_file()),
+    "chat_templates": sorted(p.name for p in (RECIPES_DIR / "chat_templates").glob("*.jinja")),
     "demo_dir": str(DEMO_DIR), "demo_files": sorted(p.relative_to(DEMO_DIR).as_posix() for p in DEMO_DIR.rglob("*")
                                                     if p.is_file()),
     "smoke_recipe": str(resolve_path("recipes/smoke.yaml")), "smoke_data": str(resolve_path("data/demo/dev.json")),
@@ -71,6 +72,8 @@ def test_a_wheel_install_carries_the_recipes_and_demo_data(tmp_path):
     assert "smoke.yaml" in shipped_recipes and found["recipes"] == shipped_recipes
     for name in shipped_recipes:
         assert (bundled / "recipes" / name).read_bytes() == (RECIPES_DIR / name).read_bytes()
+    templates = sorted(p.name for p in (RECIPES_DIR / "chat_templates").glob("*.jinja"))
+    assert "gemma3.jinja" in templates and found["chat_templates"] == templates
     demo_files = sorted(p.relative_to(DEMO_DIR).as_posix() for p in DEMO_DIR.rglob("*") if p.is_file())
     assert any(name.endswith(".sqlite") for name in demo_files) and found["demo_files"] == demo_files
     # the smoke recipe's repository paths resolve to the installed copies
