@@ -73,6 +73,26 @@ def install_network_guard() -> None:
 install_network_guard()
 
 
+def _bind_vllm_to_this_workers_core() -> None:
+    """Under pytest-xdist (``make test`` runs two workers), each worker's vLLM CPU engines bind their OpenMP threads to
+    a core of their own: left to itself, every engine binds core 0, and two at once starve one another."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        cores = sorted(os.sched_getaffinity(0))
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
+
+
+_bind_vllm_to_this_workers_core()
+
+
+def pytest_collection_modifyitems(config, items):
+    """The tests that start a vLLM engine or server run one after another on one worker (``--dist loadgroup``): each
+    engine takes a core and gigabytes of memory, and the session's shared server lives in that worker."""
+    for item in items:
+        if item.get_closest_marker("vllm") is not None:
+            item.add_marker(pytest.mark.xdist_group("vllm"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """The tiny Qwen3.5 model and tokenizer, built once per test session and saved to a folder."""
