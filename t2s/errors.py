@@ -36,7 +36,7 @@ def read_text_file(path, what: str) -> str:
 
 
 class UsageError(T2SError):
-    """Options that cannot go together (exit status 2, as argparse's own usage errors)."""
+    """Options that cannot go together (exit status 2, as the option parser's own usage errors)."""
 
 
 @contextlib.contextmanager

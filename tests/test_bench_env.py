@@ -17,6 +17,13 @@ from t2s.settings import REPO_ROOT
 LAST_LINE = re.compile(r"^env_step_seconds=(\d+\.\d+) overhead_ratio=(\d+\.\d+)$")
 
 
+def in_process(argv: list[str]) -> int:
+    """``python -m t2s bench ARGV`` in this process (so a test may patch the benchmark's module)."""
+    from t2s.commands import main
+
+    return main(["bench", *argv])
+
+
 def bench(*args):
     return subprocess.run([sys.executable, "-m", "t2s", "bench", "env", *map(str, args)], capture_output=True,
                           text=True, cwd=REPO_ROOT, timeout=300)
@@ -64,26 +71,20 @@ def test_bench_env_bad_data(tmp_path):
 
 
 def test_default_repeats_stop_after_the_minimum_once_the_time_budget_is_spent(demo_dir, monkeypatch, capsys):
-    import argparse
 
     from t2s.bench import env
 
     monkeypatch.setattr(env, "REPEAT_SECONDS", 0.0)  # every pass counts as a slow one
     monkeypatch.setattr(env, "MAX_RATIO", float("inf"))  # whatever the machine's load
-    parser = argparse.ArgumentParser()
-    from t2s.commands.bench import env_arguments
-
-    env_arguments(parser)
-    assert env.run(parser.parse_args(["--data", str(demo_dir / "dev.json"), "--workers", "1"])) == 0
+    assert in_process(["env", "--data", str(demo_dir / "dev.json"), "--workers", "1"]) == 0
     out = capsys.readouterr()
     assert f"best of {env.MIN_REPEATS}" in out.err
     assert LAST_LINE.match(out.out.strip().splitlines()[-1])
-    assert env.run(parser.parse_args(["--data", str(demo_dir / "dev.json"), "--workers", "1", "--repeats", "4"])) == 0
+    assert in_process(["env", "--data", str(demo_dir / "dev.json"), "--workers", "1", "--repeats", "4"]) == 0
     assert "best of 4" in capsys.readouterr().err  # an explicit count is kept
 
 
 def test_a_timed_pass_that_ends_otherwise_is_reported_not_fatal(demo_dir, monkeypatch, capsys):
-    import argparse
 
     from t2s.bench import env
 
@@ -97,12 +98,8 @@ def test_a_timed_pass_that_ends_otherwise_is_reported_not_fatal(demo_dir, monkey
         return seconds, results, statements
 
     monkeypatch.setattr(env, "_env_pass", drifting)
-    parser = argparse.ArgumentParser()
-    from t2s.commands.bench import env_arguments
-
-    env_arguments(parser)
-    args = parser.parse_args(["--data", str(demo_dir / "dev.json"), "--workers", "1", "--repeats", "2"])
-    assert env.run(args) == 0
+    argv = ["--data", str(demo_dir / "dev.json"), "--workers", "1", "--repeats", "2"]
+    assert in_process(["env", *argv]) == 0
     out = capsys.readouterr()
     assert "Warning: up to 1 of " in out.err and "episodes ended otherwise" in out.err
     assert LAST_LINE.match(out.out.strip().splitlines()[-1])
@@ -136,20 +133,15 @@ def test_bench_env_takes_the_tool_set_and_format(demo_dir):
 
 
 def test_a_ratio_above_the_target_exits_1_and_a_short_run_is_not_judged(demo_dir, monkeypatch, capsys):
-    import argparse
-
     from t2s.bench import env
-    from t2s.commands.bench import env_arguments
 
     monkeypatch.setattr(env, "MAX_RATIO", 0.0)  # every ratio is above it
-    parser = argparse.ArgumentParser()
-    env_arguments(parser)
     data = ["--data", str(demo_dir / "dev.json"), "--workers", "1"]
-    assert env.run(parser.parse_args([*data, "--repeats", str(env.MIN_REPEATS)])) == 1
+    assert in_process(["env", *data, "--repeats", str(env.MIN_REPEATS)]) == 1
     out = capsys.readouterr()
     assert "Error: the environment took " in out.err and "above the target of 0x" in out.err
     assert LAST_LINE.match(out.out.strip().splitlines()[-1])  # the figures are printed all the same
-    assert env.run(parser.parse_args([*data, "--repeats", "1"])) == 0
+    assert in_process(["env", *data, "--repeats", "1"]) == 0
     out = capsys.readouterr()
     assert "not judged: the best of 1 pass(es)" in out.err and "Error" not in out.err
     assert LAST_LINE.match(out.out.strip().splitlines()[-1])

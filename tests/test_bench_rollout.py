@@ -10,6 +10,13 @@ from t2s.backends.base import SamplingSettings
 from t2s.bench.rollout import SimulatorSpec, EpisodePlan, ServingSimulator
 
 
+def in_process(argv: list[str]) -> int:
+    """``python -m t2s bench ARGV`` in this process (so a test may patch the benchmark's module)."""
+    from t2s.commands import main
+
+    return main(["bench", *argv])
+
+
 def make_engine(tiny_tokenizer, n_plans: int, turn_len: int, prompt_len: int, **spec):
     im_end = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
     plans = [
@@ -51,15 +58,9 @@ def test_engine_prefill_shares_the_step_budget(tiny_tokenizer):
 
 @pytest.mark.timeout(300)
 def test_bench_rollout_last_line_and_async_bound(capsys, demo_dir):
-    import argparse
 
-    from t2s.bench import rollout
 
-    parser = argparse.ArgumentParser()
-    from t2s.commands.bench import rollout_arguments
-
-    rollout_arguments(parser)
-    assert rollout.run(parser.parse_args(["--n", "24", "--seed", "1"])) == 0
+    assert in_process(["rollout", "--n", "24", "--seed", "1"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     match = re.fullmatch(r"async_over_critical=(\d+\.\d+) turnsync_over_critical=(\d+\.\d+)", lines[-1])
     assert match, lines[-1]
@@ -69,15 +70,9 @@ def test_bench_rollout_last_line_and_async_bound(capsys, demo_dir):
 
 
 def test_bench_rollout_rejects_bad_episodes(capsys):
-    import argparse
 
-    from t2s.bench import rollout
 
-    parser = argparse.ArgumentParser()
-    from t2s.commands.bench import rollout_arguments
-
-    rollout_arguments(parser)
-    assert rollout.run(parser.parse_args(["--episodes", "0"])) != 0
+    assert in_process(["rollout", "--episodes", "0"]) != 0
     assert capsys.readouterr().out.startswith("Error:")
 
 
@@ -86,7 +81,6 @@ def test_bench_rollout_rejects_bad_episodes(capsys):
 def test_bench_rollout_in_each_tool_set_and_call_format(capsys, monkeypatch, demo_dir, dialect, tool_format):
     """The engine serves the prompts the rollout really sends in each tool set and call format: every planned turn
     is served, every episode submits the gold SQL and scores correct, and the last line keeps its format."""
-    import argparse
 
     from t2s.bench import rollout
     from t2s.training.tiny_model import build_tokenizer
@@ -99,11 +93,7 @@ def test_bench_rollout_in_each_tool_set_and_call_format(capsys, monkeypatch, dem
         return measured[-1]
 
     monkeypatch.setattr(rollout, "measure", keep)
-    parser = argparse.ArgumentParser()
-    from t2s.commands.bench import rollout_arguments
-
-    rollout_arguments(parser)
-    assert rollout.run(parser.parse_args(["--n", "16", "--dialect", dialect, "--tool-format", tool_format])) == 0
+    assert in_process(["rollout", "--n", "16", "--dialect", dialect, "--tool-format", tool_format]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert re.fullmatch(r"async_over_critical=\d+\.\d+ turnsync_over_critical=\d+\.\d+", last), last
     async_r, turnsync_r, _, _, plans = measured[0]

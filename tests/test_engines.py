@@ -116,12 +116,13 @@ def test_prompts_name_the_engines_dialect(request, engine):
 @pytest.mark.parametrize("engine", ENGINES)
 @pytest.mark.parametrize("dialect,tool_format", [("exec_plan", "json"), ("sibling", "native")])
 def test_gold_self_check_scores_one_in_both_modes(request, tmp_path, engine, dialect, tool_format):
-    from t2s.evaluation.options import eval_args
+    from t2s.evaluation.config import EvalConfig
     from t2s.evaluation.runner import evaluate
 
     data, options, _ = _engine_data(request, engine)
-    args = eval_args(policy="gold", data=str(data), output=str(tmp_path / "run"), mode=["full", "withheld"],
-                     quiet=True, dialect=dialect, tool_format=tool_format, **options)
+    args = EvalConfig.from_options(dict(policy="gold", data=str(data), output=str(tmp_path / "run"),
+                                        mode=["full", "withheld"], quiet=True, dialect=dialect,
+                                        tool_format=tool_format, **options))
     summaries = evaluate(args)
     for mode in ("full", "withheld"):
         summary = summaries[mode]
@@ -174,7 +175,7 @@ def test_bird_dev_converts_with_at_least_ninety_percent_kept(tmp_path, bird_supe
     self-check then scores 1.0 on every kept question in both modes."""
     pytest.importorskip("duckdb")
     from t2s.data.convert import convert
-    from t2s.evaluation.options import eval_args
+    from t2s.evaluation.config import EvalConfig
     from t2s.evaluation.runner import evaluate
 
     targets = [("duckdb", None)]
@@ -193,19 +194,20 @@ def test_bird_dev_converts_with_at_least_ninety_percent_kept(tmp_path, bird_supe
             ref = databases.server_db(databases.server_url(dsn, "superhero"))
         described = Toolbox(ref, column_descriptions=True).call("describe_table", {"table_name": "superhero"}).text
         assert "\n-- " in described  # BIRD's column descriptions stay usable
-        args = eval_args(policy="gold", data=str(tmp_path / engine / "dev.json"), output=str(tmp_path / f"ev-{engine}"),
-                         mode=["full", "withheld"], quiet=True, engine=engine, dsn=dsn)
+        args = EvalConfig.from_options(dict(policy="gold", data=str(tmp_path / engine / "dev.json"),
+                                            output=str(tmp_path / f"ev-{engine}"), mode=["full", "withheld"],
+                                            quiet=True, engine=engine, dsn=dsn))
         for summary in evaluate(args).values():
             assert summary["n"] == report["kept"] and summary["execution_accuracy_official"] == 1.0
 
 
 def test_eval_refuses_postgres_without_a_server(tmp_path, demo_dir):
     from t2s.errors import EvalError
-    from t2s.evaluation.options import check_policy_args, eval_args
+    from t2s.evaluation.config import EvalConfig
 
-    args = eval_args(policy="gold", data=str(demo_dir / "dev.json"), output=str(tmp_path), engine="postgres", dsn=None)
-    with pytest.raises(EvalError, match="--dsn"):
-        check_policy_args(args)
+    with pytest.raises(EvalError, match="--dsn"):  # refused as the command builds its config
+        EvalConfig.from_options(dict(policy="gold", data=str(demo_dir / "dev.json"), output=str(tmp_path),
+                                     engine="postgres", dsn=None))
 
 
 def test_transpiled_gold_keeps_sqlites_meaning():
@@ -269,7 +271,7 @@ def test_convert_never_replaces_a_database_it_did_not_make(postgres_dsn, demo_di
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_predictions_policy_and_single_mode_on_each_engine(request, tmp_path, engine):
-    from t2s.evaluation.options import eval_args
+    from t2s.evaluation.config import EvalConfig
     from t2s.evaluation.policies import single_turn_messages
     from t2s.evaluation.runner import evaluate
 
@@ -278,8 +280,8 @@ def test_predictions_policy_and_single_mode_on_each_engine(request, tmp_path, en
     predictions = tmp_path / "pred.jsonl"
     predictions.write_text("".join(json.dumps({"question_id": str(q["question_id"]), "sql": q["SQL"]}) + "\n"
                                    for q in questions))
-    args = eval_args(policy="predictions", predictions=str(predictions), data=str(data), output=str(tmp_path / "run"),
-                     mode=["full", "single"], quiet=True, **options)
+    args = EvalConfig.from_options(dict(policy="predictions", predictions=str(predictions), data=str(data),
+                                        output=str(tmp_path / "run"), mode=["full", "single"], quiet=True, **options))
     for summary in evaluate(args).values():
         assert summary["n"] == 63 and summary["execution_accuracy_official"] == 1.0
     ref = _demo_ref(request, engine)

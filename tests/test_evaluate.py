@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from t2s.commands import build_parser
+from t2s.commands.eval import eval_config
+from t2s.evaluation.config import EvalConfig
 from t2s.evaluation.policies import Runner, single_turn_sql
 from t2s.evaluation.runner import EpisodeLog, evaluate, select_rows
 from t2s.errors import EvalError
 
 
-def eval_args(*argv):
-    return build_parser("eval").parse_args(["eval", *map(str, argv), "--quiet"])
+def eval_args(*argv) -> EvalConfig:
+    """The ``EvalConfig`` that ``t2s eval ARGV --quiet`` builds."""
+    return eval_config([*argv, "--quiet"])
 
 
 def read_lines(folder: Path) -> list[dict]:
@@ -528,9 +530,9 @@ def test_episodes_that_end_before_their_first_turn_are_named_and_fail_the_eval(t
 
 @pytest.mark.parametrize("budget", ["2048", "1000"])
 def test_a_budget_that_leaves_no_turn_is_refused_at_the_start(demo_dir, tmp_path, budget):
-    args = eval_args("--policy", "gold", "--data", demo_dir, "--episode-token-budget", budget, "--output", tmp_path)
     with pytest.raises(EvalError, match=f"--episode-token-budget {budget} cannot leave --min-episode-tokens"):
-        evaluate(args)
+        evaluate(eval_args("--policy", "gold", "--data", demo_dir, "--episode-token-budget", budget,
+                           "--output", tmp_path))
     assert not any(tmp_path.iterdir())  # refused before anything was written
 
 
@@ -555,12 +557,12 @@ def test_a_folder_from_before_weight_fingerprints_resumes_and_vouches_for_no_wei
 
 def test_every_episode_limit_is_an_eval_option_and_is_recorded(demo_dir, tmp_path, capsys):
     """The episode limits a user may need reach the episodes, and a changed one is part of the resumed config."""
-    from t2s.evaluation.options import EPISODE_LIMITS, episode_config
+    from t2s.evaluation.options import EPISODE_LIMITS
 
     args = eval_args("--policy", "gold", "--data", demo_dir, "--n", "2", "--output", tmp_path,
                      "--max-calls-per-turn", "3", "--max-failed-queries", "2", "--tool-timeout", "1.5",
                      "--episode-tool-seconds", "9", "--forced-turn-reserve", "100", "--min-episode-tokens", "1000")
-    config = episode_config(args, "full")
+    config = args.policy.episode_for("full")
     assert (config.max_calls_per_turn, config.max_failed_queries, config.tool_timeout, config.episode_tool_seconds,
             config.forced_turn_reserve, config.min_episode_tokens) == (3, 2, 1.5, 9.0, 100, 1000)
     from t2s.commands import main

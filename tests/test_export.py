@@ -150,11 +150,11 @@ def test_export_cli_error_line(tmp_path, capsys):
 
 def model_eval(model_dir, demo_dir, output, *modes, n=3) -> dict:
     """A short eval of ``model_dir`` (its weights recorded, as ``export --eval`` needs); returns {mode: summary}."""
-    from t2s.commands import build_parser
     from t2s.evaluation.runner import evaluate
+    from t2s.commands.eval import eval_config
 
-    return evaluate(build_parser("eval").parse_args(
-        ["eval", "--policy", "model", "--model", str(model_dir), "--data", str(demo_dir), "--n", str(n), "--mode",
+    return evaluate(eval_config(
+        ["--policy", "model", "--model", str(model_dir), "--data", str(demo_dir), "--n", str(n), "--mode",
          *(modes or ("full",)), "--max-turns", "1", "--max-tokens-per-turn", "8", "--output", str(output), "--quiet"]))
 
 
@@ -171,8 +171,8 @@ def test_export_refuses_an_eval_of_other_weights(tiny_model_dir, demo_dir, tmp_p
     an eval of an earlier export into the same folder is taken."""
     import shutil
 
-    from t2s.commands import build_parser
     from t2s.evaluation.runner import evaluate
+    from t2s.commands.eval import eval_config
 
     other = tmp_path / "other"
     shutil.copytree(tiny_model_dir, other)
@@ -185,8 +185,8 @@ def test_export_refuses_an_eval_of_other_weights(tiny_model_dir, demo_dir, tmp_p
     model_eval(other, demo_dir, tmp_path / "eval-other", n=1)
     with pytest.raises(ExportError, match="ran other weights than"):
         export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval-other"), verify=False)
-    evaluate(build_parser("eval").parse_args(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "1",
-                                              "--output", str(tmp_path / "eval-gold"), "--quiet"]))
+    evaluate(eval_config(["--policy", "gold", "--data", str(demo_dir), "--n", "1",
+                              "--output", str(tmp_path / "eval-gold"), "--quiet"]))
     with pytest.raises(ExportError, match="recorded no model weights"):
         export_model(tiny_model_dir, tmp_path / "export", eval_dir=str(tmp_path / "eval-gold"), verify=False)
     first = export_model(tiny_model_dir, tmp_path / "export", verify=False)
@@ -342,7 +342,7 @@ def test_export_ships_the_recipes_system_prompt(tiny_model_dir, tmp_path, recipe
 
     from t2s.commands import build_parser
     from t2s.env.protocol import default_system_prompt
-    from t2s.evaluation.options import read_system_prompt
+    from t2s.evaluation.config import read_system_prompt
     from t2s.settings import RECIPES_DIR
 
     out = export_model(tiny_model_dir, tmp_path / "export", recipe=str(RECIPES_DIR / recipe), verify=False)
@@ -360,7 +360,7 @@ def test_export_ships_the_recipes_system_prompt(tiny_model_dir, tmp_path, recipe
 
 def test_export_finds_a_recipe_as_train_does(tiny_model_dir, tmp_path, monkeypatch):
     """``--recipe recipes/demo.yaml`` outside the checkout is the shipped recipe, as ``train --config`` finds it."""
-    from t2s.evaluation.options import read_system_prompt
+    from t2s.evaluation.config import read_system_prompt
     from t2s.settings import RECIPES_DIR
 
     monkeypatch.chdir(tmp_path)

@@ -172,6 +172,21 @@ def test_commands_are_thin_verbs_that_import_no_other_command():
     assert library == []
 
 
+def test_only_commands_and_ui_parse_the_command_line():
+    """Below ``commands/`` (and the foundation's ``ui``, which holds the argument types), nothing imports argparse or
+    takes a parsed namespace: commands build typed configs (``EvalConfig``, ``PolicyConfig``) and pass those down."""
+    def imports_argparse(path: Path) -> bool:
+        return any((isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names))
+                   or (isinstance(node, ast.ImportFrom) and node.module == "argparse")
+                   for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+    parsers = sorted(m for m, path in MODULES.items() if imports_argparse(path))
+    assert "t2s.commands.eval" in parsers and all(m.startswith(("t2s.commands", "t2s.ui")) for m in parsers), parsers
+    namespaces = [str(MODULES[m].relative_to(PACKAGE.parent)) for m in MODULES
+                  if not m.startswith(("t2s.commands", "t2s.ui")) and "Namespace" in MODULES[m].read_text()]
+    assert namespaces == []
+
+
 def test_modules_stay_small():
     root = PACKAGE.parent
     long = {str(p.relative_to(root)): n for p in PACKAGE.rglob("*.py")

@@ -401,13 +401,13 @@ def test_a_hostile_result_stays_plain_text(tiny_tokenizer):
 # --------------------------------------------------------------------------------------------------- evaluation
 @pytest.mark.parametrize("dataset", ["demo_dir", "bird_superhero_dir"])
 def test_gold_policy_in_native_format_scores_one(dataset, request, tmp_path):
-    from t2s.commands import build_parser
     from t2s.evaluation.runner import evaluate
+    from t2s.commands.eval import eval_config
 
     data_dir = request.getfixturevalue(dataset)
-    argv = ["eval", "--policy", "gold", "--data", str(data_dir), "--mode", "full", "withheld", "--dialect", "sibling",
+    argv = ["--policy", "gold", "--data", str(data_dir), "--mode", "full", "withheld", "--dialect", "sibling",
             "--tool-format", "native", "--output", str(tmp_path / "out"), "--quiet"]
-    summaries = evaluate(build_parser("eval").parse_args(argv))
+    summaries = evaluate(eval_config(argv))
     for mode in ("full", "withheld"):
         summary = summaries[mode]
         assert summary["n"] == len(json.loads((data_dir / "dev.json").read_text()))

@@ -100,11 +100,11 @@ def test_model_policy_with_the_tiny_model(tiny_model_dir, demo_dir, tmp_path, ca
 
 def test_model_counts_come_from_the_evaluators_scored_episodes(tiny_model_dir, demo_dir, tmp_path):
     from t2s.evaluation import runner as eval_runner
-    from t2s.evaluation.options import policy_args
+    from t2s.evaluation.config import PolicyConfig
 
     rows = load_json_rows(demo_dir / "dev.json")[:2]
-    args = policy_args(policy="model", model=str(tiny_model_dir), k=2, max_turns=1, max_tokens_per_turn=8,
-                                episode_token_budget=4096, device="cpu", quiet=True)
+    args = PolicyConfig.from_options(dict(policy="model", model=str(tiny_model_dir), k=2, max_turns=1,
+                                          max_tokens_per_turn=8, episode_token_budget=4096, device="cpu", quiet=True))
     counts = eval_runner.solve_counts(rows, args)
     assert len(counts) == 2 and all(0 <= c <= 2 for c in counts)
     # the same questions through `eval` (same jobs, seeds and scorer) give the same per-question solve counts

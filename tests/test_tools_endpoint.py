@@ -42,15 +42,15 @@ def gold_replies(gold_by_question: dict[str, str]):
 
 @pytest.mark.timeout(300)
 def test_eval_tools_mode_submits_gold_and_scores_one(demo_dir, tmp_path):
-    from t2s.commands import build_parser
     from t2s.evaluation.runner import evaluate
+    from t2s.commands.eval import eval_config
 
     gold = {r["question"]: r["SQL"] for r in json.loads((demo_dir / "dev.json").read_text())}
     with FakeVLLMServer(None, chat_reply=gold_replies(gold)) as server:
-        argv = ["eval", "--policy", "endpoint", "--endpoint", server.base_url, "--endpoint-mode", "tools",
+        argv = ["--policy", "endpoint", "--endpoint", server.base_url, "--endpoint-mode", "tools",
                 "--dialect", "sibling", "--data", str(demo_dir), "--n", "6", "--retries", "0",
                 "--output", str(tmp_path / "out"), "--quiet"]
-        summary = evaluate(build_parser("eval").parse_args(argv))["full"]
+        summary = evaluate(eval_config(argv))["full"]
         requests = list(server.chat_requests)
     assert summary["n"] == 6 and summary["execution_accuracy_official"] == 1.0 and summary["submit_rate"] == 1.0
     assert summary["config"]["endpoint_mode"] == "tools" and summary["config"]["tool_format"] == "native"

@@ -17,7 +17,6 @@ noisy on a shared machine to judge, so a shorter run (``--repeats 1``, as the te
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import sqlite3
@@ -288,7 +287,7 @@ def _raw_pass(pool, workers, refs, statements) -> float:
     return seconds
 
 
-def run(args: argparse.Namespace) -> int:
+def run(*, data, db_root=None, workers=None, repeats=None, seed=SEED, dialect="exec_plan", tool_format="json") -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -299,31 +298,31 @@ def run(args: argparse.Namespace) -> int:
     from t2s.env.schema import get_schema
 
     console = consoles.console(stderr=True)
-    workers = args.workers or os.cpu_count() or 1
+    workers = workers or os.cpu_count() or 1
     try:
-        rows = load_json_rows(args.data, args.db_root)
+        rows = load_json_rows(data, db_root)
     except Exception as exc:  # a missing or malformed data file
         message = str(exc)
-        message = message if message.startswith("Error:") else f"Error: cannot load {args.data}: {message}"
+        message = message if message.startswith("Error:") else f"Error: cannot load {data}: {message}"
         consoles.print_line(message, stderr=True)
         return 2
     rows = [r for r in rows if r.get("db_path") and Path(r["db_path"]).is_file()]
     if not rows:
-        consoles.print_line(f"Error: no question in {args.data} has its database file (check --db-root)", stderr=True)
+        consoles.print_line(f"Error: no question in {data} has its database file (check --db-root)", stderr=True)
         return 2
     unusable = database_problems(rows)
     if unusable:
         consoles.print_line(f"Error: {len(unusable)} database(s) cannot be read: {problems_text(unusable)}",
                             stderr=True)
         return 1
-    chosen = random.Random(args.seed).sample(rows, min(QUESTIONS, len(rows)))
+    chosen = random.Random(seed).sample(rows, min(QUESTIONS, len(rows)))
     refs = {databases.ref_from_row(r) for r in chosen}
     schemas = {ref: get_schema(ref) for ref in refs}
     # the policy stands in for the model: its turn texts are written before the clock starts
-    plans = [(row, ScriptPolicy(workload_turns(row, schemas[databases.ref_from_row(row)], args.dialect,
-                                               args.tool_format)).turns) for row in chosen]
+    plans = [(row, ScriptPolicy(workload_turns(row, schemas[databases.ref_from_row(row)], dialect,
+                                               tool_format)).turns) for row in chosen]
     episodes = [plan for plan in plans for _ in range(ROLLOUTS)]
-    config = EpisodeConfig(mode="full", dialect=args.dialect, tool_format=args.tool_format)
+    config = EpisodeConfig(mode="full", dialect=dialect, tool_format=tool_format)
 
     env_times, raw_times = [], []
     drift = 0  # the most episodes of a timed pass that ended otherwise than in the recorded pass
@@ -337,18 +336,18 @@ def run(args: argparse.Namespace) -> int:
         finally:
             recorder.uninstall()
         expected = [(record.final_sql, score) for record, score, _ in recorded]
-        repeats = args.repeats or REPEATS
+        passes = repeats or REPEATS
         with Progress(TextColumn("bench env"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, transient=True) as progress:
-            task = progress.add_task("passes", total=repeats)
-            for _ in range(repeats):  # interleaved, so both sides see the same machine load
+            task = progress.add_task("passes", total=passes)
+            for _ in range(passes):  # interleaved, so both sides see the same machine load
                 seconds, results, _ = _env_pass(env_pool, workers, refs, episodes, config)
                 outcomes = [(record.final_sql, score) for record, score, _ in results]
                 drift = max(drift, sum(a != b for a, b in zip(outcomes, expected)))
                 env_times.append(seconds)
                 raw_times.append(_raw_pass(raw_pool, workers, refs, statements))
                 progress.advance(task)
-                if (args.repeats is None and len(env_times) >= MIN_REPEATS
+                if (repeats is None and len(env_times) >= MIN_REPEATS
                         and sum(env_times) + sum(raw_times) >= REPEAT_SECONDS):
                     break
         _on_every_thread(env_pool, workers, databases.close_thread_connections)

@@ -21,7 +21,6 @@ time target is then reported but not a target (a CPU engine beside the trainer i
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -83,14 +82,14 @@ def _fmt(value, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def run(args: argparse.Namespace) -> int:
+def run(*, steps=STEPS, seed=0, output="runs/bench-learn", rollout_backend="transformers") -> int:
     from t2s.training.cpu_threads import configure_cpu_threads
     from t2s.settings import workspace
     from t2s.ui.console import console as make_console, print_table
     from t2s.settings import offline_environment
 
     started = time.perf_counter()
-    if args.steps < 2 * WINDOW:
+    if steps < 2 * WINDOW:
         print(f"Error: --steps must be at least {2 * WINDOW} (gains compare the first and last {WINDOW} steps).",
               file=sys.stderr)
         return 2
@@ -101,28 +100,28 @@ def run(args: argparse.Namespace) -> int:
 
     quiet_libraries()
     console = make_console()  # printed paths are never wrapped
-    output = workspace() / args.output  # an absolute output stays as it is
+    output = workspace() / output  # an absolute output stays as it is
     console.print(f"warm start ({SFT_RECIPE}) ...", highlight=False)
-    model_dir = warm_start(output / "warmstart", args.seed)
+    model_dir = warm_start(output / "warmstart", seed)
     console.print(f"warm start done at {time.perf_counter() - started:.0f} s", highlight=False)
     runs: dict[str, list[dict]] = {}
-    backend = ("--rollout_backend", args.rollout_backend)
-    if args.rollout_backend == "vllm_colocate":
+    backend = ("--rollout_backend", rollout_backend)
+    if rollout_backend == "vllm_colocate":
         backend += ("--vllm_max_model_length", str(VLLM_MAX_MODEL_LEN))
     for name, control in (("grpo", False), ("control", True)):
-        console.rule(f"{name}: {args.steps} steps" + (" (rewards permuted within each step)" if control else ""))
+        console.rule(f"{name}: {steps} steps" + (" (rewards permuted within each step)" if control else ""))
         printer = step_printer(console)
-        grpo_run(model_dir, output / name, steps=args.steps, seed=args.seed, control=control, callbacks=[printer],
+        grpo_run(model_dir, output / name, steps=steps, seed=seed, control=control, callbacks=[printer],
                  overrides=backend)
         runs[name] = printer.steps
     print_table(console, step_table(runs))
     equiv = {name: [s.get("tier/equivalent", 0.0) for s in steps] for name, steps in runs.items()}
     grpo_gain, control_gain = gain(equiv["grpo"]), gain(equiv["control"])
     start = window_mean(equiv["grpo"], last=False)
-    plot_curves(output / "learn.png", runs, f"GRPO vs permuted-reward control (seed {args.seed})")
+    plot_curves(output / "learn.png", runs, f"GRPO vs permuted-reward control (seed {seed})")
     seconds = time.perf_counter() - started
     console.print(f"curves in {output / 'learn.png'}", highlight=False)
-    missed = missed_targets(grpo_gain, control_gain, start, seconds if args.rollout_backend == "transformers" else 0.0)
+    missed = missed_targets(grpo_gain, control_gain, start, seconds if rollout_backend == "transformers" else 0.0)
     for line in missed:
         console.print(f"target missed: {line}", highlight=False)
     print(f"learn: grpo_gain={grpo_gain:.3f} control_gain={control_gain:.3f} start_equiv={start:.3f} "

@@ -50,19 +50,20 @@ def measure(endpoint: str, tokenizer_path: str, episodes: int, seed: int, data=N
     return best, turns
 
 
-def run(args) -> int:
+def run(*, episodes=144, seed=0, data=None, workers=None, endpoint=None, tokenizer=None, dialect="exec_plan",
+        tool_format="json") -> int:
     from t2s.settings import offline_environment
 
     offline_environment()
-    if args.episodes < 1:
+    if episodes < 1:
         print("Error: --n must be at least 1")
         return 2
-    if not args.endpoint or not args.tokenizer:
+    if not endpoint or not tokenizer:
         print("Error: --engine vllm needs --endpoint URL (a running `make serve`) and --tokenizer DIR")
         return 2
-    best, turns = measure(args.endpoint, args.tokenizer, args.episodes, args.seed, args.data, args.workers,
-                          args.dialect, args.tool_format)
-    print(f"{args.episodes} episodes on {args.endpoint}: turns {turns['async']} async, {turns['turnsync']} "
+    best, turns = measure(endpoint, tokenizer, episodes, seed, data, workers,
+                          dialect, tool_format)
+    print(f"{episodes} episodes on {endpoint}: turns {turns['async']} async, {turns['turnsync']} "
           f"turn-synchronous (best of {REPEATS} runs each)")
     print(f"vllm: async_s={best['async']:.2f} turnsync_s={best['turnsync']:.2f} "
           f"turnsync_over_async={best['turnsync'] / best['async']:.3f}", flush=True)

@@ -17,7 +17,6 @@ is missed: the list within 3 s, a transcript within 0.5 s, the page under 60 MB.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -183,21 +182,21 @@ def timed(*args: str) -> tuple[float, int]:
     return time.perf_counter() - started, done.returncode
 
 
-def run(args: argparse.Namespace) -> int:
+def run(*, questions=QUESTIONS, turns=TURNS, seed=0, output=None) -> int:
     from rich.table import Table
 
     from t2s.evaluation.report_html import write_report
     from t2s.ui import console as consoles
 
     console = consoles.console(stderr=True)
-    folder = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="t2s-bench-report-"))
+    folder = Path(output) if output else Path(tempfile.mkdtemp(prefix="t2s-bench-report-"))
     try:
         if folder.exists() and any(folder.iterdir()):
             consoles.print_line(f"Error: --output {folder} is not empty", stderr=True)
             return 2
-        console.print(f"building {args.questions} questions × {len(MODES)} modes of {args.turns} turns in {folder}",
+        console.print(f"building {questions} questions × {len(MODES)} modes of {turns} turns in {folder}",
                       highlight=False)
-        episodes, episode_bytes = build_folder(folder, args.questions, args.turns, args.seed)
+        episodes, episode_bytes = build_folder(folder, questions, turns, seed)
         started = time.perf_counter()
         page = write_report(folder)
         write_s = time.perf_counter() - started
@@ -212,7 +211,7 @@ def run(args: argparse.Namespace) -> int:
             print("Chromium is not installed (Debian: apt-get install chromium): list_s and open_s not measured")
         show_s, show_rc = timed("show", str(folder), "--wrong")
         compare_s, compare_rc = timed("compare", str(folder / MODES[0]), str(folder / MODES[1]))
-        table = Table(title=f"bench report: {episodes} episodes of {args.turns} turns")
+        table = Table(title=f"bench report: {episodes} episodes of {turns} turns")
         for column in ("figure", "value", "target"):
             table.add_column(column)
         rows = [("episodes.jsonl", f"{episode_bytes / 1e6:.1f} MB ({episode_bytes / episodes / 1e3:.1f} KB an episode)",
@@ -240,5 +239,5 @@ def run(args: argparse.Namespace) -> int:
               f"size_mb={size_mb:.1f} list_s={list_s:.2f} open_s={open_s:.3f}")
         return 1 if missed else 0
     finally:
-        if not args.output:
+        if not output:
             shutil.rmtree(folder, ignore_errors=True)

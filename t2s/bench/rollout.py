@@ -31,7 +31,6 @@ virtual time of its last simulator event plus the wall time from then until the 
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 from dataclasses import dataclass, field
@@ -190,13 +189,14 @@ def measure(episodes: int = 144, seed: int = 0, data=None, prefix_caching: bool 
     return async_result, turnsync_result, critical, where, plans
 
 
-def run(args: argparse.Namespace) -> int:
+def run(*, episodes=144, seed=0, data=None, no_prefix_cache=False, workers=None, dialect="exec_plan",
+        tool_format="json") -> int:
     from rich.table import Table
 
     from t2s.settings import offline_environment
 
     offline_environment()
-    if args.episodes < 1:
+    if episodes < 1:
         print("Error: --n must be at least 1")
         return 2
     from t2s.ui.console import console as make_console, print_line, print_table
@@ -204,15 +204,15 @@ def run(args: argparse.Namespace) -> int:
     console = make_console()
     try:
         async_r, turnsync_r, critical, where, plans = measure(
-            args.episodes, args.seed, args.data, not args.no_prefix_cache, args.workers, console, args.dialect,
-            args.tool_format,
+            episodes, seed, data, not no_prefix_cache, workers, console, dialect,
+            tool_format,
         )
     except (OSError, ValueError) as exc:
         message = str(exc)
         print_line(message if message.startswith("Error:") else f"Error: {message}")
         return 1
     table = Table(
-        title=f"Rollout scheduling: {len(plans)} episodes, {args.dialect} tools in {args.tool_format} calls, "
+        title=f"Rollout scheduling: {len(plans)} episodes, {dialect} tools in {tool_format} calls, "
         "serving simulator (virtual clock)",
         caption="critical path: the longest episode run alone. seconds: virtual simulator time plus the real time "
         "episodes spent outside the simulator (outside s: summed over episodes)",
@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     longest = plans[where]
     console.print(
         f"longest episode: question {longest.row['question_id']} with {len(longest.turns)} planned turns of "
-        f"{[len(t) for t in longest.turns]} tokens; prefix caching {'on' if not args.no_prefix_cache else 'off'}"
+        f"{[len(t) for t in longest.turns]} tokens; prefix caching {'on' if not no_prefix_cache else 'off'}"
     )
     print(f"async_over_critical={async_r.seconds / critical:.4f} "
           f"turnsync_over_critical={turnsync_r.seconds / critical:.4f}")

@@ -8,7 +8,6 @@ its load, so it is measured here, on a fresh attack database, and compared with 
 
 from __future__ import annotations
 
-import argparse
 import sqlite3
 import tempfile
 from pathlib import Path
@@ -66,13 +65,13 @@ def build_attack_db(path: Path) -> None:
     conn.close()
 
 
-def run(args: argparse.Namespace) -> int:
+def run(*, only=None) -> int:
     from rich.table import Table
 
     from t2s.env.databases import benchmark_db, run_tool_query
     from t2s.ui import console as consoles
 
-    chosen = BLOWUPS[: args.only] if args.only else BLOWUPS
+    chosen = BLOWUPS[: only] if only else BLOWUPS
     console = consoles.console(stderr=True)
     table = Table(title=f"bench sandbox: {len(chosen)} blow-ups, deadline {DEADLINE_SECONDS:g} s each")
     for column in ("seconds", "ended by", "SQL"):

@@ -2,8 +2,10 @@
 database, read-only.
 
 The policy comes from the command line: ``--replay TURNS.jsonl`` plays recorded assistant turns (DESIGN §10),
-``--model`` a transformers checkpoint, ``--endpoint`` a server (completions, chat or tools mode, as in ``eval``). Each
-entry of ``POLICIES`` takes the parsed arguments, the row, the episode config and the database, and returns the record.
+``--model`` a transformers checkpoint, ``--endpoint`` a server (completions, chat or tools mode, as in ``eval``). The
+options become one ``PolicyConfig`` (``t2s.evaluation.config``, as ``eval``'s). Each entry of ``POLICIES`` takes the
+parsed arguments, that config, the row, the episode config and the database, and returns the record and whether its
+turns were shown as they happened.
 The user's file opens ``mode=ro`` (never ``immutable``).
 
 The question is printed first, then the episode. The record (``--json``) holds the episode keys of DESIGN §10 plus
@@ -47,11 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
 
 
-def _replay_policy(args, row: dict, config, db):
+def _replay_policy(args, policy, row: dict, config, db):
     from t2s.backends.scripted import ReplayPolicy
     from t2s.rollout.play import run_text_episode
 
-    return run_text_episode(row, config, ReplayPolicy.from_file(args.replay), db=db)
+    return run_text_episode(row, config, ReplayPolicy.from_file(args.replay), db=db), False
 
 
 # name -> (is it chosen by these args?, play it); exactly one must be chosen.
@@ -72,8 +74,8 @@ def ask_row(question: str, evidence: str, db) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from t2s.env import databases
-    from t2s.env.episode import EpisodeConfig
     from t2s.errors import EvalError, UsageError
+    from t2s.evaluation.config import PolicyConfig
     from t2s.evaluation.records import result_preview
     from t2s.evaluation.transcript import print_heading
     from t2s.ui.console import console as make_console
@@ -105,20 +107,15 @@ def run(args: argparse.Namespace) -> int:
         message = str(exc).removeprefix("Error: ")
         raise EvalError(f"Error: cannot open {shown} as a {databases.ENGINE_NAMES[db.engine]} database: "
                         f"{message}") from None
-    if args.system_prompt_file:
-        from t2s.evaluation.options import read_system_prompt
-
-        read_system_prompt(args.system_prompt_file)  # an EvalError names the file
-    config = EpisodeConfig(mode=args.mode, system_prompt_file=args.system_prompt_file, dialect=args.dialect,
-                           tool_format=args.tool_format)
-    config.max_turns = args.max_turns
+    policy = PolicyConfig.from_options({**vars(args), "policy": chosen[0]})  # a bad system prompt file is named here
+    config = policy.episode_for(args.mode)
     row = ask_row(args.question, args.evidence, db)
     console = make_console()
     if not args.json:
         print_heading({"question_id": row["question_id"], "db_id": row["db_id"], "mode": config.mode,
                        "question": row["question"], "evidence": row["evidence"]}, console)
     try:
-        record = POLICIES[chosen[0]][1](args, row, config, db)
+        record, shown_live = POLICIES[chosen[0]][1](args, policy, row, config, db)
     except ValueError as exc:  # a bad turns file, a model or endpoint that cannot be used
         raise EvalError(str(exc)) from None
     if record.played_no_turn:
@@ -135,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         from t2s.ui.console import safe_json
 
         print(safe_json(record))
-    elif getattr(args, "shown_live", False):  # the turns were shown as they happened: only the final SQL now
+    elif shown_live:  # the turns were shown as they happened: only the final SQL now
         show_trajectory({**record, "turns": []}, console)
     else:
         show_trajectory(record, console)
@@ -167,54 +164,43 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     add_endpoint_arguments(parser)
 
 
-def _model_config(args, config):
-    from t2s.evaluation.policies import sampling_settings
-
-    config.enable_thinking = args.enable_thinking
-    config.max_tokens_per_turn = args.max_tokens_per_turn
-    return sampling_settings(args)
-
-
-def _model_policy(args, row: dict, config, db):
+def _model_policy(args, policy, row: dict, config, db):
     from t2s.evaluation.policies import model_backend
     from t2s.errors import EvalError
 
-    sampling = _model_config(args, config)
     try:
-        backend, tokenizer, _ = model_backend(args.model, args.tokenizer, args.device,
-                                              chat_template=args.chat_template)
+        backend, tokenizer, _ = model_backend(policy.model, policy.tokenizer, policy.device,
+                                              chat_template=policy.chat_template)
     except EvalError as exc:
         raise ValueError(str(exc)) from None
-    return _rollout_episode(args, backend, tokenizer, row, config, sampling, db)
+    return _rollout_episode(args, backend, tokenizer, row, config, policy.sampling, db)
 
 
-def _endpoint_policy(args, row: dict, config, db):
+def _endpoint_policy(args, policy, row: dict, config, db):
     from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
     from t2s.env.episode import Episode
     from t2s.rollout.play import play
     from t2s.evaluation.policies import completions_backend, endpoint_client, load_tokenizer
     from t2s.errors import EvalError
 
-    sampling = _model_config(args, config)
+    sampling, endpoint = policy.sampling, policy.endpoint
     try:
-        client = endpoint_client(args)
-        if args.endpoint_mode == "completions":
-            tokenizer = load_tokenizer(args.tokenizer or client.model, required=True,
-                                       chat_template=args.chat_template)
-            backend = completions_backend(args, tokenizer, client.model, config.episode_token_budget)
+        client = endpoint_client(endpoint, config.enable_thinking)
+        if endpoint.mode == "completions":
+            tokenizer = load_tokenizer(policy.tokenizer or client.model, required=True,
+                                       chat_template=policy.chat_template)
+            backend = completions_backend(endpoint, tokenizer, client.model, config.episode_token_budget)
             return _rollout_episode(args, backend, tokenizer, row, config, sampling, db)
-        tokenizer = load_tokenizer(args.tokenizer, required=False, chat_template=args.chat_template)
-        if args.endpoint_mode == "tools":  # the server's function calling: the native call format
+        tokenizer = load_tokenizer(policy.tokenizer, required=False, chat_template=policy.chat_template)
+        if endpoint.mode == "tools":  # the server's function calling (PolicyConfig made the call format native)
             from t2s.backends.tools_endpoint import ToolsEndpointPolicy
 
-            config.tool_format = "native"
-            policy = ToolsEndpointPolicy(client, sampling, seed=args.seed)
+            player = ToolsEndpointPolicy(client, sampling, seed=policy.seed)
         else:
-            policy = ChatEndpointPolicy(client, sampling, seed=args.seed)
+            player = ChatEndpointPolicy(client, sampling, seed=policy.seed)
         if not args.json:
-            policy = LiveTextPolicy(policy, tool_format=config.tool_format)
-            args.shown_live = True
-        return play(Episode(row, config, db), policy, tokenizer).record()
+            player = LiveTextPolicy(player, tool_format=config.tool_format)
+        return play(Episode(row, config, db), player, tokenizer).record(), not args.json
     except (EvalError, EndpointError) as exc:
         raise ValueError(str(exc)) from None
 
@@ -225,13 +211,12 @@ def _rollout_episode(args, backend, tokenizer, row: dict, config, sampling, db):
 
     if not args.json:
         backend = LiveBackend(backend, tokenizer, tool_format=config.tool_format)
-        args.shown_live = True
     trace = rollout.Rollout(
         backend, tokenizer, config, sampling=sampling, score=False, tool_workers=1, db=db
     ).run([row])[0]
     if trace.error:
         raise ValueError(f"{trace.error} (the episode stopped)")
-    return trace.record
+    return trace.record, not args.json
 
 
 def _show_turn(console, text: str, tool_format: str = "json") -> None:

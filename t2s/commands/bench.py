@@ -88,7 +88,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import inspect
+
     module = BENCHMARKS[args.benchmark][0]
     if args.benchmark == "rollout" and args.engine == "vllm":
         module = "t2s.bench.real_engine"
-    return int(importlib.import_module(module).run(args) or 0)
+    bench = importlib.import_module(module).run
+    taken = inspect.signature(bench).parameters  # each benchmark takes its own options as keywords
+    return int(bench(**{name: value for name, value in vars(args).items() if name in taken}) or 0)

@@ -385,7 +385,9 @@ def _passrate(args) -> int:
     if getattr(rows, "missing_databases", None):
         console.print(f"{rows.missing_summary()} (skipped)", style="yellow")
         rows = [r for r in rows if r["db_id"] not in rows.missing_databases]
-    counts = passrate.policy_counts(rows, args)
+    from t2s.evaluation.config import PolicyConfig
+
+    counts = passrate.policy_counts(rows, PolicyConfig.from_options(vars(args)))
     kept = passrate.keep_partially_solved(rows, counts, args.k, args.min_solved, high)
     print_table(console, passrate.histogram_table(counts, args.k, args.min_solved, high))
     path = output_file(args, OUTPUT_FILES["passrate"])
@@ -396,6 +398,16 @@ def _passrate(args) -> int:
 
 
 def _make_demo(args) -> int:
-    from t2s.data import demo
+    import sqlite3
 
-    return int(demo.main(["--output", args.output] if args.output else []) or 0)
+    from t2s.data import demo
+    from t2s.settings import DEMO_DIR
+
+    output = Path(args.output) if args.output else DEMO_DIR
+    try:
+        records = demo.write_demo(output)
+    except (OSError, sqlite3.Error, RuntimeError) as exc:
+        print(f"Error: could not write the demo data to {output}: {exc}", file=sys.stderr)
+        return 1
+    print(f"Wrote {len(records)} questions over {len({r['db_id'] for r in records})} databases to {output}")
+    return 0

@@ -128,7 +128,7 @@ def _evaluate(console, output: Path, n: int, train_rows: list[dict]) -> int:
     import json
 
     from t2s.errors import error_line, user_facing
-    from t2s.evaluation.options import eval_args
+    from t2s.evaluation.config import EvalConfig
     from t2s.evaluation.runner import evaluate
     from t2s.settings import DEMO_DIR, RECIPES_DIR
 
@@ -140,18 +140,17 @@ def _evaluate(console, output: Path, n: int, train_rows: list[dict]) -> int:
         shutil.rmtree(output / folder, ignore_errors=True)
     console.rule("evaluation of the trained model on its questions (t2s eval --policy model)")
     runs = [
-        eval_args(policy="model", model=str(output / "model"), data=str(questions),
-                  db_root=str(DEMO_DIR / "dev_databases"), n=n, **EVAL_OPTIONS,
-                  system_prompt_file=str(RECIPES_DIR / "demo_system_prompt.txt"), device="cpu",
-                  output=str(output / "eval_model")),
-        eval_args(policy="gold", data=str(DEMO_DIR / "dev.json"), output=str(output / "eval_gold")),
+        dict(policy="model", model=str(output / "model"), data=str(questions), db_root=str(DEMO_DIR / "dev_databases"),
+             n=n, **EVAL_OPTIONS, system_prompt_file=str(RECIPES_DIR / "demo_system_prompt.txt"), device="cpu",
+             output=str(output / "eval_model")),
+        dict(policy="gold", data=str(DEMO_DIR / "dev.json"), output=str(output / "eval_gold")),
     ]
     code = 0
-    for args in runs:
-        if args.policy == "gold":
+    for options in runs:
+        if options["policy"] == "gold":
             console.rule("gold self-check of the harness (t2s eval --policy gold): must score 1.0")
         try:
-            evaluate(args)
+            evaluate(EvalConfig.from_options(options))
         except Exception as exc:
             if not user_facing(exc):
                 raise

@@ -14,10 +14,10 @@ Agentic evaluation with the same episode, tools and metrics code as training. Po
 Modes: ``full`` (schema in the prompt), ``withheld`` (schema found through tools), ``single`` (schema in, SQL out, no
 tools: one turn, see ``t2s.evaluation.policies``).
 
-The library is ``t2s.evaluation``: ``options`` (the policy options, shared with ``ask``, ``data passrate`` and the
-benchmarks), ``policies`` (who plays an episode), ``records`` (an episode scored into an eval line), ``runner`` (the
-output folder, resume and the run) and ``report`` (summary, markdown, plot, console table); voting at k is
-``t2s.scoring.voting``.
+The library is ``t2s.evaluation``: ``config`` (``EvalConfig``, built here once from the options), ``options`` (the
+option groups, shared with ``ask``, ``data passrate`` and the benchmarks), ``policies`` (who plays an episode),
+``records`` (an episode scored into an eval line), ``runner`` (the output folder, resume and the run) and ``report``
+(summary, markdown, plot, console table); voting at k is ``t2s.scoring.voting``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,17 @@ from t2s.evaluation.options import add_eval_arguments
 def add_arguments(parser) -> None:
     add_eval_arguments(parser)
 
+
+def eval_config(argv: list[str]):
+    """The ``EvalConfig`` that ``python -m t2s eval ARGV`` builds (bad usage exits 2, as the command does)."""
+    import argparse
+
+    from t2s.evaluation.config import EvalConfig
+
+    parser = argparse.ArgumentParser(prog="t2s eval")
+    add_arguments(parser)
+    return EvalConfig.from_options(vars(parser.parse_args([str(arg) for arg in argv])))
+
 def run(args) -> int:
     import logging
 
@@ -35,7 +46,8 @@ def run(args) -> int:
 
     command_environment()
     logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # eval reports missing databases itself
+    from t2s.evaluation.config import EvalConfig
     from t2s.evaluation.runner import evaluate
 
-    evaluate(args)  # an EvalError or OSError becomes one Error: line in t2s.commands.main
+    evaluate(EvalConfig.from_options(vars(args)))  # an EvalError or OSError becomes one Error: line in commands.main
     return 0

@@ -1,6 +1,6 @@
 """The embedded demo data: two small databases (a cycling club, a village library) and questions, in BIRD's layout.
 
-``python -m t2s.data.demo [--output DIR]`` writes, deterministically (default ``data/demo/``)::
+``python -m t2s data make-demo [--output DIR]`` writes, deterministically (default ``data/demo/``)::
 
     dev.json                      questions: question_id, db_id, question, evidence, SQL, difficulty
     dev_tables.json               the schemas in BIRD/Spider tables.json format, read back from the databases
@@ -13,7 +13,6 @@ generator twice gives byte-identical files for the same SQLite library version.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import datetime as dt
 import io
@@ -21,7 +20,6 @@ import json
 import os
 import random
 import sqlite3
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -851,22 +849,3 @@ def write_demo(output: Path, databases: tuple[DemoDatabase, ...] | None = None) 
     _write_text(output / "dev_tables.json", json.dumps(entries, indent=2) + "\n")
     _write_text(output / "dev.json", json.dumps(records, indent=4, ensure_ascii=False) + "\n")
     return records
-
-
-def main(argv: list[str] | None = None) -> int:
-    from t2s.settings import DEMO_DIR
-
-    parser = argparse.ArgumentParser(prog="python -m t2s.data.demo", description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, default=DEMO_DIR, help="folder to write (default: data/demo)")
-    args = parser.parse_args(argv)
-    try:
-        records = write_demo(args.output)
-    except (OSError, sqlite3.Error, RuntimeError) as exc:
-        print(f"Error: could not write the demo data to {args.output}: {exc}", file=sys.stderr)
-        return 1
-    print(f"Wrote {len(records)} questions over {len({r['db_id'] for r in records})} databases to {args.output}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

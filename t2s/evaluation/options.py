@@ -1,30 +1,24 @@
-"""How a policy plays episodes, as the command line states it: the option groups of ``eval`` (shared with ``ask``,
-``data passrate`` and the benchmarks), their defaults as a namespace, and the checks every run makes on them.
+"""The command-line options of ``eval``, in groups that ``ask``, ``data passrate``, ``score`` and the benchmarks share.
+
+Each group adds its options to a parser; their defaults are the records' own (``t2s.evaluation.config``: each default
+is declared once), and a command turns the parsed values into those records (``EvalConfig.from_options``).
 """
 
 from __future__ import annotations
 
-import argparse
-import os
-
-from t2s.errors import EvalError
-from t2s.ui.args import (add_hidden_alias, non_empty_path, non_negative_float, non_negative_int, positive_float,
-                         positive_int, unit_float)
-
-POLICIES = ("model", "vllm", "endpoint", "gold", "predictions")
-MODES = ("full", "withheld", "single")
-ENDPOINT_MODES = ("completions", "chat", "tools")
+from t2s.evaluation.config import (DATABASE_ENGINES, ENDPOINT_MODES, MODES, POLICIES, EndpointConfig, EvalConfig,
+                                   PolicyConfig)
+from t2s.ui.args import (BooleanOptionalAction, add_hidden_alias, non_empty_path, non_negative_float, non_negative_int,
+                         positive_float, positive_int, unit_float)
 
 
 def add_sampling_arguments(p) -> None:
     """Sampling and thinking (shared with ``ask``): evaluation defaults T 0.6, top-p 0.95, top-k 20, thinking on."""
-    from t2s.backends.base import SamplingSettings
-
-    evaluated = SamplingSettings.evaluation()  # the defaults, declared once there
+    evaluated = PolicyConfig().sampling
     p.add_argument("--temperature", type=non_negative_float, default=evaluated.temperature, help="sampling temperature")
     p.add_argument("--top-p", type=unit_float, default=evaluated.top_p, help="nucleus sampling share")
     p.add_argument("--top-k", type=int, default=evaluated.top_k, help="sample from the k likeliest tokens (0: off)")
-    p.add_argument("--enable-thinking", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--enable-thinking", action=BooleanOptionalAction, default=PolicyConfig().episode.enable_thinking,
                    help="render prompts with thinking on (default: on)")
 
 
@@ -33,19 +27,19 @@ def add_tool_arguments(p) -> None:
     and json."""
     from t2s.env.tool_schemas import DIALECTS, TOOL_FORMATS
 
-    p.add_argument("--dialect", default="exec_plan", choices=DIALECTS,
+    p.add_argument("--dialect", default=PolicyConfig().episode.dialect, choices=DIALECTS,
                    help="tool set: exec_plan (8 tools) or sibling (inspect_schema, sample_rows, run_sql, submit)")
-    p.add_argument("--tool-format", default="json", choices=TOOL_FORMATS,
+    p.add_argument("--tool-format", default=PolicyConfig().episode.tool_format, choices=TOOL_FORMATS,
                    help="call format: json (one JSON object per call) or native (the chat template's tool calling)")
 
 
 def add_engine_arguments(p) -> None:
     """Which engine holds the databases (shared by ``eval`` and ``score``): sqlite files by default, DuckDB files
     (``<db_root>/<db_id>/<db_id>.duckdb``) or PostgreSQL databases named by db_id on the server at ``--dsn``."""
-    p.add_argument("--engine", default="sqlite", choices=("sqlite", "duckdb", "postgres"),
+    p.add_argument("--engine", default=PolicyConfig().engine, choices=DATABASE_ENGINES,
                    help="database engine: sqlite (default), duckdb (<db_id>/<db_id>.duckdb files, as `data convert` "
                    "writes them) or postgres (one database per db_id on the server at --dsn)")
-    p.add_argument("--dsn", default=os.environ.get("T2S_DSN"),
+    p.add_argument("--dsn", default=PolicyConfig().dsn,
                    help="PostgreSQL server URL for --engine postgres, e.g. postgresql://reader@host/postgres "
                    "(default: $T2S_DSN; keep the password in PGPASSWORD or ~/.pgpass)")
 
@@ -53,7 +47,7 @@ def add_engine_arguments(p) -> None:
 def add_endpoint_arguments(p) -> None:
     """How to reach an OpenAI-compatible server (shared with ``ask``)."""
     p.add_argument("--endpoint", default=None, help="base URL of an OpenAI-compatible server, e.g. http://localhost:8000")
-    p.add_argument("--endpoint-mode", default="completions", choices=ENDPOINT_MODES,
+    p.add_argument("--endpoint-mode", default=EndpointConfig().mode, choices=ENDPOINT_MODES,
                    help="completions: token ids on a vLLM server (comparable); chat: any server (not comparable); "
                    "tools: any server's function calling (native format, not comparable)")
     p.add_argument("--served-model", default=None, help="model name on the server (default: the first of /v1/models)")
@@ -61,18 +55,21 @@ def add_endpoint_arguments(p) -> None:
                    help="tokenizer folder or hub id (default: --model, else the served name)")
     p.add_argument("--chat-template", type=non_empty_path, default=None, metavar="FILE",
                    help="a Jinja chat template for a tokenizer that has none (a base model)")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+    p.add_argument("--api-key", default=EndpointConfig().api_key,
                    help="bearer token (default: $OPENAI_API_KEY)")
-    p.add_argument("--retries", type=non_negative_int, default=3, help="endpoint retries, with exponential backoff")
-    p.add_argument("--backoff", type=non_negative_float, default=2.0, help="first endpoint retry delay in seconds")
-    p.add_argument("--request-timeout", type=positive_float, default=600.0,
+    p.add_argument("--retries", type=non_negative_int, default=EndpointConfig().retries,
+                   help="endpoint retries, with exponential backoff")
+    p.add_argument("--backoff", type=non_negative_float, default=EndpointConfig().backoff,
+                   help="first endpoint retry delay in seconds")
+    p.add_argument("--request-timeout", type=positive_float, default=EndpointConfig().request_timeout,
                    help="seconds before one request is abandoned")
-    p.add_argument("--concurrency", type=positive_int, default=64, help="endpoint requests in flight")
+    p.add_argument("--concurrency", type=positive_int, default=EndpointConfig().concurrency,
+                   help="endpoint requests in flight")
 
 
 # The episode limits ``eval`` (and ``data passrate``) set: (EpisodeConfig field, type, help). Their defaults are
-# EpisodeConfig's own. Not here: mode, dialect, tool_format, system_prompt_file and enable_thinking have options of
-# their own; column_descriptions is a property of the data (the recipe's ``column_descriptions``).
+# EpisodeConfig's own. The other fields of ``config.EPISODE_OPTIONS`` (dialect, tool_format, system_prompt_file and
+# enable_thinking) have options of their own.
 EPISODE_LIMITS = (
     ("max_turns", positive_int, "tool turns before the forced final turn"),
     ("episode_token_budget", positive_int, "tokens an episode may use, prompt and observations included"),
@@ -89,30 +86,11 @@ EPISODE_LIMITS = (
 
 def add_episode_arguments(p) -> None:
     """The episode limits (``EPISODE_LIMITS``), defaulting to ``EpisodeConfig``'s."""
-    from t2s.env.episode import EpisodeConfig
-
-    defaults = EpisodeConfig()
+    defaults = PolicyConfig().episode
     for name, kind, help_text in EPISODE_LIMITS:
         default = getattr(defaults, name)
         p.add_argument("--" + name.replace("_", "-"), type=kind, default=default,
                        help=f"{help_text} (default: {default})")
-
-
-def episode_config(args, mode: str):
-    """The ``EpisodeConfig`` of an eval's options (``options.EPISODE_LIMITS`` and the tool, prompt and thinking
-    options) in ``mode`` (``single`` plays full mode's prompt in one turn)."""
-    from t2s.env.episode import EpisodeConfig
-
-    defaults = EpisodeConfig()
-    limits = {name: getattr(args, name, getattr(defaults, name)) for name, _, _ in EPISODE_LIMITS}
-    return EpisodeConfig(
-        mode=mode if mode != "single" else "full",
-        dialect=getattr(args, "dialect", "exec_plan"),
-        tool_format=getattr(args, "tool_format", "json"),
-        system_prompt_file=args.system_prompt_file,
-        enable_thinking=args.enable_thinking,
-        **limits,
-    )
 
 
 def add_policy_arguments(p) -> None:
@@ -120,7 +98,7 @@ def add_policy_arguments(p) -> None:
 
     Shared by ``eval`` and ``data passrate`` (whose episodes run through :func:`solve_counts`).
     """
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=int, default=PolicyConfig().seed,
                    help="seeds sampling, and picks the --n questions (the same pick in eval and data passrate)")
     add_sampling_arguments(p)
     add_episode_arguments(p)
@@ -130,50 +108,17 @@ def add_policy_arguments(p) -> None:
     p.add_argument("--model", default=None,
                    help="model folder or hub id (policies model, vllm; tokenizer for endpoint)")
     add_endpoint_arguments(p)
-    p.add_argument("--batch-size", type=non_negative_int, default=0,
+    p.add_argument("--batch-size", type=non_negative_int, default=PolicyConfig().batch_size,
                    help="episodes per rollout batch (default: 64, 256 for endpoints)")
     p.add_argument("--device", default=None, help="policy model: cpu, cuda, ... (default: cuda when available)")
     p.add_argument("--dtype", default=None,
                    help="weights' dtype for vLLM (policy vllm; default: the checkpoint config's, else auto)")
-    p.add_argument("--gpu-memory-utilization", type=unit_float, default=0.85,
+    p.add_argument("--gpu-memory-utilization", type=unit_float, default=PolicyConfig().gpu_memory_utilization,
                    help="share of GPU memory vLLM may take (policy vllm)")
-    p.add_argument("--workers", type=positive_int, default=4, help="threads for scripted episodes and scoring")
+    p.add_argument("--workers", type=positive_int, default=PolicyConfig().workers,
+                   help="threads for scripted episodes and scoring")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_hidden_alias(p, "--quiet", "--no-progress", action="store_true")
-
-
-def policy_args(**values) -> argparse.Namespace:
-    """The defaults of :func:`add_policy_arguments` as a namespace, with ``values`` set on top."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_policy_arguments(parser)
-    args = parser.parse_args([])
-    vars(args).update(values)
-    return args
-
-
-def check_policy_args(args) -> None:
-    """Refuse options no episode can run with (EvalError)."""
-    if args.k < 1:
-        raise EvalError("Error: --k must be at least 1")
-    if getattr(args, "engine", "sqlite") == "postgres" and not getattr(args, "dsn", None):
-        raise EvalError("Error: --engine postgres needs --dsn postgresql://... (or T2S_DSN)")
-    if args.system_prompt_file:
-        read_system_prompt(args.system_prompt_file)
-    if getattr(args, "policy", None) == "endpoint" and getattr(args, "endpoint_mode", None) == "tools":
-        args.tool_format = "native"  # the server's function calling is the native format
-    problem = episode_config(args, "full").budget_problem("--episode-token-budget", "--min-episode-tokens")
-    if problem:
-        raise EvalError(problem)
-
-
-def read_system_prompt(path) -> str:
-    """The text of a ``--system-prompt-file`` (stripped); EvalError when it is absent or not UTF-8."""
-    from t2s.data.rows import DataError, read_text_file
-
-    try:
-        return read_text_file(path, what="system prompt file").strip()
-    except DataError as exc:
-        raise EvalError(str(exc)) from None
 
 
 def add_eval_arguments(parser) -> None:
@@ -185,26 +130,15 @@ def add_eval_arguments(parser) -> None:
     p.add_argument("--db-root", type=non_empty_path, default=None,
                    help="folder of per-db_id folders (default: beside the data file)")
     add_engine_arguments(p)
-    p.add_argument("--mode", nargs="+", default=["full"], choices=MODES, help="one or more of full, withheld, single")
-    p.add_argument("--n", type=non_negative_int, default=0,
+    p.add_argument("--mode", nargs="+", default=list(EvalConfig.modes), choices=MODES,
+                   help="one or more of full, withheld, single")
+    p.add_argument("--n", type=non_negative_int, default=EvalConfig.n,
                    help="questions to evaluate, picked with --seed from the whole file (0 = all)")
-    p.add_argument("--k", type=positive_int, default=1, help="samples per question (k > 1 adds vote_at_k)")
+    p.add_argument("--k", type=positive_int, default=PolicyConfig().k,
+                   help="samples per question (k > 1 adds vote_at_k)")
     p.add_argument("--output", required=True, type=non_empty_path,
                    help="output folder (re-running the same command resumes it)")
     p.add_argument("--skip-missing-dbs", action="store_true",
                    help="skip (and count) questions whose database is missing or cannot be read")
     p.add_argument("--predictions", type=non_empty_path, default=None, help="predictions file (policy predictions)")
     add_policy_arguments(p)
-
-
-def eval_args(**values) -> argparse.Namespace:
-    """The defaults of :func:`add_eval_arguments` as a namespace, with ``values`` set on top (``policy``, ``data`` and
-    ``output`` have none)."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_eval_arguments(parser)
-    for action in parser._actions:
-        action.required = False
-    args = parser.parse_args([])
-    vars(args).update(values)
-    return args
-

@@ -54,17 +54,18 @@ def solve_counts(
 ) -> list[int]:
     """For each row, how many of k episodes of ``policy_factory(row, sample)`` end in an official match.
 
-    ``options`` set the evaluator's policy options (``max_turns``, ``episode_token_budget``, ...).
+    ``options`` set the evaluator's policy options, named as its flags (``max_turns``, ``episode_token_budget``, ...).
     """
-    from t2s.evaluation.options import policy_args
+    from t2s.evaluation.config import PolicyConfig
     from t2s.evaluation.runner import solve_counts as play_counts
 
-    args = policy_args(policy="scripted", k=k, workers=workers, quiet=not progress, **options)
-    return play_counts(list(rows), args, policy_factory=policy_factory)
+    config = PolicyConfig.from_options(dict(options, policy="scripted", k=k, workers=workers, quiet=not progress))
+    return play_counts(list(rows), config, policy_factory=policy_factory)
 
 
-def policy_counts(rows: Sequence[dict], args) -> list[int]:
-    """Solve counts for the ``data passrate`` options: ``scripted-mix`` here, every other policy the evaluator's own.
+def policy_counts(rows: Sequence[dict], config) -> list[int]:
+    """Solve counts for ``data passrate``'s ``PolicyConfig``: ``scripted-mix`` here, every other policy the
+    evaluator's own.
 
     Raises ValueError (``Error: ...``) for what the evaluator refuses (a missing --model, an unreachable endpoint).
     """
@@ -72,10 +73,10 @@ def policy_counts(rows: Sequence[dict], args) -> list[int]:
     from t2s.errors import EvalError
 
     factory = None
-    if args.policy == "scripted-mix":
-        factory = scripted_policy_factory(args.policy, args.k, args.dialect, args.tool_format)
+    if config.policy == "scripted-mix":
+        factory = scripted_policy_factory(config.policy, config.k, config.episode.dialect, config.episode.tool_format)
     try:
-        return play_counts(list(rows), args, policy_factory=factory)
+        return play_counts(list(rows), config, policy_factory=factory)
     except EvalError as exc:
         raise ValueError(str(exc)) from None
 

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from t2s.env.databases import file_checksum
 from t2s.env.record import one_turn_record
-from t2s.evaluation.options import episode_config
 from t2s.evaluation.records import eval_line, score_final_sql, score_record
 from t2s.training.checkpoints import weights_fingerprint
 from t2s.errors import EvalError
@@ -31,12 +30,6 @@ def single_turn_system_prompt(engine: str = "sqlite") -> str:
 
     return SINGLE_TURN_SYSTEM_PROMPT.replace("SQLite", ENGINE_NAMES[engine])
 
-
-
-def sampling_settings(args):
-    from t2s.backends.base import SamplingSettings
-
-    return SamplingSettings(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
 
 
 def single_turn_messages(row: dict) -> list[dict]:
@@ -133,13 +126,14 @@ def model_context_length(model: str) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def endpoint_client(args):
-    """A chat client for ``args.endpoint`` whose served model name is known (fails fast, after retries)."""
+def endpoint_client(endpoint, enable_thinking: bool):
+    """A chat client for ``endpoint`` (an ``EndpointConfig``) whose served model name is known (fails fast, after
+    retries)."""
     from t2s.backends.chat_endpoint import ChatEndpointClient, EndpointError
 
     client = ChatEndpointClient(
-        args.endpoint, model=args.served_model, api_key=args.api_key, request_timeout=args.request_timeout,
-        retries=args.retries, backoff=args.backoff, enable_thinking=args.enable_thinking,
+        endpoint.url, model=endpoint.served_model, api_key=endpoint.api_key, request_timeout=endpoint.request_timeout,
+        retries=endpoint.retries, backoff=endpoint.backoff, enable_thinking=enable_thinking,
     )  # fmt: skip
     try:
         client.model_name()
@@ -148,14 +142,15 @@ def endpoint_client(args):
     return client
 
 
-def completions_backend(args, tokenizer, served: str, episode_token_budget: int):
+def completions_backend(endpoint, tokenizer, served: str, episode_token_budget: int):
     """The vLLM server backend (token-id prompts, ``return_token_ids``): the same token stream as training. A server
     whose ``max_model_len`` cannot hold ``episode_token_budget`` tokens is refused here, before any episode."""
     from t2s.backends.vllm_server import VLLMServerBackend, context_error
 
     backend = VLLMServerBackend(
-        args.endpoint, tokenizer, model=served, max_concurrency=args.concurrency, request_timeout=args.request_timeout,
-        retries=args.retries, backoff=args.backoff, api_key=args.api_key,
+        endpoint.url, tokenizer, model=served, max_concurrency=endpoint.concurrency,
+        request_timeout=endpoint.request_timeout, retries=endpoint.retries, backoff=endpoint.backoff,
+        api_key=endpoint.api_key,
     )  # fmt: skip
     try:
         problem = context_error(backend.base_url, backend.served_max_model_len(), episode_token_budget)
@@ -167,72 +162,73 @@ def completions_backend(args, tokenizer, served: str, episode_token_budget: int)
 
 
 class Runner:
-    """Plays jobs ``(row, sample)`` for one policy and calls ``emit(row, sample, record)`` as each finishes."""
+    """Plays jobs ``(row, sample)`` for one policy (a ``PolicyConfig``) and calls ``emit(row, sample, record)`` as each
+    finishes."""
 
-    def __init__(self, args):
-        self.args = args
+    def __init__(self, config):
+        self.config = config
         self.tokenizer = None
         self.backend = None
         self.chat_client = None
         self.predictions = None
-        self.scripted = None  # policy_factory(row, sample) -> a scripted policy, played instead of args.policy
+        self.scripted = None  # policy_factory(row, sample) -> a scripted policy, played instead of config.policy
         self.target: dict = {}
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def setup(self, all_rows: list[dict], questions: list[dict] | None = None) -> None:
         """Load what the policy needs; ``questions``: the rows to play (default: all), over which a predictions
         file's questions without a prediction are counted."""
-        args = self.args
-        if args.policy in ("model", "vllm") and not args.model:
-            raise EvalError(f"Error: --policy {args.policy} needs --model PATH")
-        if args.policy == "endpoint" and not args.endpoint:
+        config = self.config
+        if config.policy in ("model", "vllm") and not config.model:
+            raise EvalError(f"Error: --policy {config.policy} needs --model PATH")
+        if config.policy == "endpoint" and not config.endpoint.url:
             raise EvalError("Error: --policy endpoint needs --endpoint URL")
-        if args.policy == "predictions":
+        if config.policy == "predictions":
             self._setup_predictions(all_rows, questions)
-        elif args.policy == "endpoint":
+        elif config.policy == "endpoint":
             self._setup_endpoint()
-        elif args.policy == "model":
+        elif config.policy == "model":
             self._setup_model()
-        elif args.policy == "vllm":
+        elif config.policy == "vllm":
             self._setup_vllm()
 
     def _setup_predictions(self, all_rows: list[dict], questions: list[dict] | None) -> None:
         from t2s.evaluation.score import PredictionsError, print_warnings, read_predictions
 
-        if not self.args.predictions:
+        path = self.config.predictions
+        if not path:
             raise EvalError("Error: --policy predictions needs --predictions FILE")
         try:
-            self.predictions = read_predictions(self.args.predictions, all_rows, questions)
+            self.predictions = read_predictions(path, all_rows, questions)
         except (PredictionsError, ValueError) as exc:
             raise EvalError(str(exc)) from None
         print_warnings(self.predictions.warnings)  # the lines `score` prints for the same file
-        self.target = {"predictions": str(Path(self.args.predictions).resolve()),
-                       "predictions_sha256": file_checksum(self.args.predictions)}
+        self.target = {"predictions": str(Path(path).resolve()), "predictions_sha256": file_checksum(path)}
 
     def _setup_endpoint(self) -> None:
-        args = self.args
-        self.chat_client = endpoint_client(args)
+        config, endpoint = self.config, self.config.endpoint
+        self.chat_client = endpoint_client(endpoint, config.episode.enable_thinking)
         served = self.chat_client.model
-        names = [args.tokenizer or args.model] if (args.tokenizer or args.model) else [served]
-        self.tokenizer = load_tokenizer(names[0], required=args.endpoint_mode == "completions",
-                                        chat_template=args.chat_template)
-        if args.endpoint_mode == "completions":
-            self.backend = completions_backend(args, self.tokenizer, served, args.episode_token_budget)
-        self.target = {"endpoint": self.chat_client.base_url, "endpoint_mode": args.endpoint_mode,
-                       "served_model": served, "model": args.model}
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model or served,
+                                        required=endpoint.mode == "completions", chat_template=config.chat_template)
+        if endpoint.mode == "completions":
+            self.backend = completions_backend(endpoint, self.tokenizer, served, config.episode.episode_token_budget)
+        self.target = {"endpoint": self.chat_client.base_url, "endpoint_mode": endpoint.mode,
+                       "served_model": served, "model": config.model}
 
     def _setup_model(self) -> None:
-        args = self.args
-        self.backend, self.tokenizer, device = model_backend(args.model, args.tokenizer, args.device,
-                                                             args.batch_size or None, args.chat_template)
+        config = self.config
+        self.backend, self.tokenizer, device = model_backend(config.model, config.tokenizer, config.device,
+                                                             config.batch_size or None, config.chat_template)
         from importlib import metadata
 
-        self.target = {"model": args.model, "device": device,
+        self.target = {"model": config.model, "device": device,
                        "engine": f"transformers {metadata.version('transformers')}"}
-        self.target["weights_sha256"] = weights_fingerprint(args.model)
+        self.target["weights_sha256"] = weights_fingerprint(config.model)
 
     def _setup_vllm(self) -> None:
-        args = self.args
+        config = self.config
+        budget = config.episode.episode_token_budget
         try:
             from vllm import LLM
         except ImportError:
@@ -241,35 +237,35 @@ class Runner:
 
         import vllm
 
-        self.tokenizer = load_tokenizer(args.tokenizer or args.model, required=True, chat_template=args.chat_template)
+        self.tokenizer = load_tokenizer(config.tokenizer or config.model, required=True,
+                                        chat_template=config.chat_template)
         from t2s.backends.vllm_engine import checkpoint_dtype, cpu_engine_kwargs, has_cuda, vllm_environment
 
         vllm_environment()
-        dtype = getattr(args, "dtype", None) or checkpoint_dtype(args.model)
-        max_model_len = args.episode_token_budget + 512
-        context = model_context_length(args.model)
-        if context is not None and args.episode_token_budget > context:
-            raise EvalError(f"Error: --episode-token-budget {args.episode_token_budget} is longer than the model's "
+        dtype = config.dtype or checkpoint_dtype(config.model)
+        max_model_len = budget + 512
+        context = model_context_length(config.model)
+        if context is not None and budget > context:
+            raise EvalError(f"Error: --episode-token-budget {budget} is longer than the model's "
                             f"context of {context} tokens (max_position_embeddings); pass a budget of at most "
                             f"{context}")
         max_model_len = min(max_model_len, context or max_model_len)
-        memory = {"gpu_memory_utilization": args.gpu_memory_utilization} if has_cuda() else {}
+        memory = {"gpu_memory_utilization": config.gpu_memory_utilization} if has_cuda() else {}
         llm = LLM(
-            model=args.model, tokenizer=args.tokenizer or args.model, seed=args.seed, dtype=dtype,
+            model=config.model, tokenizer=config.tokenizer or config.model, seed=config.seed, dtype=dtype,
             enable_prefix_caching=True, max_model_len=max_model_len, **memory, **cpu_engine_kwargs(max_model_len),
         )  # fmt: skip
         self.backend = VLLMColocateBackend(llm, self.tokenizer)
-        self.target = {"model": args.model, "engine": f"vllm {getattr(vllm, '__version__', 'unknown')}", "dtype": dtype}
-        self.target["weights_sha256"] = weights_fingerprint(args.model)
+        self.target = {"model": config.model, "engine": f"vllm {getattr(vllm, '__version__', 'unknown')}",
+                       "dtype": dtype}
+        self.target["weights_sha256"] = weights_fingerprint(config.model)
 
     # -- playing ------------------------------------------------------------------------------------------------
     def batch_size(self) -> int:
-        if self.args.batch_size:
-            return self.args.batch_size
-        return 256 if self.args.policy == "endpoint" else 64
+        return self.config.default_batch_size()
 
     def play(self, jobs: list[tuple[dict, int]], mode: str, emit) -> None:
-        policy = self.args.policy
+        policy = self.config.policy
         if self.scripted is not None:
             self._play_threads(jobs, mode, emit, self._scripted_record)
         elif policy == "predictions":
@@ -278,8 +274,8 @@ class Runner:
                 emit(row, sample, score_record(row, one_turn_record(row, mode, None, sql), sample), scored=True)
         elif policy == "gold":
             self._play_threads(jobs, mode, emit, self._gold_record)
-        elif policy == "endpoint" and self.args.endpoint_mode in ("chat", "tools"):
-            self._play_threads(jobs, mode, emit, self._chat_record, workers=self.args.concurrency)
+        elif policy == "endpoint" and self.config.endpoint.mode in ("chat", "tools"):
+            self._play_threads(jobs, mode, emit, self._chat_record, workers=self.config.endpoint.concurrency)
         elif mode == "single":
             self._play_single(jobs, emit)
         else:
@@ -288,7 +284,7 @@ class Runner:
     def _play_threads(self, jobs, mode, emit, make_record, workers: int | None = None) -> None:
         from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-        with ThreadPoolExecutor(max(1, workers or self.args.workers)) as pool:
+        with ThreadPoolExecutor(max(1, workers or self.config.workers)) as pool:
             pending = {pool.submit(self._scored, make_record, row, sample, mode): (row, sample) for row, sample in jobs}
             try:
                 while pending:
@@ -322,14 +318,14 @@ class Runner:
             schema = get_schema(ref_from_row(row))
         except Exception as exc:  # noqa: BLE001 - an unreadable database scores 0 with the reason recorded
             return unplayed_record(row, mode, f"Error: cannot read the database: {exc}")
-        config = episode_config(self.args, mode)
+        config = self.config.episode_for(mode)
         policy = GoldPolicy.for_episode(row, schema, config)
         return run_text_episode(row, config, policy, tokenizer=self.tokenizer)
 
     def _scripted_record(self, row: dict, sample: int, mode: str) -> dict:
         from t2s.rollout.play import run_text_episode
 
-        return run_text_episode(row, episode_config(self.args, mode), self.scripted(row, sample),
+        return run_text_episode(row, self.config.episode_for(mode), self.scripted(row, sample),
                                 tokenizer=self.tokenizer)
 
     def _chat_record(self, row: dict, sample: int, mode: str) -> dict:
@@ -338,27 +334,28 @@ class Runner:
         from t2s.env.episode import Episode
         from t2s.rollout.play import play
 
-        sampling = sampling_settings(self.args)
-        seed = self.args.seed * 1_000_003 + sample * 7919 + zlib.crc32(str(row["question_id"]).encode()) % 997
+        config = self.config
+        sampling = config.sampling
+        seed = (config.seed or 0) * 1_000_003 + sample * 7919 + zlib.crc32(str(row["question_id"]).encode()) % 997
         try:
             if mode == "single":
                 messages = single_turn_messages(row)
                 if self.tokenizer is not None:
                     from t2s.env.protocol import generation_prompt_ids
 
-                    prompt = generation_prompt_ids(self.tokenizer, messages, self.args.enable_thinking)
-                    limit = self.args.episode_token_budget - len(prompt)
+                    prompt = generation_prompt_ids(self.tokenizer, messages, config.episode.enable_thinking)
+                    limit = config.episode.episode_token_budget - len(prompt)
                 else:  # the prompt's size is unknown: two turns' worth
-                    limit = 2 * self.args.max_tokens_per_turn
+                    limit = 2 * config.episode.max_tokens_per_turn
                 if limit <= 0:
                     return unplayed_record(row, "single", "Error: the prompt does not fit the episode token budget",
                                            "prompt_too_long", len(prompt))
                 text, finish, _ = self.chat_client.complete(messages, limit, sampling, seed)
                 return single_turn_record(row, text, cut_off=finish == "length",
                                           prompt_tokens=len(prompt) if self.tokenizer is not None else 0)
-            chat_policy = ToolsEndpointPolicy if self.args.endpoint_mode == "tools" else ChatEndpointPolicy
+            chat_policy = ToolsEndpointPolicy if config.endpoint.mode == "tools" else ChatEndpointPolicy
             policy = chat_policy(self.chat_client, sampling, seed=seed)
-            episode = play(Episode(row, episode_config(self.args, mode)), policy, self.tokenizer)
+            episode = play(Episode(row, config.episode_for(mode)), policy, self.tokenizer)
         except EndpointError as exc:
             raise EvalError(str(exc)) from None
         if self.tokenizer is None:  # without a tokenizer the episode cannot see cut-offs; the server reports them
@@ -381,9 +378,9 @@ class Runner:
             emit(row, sample, eval_line(row, trace.record, trace.outcome, sample), scored=True)
 
         try:
-            rollout = Rollout(self.backend, self.tokenizer, episode_config(self.args, mode),
-                              sampling=sampling_settings(self.args), scorer=score_final_sql, on_finish=on_finish,
-                              tool_workers=self.args.workers)
+            rollout = Rollout(self.backend, self.tokenizer, self.config.episode_for(mode),
+                              sampling=self.config.sampling, scorer=score_final_sql, on_finish=on_finish,
+                              tool_workers=self.config.workers)
         except ValueError as exc:
             raise EvalError(str(exc)) from None
         rollout.run(rows)
@@ -393,13 +390,12 @@ class Runner:
     def _play_single(self, jobs, emit) -> None:
         from t2s.env import protocol
 
-        args = self.args
-        sampling = sampling_settings(args)
+        episode, sampling = self.config.episode, self.config.sampling
         prompts, limits, seeds = [], [], []
         for index, (row, sample) in enumerate(jobs):
-            ids = protocol.generation_prompt_ids(self.tokenizer, single_turn_messages(row), args.enable_thinking)
+            ids = protocol.generation_prompt_ids(self.tokenizer, single_turn_messages(row), episode.enable_thinking)
             prompts.append(ids)
-            limits.append(args.episode_token_budget - len(ids))
+            limits.append(episode.episode_token_budget - len(ids))
             seeds.append(sampling.request_seed(index, 0))
         ready = [i for i, limit in enumerate(limits) if limit > 0]
         outputs = self.backend.generate([prompts[i] for i in ready], [limits[i] for i in ready], sampling,

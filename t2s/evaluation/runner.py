@@ -24,7 +24,7 @@ from t2s.evaluation.records import score_record
 from t2s.evaluation.policies import Runner, single_turn_system_prompt
 from t2s.errors import EvalError
 from t2s.env.episode import EpisodeConfig
-from t2s.evaluation.options import EPISODE_LIMITS, check_policy_args, read_system_prompt
+from t2s.evaluation.config import EPISODE_OPTIONS, EvalConfig, PolicyConfig, read_system_prompt
 from t2s.evaluation.report import published_differences
 from t2s.evaluation.run_folders import EPISODES, EVAL_CONFIG
 from t2s.evaluation.progress import Progress
@@ -162,7 +162,7 @@ def check_resume_config(folder: Path, config: dict) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------------- main
-def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
+def load_data(config: EvalConfig) -> tuple[list[dict], list[dict], dict, Path]:
     """(all rows, selected rows whose databases are present and readable, skipped info, data file).
 
     A missing or unreadable database (``data.db_probe``) is an error naming it; with ``--skip-missing-dbs`` its
@@ -171,44 +171,46 @@ def load_data(args) -> tuple[list[dict], list[dict], dict, Path]:
     from t2s.data.loaders import json_data_file, load_json_rows
     from t2s.data.rows import DataError
 
-    data = Path(args.data)
+    data = Path(config.data)
     if not data.exists():
         raise EvalError(f"Error: data file not found: {data}")
     try:
-        rows = load_json_rows(data, args.db_root, require_databases=False, engine=getattr(args, "engine", "sqlite"),
-                              dsn=getattr(args, "dsn", None))
+        rows = load_json_rows(data, config.db_root, require_databases=False, engine=config.policy.engine,
+                              dsn=config.policy.dsn)
     except DataError as exc:
         raise EvalError(str(exc)) from None
     if not rows:
         raise EvalError(f"Error: no questions in {data}")
     data_file = json_data_file(data)
-    selected = select_rows(list(rows), args.n, args.seed)
+    selected = select_rows(list(rows), config.n, config.policy.seed)
     unique: dict[str, dict] = {}
     for row in selected:  # a row repeated word for word (rows.repeated_ids) is played and counted once
         unique.setdefault(row["question_id"], row)
     repeated = sorted({row["question_id"] for row in selected} & set(rows.repeated_ids))
     selected = list(unique.values())
-    selected, skipped = playable_rows(rows, selected, skip_missing_dbs=args.skip_missing_dbs, db_root=args.db_root)
+    selected, skipped = playable_rows(rows, selected, skip_missing_dbs=config.skip_missing_dbs, db_root=config.db_root)
     skipped["repeated_ids"] = repeated
     return list(rows), selected, skipped, data_file
 
 
-def build_config(args, mode: str, runner: Runner, data_file: Path, selected: list[dict]) -> dict:
+def build_config(run: EvalConfig, mode: str, runner: Runner, data_file: Path, selected: list[dict]) -> dict:
+    """What ``eval_config.json`` records of one mode's run (a resumed run must match it)."""
     from t2s.data.loaders import data_label
 
+    policy, episode = run.policy, run.policy.episode
     tokenizer_hash, template_hash = tokenizer_fingerprint(runner.tokenizer)
-    generative = args.policy in ("model", "vllm", "endpoint")
-    chat = args.policy == "endpoint" and args.endpoint_mode in ("chat", "tools")
-    system_prompt = read_system_prompt(args.system_prompt_file) if args.system_prompt_file else None
+    generative = policy.generates
+    chat = policy.policy == "endpoint" and policy.endpoint.mode in ("chat", "tools")
+    system_prompt = read_system_prompt(episode.system_prompt_file) if episode.system_prompt_file else None
     if mode == "single":
-        system_prompt = single_turn_system_prompt(getattr(args, "engine", "sqlite"))
+        system_prompt = single_turn_system_prompt(policy.engine)
     elif system_prompt is None:
         from t2s.env.protocol import default_system_prompt
 
-        system_prompt = default_system_prompt(getattr(args, "dialect", "exec_plan"),
-                                              getattr(args, "tool_format", "json"), getattr(args, "engine", "sqlite"))
+        system_prompt = default_system_prompt(episode.dialect, episode.tool_format, policy.engine)
+    sampling = policy.sampling
     config = {
-        "policy": args.policy,
+        "policy": policy.policy,
         "mode": mode,
         "model": runner.target.get("model"),
         "endpoint": runner.target.get("endpoint"),
@@ -216,15 +218,17 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, selected: lis
         "served_model": runner.target.get("served_model"),
         "predictions": runner.target.get("predictions"),
         "predictions_sha256": runner.target.get("predictions_sha256"),
-        "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k} if generative else None,
-        "k": args.k,
-        "n": args.n,
-        "seed": args.seed,
-        "max_turns": args.max_turns,
-        "episode_token_budget": args.episode_token_budget,
-        "max_tokens_per_turn": args.max_tokens_per_turn,
-        "enable_thinking": args.enable_thinking,
-        "system_prompt_file": str(Path(args.system_prompt_file).resolve()) if args.system_prompt_file else None,
+        "sampling": ({"temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": sampling.top_k}
+                     if generative else None),
+        "k": policy.k,
+        "n": run.n,
+        "seed": policy.seed,
+        "max_turns": episode.max_turns,
+        "episode_token_budget": episode.episode_token_budget,
+        "max_tokens_per_turn": episode.max_tokens_per_turn,
+        "enable_thinking": episode.enable_thinking,
+        "system_prompt_file": (str(Path(episode.system_prompt_file).resolve()) if episode.system_prompt_file
+                               else None),
         "system_prompt_sha256": text_sha256(system_prompt),
         "tokenizer_sha256": tokenizer_hash,
         "chat_template_sha256": template_hash,
@@ -234,8 +238,8 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, selected: lis
         "data_sha256": file_checksum(data_file),
         "data": data_label(selected, data_file),
         "questions": len(selected),
-        "skip_missing_dbs": bool(args.skip_missing_dbs),
-        "training_token_stream": bool(generative and not chat and mode != "single" and args.enable_thinking),
+        "skip_missing_dbs": bool(run.skip_missing_dbs),
+        "training_token_stream": bool(generative and not chat and mode != "single" and episode.enable_thinking),
     }
     if "weights_sha256" in runner.target:  # which weights ran (``export --eval`` checks it), hashed once at set-up
         config["weights_sha256"] = runner.target["weights_sha256"]
@@ -243,37 +247,33 @@ def build_config(args, mode: str, runner: Runner, data_file: Path, selected: lis
         if runner.target.get(key) is not None:
             config[key] = runner.target[key]
     defaults = EpisodeConfig()
-    optional = [("dialect", "exec_plan"), ("tool_format", "json")] + [
-        (name, getattr(defaults, name)) for name, _, _ in EPISODE_LIMITS
-        if name not in ("max_turns", "episode_token_budget", "max_tokens_per_turn")]
-    for key, default in optional:  # recorded when not the default, so folders of earlier default runs still resume
-        if getattr(args, key, default) != default:
-            config[key] = getattr(args, key)
-    if getattr(args, "engine", "sqlite") != "sqlite":  # the databases' engine (sqlite, duckdb, postgres)
-        config["database_engine"] = args.engine
+    for key in EPISODE_OPTIONS:  # recorded when not the default, so folders of earlier default runs still resume
+        if key not in config and getattr(episode, key) != getattr(defaults, key):
+            config[key] = getattr(episode, key)
+    if policy.engine != "sqlite":  # the databases' engine (sqlite, duckdb, postgres)
+        config["database_engine"] = policy.engine
     config["comparable"] = not published_differences(config)
     return config
 
 
-def evaluate(args) -> dict[str, dict]:
-    """Run every requested mode into ``args.output`` (layout: ``t2s.evaluation.run_folders``); returns
+def evaluate(config: EvalConfig) -> dict[str, dict]:
+    """Run every mode of ``config`` into ``config.output`` (layout: ``t2s.evaluation.run_folders``); returns
     {mode: summary}."""
     from t2s.evaluation.report import print_summaries, write_reports
     from t2s.ui.console import console
     from t2s.evaluation.run_folders import check_eval_layout, earlier_summaries
 
-    check_policy_args(args)
-    modes = list(dict.fromkeys(args.mode))
-    all_rows, selected, skipped, data_file = load_data(args)
+    modes = list(config.modes)
+    all_rows, selected, skipped, data_file = load_data(config)
     summaries: dict[str, dict] = {}
-    with run_folder_lock(args.output) as root:
+    with run_folder_lock(config.output) as root:
         check_eval_layout(root)
         earlier = earlier_summaries(root, modes)
-        runner = Runner(args)
+        runner = Runner(config.policy)
         runner.setup(all_rows, selected)
         try:
             for mode in modes:
-                summaries[mode] = evaluate_mode(args, mode, runner, selected, skipped, data_file, root / mode)
+                summaries[mode] = evaluate_mode(config, mode, runner, selected, skipped, data_file, root / mode)
         except KeyboardInterrupt:
             say_saved(root, modes)
             raise
@@ -299,21 +299,21 @@ def say_saved(root: Path, modes: list[str]) -> None:
                "again to resume where it stopped.", stderr=True)
 
 
-def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path) -> dict:
+def evaluate_mode(run: EvalConfig, mode, runner, selected, skipped, data_file, folder: Path) -> dict:
     """Play one mode into ``folder`` (episodes.jsonl, scores.jsonl, eval_config.json); returns its summary."""
     from t2s.evaluation.records import score_line
     from t2s.evaluation.report import summarise
     from t2s.evaluation.run_folders import SCORES, VOTES, write_jsonl
     from t2s.scoring.voting import accuracy_of, question_votes
 
-    config = build_config(args, mode, runner, data_file, selected)
+    config, k = build_config(run, mode, runner, data_file, selected), run.policy.k
     check_resume_config(folder, config)
     log = EpisodeLog(folder)
     done = log.load()
-    wanted = {(str(r["question_id"]), s) for r in selected for s in range(args.k)}
+    wanted = {(str(r["question_id"]), s) for r in selected for s in range(k)}
     log.lines = [line for line in log.lines if (str(line["question_id"]), int(line["sample"])) in wanted]
-    jobs = [(row, s) for row in selected for s in range(args.k) if (str(row["question_id"]), s) not in done]
-    progress = Progress(len(wanted), log.lines, f"{args.policy}/{mode}", quiet=args.quiet)
+    jobs = [(row, s) for row in selected for s in range(k) if (str(row["question_id"]), s) not in done]
+    progress = Progress(len(wanted), log.lines, f"{run.policy.policy}/{mode}", quiet=run.policy.quiet)
     started = time.time()
     try:
         play_jobs(runner, jobs, mode, lambda row, line: log.append(line), progress)
@@ -323,12 +323,12 @@ def evaluate_mode(args, mode, runner, selected, skipped, data_file, folder: Path
     write_jsonl(folder / SCORES, [score_line(line) for line in lines])
     rows_by_id = {str(r["question_id"]): r for r in selected}
     vote = None
-    if args.k > 1:
+    if k > 1:
         votes = question_votes(lines, rows_by_id)
         write_jsonl(folder / VOTES, [{"question_id": key, **value} for key, value in sorted(votes.items())])
         vote = accuracy_of(votes)
     config = dict(config, wall_seconds=round(time.time() - started, 1))
-    return summarise(lines, config=config, k=args.k, vote_at_k=vote, skipped=skipped)
+    return summarise(lines, config=config, k=k, vote_at_k=vote, skipped=skipped)
 
 
 def play_jobs(runner: Runner, jobs: list[tuple[dict, int]], mode: str, on_line, progress: Progress) -> None:
@@ -347,19 +347,17 @@ def play_jobs(runner: Runner, jobs: list[tuple[dict, int]], mode: str, on_line, 
         progress.close()
 
 
-def solve_counts(rows: list[dict], args, *, policy_factory=None, mode: str = "full") -> list[int]:
-    """For each row, how many of ``args.k`` samples end in an official match, played and scored as ``eval`` does.
+def solve_counts(rows: list[dict], config: PolicyConfig, *, policy_factory=None, mode: str = "full") -> list[int]:
+    """For each row, how many of ``config.k`` samples end in an official match, played and scored as ``eval`` does.
 
-    ``args`` holds ``policy`` and ``k`` plus the options of :func:`add_policy_arguments` (see :func:`policy_args`).
-    ``policy_factory(row, sample)`` plays a scripted policy instead of ``args.policy``. Raises EvalError.
+    ``policy_factory(row, sample)`` plays a scripted policy instead of ``config.policy``. Raises EvalError.
     """
-    check_policy_args(args)
-    runner = Runner(args)
+    runner = Runner(config)
     if policy_factory is not None:
         runner.scripted = policy_factory
     else:
-        if args.policy not in ("model", "vllm", "endpoint", "gold"):
-            raise EvalError(f"Error: solve counts need a playing policy, not {args.policy!r}")
+        if config.policy not in ("model", "vllm", "endpoint", "gold"):
+            raise EvalError(f"Error: solve counts need a playing policy, not {config.policy!r}")
         runner.setup(rows)
     rows = [dict(row) for row in rows]  # one object per position, even where the caller repeats a row
     position = {id(row): index for index, row in enumerate(rows)}
@@ -368,7 +366,7 @@ def solve_counts(rows: list[dict], args, *, policy_factory=None, mode: str = "fu
     def count(row, line) -> None:
         counts[position[id(row)]] += int(line["official"] or 0)
 
-    jobs = [(row, sample) for row in rows for sample in range(args.k)]
-    label = "scripted" if policy_factory is not None else args.policy
-    play_jobs(runner, jobs, mode, count, Progress(len(jobs), [], f"{label}: solving x{args.k}", quiet=args.quiet))
+    jobs = [(row, sample) for row in rows for sample in range(config.k)]
+    label = "scripted" if policy_factory is not None else config.policy
+    play_jobs(runner, jobs, mode, count, Progress(len(jobs), [], f"{label}: solving x{config.k}", quiet=config.quiet))
     return counts

@@ -47,7 +47,7 @@ def trained_prompt(recipe: str | None, overrides: dict[str, str] | None = None) 
     its ``rl_recipe``, as ``sft`` reads them), then the run's ``overrides`` of them; the prompt file is found as
     ``train`` finds it."""
     from t2s.env.protocol import default_system_prompt
-    from t2s.evaluation.options import read_system_prompt
+    from t2s.evaluation.config import read_system_prompt
     from t2s.training.pipeline import resolve_path
 
     keys = _recipe_keys(recipe) if recipe else {}

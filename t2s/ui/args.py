@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from argparse import BooleanOptionalAction  # noqa: F401 - the option groups below commands/ take it from here
 
 
 def _number(text, kind):

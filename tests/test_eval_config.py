@@ -1,0 +1,68 @@
+"""``EvalConfig`` and ``PolicyConfig``: what ``eval``'s options become, built once, with each default declared once."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from t2s.backends.base import SamplingSettings
+from t2s.commands.eval import eval_config
+from t2s.env.episode import EpisodeConfig
+from t2s.errors import EvalError
+from t2s.evaluation.config import EPISODE_OPTIONS, EvalConfig, PolicyConfig
+from t2s.evaluation.options import EPISODE_LIMITS
+
+BASE = ["--policy", "gold", "--data", "data/demo", "--output", "out"]
+
+
+def test_the_command_lines_defaults_are_the_records_defaults():
+    parsed = eval_config(BASE)
+    built = EvalConfig(data="data/demo", output="out", policy=PolicyConfig(policy="gold"))
+    assert parsed == built
+    assert parsed.policy.episode == EpisodeConfig() and parsed.policy.sampling == SamplingSettings.evaluation(seed=0)
+
+
+def test_every_episode_option_reaches_the_episode():
+    values = {"max_turns": "3", "episode_token_budget": "9000", "max_tokens_per_turn": "300",
+              "min_episode_tokens": "1000", "forced_turn_reserve": "100", "max_calls_per_turn": "2",
+              "max_failed_queries": "1", "tool_timeout": "1.5", "episode_tool_seconds": "7"}
+    assert set(values) == {name for name, _, _ in EPISODE_LIMITS} <= set(EPISODE_OPTIONS)
+    argv = [*BASE, "--mode", "withheld", "single", "--dialect", "sibling", "--tool-format", "native",
+            "--no-enable-thinking", "--temperature", "0", "--top-k", "0", "--seed", "5"]
+    for name, value in values.items():
+        argv += ["--" + name.replace("_", "-"), value]
+    config = eval_config(argv)
+    episode = config.policy.episode_for("single")
+    assert episode.mode == "full" and config.policy.episode_for("withheld").mode == "withheld"
+    for name, value in values.items():
+        assert getattr(episode, name) == type(getattr(episode, name))(value), name
+    assert (episode.dialect, episode.tool_format, episode.enable_thinking) == ("sibling", "native", False)
+    assert config.policy.sampling == dataclasses.replace(SamplingSettings.evaluation(), temperature=0.0, top_k=0,
+                                                         seed=5)
+    assert config.modes == ("withheld", "single")
+
+
+def test_the_tools_endpoint_plays_the_native_format_and_secrets_stay_out_of_the_repr():
+    config = eval_config([*BASE[2:], "--policy", "endpoint", "--endpoint", "http://127.0.0.1:9", "--endpoint-mode",
+                          "tools", "--api-key", "sk-secret-value"])
+    assert config.policy.episode.tool_format == "native" and config.policy.endpoint.api_key == "sk-secret-value"
+    assert "sk-secret-value" not in repr(config)
+    assert eval_config(BASE).policy.episode.tool_format == "json"
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"k": 0}, "--k must be at least 1"),
+    ({"engine": "postgres", "dsn": None}, "--engine postgres needs --dsn"),
+    ({"episode_token_budget": 2048}, "--episode-token-budget 2048 cannot leave --min-episode-tokens"),
+    ({"system_prompt_file": "/nonexistent/prompt.txt"}, "prompt.txt"),
+])
+def test_a_config_no_episode_can_run_with_is_refused_as_it_is_built(options, message):
+    with pytest.raises(EvalError, match=message):
+        PolicyConfig.from_options({"policy": "gold", **options})
+
+
+def test_repeated_modes_play_once_and_an_unknown_mode_is_refused():
+    assert EvalConfig(data="d", output="o", modes=("full", "full", "withheld")).modes == ("full", "withheld")
+    with pytest.raises(EvalError, match="unknown mode 'partial'"):
+        EvalConfig(data="d", output="o", modes=("partial",))
