@@ -85,6 +85,7 @@ def _bind_vllm_to_this_workers_core() -> None:
 _bind_vllm_to_this_workers_core()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """The tests that start a vLLM engine or server run one after another on one worker (``--dist loadgroup``): each
     engine takes a core and gigabytes of memory, and the session's shared server lives in that worker."""

@@ -81,6 +81,24 @@ class RandomAgent:
             return ids
 
 
+class CompletionsGoodAgent:
+    """A token-level agent for the vLLM fakes: reads the question from the prompt, runs the gold SQL, submits it."""
+
+    def __init__(self, tokenizer, gold: dict[str, str]):
+        self.tokenizer = tokenizer
+        self.gold = gold
+        self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
+        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+
+    def __call__(self, prompt_ids, max_tokens):
+        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        question = text.split("Question: ", 1)[1].split("\n", 1)[0].strip()
+        tool = "run_query" if turn_index(prompt_ids, self.im_start) == 0 else "submit_sql"
+        turn = ("I check the query first.\n</think>\n\n"
+                + json.dumps({"tool": tool, "args": {"sql": self.gold[question]}}))
+        return list(self.tokenizer(turn, add_special_tokens=False)["input_ids"]) + [self.im_end]
+
+
 def engine_sample(policy, prompt_ids, max_tokens: int, stop_ids) -> tuple[list[int], list[float], str, int | None]:
     """(token_ids, logprobs, finish_reason, stop_reason) as vLLM reports them."""
     wanted = list(policy(list(prompt_ids), max_tokens))

@@ -577,29 +577,9 @@ def test_every_episode_limit_is_an_eval_option_and_is_recorded(demo_dir, tmp_pat
 
 
 # ------------------------------------------------------------------------------- completions mode (vLLM-like fake)
-class CompletionsGoodAgent:
-    """A token-level agent for the vLLM fakes: reads the question from the prompt, runs the gold SQL, submits it."""
-
-    def __init__(self, tokenizer, gold: dict[str, str]):
-        self.tokenizer = tokenizer
-        self.gold = gold
-        self.im_start = tokenizer.convert_tokens_to_ids("<|im_start|>")
-        self.im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-
-    def __call__(self, prompt_ids, max_tokens):
-        from tests.fake_vllm import turn_index
-
-        text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        question = text.split("Question: ", 1)[1].split("\n", 1)[0].strip()
-        tool = "run_query" if turn_index(prompt_ids, self.im_start) == 0 else "submit_sql"
-        turn = ("I check the query first.\n</think>\n\n"
-                + json.dumps({"tool": tool, "args": {"sql": self.gold[question]}}))
-        return list(self.tokenizer(turn, add_special_tokens=False)["input_ids"]) + [self.im_end]
-
-
 @pytest.mark.parametrize("mode", ["full", "withheld"])
 def test_completions_endpoint_good_agent_and_garbage(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, mode):
-    from tests.fake_vllm import FakeVLLMServer, RandomAgent
+    from tests.fake_vllm import CompletionsGoodAgent, FakeVLLMServer, RandomAgent
 
     agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
     with FakeVLLMServer(agent) as server:
@@ -628,7 +608,7 @@ def test_completions_endpoint_good_agent_and_garbage(tiny_model_dir, tiny_tokeni
 
 def test_completions_endpoint_failing_midway(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, capsys):
     from t2s.commands import main
-    from tests.fake_vllm import FakeVLLMServer
+    from tests.fake_vllm import CompletionsGoodAgent, FakeVLLMServer
 
     agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
     argv = ["eval", "--policy", "endpoint", "--model", str(tiny_model_dir), "--data", str(demo_dir), "--n", "6",
@@ -645,7 +625,7 @@ def test_completions_endpoint_failing_midway(tiny_model_dir, tiny_tokenizer, dem
 def test_completions_endpoint_refuses_a_server_too_short_for_an_episode(tiny_model_dir, tiny_tokenizer, demo_dir,
                                                                        tmp_path, capsys):
     from t2s.commands import main
-    from tests.fake_vllm import FakeVLLMServer
+    from tests.fake_vllm import CompletionsGoodAgent, FakeVLLMServer
 
     agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
     argv = ["eval", "--policy", "endpoint", "--model", str(tiny_model_dir), "--data", str(demo_dir), "--n", "2",
@@ -665,7 +645,7 @@ def test_vllm_policy_wiring(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, 
     import sys
     import types
 
-    from tests.fake_vllm import FakeLLM, FakeSamplingParams
+    from tests.fake_vllm import CompletionsGoodAgent, FakeLLM, FakeSamplingParams
 
     agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
     built = {}

@@ -23,7 +23,12 @@ from t2s.env.turns import split_thinking
 
 
 class EndpointError(RuntimeError):
-    """The endpoint could not be reached or kept failing; the message begins with ``Error:``."""
+    """The endpoint could not be reached or kept failing; the message begins with ``Error:``. ``unreachable`` is True
+    when the server did not answer (refused, timed out, 5xx after the retries), not when it answered and refused."""
+
+    def __init__(self, message: str, *, unreachable: bool = False):
+        super().__init__(message)
+        self.unreachable = unreachable
 
 
 class ChatEndpointClient:
@@ -50,7 +55,7 @@ class ChatEndpointClient:
                 response = send(lambda: client.request(method, url, json=payload), retries=self.retries,
                                 backoff=self.backoff, timeout=timeout)
             except RequestFailed as exc:
-                raise EndpointError(f"Error: {url} {exc}") from None
+                raise EndpointError(f"Error: {url} {exc}", unreachable=exc.retryable) from None
         try:
             return response.json()
         except ValueError:

@@ -192,14 +192,24 @@ class VLLMServerBackend:
     ) -> TurnOutput:
         """One turn; never raises for server trouble: after the retries it answers finish "error"."""
         try:
-            model = await self.amodel_name()
-        except (RequestFailed, KeyError, IndexError, TypeError) as exc:
-            return TurnOutput.failed(f"could not read the model name from {self.base_url}/v1/models: {exc}")
-        body = self.request_body(model, prompt_ids, max_tokens, sampling, seed)
-        try:
-            answer = await self._send("POST", "/v1/completions", body)
+            return await self.arequest_turn(prompt_ids, max_tokens, sampling, seed)
         except RequestFailed as exc:
             return TurnOutput.failed(f"{self.base_url}/v1/completions {exc}")
+
+    async def arequest_turn(
+        self, prompt_ids: list[int], max_tokens: int, sampling: SamplingSettings, seed: int | None = None
+    ) -> TurnOutput:
+        """One turn, raising ``RequestFailed`` when the server could not answer it after the retries (its
+        ``retryable`` is False when the server answered and refused); an unreadable answer is a failed turn."""
+        try:
+            model = await self.amodel_name()
+        except RequestFailed as exc:
+            raise RequestFailed(f"could not read the model name from {self.base_url}/v1/models: {exc.reason}",
+                                exc.attempts, exc.retryable) from None
+        except (KeyError, IndexError, TypeError) as exc:
+            return TurnOutput.failed(f"could not read the model name from {self.base_url}/v1/models: {exc}")
+        body = self.request_body(model, prompt_ids, max_tokens, sampling, seed)
+        answer = await self._send("POST", "/v1/completions", body)
         try:
             return self.parse_choice(answer["choices"][0], max_tokens)
         except (KeyError, IndexError, TypeError, ValueError) as exc:

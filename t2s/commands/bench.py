@@ -64,6 +64,21 @@ def report_arguments(parser: argparse.ArgumentParser) -> None:
                         help="an empty folder to build in and keep (default: a temporary folder, removed)")
 
 
+def eval_scale_arguments(parser: argparse.ArgumentParser) -> None:
+    from t2s.bench.eval_scale import TARGET
+
+    parser.add_argument("--model", type=non_empty_path, default=None,
+                        help="the served model folder (default: .cache/models/smollm2-135m-instruct, from "
+                        "make install-models)")
+    parser.add_argument("--n", dest="episodes", type=positive_int, default=32,
+                        help="demo questions played (default: 32)")
+    parser.add_argument("--max-turns", type=positive_int, default=2, help="tool turns per episode (default: 2)")
+    parser.add_argument("--max-tokens-per-turn", type=positive_int, default=64, help="tokens per turn (default: 64)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the questions picked (default: 0)")
+    parser.add_argument("--output", type=non_empty_path, default=None,
+                        help=f"folder for the servers' logs (default: a temporary one); the target is {TARGET}x")
+
+
 def sandbox_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", type=positive_int, default=None,
                         help="time only the first N blow-ups (default: every one)")
@@ -78,6 +93,8 @@ BENCHMARKS = {
     "report": ("t2s.bench.report", report_arguments,
                "report.html, show and compare on a synthetic eval folder the size of BIRD dev in both modes"),
     "sandbox": ("t2s.bench.sandbox", sandbox_arguments, "how soon the sandbox ends each resource blow-up"),
+    "eval-scale": ("t2s.bench.eval_scale", eval_scale_arguments,
+                   "evaluation across two vLLM servers against one, each pinned to a core of its own"),
 }
 
 

@@ -43,11 +43,12 @@ def _pick(values: Mapping[str, Any], names) -> dict:
 
 @dataclass(frozen=True)
 class EndpointConfig:
-    """An OpenAI-compatible server: ``url``; ``mode`` completions (token ids on a vLLM server, the training stream),
-    chat (any server, history re-rendered: not comparable) or tools (the server's function calling); retries with
-    exponential backoff from ``backoff`` seconds; ``concurrency`` requests in flight."""
+    """OpenAI-compatible servers of one model: ``urls`` (several spread the episodes, ``t2s.backends.server_pool``);
+    ``mode`` completions (token ids on a vLLM server, the training stream), chat (any server, history re-rendered: not
+    comparable) or tools (the server's function calling); retries with exponential backoff from ``backoff`` seconds;
+    ``concurrency`` requests in flight per server."""
 
-    url: str | None = None
+    urls: tuple[str, ...] = ()
     mode: str = "completions"
     served_model: str | None = None  # default: the first of /v1/models
     api_key: str | None = field(default_factory=lambda: os.environ.get("OPENAI_API_KEY"), repr=False)  # a secret
@@ -56,11 +57,22 @@ class EndpointConfig:
     request_timeout: float = 600.0
     concurrency: int = 64
 
+    def __post_init__(self):
+        urls = (self.urls,) if isinstance(self.urls, str) else tuple(self.urls or ())
+        split = [url.strip() for value in urls for url in str(value).split(",") if url.strip()]
+        object.__setattr__(self, "urls", tuple(dict.fromkeys(split)))  # a server named twice is one server
+
+    @property
+    def url(self) -> str | None:
+        """The first server (the one of a single-server run)."""
+        return self.urls[0] if self.urls else None
+
     @classmethod
     def from_options(cls, values: Mapping[str, Any]) -> EndpointConfig:
+        """``endpoint`` is one URL, a comma-separated list, or a list of either (``--endpoint`` repeated)."""
         picked = _pick(values, ("served_model", "api_key", "retries", "backoff", "request_timeout", "concurrency"))
-        if "endpoint" in values:
-            picked["url"] = values["endpoint"]
+        if values.get("endpoint") is not None:
+            picked["urls"] = values["endpoint"]
         if "endpoint_mode" in values:
             picked["mode"] = values["endpoint_mode"]
         return cls(**picked)

@@ -46,7 +46,9 @@ def add_engine_arguments(p) -> None:
 
 def add_endpoint_arguments(p) -> None:
     """How to reach an OpenAI-compatible server (shared with ``ask``)."""
-    p.add_argument("--endpoint", default=None, help="base URL of an OpenAI-compatible server, e.g. http://localhost:8000")
+    p.add_argument("--endpoint", action="append", default=None, metavar="URL",
+                   help="base URL of an OpenAI-compatible server, e.g. http://localhost:8000; repeat it (or give a "
+                   "comma-separated list) to spread the episodes over several servers of one model")
     p.add_argument("--endpoint-mode", default=EndpointConfig().mode, choices=ENDPOINT_MODES,
                    help="completions: token ids on a vLLM server (comparable); chat: any server (not comparable); "
                    "tools: any server's function calling (native format, not comparable)")

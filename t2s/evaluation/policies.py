@@ -128,37 +128,43 @@ def model_context_length(model: str) -> int | None:
 
 def endpoint_client(endpoint, enable_thinking: bool):
     """A chat client for ``endpoint`` (an ``EndpointConfig``) whose served model name is known (fails fast, after
-    retries)."""
+    retries); several servers make one ``ChatClientPool``, which must all serve the same model."""
     from t2s.backends.chat_endpoint import ChatEndpointClient, EndpointError
+    from t2s.backends.server_pool import ChatClientPool
 
-    client = ChatEndpointClient(
-        endpoint.url, model=endpoint.served_model, api_key=endpoint.api_key, request_timeout=endpoint.request_timeout,
+    clients = [ChatEndpointClient(
+        url, model=endpoint.served_model, api_key=endpoint.api_key, request_timeout=endpoint.request_timeout,
         retries=endpoint.retries, backoff=endpoint.backoff, enable_thinking=enable_thinking,
-    )  # fmt: skip
+    ) for url in endpoint.urls]  # fmt: skip
     try:
-        client.model_name()
+        names = {client.base_url: client.model_name() for client in clients}
     except EndpointError as exc:
         raise EvalError(f"{exc} (is the server running?)") from None
-    return client
+    if len(set(names.values())) > 1:
+        served = ", ".join(f"{url} serves {name}" for url, name in names.items())
+        raise EvalError(f"Error: the servers serve different models ({served}); name one with --served-model")
+    return clients[0] if len(clients) == 1 else ChatClientPool(clients)
 
 
 def completions_backend(endpoint, tokenizer, served: str, episode_token_budget: int):
-    """The vLLM server backend (token-id prompts, ``return_token_ids``): the same token stream as training. A server
-    whose ``max_model_len`` cannot hold ``episode_token_budget`` tokens is refused here, before any episode."""
+    """The vLLM server backend (token-id prompts, ``return_token_ids``): the same token stream as training; several
+    servers make one ``ServerPool``. A server whose ``max_model_len`` cannot hold ``episode_token_budget`` tokens is
+    refused here, before any episode."""
+    from t2s.backends.server_pool import ServerPool
     from t2s.backends.vllm_server import VLLMServerBackend, context_error
 
-    backend = VLLMServerBackend(
-        endpoint.url, tokenizer, model=served, max_concurrency=endpoint.concurrency,
-        request_timeout=endpoint.request_timeout, retries=endpoint.retries, backoff=endpoint.backoff,
-        api_key=endpoint.api_key,
-    )  # fmt: skip
-    try:
-        problem = context_error(backend.base_url, backend.served_max_model_len(), episode_token_budget)
-    except RuntimeError as exc:
-        raise EvalError(str(exc)) from None
-    if problem is not None:
-        raise EvalError(problem)
-    return backend
+    backends = [VLLMServerBackend(
+        url, tokenizer, model=served, max_concurrency=endpoint.concurrency, request_timeout=endpoint.request_timeout,
+        retries=endpoint.retries, backoff=endpoint.backoff, api_key=endpoint.api_key,
+    ) for url in endpoint.urls]  # fmt: skip
+    for backend in backends:
+        try:
+            problem = context_error(backend.base_url, backend.served_max_model_len(), episode_token_budget)
+        except RuntimeError as exc:
+            raise EvalError(str(exc)) from None
+        if problem is not None:
+            raise EvalError(problem)
+    return backends[0] if len(backends) == 1 else ServerPool(backends)
 
 
 class Runner:
@@ -215,6 +221,10 @@ class Runner:
             self.backend = completions_backend(endpoint, self.tokenizer, served, config.episode.episode_token_budget)
         self.target = {"endpoint": self.chat_client.base_url, "endpoint_mode": endpoint.mode,
                        "served_model": served, "model": config.model}
+        if len(endpoint.urls) > 1:  # recorded only for several, so single-server folders resume as before
+            from t2s.backends.http_retry import normalise_base_url
+
+            self.target["endpoints"] = [normalise_base_url(url) for url in endpoint.urls]
 
     def _setup_model(self) -> None:
         config = self.config

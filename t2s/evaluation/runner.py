@@ -243,6 +243,8 @@ def build_config(run: EvalConfig, mode: str, runner: Runner, data_file: Path, se
     }
     if "weights_sha256" in runner.target:  # which weights ran (``export --eval`` checks it), hashed once at set-up
         config["weights_sha256"] = runner.target["weights_sha256"]
+    if runner.target.get("endpoints"):  # several servers of one model (only then, so older folders resume)
+        config["endpoints"] = runner.target["endpoints"]
     for key in ("engine", "dtype"):  # what generated the episodes: "vllm 0.31.0", "transformers 5.17.0"
         if runner.target.get(key) is not None:
             config[key] = runner.target[key]

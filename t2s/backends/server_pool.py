@@ -1,0 +1,184 @@
+"""Several OpenAI-compatible servers serving one model, used as one (``--endpoint A --endpoint B``).
+
+- :class:`ServerPool` (completions mode) is a token backend over several ``VLLMServerBackend``s. An episode stays on
+  the server that took its first turn while that server answers, so the server's prefix cache keeps the episode's
+  stream; a new episode goes to the live server with the fewest requests in flight. Each episode of the rollout is
+  its own asyncio task, so the episode's server is kept in a ``ContextVar``: set at its first turn, it is the task's
+  own. Each server keeps its own bound on requests in flight (``--concurrency`` is per server).
+- :class:`ChatClientPool` (chat and tools modes) routes request by request to the live server with the fewest in
+  flight: a chat request carries its whole history, so any server can take any turn.
+
+A server whose request still fails after its retries because it cannot be reached (refused connection, time-out, a
+5xx answer) is marked down and reported once on stderr, and the turn goes to another live server: the episode goes
+on there, so none is lost and none is played twice. A request the server refuses (a 400) is the turn's own failure,
+as with one server. When no server is left, the turn fails as a single server's would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from typing import Callable, Sequence
+
+from t2s.backends.base import SamplingSettings, TurnOutput
+from t2s.backends.http_retry import RequestFailed
+
+_EPISODE_SERVER: contextvars.ContextVar[int | None] = contextvars.ContextVar("t2s_episode_server", default=None)
+
+
+def _say_down(url: str, reason: str, left: int) -> None:
+    from t2s.ui.console import print_line
+
+    where = f"its turns go to the {left} other server(s)" if left else "no server is left"
+    print_line(f"Warning: the server at {url} stopped answering ({reason}); {where}", stderr=True)
+
+
+class _Health:
+    """Which servers are down, and how many requests each has in flight (thread-safe)."""
+
+    def __init__(self, urls: Sequence[str], report: Callable[[str, str, int], None]):
+        self.urls = list(urls)
+        self.down: dict[int, str] = {}  # server index -> why it was marked down
+        self.in_flight = [0] * len(urls)
+        self.report = report
+        self.lock = threading.Lock()
+
+    def pick(self, preferred: int | None, tried: set[int]) -> int | None:
+        with self.lock:
+            if preferred is not None and preferred not in self.down and preferred not in tried:
+                return preferred
+            live = [i for i in range(len(self.urls)) if i not in self.down and i not in tried]
+            return min(live, key=lambda i: (self.in_flight[i], i)) if live else None
+
+    def mark_down(self, index: int, reason: str) -> None:
+        with self.lock:
+            if index in self.down:
+                return
+            self.down[index] = reason
+            left = len(self.urls) - len(self.down)
+        self.report(self.urls[index], reason, left)
+
+
+class ServerPool:
+    """A token backend over several vLLM servers (see the module docstring)."""
+
+    schedule = "async"
+
+    def __init__(self, backends: Sequence, report: Callable[[str, str, int], None] = _say_down):
+        if not backends:
+            raise ValueError("ServerPool needs at least one server")
+        self.backends = list(backends)
+        self.stop_token_ids = list(self.backends[0].stop_token_ids)
+        self.health = _Health([b.base_url for b in self.backends], report)
+        self.turns_served = [0] * len(self.backends)
+
+    @property
+    def base_url(self) -> str:
+        return self.backends[0].base_url
+
+    @property
+    def down(self) -> dict[str, str]:
+        """{url: why} for every server marked down."""
+        return {self.health.urls[i]: why for i, why in self.health.down.items()}
+
+    async def agenerate(
+        self, prompt_ids: list[int], max_tokens: int, sampling: SamplingSettings, seed: int | None = None
+    ) -> TurnOutput:
+        """One turn on the episode's server, or on another live one when that server stopped answering."""
+        tried: set[int] = set()
+        last = "no server was tried"
+        while (index := self.health.pick(_EPISODE_SERVER.get(), tried)) is not None:
+            _EPISODE_SERVER.set(index)
+            self.health.in_flight[index] += 1
+            try:
+                out = await self.backends[index].arequest_turn(prompt_ids, max_tokens, sampling, seed)
+            except RequestFailed as exc:
+                last = f"{self.health.urls[index]}: {exc}"
+                if not exc.retryable:  # the server answers and refuses this request: the turn's own failure
+                    return TurnOutput.failed(last)
+                tried.add(index)
+                self.health.mark_down(index, exc.reason)
+                continue
+            finally:
+                self.health.in_flight[index] -= 1
+            self.turns_served[index] += 1
+            return out
+        return TurnOutput.failed(f"no server answered ({last})")
+
+    def generate(self, prompts, max_tokens, sampling, seeds=None) -> list[TurnOutput]:
+        """A batch as concurrent requests, each its own episode (for turn-synchronous callers)."""
+        seeds = list(seeds) if seeds is not None else [None] * len(prompts)
+
+        async def batch():
+            try:
+                return await asyncio.gather(*(self.agenerate(p, m, sampling, s)
+                                              for p, m, s in zip(prompts, max_tokens, seeds)))
+            finally:
+                await self.aclose()
+
+        return list(asyncio.run(batch()))
+
+    async def aclose(self) -> None:
+        for backend in self.backends:
+            await backend.aclose()
+
+
+class ChatClientPool:
+    """Several ``ChatEndpointClient``s serving one model, as one client (see the module docstring)."""
+
+    def __init__(self, clients: Sequence, report: Callable[[str, str, int], None] = _say_down):
+        if not clients:
+            raise ValueError("ChatClientPool needs at least one server")
+        self.clients = list(clients)
+        self.health = _Health([c.base_url for c in self.clients], report)
+        self.requests_served = [0] * len(self.clients)
+
+    @property
+    def base_url(self) -> str:
+        return self.clients[0].base_url
+
+    @property
+    def model(self) -> str | None:
+        return self.clients[0].model
+
+    @property
+    def enable_thinking(self) -> bool:
+        return self.clients[0].enable_thinking
+
+    @property
+    def down(self) -> dict[str, str]:
+        return {self.health.urls[i]: why for i, why in self.health.down.items()}
+
+    def model_name(self) -> str:
+        return self.clients[0].model_name()
+
+    def _routed(self, call: Callable):
+        from t2s.backends.chat_endpoint import EndpointError
+
+        tried: set[int] = set()
+        last = None
+        while (index := self.health.pick(None, tried)) is not None:
+            with self.health.lock:
+                self.health.in_flight[index] += 1
+            try:
+                answer = call(self.clients[index])
+            except EndpointError as exc:
+                if not exc.unreachable:
+                    raise
+                last = exc
+                tried.add(index)
+                self.health.mark_down(index, str(exc).removeprefix("Error: "))
+                continue
+            finally:
+                with self.health.lock:
+                    self.health.in_flight[index] -= 1
+            self.requests_served[index] += 1
+            return answer
+        raise EndpointError(f"Error: no server answered (the last: {str(last).removeprefix('Error: ')})")
+
+    def complete(self, messages, max_tokens, sampling, seed=None):
+        return self._routed(lambda client: client.complete(messages, max_tokens, sampling, seed))
+
+    def complete_message(self, messages, max_tokens, sampling, seed=None, tools=None):
+        return self._routed(lambda client: client.complete_message(messages, max_tokens, sampling, seed, tools))

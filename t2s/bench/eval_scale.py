@@ -1,0 +1,140 @@
+"""``bench eval-scale``: evaluation across two vLLM servers against one, on the same episodes.
+
+Each server is started as ``make serve`` starts it (so this benchmark runs from a checkout), pinned with ``taskset``
+to a core of its own, its OpenMP threads bound to that core. The baseline is one server on the first core; the run is
+two servers, on the first and the second core, as one ``ServerPool`` (``eval --endpoint A --endpoint B``). Both play
+the same episodes through the rollout driver that ``eval`` uses (the ``--n`` demo questions in withheld mode,
+greedy, ``--max-turns`` tool turns of at most ``--max-tokens-per-turn`` tokens), after one warm-up pass each. The last
+line is ``eval-scale: servers=2 episodes=N seconds=S speedup=R``, where S is the two-server time and R the one-server
+time over it; the bench exits 1 when R is below ``TARGET``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+TARGET = 1.6
+MAX_MODEL_LEN = 4096
+
+
+@contextlib.contextmanager
+def pinned_server(model: Path, core: int, port: int, log: Path):
+    """``make serve`` for ``model`` on ``port``, under ``taskset -c core``; yields its URL once /health answers."""
+    from t2s.settings import REPO_ROOT
+
+    env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                        "HF_HUB_OFFLINE": "1"}
+    cmd = ["taskset", "-c", str(core), "make", "--no-print-directory", "-o", "install-vllm", "serve",
+           f"MODEL={model}", f"PORT={port}", f"MAX_MODEL_LEN={MAX_MODEL_LEN}"]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 900
+            while True:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"Error: the server on core {core} exited ({proc.returncode}); see {log}")
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=2) as reply:
+                        if reply.status == 200:
+                            break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"Error: the server on core {core} did not answer /health; see {log}")
+                time.sleep(1)
+            yield url
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def play(urls: list[str], tokenizer, rows: list[dict], config) -> float:
+    """Seconds to play ``rows`` through the servers at ``urls`` (a ``ServerPool`` when several)."""
+    from t2s.backends.base import SamplingSettings
+    from t2s.backends.server_pool import ServerPool
+    from t2s.backends.vllm_server import VLLMServerBackend
+    from t2s.rollout.driver import Rollout
+
+    backends = [VLLMServerBackend(url, tokenizer, max_concurrency=64) for url in urls]
+    backend = backends[0] if len(backends) == 1 else ServerPool(backends)
+    rollout = Rollout(backend, tokenizer, config, sampling=SamplingSettings(temperature=0.0, seed=0), score=False)
+    started = time.perf_counter()
+    traces = rollout.run(rows)
+    seconds = time.perf_counter() - started
+    failed = [trace.error for trace in traces if trace.error]
+    if failed:
+        raise RuntimeError(f"Error: {len(failed)} of {len(traces)} episodes failed: {failed[0]}")
+    return seconds
+
+
+def run(*, model=None, episodes=32, max_turns=2, max_tokens_per_turn=64, seed=0, output=None) -> int:
+    import shutil
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from t2s.bench.rollout import pick_rows
+    from t2s.data.loaders import load_json_rows
+    from t2s.env.episode import EpisodeConfig
+    from t2s.settings import DEMO_DIR, REPO_ROOT
+    from t2s.ui.console import print_line
+
+    cores = sorted(os.sched_getaffinity(0))
+    model = Path(model) if model else REPO_ROOT / ".cache" / "models" / "smollm2-135m-instruct"
+    problems = [message for failed, message in (
+        (len(cores) < 2, f"two cores are needed, this process may use {len(cores)}"),
+        (shutil.which("taskset") is None, "taskset is not installed (util-linux)"),
+        (not (REPO_ROOT / "Makefile").is_file(), "the servers start with `make serve`: run from a checkout"),
+        (not (model / "config.json").is_file(), f"no model folder at {model} (make install-models, or --model DIR)"),
+    ) if failed]
+    if problems:
+        print_line(f"Error: bench eval-scale: {problems[0]}", stderr=True)
+        return 2
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    rows = pick_rows(load_json_rows(DEMO_DIR / "dev.json"), episodes, seed)
+    config = EpisodeConfig(mode="withheld", max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn,
+                           forced_turn_reserve=max_tokens_per_turn, episode_token_budget=MAX_MODEL_LEN,
+                           min_episode_tokens=256, enable_thinking=False)
+    logs = Path(output) if output else Path(tempfile.mkdtemp(prefix="t2s-bench-eval-scale-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    from t2s.ui.console import console
+
+    out = console(stderr=True)
+    with pinned_server(model, cores[0], _free_port(), logs / "server0.log") as first:
+        out.print(f"one server on core {cores[0]}: warm-up, then {len(rows)} episodes", highlight=False)
+        play([first], tokenizer, rows, config)
+        one = play([first], tokenizer, rows, config)
+        with pinned_server(model, cores[1], _free_port(), logs / "server1.log") as second:
+            out.print(f"two servers on cores {cores[0]} and {cores[1]}: warm-up, then the same episodes",
+                      highlight=False)
+            play([second], tokenizer, rows, config)
+            two = play([first, second], tokenizer, rows, config)
+    speedup = one / two
+    out.print(f"one server {one:.1f} s, two servers {two:.1f} s (server logs in {logs})", highlight=False)
+    if speedup < TARGET:
+        print_line(f"Error: two servers played {speedup:.2f}x as fast as one, below the target of {TARGET}x",
+                   stderr=True)
+    print(f"eval-scale: servers=2 episodes={len(rows)} seconds={two:.1f} speedup={speedup:.2f}")
+    sys.stdout.flush()
+    return 0 if speedup >= TARGET else 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,99 @@
+"""Evaluation across several servers of one model (``--endpoint A --endpoint B``, ``t2s.backends.server_pool``): the
+episodes spread over the servers, each episode stays on one server, and a server that dies mid-eval has its turns
+taken by the others, with every episode written exactly once and the summary a clean run's."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from t2s.commands.eval import eval_config
+from t2s.evaluation.runner import evaluate
+from tests.fake_vllm import CompletionsGoodAgent, FakeVLLMServer, refused_url
+
+FIGURES = ("n", "execution_accuracy_official", "strict", "submit_rate", "mean_turns", "stop_reasons")
+
+
+def gold_by_question(data_dir: Path) -> dict[str, str]:
+    return {r["question"]: r["SQL"] for r in json.loads((data_dir / "dev.json").read_text())}
+
+
+def episodes(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "full" / "episodes.jsonl").read_text().splitlines() if line]
+
+
+def run(tiny_model_dir, demo_dir, output, *urls, mode="completions", extra=()):
+    argv = ["--policy", "endpoint", "--model", tiny_model_dir, "--data", demo_dir, "--n", "12", "--endpoint-mode",
+            mode, "--retries", "1", "--backoff", "0.01", "--output", output, "--quiet", *extra]
+    for url in urls:
+        argv += ["--endpoint", url]
+    return evaluate(eval_config(argv))["full"]
+
+
+def test_several_endpoints_are_one_option_and_recorded(tiny_model_dir, demo_dir, tmp_path):
+    config = eval_config(["--policy", "endpoint", "--endpoint", "http://a:1", "--endpoint", "http://b:2,http://c:3",
+                          "--endpoint", "http://a:1", "--data", demo_dir, "--output", tmp_path])
+    assert config.policy.endpoint.urls == ("http://a:1", "http://b:2", "http://c:3")
+
+
+@pytest.mark.parametrize("mode", ["completions", "tools"])
+def test_two_servers_share_the_episodes_and_score_as_one(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, mode):
+    from tests.test_tools_endpoint import gold_replies
+
+    gold = gold_by_question(demo_dir)
+    agent = CompletionsGoodAgent(tiny_tokenizer, gold)
+    reply = gold_replies(gold) if mode == "tools" else ("Thinking.", "The answer.")
+    extra = ["--dialect", "sibling"] if mode == "tools" else []
+    with FakeVLLMServer(agent, chat_reply=reply) as one:
+        alone = run(tiny_model_dir, demo_dir, tmp_path / "one", one.base_url, mode=mode, extra=extra)
+    with FakeVLLMServer(agent, chat_reply=reply) as a, FakeVLLMServer(agent, chat_reply=reply) as b:
+        both = run(tiny_model_dir, demo_dir, tmp_path / "two", a.base_url, b.base_url, mode=mode, extra=extra)
+    served = {server.base_url: [tuple(r["prompt"]) for r in server.requests] + server.chat_requests
+              for server in (a, b)}
+    assert all(served.values()) and {k: both[k] for k in FIGURES} == {k: alone[k] for k in FIGURES}
+    assert alone["execution_accuracy_official"] == 1.0 and alone["mean_turns"] == 2.0
+    assert both["config"]["endpoints"] == [a.base_url, b.base_url] and "endpoints" not in alone["config"]
+    if mode == "completions":  # an episode keeps its server: a later turn's prompt extends one sent to that server
+        every = [p for prompts in served.values() for p in prompts]
+        for prompts in served.values():
+            for prompt in prompts:
+                earlier = [q for q in every if len(q) < len(prompt) and prompt[: len(q)] == q]
+                assert not earlier or any(q in prompts for q in earlier)
+
+
+def test_a_server_killed_mid_eval_loses_no_episode(tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, capsys):
+    agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
+    with FakeVLLMServer(agent) as one:
+        clean = run(tiny_model_dir, demo_dir, tmp_path / "clean", one.base_url, extra=["--concurrency", "2"])
+    survivor, doomed = FakeVLLMServer(agent), FakeVLLMServer(agent)
+    with survivor, doomed:
+        def kill_after_some_turns():
+            deadline = time.monotonic() + 60
+            while len(doomed.requests) < 4 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            doomed.__exit__(None, None, None)  # the server goes away: new connections are refused
+
+        killer = threading.Thread(target=kill_after_some_turns)
+        killer.start()
+        summary = run(tiny_model_dir, demo_dir, tmp_path / "killed", survivor.base_url, doomed.base_url,
+                      extra=["--concurrency", "2"])
+        killer.join()
+    assert len(doomed.requests) >= 4 and survivor.requests
+    lines = episodes(tmp_path / "killed")
+    assert sorted(line["question_id"] for line in lines) == sorted(line["question_id"] for line in
+                                                                   episodes(tmp_path / "clean"))
+    assert len({line["question_id"] for line in lines}) == len(lines) == 12  # each written once
+    assert {k: summary[k] for k in FIGURES} == {k: clean[k] for k in FIGURES}
+    err = capsys.readouterr().err
+    assert err.count(f"Warning: the server at {doomed.base_url} stopped answering") == 1
+
+
+def test_with_every_server_gone_the_eval_fails_with_one_line(tiny_model_dir, demo_dir, tmp_path):
+    from t2s.errors import EvalError
+
+    with pytest.raises(EvalError, match="is the server running"):
+        run(tiny_model_dir, demo_dir, tmp_path / "none", refused_url(), refused_url())
