@@ -21,8 +21,10 @@ MODEL ?= Qwen/Qwen3.5-2B
 PORT ?= 8000
 MAX_MODEL_LEN ?= 16384
 PYTEST_ARGS ?=
-# pytest-xdist workers for make test; the vLLM tests run one after another on one of them (tests/conftest.py).
-TEST_WORKERS ?= 2
+# pytest-xdist workers for make test (1: no workers, the whole suite in one process). On two cores more workers are
+# slower: the vLLM tests, most of the suite's time, take a core each. With more cores, TEST_WORKERS=N runs the vLLM
+# tests one after another on one worker and the rest beside them (tests/conftest.py).
+TEST_WORKERS ?= 1
 TRAIN_ARGS ?=
 
 .PHONY: install install-gpu install-vllm install-models install-postgres install-chromium test lint demo train serve data bench-env bench-rollout eval-sibling clean help
@@ -93,7 +95,7 @@ test demo: export HF_HUB_OFFLINE := 1
 
 test: install install-vllm install-models
 	$(PY) -m ruff check
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
 
 # The linter alone (ruff; its settings are in pyproject.toml).
 lint: install

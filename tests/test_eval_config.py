@@ -66,3 +66,8 @@ def test_repeated_modes_play_once_and_an_unknown_mode_is_refused():
     assert EvalConfig(data="d", output="o", modes=("full", "full", "withheld")).modes == ("full", "withheld")
     with pytest.raises(EvalError, match="unknown mode 'partial'"):
         EvalConfig(data="d", output="o", modes=("partial",))
+
+
+def test_asks_unseeded_default_stays_unseeded():
+    config = PolicyConfig.from_options({"policy": "model", "seed": None, "temperature": 0.7})
+    assert config.seed is None and config.sampling.seed is None and config.sampling.temperature == 0.7

@@ -2,12 +2,13 @@
 a think block, a GGUF tokenizer that names ``<|im_start|>`` as its eos) and Google's base Gemma 3 270M (no chat
 template; ``recipes/chat_templates/gemma3.jinja`` supplies Gemma's turn format).
 
-On SmolLM2, in both modes, with real tools on the demo databases: ``eval --policy vllm`` plays the same greedy
-episodes as ``--policy model`` (a difference is allowed only at a near-tie, detected from the model's logprobs and
-reported); ``ask`` answers; ``sft`` then two GRPO steps colocated with vLLM, full and LoRA with peft's default targets,
-keep ``sampling/logp_gap/mean`` under 0.01; ``export`` writes a folder that ``make serve`` loads, stopping on
-``<|im_end|>``; and ``eval --policy endpoint`` runs against it in chat and completions modes. On Gemma 3: one clear
-error line without a template, then an eval and a GRPO step with one.
+On SmolLM2, in both modes, with real tools on held-out BIRD questions (superhero, where the shared data is present;
+else the demo's): ``eval --policy vllm`` plays the same greedy episodes as ``--policy model`` (a difference is
+allowed only at a near-tie, detected from the model's logprobs and reported); ``ask`` answers; ``sft`` then two GRPO
+steps colocated with vLLM, full and LoRA with peft's default targets, keep ``sampling/logp_gap/mean`` under 0.01;
+``export`` writes a folder that ``make serve`` loads, stopping on ``<|im_end|>``; and ``eval --policy endpoint`` runs
+against it in chat and completions modes. On Gemma 3: one clear error line without a template, then an eval and a
+GRPO step with one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from t2s.settings import shared_data_dir
 from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, served
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
@@ -27,6 +29,9 @@ pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(MODULE_TIMEOUT_S)]
 
 DEMO = ROOT / "data" / "demo"
+SUPERHERO = shared_data_dir() / "bird_dev_superhero"
+# greedy identity is checked on held-out BIRD questions (superhero) where the shared data is present, else on the demo
+HELD_OUT = SUPERHERO if (SUPERHERO / "dev.json").is_file() else DEMO
 GEMMA_TEMPLATE = ROOT / "recipes" / "chat_templates" / "gemma3.jinja"
 EPISODES = ["--data", str(DEMO), "--n", "2", "--max-turns", "2", "--max-tokens-per-turn", "24",
             "--episode-token-budget", "4096", "--temperature", "0", "--quiet"]
@@ -64,10 +69,11 @@ def turn_texts(out: Path, mode: str) -> list[list[str]]:
 # --------------------------------------------------------------------------------------- greedy: vLLM = transformers
 @pytest.fixture(scope="module")
 def offline_runs(smollm2_dir, tmp_path_factory):
-    """``eval --policy model`` then ``--policy vllm`` on SmolLM2, both modes, in one process."""
+    """``eval --policy model`` then ``--policy vllm`` on SmolLM2, both modes, in one process, on ``HELD_OUT``."""
     base = tmp_path_factory.mktemp("smollm2-offline")
     runs = [["eval", "--policy", policy, "--model", str(smollm2_dir), "--mode", "full", "withheld", *EPISODES,
-             "--output", str(base / policy)] for policy in ("model", "vllm")]
+             "--data", str(HELD_OUT), "--output", str(base / policy)]  # this --data wins over EPISODES
+            for policy in ("model", "vllm")]
     (base / "runs.json").write_text(json.dumps(runs))
     done = subprocess.run([sys.executable, "-m", "tests.vllm_support", str(base / "runs.json")], cwd=ROOT,
                           env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=HANG_GUARD_S)
@@ -89,7 +95,8 @@ def _divergence_gap(model_dir: Path, record: dict, mode: str, turn: int, a: str,
     from t2s.rollout.play import first_prompt_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    row = next(r for r in load_json_rows(DEMO / "dev.json") if str(r["question_id"]) == str(record["question_id"]))
+    rows = load_json_rows(HELD_OUT / "dev.json")
+    row = next(r for r in rows if str(r["question_id"]) == str(record["question_id"]))
     config = chat_format(tokenizer).episode_config(EpisodeConfig(mode=mode, max_turns=2, max_tokens_per_turn=24,
                                                                  episode_token_budget=4096))
     ids = first_prompt_ids(tokenizer, Episode(row, config))
@@ -202,7 +209,9 @@ def test_gemma3_base_without_a_template_is_one_error_line(gemma3_dir, tmp_path):
 
 
 def test_gemma3_evaluates_and_trains_with_a_chat_template(gemma3_dir, tmp_path):
-    done = t2s("eval", "--policy", "vllm", "--model", gemma3_dir, "--chat-template", GEMMA_TEMPLATE,
+    """An eval through transformers, then a GRPO step whose rollouts a colocated vLLM engine generates (one engine
+    start for Gemma's 262k-token vocabulary, not two)."""
+    done = t2s("eval", "--policy", "model", "--model", gemma3_dir, "--chat-template", GEMMA_TEMPLATE,
                "--mode", "withheld", *EPISODES, "--output", tmp_path / "eval")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert len(episodes(tmp_path / "eval", "withheld")) == 2

@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import socket
-import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -58,40 +54,16 @@ def attention_model(folder: Path, noise: float = 0.0) -> Path:
 
 @contextlib.contextmanager
 def served(model_dir: Path, log_path: Path, *serve_args: str):
-    """The OpenAI server as `make serve` starts it (its install step taken as done) on a free loopback port; yields
-    its URL and stops it on exit."""
-    port = free_port()
-    cmd = ["make", "--no-print-directory", "-o", "install-vllm", "serve", f"MODEL={model_dir}", f"PORT={port}",
-           f"MAX_MODEL_LEN={SERVER_MAX_MODEL_LEN}", "SERVE_ARGS=--enforce-eager " + " ".join(serve_args)]
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=os.environ | VLLM_ENV, stdout=log, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + HANG_GUARD_S
-        while True:
-            assert proc.poll() is None, f"the server exited ({proc.returncode}); see {log.name}"
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as reply:
-                    if reply.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"no /health within {HANG_GUARD_S} s; see {log.name}"
-            time.sleep(1)
-        log.flush()
-        started = Path(log.name).read_text(encoding="utf-8", errors="replace")
+    """The OpenAI server as `make serve` starts it (``t2s.bench.eval_scale.make_serve``) on a free loopback port, with
+    the tests' vLLM environment; yields its URL, after checking that its entry point warned of no deprecation."""
+    from t2s.bench.eval_scale import make_serve
+
+    with make_serve(model_dir, free_port(), log_path, max_model_len=SERVER_MAX_MODEL_LEN, env=VLLM_ENV,
+                    serve_args="--enforce-eager " + " ".join(serve_args), timeout=HANG_GUARD_S) as url:
+        started = Path(log_path).read_text(encoding="utf-8", errors="replace")
         assert not [line for line in started.splitlines() if "DeprecationWarning" in line and "vllm" in line], (
-            f"the server's entry point is deprecated; see {log.name}")
+            f"the server's entry point is deprecated; see {log_path}")
         yield url
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
 
 
 def post(url: str, body: dict | None = None, timeout: float = HANG_GUARD_S) -> bytes:

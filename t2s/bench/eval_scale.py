@@ -25,23 +25,28 @@ MAX_MODEL_LEN = 4096
 
 
 @contextlib.contextmanager
-def pinned_server(model: Path, core: int, port: int, log: Path):
-    """``make serve`` for ``model`` on ``port``, under ``taskset -c core``; yields its URL once /health answers."""
+def make_serve(model: Path, port: int, log: Path, *, core: int | None = None, max_model_len: int = MAX_MODEL_LEN,
+               serve_args: str = "", env: dict | None = None, timeout: float = 900.0):
+    """The OpenAI server as ``make serve`` starts it (its install step taken as done) on loopback ``port``, under
+    ``taskset -c core`` with its OpenMP threads bound there when ``core`` is given; yields its URL once /health
+    answers, and stops its process group on exit. RuntimeError when it exits or does not answer in ``timeout`` s."""
     from t2s.settings import REPO_ROOT
 
-    env = os.environ | {"VLLM_CPU_OMP_THREADS_BIND": str(core), "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-                        "HF_HUB_OFFLINE": "1"}
-    cmd = ["taskset", "-c", str(core), "make", "--no-print-directory", "-o", "install-vllm", "serve",
-           f"MODEL={model}", f"PORT={port}", f"MAX_MODEL_LEN={MAX_MODEL_LEN}"]
+    env = os.environ | {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"} | (env or {})
+    cmd = ["make", "--no-print-directory", "-o", "install-vllm", "serve", f"MODEL={model}", f"PORT={port}",
+           f"MAX_MODEL_LEN={max_model_len}", f"SERVE_ARGS={serve_args}"]
+    if core is not None:
+        cmd = ["taskset", "-c", str(core), *cmd]
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         url = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 900
+            deadline = time.monotonic() + timeout
             while True:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"Error: the server on core {core} exited ({proc.returncode}); see {log}")
+                    raise RuntimeError(f"Error: the server exited ({proc.returncode}); see {log}")
                 try:
                     with urllib.request.urlopen(url + "/health", timeout=2) as reply:
                         if reply.status == 200:
@@ -49,7 +54,7 @@ def pinned_server(model: Path, core: int, port: int, log: Path):
                 except OSError:
                     pass
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"Error: the server on core {core} did not answer /health; see {log}")
+                    raise RuntimeError(f"Error: the server did not answer /health within {timeout:g} s; see {log}")
                 time.sleep(1)
             yield url
         finally:
@@ -113,11 +118,11 @@ def run(*, model=None, episodes=32, max_turns=2, max_tokens_per_turn=64, seed=0,
     from t2s.ui.console import console
 
     out = console(stderr=True)
-    with pinned_server(model, cores[0], _free_port(), logs / "server0.log") as first:
+    with make_serve(model, _free_port(), logs / "server0.log", core=cores[0]) as first:
         out.print(f"one server on core {cores[0]}: warm-up, then {len(rows)} episodes", highlight=False)
         play([first], tokenizer, rows, config)
         one = play([first], tokenizer, rows, config)
-        with pinned_server(model, cores[1], _free_port(), logs / "server1.log") as second:
+        with make_serve(model, _free_port(), logs / "server1.log", core=cores[1]) as second:
             out.print(f"two servers on cores {cores[0]} and {cores[1]}: warm-up, then the same episodes",
                       highlight=False)
             play([second], tokenizer, rows, config)

@@ -92,7 +92,7 @@ class PolicyConfig:
     model: str | None = None
     tokenizer: str | None = None  # default: ``model``, else the served name
     chat_template: str | None = None  # a Jinja template for a tokenizer that has none
-    seed: int = 0
+    seed: int | None = 0  # None: unseeded (``ask``'s default)
     k: int = 1
     sampling: SamplingSettings = field(default_factory=SamplingSettings.evaluation)
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
@@ -138,9 +138,6 @@ class PolicyConfig:
         """The episode in ``mode`` (``single`` plays full mode's prompt in one turn)."""
         return dataclasses.replace(self.episode, mode="full" if mode == "single" else mode)
 
-    def with_policy(self, policy: str) -> PolicyConfig:
-        return dataclasses.replace(self, policy=policy)
-
     @property
     def generates(self) -> bool:
         """True for a policy that generates its turns (a model, vLLM or an endpoint)."""
@@ -151,7 +148,7 @@ class PolicyConfig:
 
 
 #: options whose value may be None on purpose (None is their default or means "none given")
-NULLABLE = frozenset({"model", "tokenizer", "chat_template", "dsn", "predictions", "device", "dtype"})
+NULLABLE = frozenset({"model", "tokenizer", "chat_template", "seed", "dsn", "predictions", "device", "dtype"})
 
 
 @dataclass(frozen=True)
