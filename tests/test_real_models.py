@@ -209,9 +209,7 @@ def test_gemma3_base_without_a_template_is_one_error_line(gemma3_dir, tmp_path):
 
 
 def test_gemma3_evaluates_and_trains_with_a_chat_template(gemma3_dir, tmp_path):
-    """An eval through transformers, then a GRPO step whose rollouts a colocated vLLM engine generates (one engine
-    start for Gemma's 262k-token vocabulary, not two)."""
-    done = t2s("eval", "--policy", "model", "--model", gemma3_dir, "--chat-template", GEMMA_TEMPLATE,
+    done = t2s("eval", "--policy", "vllm", "--model", gemma3_dir, "--chat-template", GEMMA_TEMPLATE,
                "--mode", "withheld", *EPISODES, "--output", tmp_path / "eval")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert len(episodes(tmp_path / "eval", "withheld")) == 2
