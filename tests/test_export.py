@@ -283,7 +283,7 @@ def test_export_model_card_metadata_and_usage_snippet(tiny_model_dir, demo_dir, 
     assert [argv[0] for argv in t2s_commands] == ["eval", "ask"]
     for argv in t2s_commands:
         args = build_parser(argv[0]).parse_args(argv)  # the real parser: a missing required option exits
-        assert args.endpoint == "http://localhost:8000"
+        assert args.endpoint == ["http://localhost:8000"]  # --endpoint repeats: a list of servers
         # the system prompt the model was trained with (no --recipe: t2s's own exec_plan prompt), in its tool set
         assert args.system_prompt_file == "system_prompt.txt"
         assert (args.dialect, args.tool_format) == ("exec_plan", "json")
