@@ -166,8 +166,15 @@ def test_awkward_names_nulls_text_dates_and_numbers_are_present(demo_dir, tables
         assert conn.execute("SELECT COUNT(*) FROM loans WHERE returned_on IS NULL").fetchone()[0] > 0
 
 
+def make_demo(output) -> int:
+    """``python -m t2s data make-demo --output OUTPUT`` in this process (so a test may patch the generator)."""
+    from t2s.commands import main
+
+    return main(["data", "make-demo", "--output", str(output)])
+
+
 def test_generator_is_deterministic(demo_dir, tmp_path):
-    assert demo.main(["--output", str(tmp_path)]) == 0
+    assert make_demo(tmp_path) == 0
     committed = sorted(p.relative_to(demo_dir) for p in demo_dir.rglob("*") if p.is_file())
     regenerated = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     assert committed == regenerated
@@ -184,7 +191,7 @@ def test_generator_rejects_gold_sql_without_rows(tmp_path, monkeypatch, capsys):
     empty_answer = ("Any club founded in 1066?", "", "SELECT club_name FROM clubs WHERE founded_year = 1066", "simple")
     broken = dataclasses.replace(demo.DATABASES[0], questions=[empty_answer])
     monkeypatch.setattr(demo, "DATABASES", (*demo.DATABASES[1:], broken))
-    assert demo.main(["--output", str(tmp_path)]) == 1
+    assert make_demo(tmp_path) == 1
     assert capsys.readouterr().err.startswith("Error:")
     assert not (tmp_path / "dev.json").exists()
     assert not list(tmp_path.rglob("*.sqlite*")), "a database was left behind although a gold SQL failed"
