@@ -17,6 +17,7 @@ as with one server. When no server is left, the turn fails as a single server's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 from typing import Callable, Sequence
@@ -51,6 +52,17 @@ class _Health:
             live = [i for i in range(len(self.urls)) if i not in self.down and i not in tried]
             return min(live, key=lambda i: (self.in_flight[i], i)) if live else None
 
+    @contextlib.contextmanager
+    def taking(self, index: int):
+        """Count one request in flight on server ``index`` while the block runs."""
+        with self.lock:
+            self.in_flight[index] += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.in_flight[index] -= 1
+
     def mark_down(self, index: int, reason: str) -> None:
         with self.lock:
             if index in self.down:
@@ -71,16 +83,10 @@ class ServerPool:
         self.backends = list(backends)
         self.stop_token_ids = list(self.backends[0].stop_token_ids)
         self.health = _Health([b.base_url for b in self.backends], report)
-        self.turns_served = [0] * len(self.backends)
 
     @property
     def base_url(self) -> str:
         return self.backends[0].base_url
-
-    @property
-    def down(self) -> dict[str, str]:
-        """{url: why} for every server marked down."""
-        return {self.health.urls[i]: why for i, why in self.health.down.items()}
 
     async def agenerate(
         self, prompt_ids: list[int], max_tokens: int, sampling: SamplingSettings, seed: int | None = None
@@ -90,20 +96,15 @@ class ServerPool:
         last = "no server was tried"
         while (index := self.health.pick(_EPISODE_SERVER.get(), tried)) is not None:
             _EPISODE_SERVER.set(index)
-            self.health.in_flight[index] += 1
             try:
-                out = await self.backends[index].arequest_turn(prompt_ids, max_tokens, sampling, seed)
+                with self.health.taking(index):
+                    return await self.backends[index].arequest_turn(prompt_ids, max_tokens, sampling, seed)
             except RequestFailed as exc:
                 last = f"{self.health.urls[index]}: {exc}"
                 if not exc.retryable:  # the server answers and refuses this request: the turn's own failure
                     return TurnOutput.failed(last)
                 tried.add(index)
                 self.health.mark_down(index, exc.reason)
-                continue
-            finally:
-                self.health.in_flight[index] -= 1
-            self.turns_served[index] += 1
-            return out
         return TurnOutput.failed(f"no server answered ({last})")
 
     def generate(self, prompts, max_tokens, sampling, seeds=None) -> list[TurnOutput]:
@@ -132,7 +133,6 @@ class ChatClientPool:
             raise ValueError("ChatClientPool needs at least one server")
         self.clients = list(clients)
         self.health = _Health([c.base_url for c in self.clients], report)
-        self.requests_served = [0] * len(self.clients)
 
     @property
     def base_url(self) -> str:
@@ -146,10 +146,6 @@ class ChatClientPool:
     def enable_thinking(self) -> bool:
         return self.clients[0].enable_thinking
 
-    @property
-    def down(self) -> dict[str, str]:
-        return {self.health.urls[i]: why for i, why in self.health.down.items()}
-
     def model_name(self) -> str:
         return self.clients[0].model_name()
 
@@ -159,22 +155,15 @@ class ChatClientPool:
         tried: set[int] = set()
         last = None
         while (index := self.health.pick(None, tried)) is not None:
-            with self.health.lock:
-                self.health.in_flight[index] += 1
             try:
-                answer = call(self.clients[index])
+                with self.health.taking(index):
+                    return call(self.clients[index])
             except EndpointError as exc:
                 if not exc.unreachable:
                     raise
                 last = exc
                 tried.add(index)
                 self.health.mark_down(index, str(exc).removeprefix("Error: "))
-                continue
-            finally:
-                with self.health.lock:
-                    self.health.in_flight[index] -= 1
-            self.requests_served[index] += 1
-            return answer
         raise EndpointError(f"Error: no server answered (the last: {str(last).removeprefix('Error: ')})")
 
     def complete(self, messages, max_tokens, sampling, seed=None):
