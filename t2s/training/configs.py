@@ -277,6 +277,13 @@ class T2SGRPOConfig(GRPOConfig):
         kwargs = dict(self.chat_template_kwargs or {})
         kwargs["enable_thinking"] = bool(self.enable_thinking)
         self.chat_template_kwargs = kwargs
+        import torch
+
+        accelerator = torch.cuda.is_available() or torch.xpu.is_available() or torch.backends.mps.is_available()
+        if not (self.use_cpu or accelerator):
+            # without this, a run started by a GPU launch config (accelerate's torchrun path, as slurm/node.sh starts
+            # machines) on a CPU-only machine sees no device group: every process would train alone
+            self.use_cpu = True
         super().__post_init__()
         validate_training_config(self)  # the one place a recipe is validated: every config is, when it is built
 

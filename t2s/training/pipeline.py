@@ -266,9 +266,13 @@ def fit(trainer, counts: dict, checkpoint: str | None = None, recipe: dict | Non
         Path(output_dir, "data_summary.json").write_text(json.dumps(counts, indent=2, default=str))
     trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(output_dir)
+    from accelerate.utils import gather_object
+
+    played = gather_object([trainer.episodes_played])  # collective: every process's share, in rank order
     if trainer.accelerator.is_main_process:
         match_umask(output_dir)
-        summary = {"global_step": trainer.state.global_step, "beta": trainer.beta, "data": counts, **(recipe or {})}
+        summary = {"global_step": trainer.state.global_step, "beta": trainer.beta, "data": counts,
+                   "processes": trainer.accelerator.num_processes, "episodes_by_process": played, **(recipe or {})}
         Path(output_dir, "train_summary.json").write_text(json.dumps(summary, indent=2, default=str))
     from t2s.training.vllm_sync import release_engine
 

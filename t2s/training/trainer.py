@@ -131,6 +131,7 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
             reward_funcs = resolve_reward_funcs(args.reward_names, args)
         self._episode_runner = episode_runner
         self._batch_rows: list[dict] | None = None
+        self.episodes_played = 0  # by this process: its share of every generation batch
         self._backend = None
         self._kl_window = torch.zeros(3, dtype=torch.float64)  # Σ k3·m, Σ m, sequences since the last step
         self._rollout_timings: dict[str, float] = {}  # set by the real rollout: generation and environment seconds
@@ -170,6 +171,7 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         self._batch_rows = inputs  # the rows of this generation batch, G consecutive copies per question
+        self.episodes_played += len(inputs)
         try:
             output = super()._generate_and_score_completions(inputs)
         finally:
