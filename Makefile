@@ -27,7 +27,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 1
 TRAIN_ARGS ?=
 
-.PHONY: install install-gpu install-vllm install-models install-postgres install-chromium test lint demo train serve data bench-env bench-rollout eval-sibling clean help
+.PHONY: install install-gpu install-vllm install-models install-postgres install-chromium install-slurm test lint demo train serve data bench-env bench-rollout eval-sibling clean help
 
 help:
 	@echo "make demo      a tiny model learns on data/demo (CPU): warm start, GRPO steps, eval"
@@ -35,6 +35,7 @@ help:
 	@echo "make lint      the linter alone (ruff)"
 	@echo "make install-models     the real models the tests use (SmolLM2-135M-Instruct, Gemma 3 270M) in .cache/models"
 	@echo "make install-postgres   Debian's PostgreSQL server, for the PostgreSQL engine tests (as root)"
+	@echo "make install-slurm      Debian's Slurm and munge, for the test that submits slurm/train.sbatch (as root)"
 	@echo "make install-chromium   Debian's headless Chromium, for the report.html and compare.html browser tests (as root)"
 	@echo "make train RECIPE=bird [ACCELERATE=multi_gpu] [NUM_GPUS=3]"
 	@echo "make serve MODEL=...   vLLM server for server-mode rollouts"
@@ -63,6 +64,12 @@ install-models: install
 install-postgres:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 \
 		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
+
+# Debian's Slurm (slurm-wlm) and munge, for the test that submits slurm/train.sbatch to a one-host cluster it starts in a
+# temp folder (tests/test_slurm.py, which skips and names this target without them; as root).
+install-slurm:
+	@command -v slurmctld >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 \
+		|| { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge; }
 
 # Headless Chromium for the browser tests of report.html (tests/test_viewer.py, tests/test_report_size.py), which skip
 # and name this target without it.

@@ -1,17 +1,21 @@
 """Multi-node training as ``slurm/train.sbatch`` runs it: ``slurm/node.sh`` once per task, task 0 the vLLM server
 (`make serve`) and each other task one training machine (``accelerate launch`` with its machine rank).
 
-Here three tasks stand in for three nodes on loopback, each its own process group with its own rank, as Slurm's
-``srun`` would start them (``T2S_RANK`` for ``SLURM_PROCID``, ``T2S_HOSTS`` for the job's node list). The two machines
-form one gloo group of two processes, train the tiny model two steps against the real vLLM CPU server, and each plays
-its own share of every batch. A server that dies ends every task with one ``Error:`` line.
+Three tasks stand in for three nodes on loopback, each its own process group with its own rank, as Slurm's ``srun``
+would start them (``T2S_RANK`` for ``SLURM_PROCID``, ``T2S_HOSTS`` for the job's node list). The two machines form one
+gloo group of two processes, train the tiny model two steps against the real vLLM CPU server, and each plays its own
+share of every batch. A server that dies ends every task with one ``Error:`` line. Then ``slurm/train.sbatch`` itself
+is submitted to a real one-host Slurm cluster (Debian's ``slurm-wlm``, ``make install-slurm``) that the test starts in a
+temp folder, with its own munge socket and ports: three tasks on one host, as ``--nodes 1 --ntasks 3``.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -31,15 +35,36 @@ STEPS, BATCH = 2, 4  # per machine: one group of 4 rollouts per step
 LOGP_GAP_BOUND = 0.01
 
 
+def job_env(job: Path) -> dict[str, str]:
+    """What every task of a test job sees: its folder, free ports, a CPU machine, and the tests' server settings."""
+    python = ROOT / ".venv" / "bin" / "python"
+    return os.environ | VLLM_ENV | {
+        "T2S_JOB_DIR": str(job), "SERVER_PORT": str(free_port()), "MAIN_PORT": str(free_port()), "GPUS_PER_NODE": "0",
+        "MAX_MODEL_LEN": str(SERVER_MAX_MODEL_LEN), "SERVE_ARGS": "--enforce-eager", "OMP_NUM_THREADS": "1",
+        "PYTHON": str(python) if python.is_file() else "python3"}
+
+
+def train_flags(model: Path, output: Path) -> list[str]:
+    return ["--model_name_or_path", str(model), "--output_dir", str(output), "--max_steps", str(STEPS), "--mode",
+            "withheld", "--per_device_train_batch_size", str(BATCH), "--num_generations", str(BATCH),
+            "--save_strategy", "no"]
+
+
+def check_trained_as_one_group(output: Path, server_log: Path) -> None:
+    summary = json.loads((output / "train_summary.json").read_text())
+    assert summary["global_step"] == STEPS and summary["processes"] == 2
+    assert summary["episodes_by_process"] == [STEPS * BATCH, STEPS * BATCH]  # both machines played their share
+    steps = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    gaps = [step["sampling/logp_gap/mean"] for step in steps if "sampling/logp_gap/mean" in step]
+    assert len(gaps) == STEPS and max(gaps) < LOGP_GAP_BOUND, gaps  # every step sampled the trainer's weights
+    assert server_log.read_text(errors="replace").count("POST /collective_rpc") >= STEPS - 1  # synced between steps
+    assert (output / ".server-weights" / "model.safetensors").is_file()
+
+
 def run_job(tmp_path: Path, *train_flags: str) -> list[subprocess.CompletedProcess]:
     """Start every task of one job as its own process group; when one fails, stop the others, as
     ``srun --kill-on-bad-exit`` does. Returns each task's finished process, in rank order."""
-    job = tmp_path / "job"
-    env = os.environ | VLLM_ENV | {
-        "T2S_HOSTS": " ".join(["127.0.0.1"] * TASKS), "T2S_JOB_DIR": str(job), "SERVER_PORT": str(free_port()),
-        "MAIN_PORT": str(free_port()), "GPUS_PER_NODE": "0", "MAX_MODEL_LEN": str(SERVER_MAX_MODEL_LEN),
-        "SERVE_ARGS": "--enforce-eager", "OMP_NUM_THREADS": "1", "PYTHON": str(ROOT / ".venv" / "bin" / "python")
-        if (ROOT / ".venv" / "bin" / "python").is_file() else "python3"}
+    env = job_env(tmp_path / "job") | {"T2S_HOSTS": " ".join(["127.0.0.1"] * TASKS)}
     logs = [open(tmp_path / f"task{rank}.log", "w+") for rank in range(TASKS)]
     tasks = [subprocess.Popen(["bash", str(NODE), "smoke", "multi_gpu", *train_flags], cwd=ROOT,
                               env=env | {"T2S_RANK": str(rank)}, stdout=logs[rank], stderr=subprocess.STDOUT,
@@ -65,23 +90,12 @@ def run_job(tmp_path: Path, *train_flags: str) -> list[subprocess.CompletedProce
 
 
 def test_two_machines_train_as_one_group_against_the_server(tmp_path):
-    model = attention_model(tmp_path / "model")
     output = tmp_path / "run"
-    done = run_job(tmp_path, "--model_name_or_path", str(model), "--output_dir", str(output), "--max_steps",
-                   str(STEPS), "--mode", "withheld", "--per_device_train_batch_size", str(BATCH), "--num_generations",
-                   str(BATCH), "--save_strategy", "no")
+    done = run_job(tmp_path, *train_flags(attention_model(tmp_path / "model"), output))
     for rank, task in enumerate(done):
         assert task.returncode == 0, f"task {rank}:\n{task.stdout[-4000:]}"
     assert "machine 0 of 2" in done[1].stdout and "machine 1 of 2" in done[2].stdout
-    summary = json.loads((output / "train_summary.json").read_text())
-    assert summary["global_step"] == STEPS and summary["processes"] == 2
-    assert summary["episodes_by_process"] == [STEPS * BATCH, STEPS * BATCH]  # both machines played their share
-    steps = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    gaps = [step["sampling/logp_gap/mean"] for step in steps if "sampling/logp_gap/mean" in step]
-    assert len(gaps) == STEPS and max(gaps) < LOGP_GAP_BOUND, gaps  # every step sampled the trainer's weights
-    server_log = (tmp_path / "job" / "server.log").read_text(errors="replace")
-    assert server_log.count("POST /collective_rpc") >= STEPS - 1  # the weights reached the server between steps
-    assert (output / ".server-weights" / "model.safetensors").is_file()
+    check_trained_as_one_group(output, tmp_path / "job" / "server.log")
 
 
 def test_a_server_that_dies_ends_every_task_with_one_error_line(tmp_path):
@@ -93,3 +107,62 @@ def test_a_server_that_dies_ends_every_task_with_one_error_line(tmp_path):
         assert len(errors) == 1 and "vLLM server" in errors[0] and "exited" in errors[0], task.stdout[-2000:]
         assert "Traceback" not in task.stdout
     assert not (tmp_path / "run").exists()  # no trainer started
+
+
+# ------------------------------------------------------------------------------------------ a real Slurm cluster
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A one-host Slurm cluster (slurmctld, slurmd, and a munged of its own) in a temp folder; yields the environment
+    its commands need (``SLURM_CONF``), and shuts it down afterwards."""
+    missing = [name for name in ("slurmctld", "slurmd", "sbatch", "scontrol", "munged") if shutil.which(name) is None]
+    if missing:
+        pytest.skip(f"Slurm is not installed ({', '.join(missing)}): `make install-slurm` (as root) installs it")
+    if os.geteuid() != 0:
+        pytest.skip("a one-host Slurm cluster is started as root (slurmd runs each job as its user)")
+    folder = tmp_path_factory.mktemp("slurm")
+    munge_socket, host = folder / "munge.socket", socket.gethostname().split(".")[0]
+    subprocess.run(["munged", "--force", f"--socket={munge_socket}", f"--pid-file={folder / 'munged.pid'}",
+                    f"--log-file={folder / 'munged.log'}", f"--seed-file={folder / 'munged.seed'}"], check=True,
+                   capture_output=True, timeout=60)
+    (folder / "state").mkdir()
+    (folder / "spool").mkdir()
+    conf = folder / "slurm.conf"
+    conf.write_text("\n".join([
+        "ClusterName=t2stest", f"SlurmctldHost={host}", "SlurmUser=root", "SlurmdUser=root",
+        f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}", "AuthType=auth/munge",
+        f"AuthInfo=socket={munge_socket}", f"StateSaveLocation={folder / 'state'}",
+        f"SlurmdSpoolDir={folder / 'spool'}",
+        f"SlurmctldPidFile={folder / 'slurmctld.pid'}", f"SlurmdPidFile={folder / 'slurmd.pid'}",
+        f"SlurmctldLogFile={folder / 'slurmctld.log'}", f"SlurmdLogFile={folder / 'slurmd.log'}",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core", "ReturnToService=2", "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        # as many CPUs as tasks (three nodes' worth on one host); slurmd takes the configured count as given
+        "SlurmdParameters=config_overrides", f"NodeName={host} CPUs={max(TASKS, os.cpu_count() or 1)} RealMemory=4000",
+        f"PartitionName=t2stest Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE", ""]))
+    env = os.environ | {"SLURM_CONF": str(conf)}
+    try:
+        for daemon in ("slurmctld", "slurmd"):
+            subprocess.run([daemon], env=env, check=True, capture_output=True, timeout=60)
+        deadline = time.monotonic() + 120
+        while "idle" not in subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True,
+                                           text=True).stdout:
+            assert time.monotonic() < deadline, (folder / "slurmctld.log").read_text()[-2000:]
+            time.sleep(1)
+        yield env
+    finally:
+        subprocess.run(["scontrol", "shutdown"], env=env, capture_output=True, timeout=60)
+        subprocess.run(["munged", "--stop", f"--socket={munge_socket}"], capture_output=True, timeout=60)
+
+
+def test_the_sbatch_script_trains_under_a_real_slurm(slurm, tmp_path):
+    output, job = tmp_path / "run", tmp_path / "job"
+    log = tmp_path / "slurm.out"
+    done = subprocess.run(["sbatch", "--wait", "--nodes", "1", "--ntasks", str(TASKS), "--ntasks-per-node",
+                           str(TASKS), "--output", str(log), "slurm/train.sbatch", "smoke", "multi_gpu",
+                           *train_flags(attention_model(tmp_path / "model"), output)],
+                          cwd=ROOT, env=job_env(job) | slurm, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    text = log.read_text(errors="replace") if log.is_file() else ""
+    assert done.returncode == 0, done.stdout + done.stderr + text[-4000:]
+    assert "machine 0 of 2" in text and "machine 1 of 2" in text, text[-2000:]
+    check_trained_as_one_group(output, job / "server.log")
