@@ -21,9 +21,9 @@ layerwise reload; and a vLLM server, fed over NCCL by TRL where CUDA is, or thro
   ``OUTPUT/.server-weights/`` and asks the dev-mode server (``VLLM_SERVER_DEV_MODE=1``) to reload them through
   ``POST /collective_rpc`` (``reload_weights``, the same layerwise reload), then resets its prefix cache. The default is
   ``nccl`` where CUDA is and ``files`` elsewhere, so a CPU run (the tests) never enters TRL's CUDA-only communicator.
-  With ``files``, every rank then waits until the server holds the main process's new weight version and checks it
-  against its own, since each rank sends its own episodes' requests to the server (across machines, ``OUTPUT`` must
-  be on a filesystem the server's machine sees).
+  Either way every rank then waits until the server holds the main process's new weight version and checks it
+  against its own, since each rank sends its own episodes' requests to the server (:class:`ServerSync`). Across
+  machines, ``files`` needs ``OUTPUT`` on a filesystem the server's machine sees.
 """
 
 from __future__ import annotations
@@ -113,60 +113,69 @@ def server_setup(args):
         VLLMClient.init_communicator = original
 
 
-class FileSync:
-    """TRL's ``sync_weights`` for server mode without NCCL. Every rank walks the weights (gathering is collective); the
-    main process saves them in ``folder`` and has the server reload them. Then every rank waits for the main process's
-    weight version, and checks that it equals its own count of syncs: no rank's next rollouts start on the server's
-    old weights (its episodes' requests are its own, not gathered on the main process), and a rank that skipped or
-    repeated a sync stops the run instead of training on rollouts from other weights."""
+class ServerSync:
+    """TRL's ``sync_weights`` in server mode, followed by a check that every rank agrees on the server's weights.
 
-    def __init__(self, generation, folder):
-        self.generation, self.folder, self.version = generation, folder, 0
+    ``push`` sends the weights (every rank walks them, since gathering is collective; the main process sends them):
+    TRL's own NCCL transfer, or :func:`reload_through_files`. Then every rank waits for the main process's weight
+    version and checks it against its own count of syncs. Each rank sends its own episodes' requests to the server
+    (they are not gathered on the main process), so without this wait a rank could start its next rollouts on the old
+    weights; a rank that skipped or repeated a sync stops the run instead of training on other weights' rollouts."""
+
+    def __init__(self, generation, push):
+        self.generation, self.push, self.version = generation, push, 0
 
     def __call__(self) -> None:
         from accelerate.utils import broadcast_object_list
 
-        weights = engine_weights(self.generation)
+        self.push()
         self.version += 1
         main = self.generation.accelerator.is_main_process
-        if main:
-            self._reload(weights)
         [served] = broadcast_object_list([self.version if main else None], from_process=0)
         if served != self.version:
             raise RuntimeError(f"rank {self.generation.accelerator.process_index} is at weight version "
                                f"{self.version} but the server holds version {served}")
 
-    def _reload(self, weights) -> None:
-        from pathlib import Path
 
-        from safetensors.torch import save_file
+def reload_through_files(generation, folder) -> None:
+    """The weight push of ``vllm_server_sync: files``: every rank walks the weights; the main process saves them in
+    ``folder`` and has the server reload them."""
+    from pathlib import Path
 
-        folder = Path(self.folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        tensors = {name: tensor.to("cpu").contiguous() for name, tensor in weights}
-        if "lm_head.weight" in tensors:  # safetensors stores no tensor twice: a tied head gets its own copy
-            tensors["lm_head.weight"] = tensors["lm_head.weight"].clone()
-        save_file(tensors, str(folder / "model.safetensors"))
-        client = self.generation.vllm_client
-        response = client.session.post(f"{client.base_url}/collective_rpc", json={
-            "method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}})
-        if response.status_code != 200:
-            raise RuntimeError(f"the vLLM server at {client.base_url} did not reload the weights (HTTP "
-                               f"{response.status_code}: {response.text[:300]}); start it with VLLM_SERVER_DEV_MODE=1")
-        client.reset_prefix_cache()
+    from safetensors.torch import save_file
+
+    weights = engine_weights(generation)
+    if not generation.accelerator.is_main_process:
+        return
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {name: tensor.to("cpu").contiguous() for name, tensor in weights}
+    if "lm_head.weight" in tensors:  # safetensors stores no tensor twice: a tied head gets its own copy
+        tensors["lm_head.weight"] = tensors["lm_head.weight"].clone()
+    save_file(tensors, str(folder / "model.safetensors"))
+    client = generation.vllm_client
+    response = client.session.post(f"{client.base_url}/collective_rpc", json={
+        "method": "reload_weights", "kwargs": {"weights_path": str(folder.resolve())}})
+    if response.status_code != 200:
+        raise RuntimeError(f"the vLLM server at {client.base_url} did not reload the weights (HTTP "
+                           f"{response.status_code}: {response.text[:300]}); start it with VLLM_SERVER_DEV_MODE=1")
+    client.reset_prefix_cache()
 
 
 def install(trainer) -> None:
-    """Point TRL's ``sync_weights`` at :func:`reload_weights` (colocate) or a :class:`FileSync` (server mode with
-    ``vllm_server_sync: files``)."""
+    """Point TRL's ``sync_weights`` at :func:`reload_weights` (colocate), or in server mode at a :class:`ServerSync`
+    around TRL's NCCL push or :func:`reload_through_files` (``vllm_server_sync: files``)."""
     generation = getattr(trainer, "vllm_generation", None)
     if generation is None:
         return
     if generation.mode == "colocate":
         generation.sync_weights = functools.partial(reload_weights, generation)
-    elif generation.mode == "server" and server_sync_mode(trainer.args) == "files":
-        folder = os.path.join(trainer.args.output_dir, SERVER_WEIGHTS)
-        generation.sync_weights = FileSync(generation, folder)
+    elif generation.mode == "server":
+        push = generation.sync_weights
+        if server_sync_mode(trainer.args) == "files":
+            folder = os.path.join(trainer.args.output_dir, SERVER_WEIGHTS)
+            push = functools.partial(reload_through_files, generation, folder)
+        generation.sync_weights = ServerSync(generation, push)
 
 
 def release_engine(trainer) -> None:
