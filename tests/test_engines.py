@@ -271,8 +271,8 @@ def test_convert_never_replaces_a_database_it_did_not_make(postgres_dsn, demo_di
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_predictions_policy_and_single_mode_on_each_engine(request, tmp_path, engine):
+    from t2s.env.episode import Episode, EpisodeConfig
     from t2s.evaluation.config import EvalConfig
-    from t2s.evaluation.policies import single_turn_messages
     from t2s.evaluation.runner import evaluate
 
     data, options, _ = _engine_data(request, engine)
@@ -286,7 +286,7 @@ def test_predictions_policy_and_single_mode_on_each_engine(request, tmp_path, en
         assert summary["n"] == 63 and summary["execution_accuracy_official"] == 1.0
     ref = _demo_ref(request, engine)
     row = {"question_id": "q", "question": "How many clubs?", "evidence": "", "db_id": ref.db_id, "db_path": ref.path}
-    system = single_turn_messages(row)[0]["content"]
+    system = Episode(row, EpisodeConfig(mode="single")).messages[0]["content"]
     assert {"duckdb": "DuckDB", "postgres": "PostgreSQL"}[engine] in system and "SQLite" not in system
 
 

@@ -34,7 +34,7 @@ def test_every_episode_option_reaches_the_episode():
         argv += ["--" + name.replace("_", "-"), value]
     config = eval_config(argv)
     episode = config.policy.episode_for("single")
-    assert episode.mode == "full" and config.policy.episode_for("withheld").mode == "withheld"
+    assert episode.mode == "single" and config.policy.episode_for("withheld").mode == "withheld"
     for name, value in values.items():
         assert getattr(episode, name) == type(getattr(episode, name))(value), name
     assert (episode.dialect, episode.tool_format, episode.enable_thinking) == ("sibling", "native", False)

@@ -15,7 +15,8 @@ import pytest
 
 from t2s.commands.eval import eval_config
 from t2s.evaluation.config import EvalConfig
-from t2s.evaluation.policies import Runner, single_turn_sql
+from t2s.env.single_turn import answer_sql as single_turn_sql
+from t2s.evaluation.policies import Runner
 from t2s.evaluation.runner import EpisodeLog, evaluate, select_rows
 from t2s.errors import EvalError
 
@@ -114,6 +115,37 @@ def test_single_turn_sql_reading():
     assert single_turn_sql("think</think>\n```sql\nSELECT 1\n```") == ("SELECT 1", 0)
     assert single_turn_sql('x</think>{"tool": "submit_sql", "args": {"sql": "SELECT 2"}}')[0] == "SELECT 2"
     assert single_turn_sql("no idea</think> sorry")[0] is None
+
+
+def test_single_mode_is_an_episode_mode_with_the_one_turn_record(demo_dir):
+    """``single`` is played by ``Episode`` like any mode: the single-turn prompt, no tools, one turn whose SQL is the
+    answer as written (never run before scoring), and the same record a one-turn answer always had."""
+    from t2s.data.loaders import load_bird
+    from t2s.env.episode import Episode, EpisodeConfig
+    from t2s.env.record import one_turn_record
+
+    row = load_bird(demo_dir)[0]
+    answers = ["x</think>\n```sql\nSELECT 1\n```", 'x</think>{"tool": "submit_sql", "args": {"sql": "DROP TABLE t"}}',
+               "no idea</think> sorry", '{"tool": "submit_sql", "args": {"sql": 3}}']
+    for text in answers:
+        episode = Episode(row, EpisodeConfig(mode="single", tool_format="native"))
+        assert "CREATE TABLE" in episode.messages[1]["content"] and "no tools" in episode.messages[0]["content"]
+        assert episode.tools is None  # no tools offered, in either call format
+        episode.start(100)
+        assert episode.next_max_tokens() == EpisodeConfig().episode_token_budget - 100  # the whole budget is the turn's
+        assert episode.step(text, n_tokens=7) is None and episode.done
+        sql, deviations = single_turn_sql(text)
+        assert episode.record() == one_turn_record(row, "single", text, sql, deviations=deviations, prompt_tokens=100)
+        assert episode.counters["write_attempts"] == 0  # the answer was not run
+    short = Episode(row, EpisodeConfig(mode="single", episode_token_budget=4096))
+    short.start(4095)  # one token left: below min_episode_tokens, enough for a one-turn answer
+    assert not short.done and short.next_max_tokens() == 1
+    full = Episode(row, EpisodeConfig(mode="single", episode_token_budget=4096))
+    full.start(4096)
+    assert full.done and full.record().stop_reason == "prompt_too_long"
+    unknown = Episode(row, EpisodeConfig(mode="single", max_tokens_per_turn=300))
+    unknown.start(0)  # a prompt of unknown size (no tokenizer): two turns' worth
+    assert unknown.next_max_tokens() == 600
 
 
 # --------------------------------------------------------------------------------------------------- predictions

@@ -4,8 +4,9 @@
   turns, and the episode ends by its own rules.
 - ``GoldPolicy`` lists the tables, describes each table the gold SQL reads, runs the gold SQL and submits it: an
   episode that must score 1.0 with no format deviation (the evaluator's self-check, and the warm start's
-  trajectories), in either call format. In the json format every turn is one JSON object, as the protocol asks
-  (docs/design.md §3); the native format describes the tables in parallel calls, which Qwen3.5's template allows.
+  trajectories), in either call format (in ``single`` mode: the gold SQL in a fenced block). In the json format every
+  turn is one JSON object, as the protocol asks (docs/design.md §3); the native format describes the tables in
+  parallel calls, which Qwen3.5's template allows.
 - ``submit_policy`` submits a given SQL in its first turn.
 """
 
@@ -129,8 +130,11 @@ class GoldPolicy(ScriptPolicy):
         super().__init__(turns, thinking=GOLD_THINKING if thinking else None)
 
     @classmethod
-    def for_episode(cls, row: dict, schema, config) -> "GoldPolicy":
-        """The gold policy in an ``EpisodeConfig``'s tool set, call format and turn limits."""
+    def for_episode(cls, row: dict, schema, config) -> ReplayPolicy:
+        """The gold policy in an ``EpisodeConfig``'s tool set, call format and turn limits; in ``single`` mode, the gold
+        SQL in a fenced block, its one turn."""
+        if config.mode == "single":
+            return ReplayPolicy([f"```sql\n{row['gold_sql']}\n```"])
         return cls(row, schema, dialect=config.dialect, tool_format=config.tool_format, max_turns=config.max_turns,
                    max_calls_per_turn=config.max_calls_per_turn, thinking=config.enable_thinking)
 

@@ -4,6 +4,9 @@ The caller feeds assistant turns (text) and its own token counts; the episode ru
 budget, renders the next observation and finally picks the final SQL:
 1. the submitted SQL, if it executes;  2. else the forced answer, if it executes;
 3. else the last ``run_query`` that ran without error (fallback);  4. else the submitted/forced SQL as written, or none.
+
+Mode ``single`` is the single-turn protocol (``t2s.env.single_turn``): one turn, no tools, the turn's SQL is the
+answer as written; the only budget is the episode's, so a prompt ends it unplayed only when it leaves no token.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from t2s.env import native_calls, native_reader, protocol, tool_schemas
+from t2s.env import native_calls, native_reader, protocol, single_turn, tool_schemas
 from t2s.env import turns
 from t2s.env.protocol import budget_line, forced_message, render_observation
 from t2s.env.turns import ParsedTurn, ToolCall, parse_turn
@@ -76,9 +79,11 @@ class Episode:
         self.special_tokens = special_tokens
         self.config = config or EpisodeConfig()
         self.native = tool_schemas.check_tool_format(self.config.tool_format) == "native"
+        self.single = self.config.mode == "single"
         self.db = db if db is not None else row_database(row)
         engine = getattr(self.db, "engine", "sqlite")
-        self.tools = tool_schemas.function_schemas(self.config.dialect, engine) if self.native else None  # for tools=
+        offered = self.native and not self.single
+        self.tools = tool_schemas.function_schemas(self.config.dialect, engine) if offered else None  # for tools=
         self.toolbox = Toolbox(
             self.db,
             dialect=self.config.dialect,
@@ -86,7 +91,7 @@ class Episode:
             column_descriptions=self.config.column_descriptions,
         )
         self.setup_error: str | None = None
-        if schema is None and self.config.mode == "full":
+        if schema is None and self.config.mode in ("full", "single"):
             try:
                 schema = self.toolbox.schema
             except Exception as exc:  # a missing or unreadable database: the tools will say so too
@@ -115,7 +120,9 @@ class Episode:
     @property
     def messages(self) -> list[dict]:
         """The chat messages the episode starts from, ``[system, user]`` (built on first use)."""
-        if self._messages is None:
+        if self._messages is None and self.single:
+            self._messages = single_turn.messages(self.row, self._schema, self.toolbox.engine)
+        elif self._messages is None:
             self._messages = protocol.initial_messages(self.row, self.config, self._schema, self.toolbox.engine)
         return self._messages
 
@@ -129,7 +136,8 @@ class Episode:
         """Account the prompt; a prompt leaving less than ``min_episode_tokens`` ends the episode at once."""
         self.started = True
         self.tokens_used = self.prompt_tokens = int(prompt_tokens)
-        if prompt_tokens and self.tokens_left < self.config.min_episode_tokens:
+        least = 1 if self.single else self.config.min_episode_tokens
+        if prompt_tokens and self.tokens_left < least:
             self._finish("prompt_too_long")
 
     def next_max_tokens(self) -> int:
@@ -141,6 +149,8 @@ class Episode:
             return 0
         cfg = self.config
         left = cfg.episode_token_budget - self.tokens_used  # tokens_left, read without the property call
+        if self.single:  # the answer may use the whole budget; a prompt of unknown size leaves two turns' worth
+            return left if self.tokens_used else min(left, 2 * cfg.max_tokens_per_turn)
         if self.forced_turn:
             allowed = min(cfg.max_tokens_per_turn, left - 1)
         else:
@@ -172,6 +182,8 @@ class Episode:
         counters = self.counters
         if cut_off:
             counters["turn_cutoffs"] += 1
+        if self.single:
+            return self._answer_step(text)
         if parsed is None:
             parsed = self.parse(text)
         counters["format_deviations"] += parsed.deviations
@@ -342,6 +354,16 @@ class Episode:
         self._finish(self.stop_reason or "stopped")
         return None
 
+    def _answer_step(self, text: str) -> None:
+        """The single-turn answer: its SQL, as written, is the submitted and final SQL."""
+        sql, deviations = single_turn.answer_sql(text)
+        self.counters["turns"] += 1
+        self.counters["format_deviations"] += deviations
+        self.counters["submitted"] = int(sql is not None)
+        self.submitted_sql = sql
+        self._record_turn(text, [], "")
+        self._finish("submitted" if sql is not None else "no_answer")
+
     def _record_turn(self, text: str, calls: list[dict], observation: str) -> None:
         self.turns.append({"assistant": text, "calls": calls, "observation": observation})
 
@@ -383,7 +405,10 @@ class Episode:
         if self._finalized:
             return
         self._finalized = True
-        if self._executes(self.submitted_sql):
+        if self.single:  # scored as written: nothing runs before scoring
+            source = "submitted" if self.submitted_sql is not None else "none"
+            self.final_sql, self.final_sql_source = self.submitted_sql, source
+        elif self._executes(self.submitted_sql):
             self.final_sql, self.final_sql_source = self.submitted_sql, "submitted"
         elif self._executes(self.forced_sql):
             self.final_sql, self.final_sql_source = self.forced_sql, "forced"

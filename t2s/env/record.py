@@ -1,8 +1,9 @@
 """The episode record (DESIGN §10): what one played episode leaves behind, typed, and its one JSON form.
 
-Every way of playing builds it here: ``Episode.record()`` for tool episodes, :func:`one_turn_record` for an answer
-given in one turn (``single`` mode) or read from a predictions file. :meth:`EpisodeRecord.to_json` is the only
-serialiser: ``episodes.jsonl``, ``ask --json`` and the transcripts read its keys (``RECORD_KEYS``, in that order).
+Every way of playing builds it here: ``Episode.record()`` for every episode (the one-turn ``single`` mode included),
+:func:`one_turn_record` for an answer read from a predictions file or an episode that could not be played.
+:meth:`EpisodeRecord.to_json` is the only serialiser: ``episodes.jsonl``, ``ask --json`` and the transcripts read its
+keys (``RECORD_KEYS``, in that order).
 
 ``stop_reason`` says why the episode ended (``STOP_REASONS``). ``prompt_tokens`` is the first prompt's length in
 tokens (0 where nothing counted tokens: scripted play without a tokenizer, chat endpoints without one).

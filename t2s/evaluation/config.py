@@ -135,8 +135,8 @@ class PolicyConfig:
         return cls(sampling=sampling, episode=episode, endpoint=EndpointConfig.from_options(values), **picked)
 
     def episode_for(self, mode: str) -> EpisodeConfig:
-        """The episode in ``mode`` (``single`` plays full mode's prompt in one turn)."""
-        return dataclasses.replace(self.episode, mode="full" if mode == "single" else mode)
+        """The episode in ``mode`` (``single``: the single-turn protocol, ``t2s.env.single_turn``)."""
+        return dataclasses.replace(self.episode, mode=mode)
 
     @property
     def generates(self) -> bool:

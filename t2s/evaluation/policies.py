@@ -2,8 +2,10 @@
 policy, a predictions file, or (for ``data passrate``) any scripted policy. :class:`Runner` plays jobs
 ``(row, sample)`` and hands each finished, scored record on.
 
-``single`` mode is one turn under ``SINGLE_TURN_SYSTEM_PROMPT``: schema in, SQL out, no tools; the SQL is read from a
-``submit_sql`` call, a fenced block or a bare SELECT/WITH after the thinking.
+Every mode is an episode mode (``single`` too: ``t2s.env.single_turn``), so each policy plays each mode one way: a
+token backend through the rollout driver (``t2s.rollout.driver``), a text policy (gold, scripted, a chat or tools
+endpoint) through ``t2s.rollout.play``. A predictions file plays nothing: its record is the file's SQL
+(``one_turn_record``).
 """
 
 from __future__ import annotations
@@ -16,51 +18,6 @@ from t2s.env.record import one_turn_record
 from t2s.evaluation.records import eval_line, score_final_sql, score_record
 from t2s.training.checkpoints import weights_fingerprint
 from t2s.errors import EvalError
-
-SINGLE_TURN_SYSTEM_PROMPT = """\
-You are an expert SQLite analyst. You are given a question, optional evidence (hints about the data) and the \
-CREATE TABLE statements of a SQLite database. Write one SQLite SELECT query that answers the question.
-Think first if you need to, then give the final query in a ```sql fenced block. Return only one query; no tools \
-are available and the query is not run before it is scored."""
-
-
-def single_turn_system_prompt(engine: str = "sqlite") -> str:
-    """The single-turn prompt, naming the database engine's SQL dialect (SQLite's text as it always was)."""
-    from t2s.env.databases import ENGINE_NAMES
-
-    return SINGLE_TURN_SYSTEM_PROMPT.replace("SQLite", ENGINE_NAMES[engine])
-
-
-
-def single_turn_messages(row: dict) -> list[dict]:
-    """``single`` mode: the single-turn system prompt and the full-mode user message (question, evidence, schema)."""
-    from t2s.env import protocol
-    from t2s.env.databases import ref_from_row
-    from t2s.env.schema import get_schema
-
-    ref = ref_from_row(row)
-    schema = get_schema(ref)
-    return [{"role": "system", "content": single_turn_system_prompt(ref.engine)},
-            {"role": "user", "content": protocol.user_prompt(row, "full", schema)}]
-
-
-def single_turn_sql(text: str) -> tuple[str | None, int]:
-    """(SQL, format deviations) of a single-turn answer: a submit_sql call, else a fenced block or bare SQL."""
-    from t2s.env import turns
-
-    parsed = turns.parse_turn(text)
-    for call in parsed.calls:
-        if call.tool == "submit_sql" and isinstance(call.args, dict) and isinstance(call.args.get("sql"), str):
-            return call.args["sql"], parsed.deviations
-    return turns.bare_sql(parsed.body), 0
-
-
-def single_turn_record(row: dict, text: str | None, *, cut_off: bool = False, prompt_tokens: int = 0):
-    """The ``EpisodeRecord`` of a single-turn answer (its SQL read by :func:`single_turn_sql`)."""
-    sql, deviations = single_turn_sql(text) if text is not None else (None, 0)
-    return one_turn_record(row, "single", text, sql, deviations=deviations, cut_off=cut_off,
-                           prompt_tokens=prompt_tokens)
-
 
 def unplayed_record(row: dict, mode: str, error: str, stop_reason: str = "error", prompt_tokens: int = 0):
     """The ``EpisodeRecord`` of an episode that could not be played (``error`` says why; it scores 0)."""
@@ -286,8 +243,6 @@ class Runner:
             self._play_threads(jobs, mode, emit, self._gold_record)
         elif policy == "endpoint" and self.config.endpoint.mode in ("chat", "tools"):
             self._play_threads(jobs, mode, emit, self._chat_record, workers=self.config.endpoint.concurrency)
-        elif mode == "single":
-            self._play_single(jobs, emit)
         else:
             self._play_rollout(jobs, mode, emit)
 
@@ -322,8 +277,6 @@ class Runner:
         from t2s.rollout.play import run_text_episode
         from t2s.env.schema import get_schema
 
-        if mode == "single":
-            return single_turn_record(row, f"```sql\n{row['gold_sql']}\n```")
         try:
             schema = get_schema(ref_from_row(row))
         except Exception as exc:  # noqa: BLE001 - an unreadable database scores 0 with the reason recorded
@@ -348,22 +301,9 @@ class Runner:
         sampling = config.sampling
         seed = (config.seed or 0) * 1_000_003 + sample * 7919 + zlib.crc32(str(row["question_id"]).encode()) % 997
         try:
-            if mode == "single":
-                messages = single_turn_messages(row)
-                if self.tokenizer is not None:
-                    from t2s.env.protocol import generation_prompt_ids
-
-                    prompt = generation_prompt_ids(self.tokenizer, messages, config.episode.enable_thinking)
-                    limit = config.episode.episode_token_budget - len(prompt)
-                else:  # the prompt's size is unknown: two turns' worth
-                    limit = 2 * config.episode.max_tokens_per_turn
-                if limit <= 0:
-                    return unplayed_record(row, "single", "Error: the prompt does not fit the episode token budget",
-                                           "prompt_too_long", len(prompt))
-                text, finish, _ = self.chat_client.complete(messages, limit, sampling, seed)
-                return single_turn_record(row, text, cut_off=finish == "length",
-                                          prompt_tokens=len(prompt) if self.tokenizer is not None else 0)
-            chat_policy = ToolsEndpointPolicy if config.endpoint.mode == "tools" else ChatEndpointPolicy
+            # a single-turn answer offers no tools, in either endpoint mode
+            chat_policy = ToolsEndpointPolicy if config.endpoint.mode == "tools" and mode != "single" \
+                else ChatEndpointPolicy
             policy = chat_policy(self.chat_client, sampling, seed=seed)
             episode = play(Episode(row, config.episode_for(mode)), policy, self.tokenizer)
         except EndpointError as exc:
@@ -396,31 +336,3 @@ class Runner:
         rollout.run(rows)
         if failures:
             raise EvalError(f"{failures[0]} ({len(failures)} episode(s) failed; finished results are kept)")
-
-    def _play_single(self, jobs, emit) -> None:
-        from t2s.env import protocol
-
-        episode, sampling = self.config.episode, self.config.sampling
-        prompts, limits, seeds = [], [], []
-        for index, (row, sample) in enumerate(jobs):
-            ids = protocol.generation_prompt_ids(self.tokenizer, single_turn_messages(row), episode.enable_thinking)
-            prompts.append(ids)
-            limits.append(episode.episode_token_budget - len(ids))
-            seeds.append(sampling.request_seed(index, 0))
-        ready = [i for i, limit in enumerate(limits) if limit > 0]
-        outputs = self.backend.generate([prompts[i] for i in ready], [limits[i] for i in ready], sampling,
-                                        [seeds[i] for i in ready]) if ready else []
-        by_index = dict(zip(ready, outputs))
-        for index, (row, sample) in enumerate(jobs):
-            out = by_index.get(index)
-            if out is None:
-                record = unplayed_record(row, "single", "Error: the prompt does not fit the episode token budget",
-                                         "prompt_too_long", len(prompts[index]))
-            elif out.finish_reason == "error":
-                raise EvalError(f"{out.error} (finished results are kept)")
-            else:
-                ids = out.token_ids[:-1] if out.stop_token_id is not None else out.token_ids
-                record = single_turn_record(row, self.tokenizer.decode(ids, skip_special_tokens=False),
-                                            cut_off=out.finish_reason == "length", prompt_tokens=len(prompts[index]))
-            emit(row, sample, score_record(row, record, sample), scored=True)
-

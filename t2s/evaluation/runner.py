@@ -21,8 +21,9 @@ from pathlib import Path
 from t2s.env.databases import file_checksum
 from t2s.errors import writing
 from t2s.evaluation.records import score_record
-from t2s.evaluation.policies import Runner, single_turn_system_prompt
+from t2s.evaluation.policies import Runner
 from t2s.errors import EvalError
+from t2s.env import single_turn
 from t2s.env.episode import EpisodeConfig
 from t2s.evaluation.config import EPISODE_OPTIONS, EvalConfig, PolicyConfig, read_system_prompt
 from t2s.evaluation.report import published_differences
@@ -203,7 +204,7 @@ def build_config(run: EvalConfig, mode: str, runner: Runner, data_file: Path, se
     chat = policy.policy == "endpoint" and policy.endpoint.mode in ("chat", "tools")
     system_prompt = read_system_prompt(episode.system_prompt_file) if episode.system_prompt_file else None
     if mode == "single":
-        system_prompt = single_turn_system_prompt(policy.engine)
+        system_prompt = single_turn.system_prompt(policy.engine)
     elif system_prompt is None:
         from t2s.env.protocol import default_system_prompt
 

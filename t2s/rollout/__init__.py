@@ -1,5 +1,6 @@
-"""Playing episodes: training, evaluation's tool modes, ``ask`` and the benchmarks play through here (a single-turn
-answer or a prediction is recorded with ``t2s.env.record.one_turn_record``).
+"""Playing episodes: training, evaluation (every mode, ``single`` included: it is an episode mode), ``ask`` and the
+benchmarks play through here. Only a predictions file plays nothing: its SQL is recorded with
+``t2s.env.record.one_turn_record``.
 
 - ``driver``: :class:`~t2s.rollout.driver.Rollout` plays rows as episodes against a token backend (vLLM server,
   colocated vLLM, transformers, scripted text policies through ``backends.scripted``) and keeps each episode's raw
