@@ -4,7 +4,7 @@ The scripted runner stands in for the real rollout where a test needs exact cont
 gets a deterministic completion (model turn, environment turn, model turn ending in <|im_end|>), an env_mask, and
 sampler logprobs computed from the current policy (so the ratio starts at 1), plus a scripted reward.
 
-    torchrun --nproc_per_node 2 tests/_train_script.py MODEL_DIR OUTPUT_DIR
+    torchrun --nproc_per_node 2 tests/_train_script.py MODEL_DIR OUTPUT_DIR [PER_DEVICE_BATCH [OPTIMIZER]]
 """
 
 from __future__ import annotations
@@ -158,7 +158,9 @@ def build_trainer(model_dir, output_dir, n_rows: int = 4, runner=None, **overrid
 
 
 def main(argv: list[str]) -> int:
-    """torchrun entry: 2 training steps under gloo on CPU; rank 0 writes what happened to OUTPUT_DIR/result.json."""
+    """torchrun (or accelerate launch) entry: 2 training steps under gloo on CPU, PER_DEVICE_BATCH rollouts per
+    process and step (default 4), with AdamW or (OPTIMIZER ``sgd``) plain SGD; each rank writes what happened to
+    OUTPUT_DIR/result_rank{rank}.json, and the trained model is saved in OUTPUT_DIR."""
     import os
 
     from t2s.settings import offline_environment
@@ -166,8 +168,12 @@ def main(argv: list[str]) -> int:
 
     offline_environment()
     model_dir, output_dir = argv[0], Path(argv[1])
-    trainer, runner = build_trainer(model_dir, output_dir, n_rows=4, per_device_train_batch_size=4,
-                                    max_steps=2)
+    per_device = int(argv[2]) if len(argv) > 2 else 4
+    # plain SGD: the update is the learning rate times the gradient, so a gradient off by any factor shows (Adam's
+    # update hardly depends on the gradient's scale)
+    optimizer = {"optim": "sgd", "learning_rate": 0.5} if argv[3:4] == ["sgd"] else {}
+    trainer, runner = build_trainer(model_dir, output_dir, n_rows=4, per_device_train_batch_size=per_device,
+                                    max_steps=2, **optimizer)
     fit(trainer, {"rows": 4})  # the entry point's own train, save and end of run
     rank = int(os.environ.get("RANK", "0"))
     result = {
