@@ -99,3 +99,27 @@ def quiet_kernel_fallbacks() -> None:
     logger = logging.getLogger(HUB_KERNELS_LOGGER)
     if not any(isinstance(f, _KernelFallbackLine) for f in logger.filters):
         logger.addFilter(_KernelFallbackLine())
+
+
+def score_labelled_positions_only() -> None:
+    """On a CPU, project only the positions that have a label through the LM head, as TRL does on CUDA.
+
+    TRL 1.16's fused LM head (``trl.trainer.utils.add_fused_lm_head``, used by every log-prob pass of GRPO) scores only
+    the labelled positions (the completion) where Triton runs; elsewhere it projects every position, the prompt's
+    included, and masks the prompt's afterwards, so that the tile shapes never change on devices that recompile for a
+    new shape. A CPU does not recompile, and there the wasted projection is most of a step for a large vocabulary:
+    Gemma 3's 262k tokens over a 950-token withheld prompt and a 150-token completion. The per-token values are the
+    same rows' values either way (``tests/test_trainer_loss.py`` checks it). This widens TRL's choice to the CPU; other
+    devices keep TRL's own. Idempotent.
+    """
+    import trl.trainer.utils as trl_utils
+
+    choose = getattr(trl_utils, "_use_triton", None)
+    if choose is None or getattr(choose, "cpu_compact", False):
+        return
+
+    def compact(device) -> bool:
+        return device.type == "cpu" or choose(device)
+
+    compact.cpu_compact = True
+    trl_utils._use_triton = compact

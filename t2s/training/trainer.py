@@ -53,6 +53,7 @@ from trl import GRPOTrainer
 from t2s.backends.vllm_engine import checkpoint_dtype, vllm_environment
 from t2s.env.record import STOP_REASONS, no_turn_line
 from t2s.settings import match_umask
+from t2s.training.cpu_threads import score_labelled_positions_only
 from t2s.training.checkpoints import KL_STATE_FILE, restored_beta
 from t2s.training.configs import ConfigError
 from t2s.training.progress import metrics_file
@@ -156,6 +157,7 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
             trl_logger.removeFilter(quiet)
         vllm_sync.install(self)
         self.add_callback(metrics_file())
+        score_labelled_positions_only()  # on a CPU, the LM head projects the completion only (t2s.training.cpu_threads)
         check_eos_ids(self.eos_token_ids, self._tokenizer)
         if self.beta == 0.0 or self.ref_model is None and not self._peft_model():
             raise ConfigError("Error: no reference model was built; beta must be > 0 at start.")
