@@ -8,7 +8,6 @@ import shutil
 import pytest
 
 from t2s.bench import learn
-from t2s.training import learning
 from t2s.settings import RECIPES_DIR
 
 
@@ -19,14 +18,14 @@ def test_control_permutes_rewards_within_the_call_and_keeps_everything_else():
         seen.update(kwargs)
         return [float(i) for i in range(len(prompts))]
 
-    permuted = learning.permuted_rewards(dense, seed=0)
+    permuted = learn.permuted_rewards(dense, seed=0)
     assert permuted.__name__ == "dense"  # TRL logs rewards under the function's name
     first = permuted(prompts=list("abcdefgh"), completions=list("abcdefgh"), outcome="x")
     second = permuted(prompts=list("abcdefgh"), completions=list("abcdefgh"), outcome="x")
     assert sorted(first) == sorted(second) == [float(i) for i in range(8)]  # the same rewards, moved
     assert first != [float(i) for i in range(8)] and first != second  # a new permutation at every step
     assert seen == {"outcome": "x"}
-    again = learning.permuted_rewards(dense, seed=0)
+    again = learn.permuted_rewards(dense, seed=0)
     assert again(prompts=list("abcdefgh"), completions=list("abcdefgh")) == first  # seeded
 
 
@@ -55,7 +54,7 @@ def test_bench_learn_rejects_too_few_steps(capsys):
 
 def test_plot_writes_both_curves(tmp_path):
     steps = [{"step": i + 1, "tier/equivalent": i / 10, "reward": i / 5} for i in range(6)]
-    learning.plot_curves(tmp_path / "learn.png", {"grpo": steps, "control": steps[::-1]}, "test")
+    learn.plot_curves(tmp_path / "learn.png", {"grpo": steps, "control": steps[::-1]}, "test")
     assert (tmp_path / "learn.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -118,7 +117,7 @@ def test_cpu_threads_take_every_usable_core_unless_told(monkeypatch):
 def test_the_demo_warm_start_says_what_it_does(tmp_path):
     """The demo's warm start is never silent: what it plays, then its SFT steps a tenth of the run at a time."""
     lines = []
-    learning.warm_start(tmp_path / "warm", seed=0, report=lines.append, overrides=(  # its tiny model built here
+    learn.warm_start(tmp_path / "warm", seed=0, report=lines.append, overrides=(  # its tiny model built here
         "--model_name_or_path", str(tmp_path / "tiny"), "--max_steps", "4", "--per_device_train_batch_size", "4",
         "--near_misses", "1"))
     assert lines[0] == "warm start: playing the gold and near-miss trajectories of demo.yaml's questions"

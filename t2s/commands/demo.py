@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     output = workspace() / args.output  # an absolute output stays as it is
     quiet_libraries()
 
-    from t2s.training.learning import grpo_run, plot_curves
+    from t2s.bench.learn import grpo_run, plot_curves
     from t2s.training.configs import ConfigError
 
     console.rule(Text("t2s demo: a tiny Qwen3.5 learns on a CPU", style="bold"))  # fits 80 columns
@@ -105,7 +105,7 @@ def warm_start_key() -> str:
 
 def cached_warm_start(console) -> Path:
     """The warm-started model folder: from ``.cache/`` when its key matches, else trained there now."""
-    from t2s.training.learning import warm_start
+    from t2s.bench.learn import warm_start
     from t2s.settings import workspace
     from t2s.training.warm_start import SUMMARY_FILE
 
