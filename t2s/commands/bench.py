@@ -65,13 +65,13 @@ def report_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def eval_scale_arguments(parser: argparse.ArgumentParser) -> None:
-    from t2s.bench.eval_scale import TARGET
+    from t2s.bench.eval_scale import EPISODES, TARGET
 
     parser.add_argument("--model", type=non_empty_path, default=None,
                         help="the served model folder (default: .cache/models/smollm2-135m-instruct, from "
                         "make install-models)")
-    parser.add_argument("--n", dest="episodes", type=positive_int, default=32,
-                        help="demo questions played (default: 32)")
+    parser.add_argument("--n", dest="episodes", type=positive_int, default=EPISODES,
+                        help=f"episodes played, 8 per demo question (default: {EPISODES})")
     parser.add_argument("--max-turns", type=positive_int, default=2, help="tool turns per episode (default: 2)")
     parser.add_argument("--max-tokens-per-turn", type=positive_int, default=64, help="tokens per turn (default: 64)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the questions picked (default: 0)")
