@@ -133,7 +133,8 @@ class Episode:
         return self.config.episode_token_budget - self.tokens_used
 
     def start(self, prompt_tokens: int = 0) -> None:
-        """Account the prompt; a prompt leaving less than ``min_episode_tokens`` ends the episode at once."""
+        """Account the prompt; a prompt leaving less than ``min_episode_tokens`` (``single``: no token) ends the episode
+        at once."""
         self.started = True
         self.tokens_used = self.prompt_tokens = int(prompt_tokens)
         least = 1 if self.single else self.config.min_episode_tokens

@@ -15,6 +15,8 @@ An explicit ``OMP_NUM_THREADS`` or ``T2S_TORCH_THREADS`` in the environment wins
 On a CPU, transformers also warns once per function that Qwen3.5's linear-attention layers fall back from the
 ``causal_conv1d`` and ``flash-linear-attention`` kernels to their PyTorch reference (four warnings in a training run),
 though those kernels need a GPU and could not apply: ``quiet_kernel_fallbacks`` says it in one line instead.
+
+``score_labelled_positions_only``: on a CPU, GRPO's log-prob passes project only the completion through the LM head.
 """
 
 from __future__ import annotations
