@@ -31,8 +31,10 @@ def test_two_process_cpu_run_completes_two_steps(tiny_model_dir, tmp_path):
                "--master_port", str(_free_port()), str(REPO_ROOT / "tests" / "_train_script.py"), str(tiny_model_dir),
                str(tmp_path)]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
+    (tmp_path / "torchrun.log").write_text(result.stdout + result.stderr)  # the whole story, for a failure
     errors = [line for line in result.stderr.splitlines() if "Error" in line or "error" in line or "abort" in line]
-    assert result.returncode == 0, "\n".join(errors)[-4000:]
+    written = sorted(path.name for path in tmp_path.iterdir())
+    assert result.returncode == 0, "\n".join(errors)[-4000:] + f"\nwritten: {written}; log: {tmp_path / 'torchrun.log'}"
     results = [json.loads((tmp_path / f"result_rank{rank}.json").read_text()) for rank in (0, 1)]
     for r in results:
         assert r["world_size"] == 2 and "MULTI_CPU" in r["distributed_type"]

@@ -277,6 +277,9 @@ def fit(trainer, counts: dict, checkpoint: str | None = None, recipe: dict | Non
     from t2s.training.vllm_sync import release_engine
 
     release_engine(trainer)
+    # every rank ends the group together: a rank that leaves while another is still descheduled before its own end
+    # closes the gloo connections under it, and that process aborts (seen once in a loaded two-process test run)
+    trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
     return trainer
 
