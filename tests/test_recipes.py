@@ -9,7 +9,7 @@ from t2s.training.configs import parse_recipe, validate_training_config
 from t2s.scoring.rewards import REWARD_FUNCS
 from t2s.settings import REPO_ROOT, RECIPES_DIR
 
-RECIPES = ("bird", "sqale", "synsql", "bird_tools", "bird_tools_lora", "smoke", "demo")
+RECIPES = ("bird", "sqale", "synsql", "bird_tools", "bird_tools_lora", "smoke", "demo", "learn_real")
 ACCELERATE_CONFIGS = ("single_gpu", "multi_gpu", "zero2", "zero3", "fsdp2")
 
 

@@ -71,9 +71,10 @@ RL_RECIPE = "demo.yaml"
 GRPO_OVERRIDES = ("--max_train_rows", "8")
 
 
-def warm_start(output_dir: Path, seed: int, overrides: tuple[str, ...] = (), report=None) -> Path:
-    """Train ``recipes/demo_sft.yaml`` into ``output_dir``; returns the folder. ``report(line)``, when given, hears
-    what is being done: the trajectories played, then the SFT steps a tenth of the run at a time."""
+def warm_start(output_dir: Path, seed: int, overrides: tuple[str, ...] = (), report=None, *,
+               recipe: Path | None = None) -> Path:
+    """Train ``recipe`` (default ``recipes/demo_sft.yaml``) into ``output_dir``; returns the folder. ``report(line)``,
+    when given, hears what is being done: the trajectories played, then the SFT steps a tenth of the run at a time."""
     import gc
 
     from t2s.settings import RECIPES_DIR
@@ -81,17 +82,18 @@ def warm_start(output_dir: Path, seed: int, overrides: tuple[str, ...] = (), rep
     from t2s.training.warm_start import build_sft_trainer, fit, parse_sft_recipe
 
     sft_args, config, model_args = parse_sft_recipe([
-        "--config", str(RECIPES_DIR / SFT_RECIPE), "--output_dir", str(output_dir), "--seed", str(seed),
+        "--config", str(recipe or RECIPES_DIR / SFT_RECIPE), "--output_dir", str(output_dir), "--seed", str(seed),
         "--disable_tqdm", "true", "--logging_steps", "1000", *overrides,
     ])
     if report:
-        report(f"warm start: playing the gold and near-miss trajectories of {RL_RECIPE}'s questions")
+        report(f"warm start: playing the trajectories of {Path(sft_args.rl_recipe).name}'s questions")
     callbacks = [step_counter(report, "warm start: SFT")] if report else None
     trainer, counts = build_sft_trainer(sft_args, config, model_args, callbacks=callbacks)
     if report:
         report(f"warm start: {counts['examples']} examples from {counts['questions']} questions (gold "
                f"{counts.get('gold', 0)}, near misses {counts.get('near_misses', 0)}); "
-               f"SFT for {config.max_steps} steps")
+               "SFT for " + (f"{config.max_steps} steps" if config.max_steps > 0
+                             else f"{config.num_train_epochs:g} epoch(s)"))
     _quiet(trainer)
     fit(trainer, counts)
     del trainer
@@ -113,9 +115,9 @@ def permuted_rewards(reward_func, seed: int):
 
 
 def grpo_run(model_dir: Path, output_dir: Path, *, steps: int, seed: int, control: bool = False, callbacks=(),
-             overrides: tuple[str, ...] = ()):
-    """``recipes/demo.yaml`` on 8 of its questions (``GRPO_OVERRIDES``) from ``model_dir`` for ``steps`` steps; returns
-    the trainer (trained and saved).
+             overrides: tuple[str, ...] = GRPO_OVERRIDES, recipe: Path | None = None):
+    """``recipe`` (default ``recipes/demo.yaml``, on 8 of its questions: ``GRPO_OVERRIDES``) from ``model_dir`` for
+    ``steps`` steps, ``overrides`` on top; returns the trainer (trained and saved).
 
     With ``control``, every reward function's output is permuted across the step's episodes before TRL computes
     advantages; everything else, the logged tiers included, is the real run's.
@@ -125,15 +127,32 @@ def grpo_run(model_dir: Path, output_dir: Path, *, steps: int, seed: int, contro
     from t2s.training.pipeline import build_trainer, fit
 
     script_args, training_args, model_args = parse_recipe([
-        "--config", str(RECIPES_DIR / RL_RECIPE), "--model_name_or_path", str(model_dir),
+        "--config", str(recipe or RECIPES_DIR / RL_RECIPE), "--model_name_or_path", str(model_dir),
         "--output_dir", str(output_dir), "--max_steps", str(steps), "--seed", str(seed), "--disable_tqdm", "true",
-        *GRPO_OVERRIDES, *overrides,
+        *overrides,
     ])
     trainer, counts = build_trainer(script_args, training_args, model_args, callbacks=list(callbacks))
     _quiet(trainer)
     if control:
         trainer.reward_funcs = [permuted_rewards(f, seed) for f in trainer.reward_funcs]
     return fit(trainer, counts)
+
+
+def content_key(groups, extra: tuple[str, ...] = ()) -> str:
+    """A hash of what a cached artefact depends on: ``groups`` of (root, files) (each file's path below its root and
+    its bytes), ``extra`` strings, and the versions of the libraries that train it."""
+    import hashlib
+    from importlib.metadata import version
+
+    digest = hashlib.sha256()
+    for root, files in groups:
+        for path in files:
+            digest.update(str(Path(path).relative_to(root)).encode() + b"\0" + Path(path).read_bytes() + b"\0")
+    for text in extra:
+        digest.update(text.encode() + b"\0")
+    for package in ("torch", "transformers", "trl", "tokenizers"):
+        digest.update(f"{package}=={version(package)}".encode())
+    return digest.hexdigest()[:16]
 
 
 def _quiet(trainer) -> None:
@@ -222,7 +241,7 @@ def run(*, steps=STEPS, seed=0, output="runs/bench-learn", rollout_backend="tran
         console.rule(f"{name}: {steps} steps" + (" (rewards permuted within each step)" if control else ""))
         printer = step_printer(console)
         grpo_run(model_dir, output / name, steps=steps, seed=seed, control=control, callbacks=[printer],
-                 overrides=backend)
+                 overrides=GRPO_OVERRIDES + backend)
         runs[name] = printer.steps
     print_table(console, step_table(runs))
     equiv = {name: [s.get("tier/equivalent", 0.0) for s in steps] for name, steps in runs.items()}

@@ -53,6 +53,22 @@ def learn_arguments(parser: argparse.ArgumentParser) -> None:
                         "colocated in the trainer (make install-vllm) (default: transformers)")
 
 
+def learn_real_arguments(parser: argparse.ArgumentParser) -> None:
+    from t2s.bench.learn_real import GRPO_QUESTIONS, SFT_QUESTIONS, STEPS
+
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the SFT and GRPO questions, the warm start, both runs and the permutation")
+    parser.add_argument("--output", type=non_empty_path, default="runs/bench-learn-real",
+                        help="output folder (default: runs/bench-learn-real)")
+    parser.add_argument("--steps", type=positive_int, default=STEPS, help=f"GRPO steps of each run (default: {STEPS})")
+    parser.add_argument("--sft-questions", type=positive_int, default=SFT_QUESTIONS,
+                        help=f"training questions of the warm start (default: {SFT_QUESTIONS})")
+    parser.add_argument("--grpo-questions", type=positive_int, default=GRPO_QUESTIONS,
+                        help=f"other training questions GRPO plays (default: {GRPO_QUESTIONS})")
+    parser.add_argument("--unseen-n", type=int, default=0,
+                        help="unseen-database questions evaluated, picked with --seed (default: 0, all 350)")
+
+
 def report_arguments(parser: argparse.ArgumentParser) -> None:
     from t2s.bench.report import QUESTIONS, TURNS
 
@@ -90,6 +106,9 @@ BENCHMARKS = {
                 "async vs turn-synchronous rollout scheduling on a serving simulator"),
     "learn": ("t2s.bench.learn", learn_arguments,
               "CPU proof that training learns: warm start, then GRPO against a permuted-reward control"),
+    "learn-real": ("t2s.bench.learn_real", learn_real_arguments,
+                   "the recipe in miniature on SmolLM2-135M: GRPO's EX on unseen databases, against its warm start "
+                   "and a permuted-reward control"),
     "report": ("t2s.bench.report", report_arguments,
                "report.html, show and compare on a synthetic eval folder the size of BIRD dev in both modes"),
     "sandbox": ("t2s.bench.sandbox", sandbox_arguments, "how soon the sandbox ends each resource blow-up"),

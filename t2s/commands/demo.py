@@ -85,22 +85,14 @@ def run(args: argparse.Namespace) -> int:
 def warm_start_key() -> str:
     """A hash of what the warm start depends on: its recipes and prompt, the demo data, the t2s sources, the
     libraries."""
-    import hashlib
-    from importlib.metadata import version
+    from t2s.bench.learn import content_key
+    from t2s.settings import DEMO_DIR, PACKAGE_DIR, RECIPES_DIR
 
-    from t2s.settings import PACKAGE_DIR
-    from t2s.settings import DEMO_DIR, RECIPES_DIR
-
-    digest = hashlib.sha256()
-    groups = [(RECIPES_DIR, [RECIPES_DIR / n for n in ("demo_sft.yaml", "demo.yaml", "demo_system_prompt.txt")]),
-              (DEMO_DIR, sorted(p for p in DEMO_DIR.rglob("*") if p.is_file())),
-              (PACKAGE_DIR, sorted(PACKAGE_DIR.rglob("*.py")))]
-    for root, files in groups:
-        for path in files:
-            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
-    for package in ("torch", "transformers", "trl", "tokenizers"):
-        digest.update(f"{package}=={version(package)}".encode())
-    return digest.hexdigest()[:16]
+    return content_key([
+        (RECIPES_DIR, [RECIPES_DIR / n for n in ("demo_sft.yaml", "demo.yaml", "demo_system_prompt.txt")]),
+        (DEMO_DIR, sorted(p for p in DEMO_DIR.rglob("*") if p.is_file())),
+        (PACKAGE_DIR, sorted(PACKAGE_DIR.rglob("*.py"))),
+    ])
 
 
 def cached_warm_start(console) -> Path:

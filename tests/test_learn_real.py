@@ -1,0 +1,101 @@
+"""bench learn-real: its split by database, its eval flags, its targets, and a smoke-sized run end to end on the real
+SmolLM2-135M-Instruct with the real vLLM engine (two GRPO steps on two questions, eight unseen questions). The full
+experiment is `python -m t2s bench learn-real` (docs/benchmarks.md), a benchmark, not a test."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from t2s.bench import learn_real
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory, spider_dev_dir, bird_superhero_dir):
+    return learn_real.write_split(spider_dev_dir.parent, tmp_path_factory.mktemp("split"), seed=3, sft_questions=40,
+                                  grpo_questions=8)
+
+
+def _rows(path):
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_split_is_by_database_and_the_training_sets_are_disjoint(split):
+    sft, grpo, unseen = _rows(split.sft), _rows(split.grpo), _rows(split.unseen)
+    assert len(sft) == 40 and len(grpo) == 8
+    unseen_dbs = {row["db_id"] for row in unseen}
+    assert unseen_dbs == {*learn_real.UNSEEN_SPIDER, "superhero"}
+    assert not unseen_dbs & {row["db_id"] for row in sft + grpo}  # no unseen database is trained on
+    assert set(split.train_dbs).isdisjoint(unseen_dbs) and len(split.train_dbs) == 14
+    assert not {row["question_id"] for row in sft} & {row["question_id"] for row in grpo}
+    assert sum(split.unseen_counts.values()) == len(unseen) == 350  # 221 Spider and 129 BIRD superhero
+    assert all(row["SQL"] and row["question"] for row in sft + grpo + unseen)
+    for db in unseen_dbs | set(split.train_dbs):  # each database reachable through the split's own folder
+        assert any((split.folder / "databases" / db).glob("*.sqlite"))
+
+
+def test_split_follows_the_seed(split, tmp_path, spider_dev_dir):
+    same = learn_real.write_split(spider_dev_dir.parent, tmp_path / "a", seed=3, sft_questions=40, grpo_questions=8)
+    other = learn_real.write_split(spider_dev_dir.parent, tmp_path / "b", seed=4, sft_questions=40, grpo_questions=8)
+    assert _rows(same.sft) == _rows(split.sft)
+    assert _rows(other.sft) != _rows(split.sft)
+    assert _rows(other.unseen) == _rows(split.unseen)  # the unseen databases are fixed, never drawn
+    with pytest.raises(ValueError, match="must fit the training ones"):
+        learn_real.write_split(spider_dev_dir.parent, tmp_path / "c", seed=0, sft_questions=700, grpo_questions=60)
+
+
+def test_eval_flags_are_the_grpo_recipes_episode_settings(split):
+    import dataclasses
+
+    from t2s.commands.eval import eval_config
+    from t2s.settings import RECIPES_DIR
+    from t2s.training.configs import parse_recipe
+
+    config = eval_config([*learn_real.eval_flags(split, n=12, seed=5), "--model", "m", "--output", "o"])
+    _, training, _ = parse_recipe(["--config", str(RECIPES_DIR / learn_real.RL_RECIPE)])
+    episode = training.episode_config()
+    assert config.policy.episode.system_prompt_file == str(RECIPES_DIR / Path(episode.system_prompt_file).name)
+    assert dataclasses.replace(config.policy.episode, system_prompt_file=episode.system_prompt_file) == episode
+    assert config.modes == ("full",) and (config.n, config.policy.seed) == (12, 5)
+    assert (config.policy.sampling.temperature, config.policy.policy, config.data) == (0.0, "vllm", str(split.unseen))
+
+
+def test_missed_targets_name_each_one():
+    ex = {"zero_shot": 0.0, "warm": 0.1, "grpo": 0.15, "control": 0.1}
+    assert learn_real.missed_targets(ex, 0.05, 0.05, 0.2, 3000) == []
+    missed = learn_real.missed_targets({**ex, "grpo": 0.0, "warm": 0.0}, 0.2, 0.0, 0.05, 6000)
+    assert [line.split(" ")[0] for line in missed] == ["warm", "warm", "train_gain", "GRPO", "GRPO", "seconds"]
+
+
+def test_smoke_run_writes_every_stage_and_its_last_line(tmp_path, smollm2_dir, spider_dev_dir, bird_superhero_dir,
+                                                        capsys, monkeypatch):
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
+    monkeypatch.setenv("T2S_DATA_DIR", str(spider_dev_dir.parent))
+    code = learn_real.run(seed=0, output=str(tmp_path / "out"), steps=2, sft_questions=8, grpo_questions=2,
+                          unseen_n=8, cache=tmp_path / "cache")
+    out = capsys.readouterr().out
+    last = out.strip().splitlines()[-1]
+    number = r"-?\d\.\d{3}"
+    assert re.fullmatch(rf"learn-real: zero_shot={number} warm={number} grpo={number} control={number} "
+                        rf"delta={number} ci=\[{number},{number}\] train_gain={number} control_gain={number} "
+                        r"seconds=\d+", last), last
+    assert code in (0, 1)  # two steps meet no learning target: the code says which were missed, above the last line
+    assert (code == 1) == ("target missed:" in out)
+    folder = tmp_path / "out"
+    result = json.loads((folder / "learn_real.json").read_text())
+    for stage in learn_real.STAGES:
+        summary = json.loads((folder / "eval" / stage / "summary.json").read_text())
+        assert summary["modes"]["full"]["n"] == 8
+        assert result["ex"][stage] == summary["modes"]["full"]["execution_accuracy_official"]
+    for name in ("warm", "grpo", "control"):  # model folders `eval --model` loads
+        assert (folder / name / "config.json").is_file() and (folder / name / "tokenizer.json").is_file()
+        assert any(folder.joinpath(name).glob("*.safetensors"))
+    assert [len(result["runs"][name]) for name in ("grpo", "control")] == [2, 2]
+    assert (folder / "learn_real.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (folder / "eval_args.txt").read_text().split() == learn_real.eval_flags(
+        learn_real.Split(folder / "data", 0, folder / "data/sft.json", folder / "data/grpo.json",
+                         folder / "data/unseen.json", (), {}), 8, 0)
+    assert len(list((tmp_path / "cache").glob("learn-real-warm-*"))) == 1
