@@ -86,7 +86,8 @@ def warm_start(output_dir: Path, seed: int, overrides: tuple[str, ...] = (), rep
         "--disable_tqdm", "true", "--logging_steps", "1000", *overrides,
     ])
     if report:
-        report(f"warm start: playing the trajectories of {Path(sft_args.rl_recipe).name}'s questions")
+        kinds = "gold and near-miss" if sft_args.near_misses else "gold"
+        report(f"warm start: playing the {kinds} trajectories of {Path(sft_args.rl_recipe).name}'s questions")
     callbacks = [step_counter(report, "warm start: SFT")] if report else None
     trainer, counts = build_sft_trainer(sft_args, config, model_args, callbacks=callbacks)
     if report:

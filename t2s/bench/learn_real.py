@@ -120,9 +120,10 @@ def derived_recipe(split: Split, output: Path) -> Path:
     return path
 
 
-def eval_flags(split: Split, n: int, seed: int) -> list[str]:
+def eval_flags(split: Split, n: int) -> list[str]:
     """The ``t2s eval`` flags of the unseen-database evaluation: the GRPO recipe's episode settings, full mode,
-    temperature 0 (without ``--model`` and ``--output``)."""
+    temperature 0, seed 0 whatever ``--seed`` (so ``--unseen-n`` picks the same questions for every seed), without
+    ``--model`` and ``--output``."""
     import dataclasses
 
     from t2s.settings import RECIPES_DIR
@@ -131,7 +132,7 @@ def eval_flags(split: Split, n: int, seed: int) -> list[str]:
     _, args, model_args = parse_recipe(["--config", str(RECIPES_DIR / RL_RECIPE)])
     episode = args.episode_config()
     flags = ["--policy", "vllm", "--data", str(split.unseen), "--mode", episode.mode, "--temperature", "0",
-             "--top-p", "1", "--top-k", "0", "--seed", str(seed), "--dtype", model_args.dtype or "float32",
+             "--top-p", "1", "--top-k", "0", "--seed", "0", "--dtype", model_args.dtype or "float32",
              "--n", str(n), "--quiet"]
     for field in dataclasses.fields(episode):
         value = getattr(episode, field.name)
@@ -159,6 +160,31 @@ def evaluate(model: Path, flags: list[str], output: Path, log) -> dict:
     if done.returncode != 0:
         tail = log_file.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
         raise RuntimeError(f"Error: eval of {model} failed (exit {done.returncode}); {log_file}: " + " | ".join(tail))
+    return json.loads((output / "summary.json").read_text(encoding="utf-8"))["modes"]["full"]
+
+
+def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: Path, log) -> dict:
+    """The base model's evaluation into ``output``: copied from ``cache`` when its key (the base model's files, the
+    unseen questions, the flags, the prompt, the t2s sources, the library versions) matches, else run and cached.
+    It is the same for every ``--seed``."""
+    from t2s.bench.learn import content_key
+    from t2s.settings import PACKAGE_DIR, RECIPES_DIR
+
+    data = flags.index("--data") + 1
+    key = content_key([
+        (model, sorted(model.glob("*.json"))), (split.folder, [split.unseen]),
+        (RECIPES_DIR, [RECIPES_DIR / "learn_real_system_prompt.txt"]), (PACKAGE_DIR, sorted(PACKAGE_DIR.rglob("*.py"))),
+    ], extra=(" ".join(flags[:data] + flags[data + 1:]),))
+    cached = cache / f"learn-real-zero-shot-{key}"
+    if (cached / "summary.json").is_file():
+        log(f"zero-shot: cached in {cached}")
+    else:
+        evaluate(model, flags, output, log)
+        shutil.rmtree(cached, ignore_errors=True)
+        shutil.copytree(output, cached.with_name(cached.name + ".partial"), dirs_exist_ok=True)
+        cached.with_name(cached.name + ".partial").rename(cached)
+    shutil.rmtree(output, ignore_errors=True)
+    shutil.copytree(cached, output)
     return json.loads((output / "summary.json").read_text(encoding="utf-8"))["modes"]["full"]
 
 
@@ -280,8 +306,10 @@ def missed_targets(ex: dict, warm_format: float, delta_control: float, train_mar
 
 
 def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SFT_QUESTIONS,
-        grpo_questions=GRPO_QUESTIONS, unseen_n=0, cache: Path | None = None) -> int:
-    """The experiment (see the module's docstring); ``cache`` holds the warm starts (default ``.cache/``)."""
+        grpo_questions=GRPO_QUESTIONS, unseen_n=0, cache: Path | None = None,
+        grpo_overrides: tuple[str, ...] = ()) -> int:
+    """The experiment (see the module's docstring). ``cache`` holds the warm starts and the zero-shot evaluation
+    (default ``.cache/``); ``grpo_overrides`` are recipe flags for both GRPO runs (the smoke test's smaller groups)."""
     from t2s.settings import offline_environment, shared_data_dir, workspace
     from t2s.training.cpu_threads import configure_cpu_threads
 
@@ -316,15 +344,16 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
         f"{', '.join(split.train_dbs)}")
     log("split: unseen databases: " + ", ".join(f"{db} ({n})" for db, n in sorted(split.unseen_counts.items())))
     log(f"split: SFT on {sft_questions} training questions, GRPO on {grpo_questions} others (seed {seed})")
-    flags = eval_flags(split, unseen_n, seed)
+    flags = eval_flags(split, unseen_n)
     (output / "eval_args.txt").write_text(" ".join(flags) + "\n", encoding="utf-8")
     log(f"eval flags (also in {output / 'eval_args.txt'}): {' '.join(flags)}")
 
     summaries: dict[str, dict] = {}
     log("zero-shot: evaluating the base model on the unseen databases")
-    summaries["zero_shot"] = evaluate(model, flags, output / "eval" / "zero_shot", log)
+    cache = cache or workspace() / ".cache"
+    summaries["zero_shot"] = zero_shot(model, split, flags, output / "eval" / "zero_shot", cache, log)
     log(f"zero-shot: EX {summaries['zero_shot']['execution_accuracy_official']:.3f}")
-    warm_folder = warm_start_folder(split, seed, derived_recipe(split, output), cache or workspace() / ".cache", log)
+    warm_folder = warm_start_folder(split, seed, derived_recipe(split, output), cache, log)
     warm = copy_model(warm_folder, output / "warm")
     summaries["warm"] = evaluate(warm, flags, output / "eval" / "warm", log)
     log(f"warm start: EX {summaries['warm']['execution_accuracy_official']:.3f}, format deviations "
@@ -333,7 +362,8 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
     for name, control in (("grpo", False), ("control", True)):
         console.rule(f"{name}: {steps} steps" + (" (rewards permuted within each step)" if control else ""))
         runs[name] = grpo_stage(warm, output / name, steps=steps, seed=seed, control=control,
-                                overrides=("--dataset_path", str(split.grpo), "--max_train_rows", str(grpo_questions)))
+                                overrides=("--dataset_path", str(split.grpo), "--max_train_rows", str(grpo_questions),
+                                           *grpo_overrides))
         summaries[name] = evaluate(output / name, flags, output / "eval" / name, log)
         log(f"{name}: EX {summaries[name]['execution_accuracy_official']:.3f}")
     print_table(console, stage_table(summaries))

@@ -34,7 +34,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("t2s.commands.export", "write a vLLM-loadable model folder from a checkpoint"),
     "data": ("t2s.commands.data", "prepare, check, estimate difficulty, pass-rate filter"),
     "bench": ("t2s.commands.bench",
-              "performance benchmarks (env, rollout, report, sandbox, eval-scale) and the CPU learning proof (learn)"),
+              "performance benchmarks (env, rollout, report, sandbox, eval-scale) and the CPU learning proofs "
+              "(learn, learn-real)"),
 }
 
 

@@ -1,4 +1,4 @@
-"""`python -m t2s bench <name>`: performance benchmarks (docs/design.md §11) and the CPU learning proof; the library is
+"""`python -m t2s bench <name>`: performance benchmarks (docs/design.md §11) and the CPU learning proofs; the library is
 ``t2s.bench``. Each prints its figures as ratios measured in one run."""
 
 from __future__ import annotations
