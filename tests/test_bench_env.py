@@ -109,7 +109,7 @@ def test_the_sibling_in_native_calls_plays_the_same_workload(bird_superhero_dir)
     """bench env --dialect sibling --tool-format native: the same work through the sibling's tools and native calls,
     each one a call the episode reads and runs without error."""
     from t2s.env.episode import Episode, EpisodeConfig
-    from t2s.rollout.play import play
+    from t2s.rollout.text_policy import play
     from t2s.backends.scripted import ScriptPolicy
 
     row = next(r for r in load_json_rows(bird_superhero_dir / "dev.json") if "JOIN" in r["gold_sql"].upper())

@@ -9,8 +9,7 @@ import copy
 
 import pytest
 
-from t2s.backends.base import SamplingSettings
-from t2s.backends.scripted import ScriptedBackend
+from t2s.rollout.text_policy import TextPolicies
 from t2s.env.chat_format import ChatFormatError, apply_chat_template_file, chat_format
 from t2s.env.episode import Episode, EpisodeConfig
 from t2s.errors import FileError
@@ -86,9 +85,8 @@ def _scripted(texts):
 
 
 def _stream(tokenizer, row, texts, config):
-    sampling = SamplingSettings.training(seed=11)
-    backend = ScriptedBackend(tokenizer, [_scripted(texts)], sampling, max_turns=config.max_turns)
-    trace = Rollout(backend, tokenizer, config, sampling=sampling, score=False).run([row])[0]
+    backend = TextPolicies([_scripted(texts)], tokenizer, schedule="turnsync")
+    trace = Rollout(backend, tokenizer, config, score=False).run([row])[0]
     assert trace.error is None
     return trace
 

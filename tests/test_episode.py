@@ -14,7 +14,7 @@ from t2s.scoring import metrics
 from t2s.backends.scripted import GoldPolicy, ReplayPolicy, gold_tables, read_turns
 from t2s.data.loaders import load_json_rows
 from t2s.env.episode import COUNTER_KEYS, RECORD_KEYS, Episode, EpisodeConfig
-from t2s.rollout.play import run_text_episode
+from t2s.rollout.text_policy import run_text_episode
 from t2s.env.protocol import budget_line, env_suffix_ids
 from t2s.env.schema import get_schema
 
@@ -345,7 +345,7 @@ def test_run_text_episode_counts_tokens_and_cuts_long_turns(db_row, tiny_tokeniz
 
 def test_play_counts_every_token_once_and_tokenizes_each_observation_once(db_row, tiny_tokenizer, monkeypatch):
     from t2s.env import protocol
-    from t2s.rollout.play import play as play_episode
+    from t2s.rollout.text_policy import play as play_episode
 
     tokenized = []
     observation_ids = protocol.observation_ids

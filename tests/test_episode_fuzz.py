@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from t2s.backends.scripted import ReplayPolicy
 from t2s.env.episode import COUNTER_KEYS, RECORD_KEYS, Episode, EpisodeConfig
-from t2s.rollout.play import play
+from t2s.rollout.text_policy import play
 from t2s.env.tools import Toolbox
 
 TOOLS = ["list_tables", "describe_table", "foreign_keys", "join_path", "sample_rows", "distinct_values", "run_query",

@@ -13,7 +13,7 @@ from t2s.env import native_calls, protocol, tool_schemas
 from t2s.env import turns
 from t2s.backends.scripted import GoldPolicy, ReplayPolicy
 from t2s.env.episode import Episode, EpisodeConfig
-from t2s.rollout.play import play
+from t2s.rollout.text_policy import play
 from t2s.env.native_calls import parse_turn, render_call
 from t2s.env.tools import DIALECTS, Toolbox
 

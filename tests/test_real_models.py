@@ -92,7 +92,7 @@ def _divergence_gap(model_dir: Path, record: dict, mode: str, turn: int, a: str,
     from t2s.env.chat_format import chat_format
     from t2s.env.episode import Episode, EpisodeConfig
     from t2s.env.protocol import env_suffix_ids
-    from t2s.rollout.play import first_prompt_ids
+    from t2s.rollout.tokens import first_prompt_ids
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = load_json_rows(HELD_OUT / "dev.json")

@@ -11,7 +11,8 @@ from t2s.backends.base import SamplingSettings, stop_token_ids
 from t2s.backends.vllm_colocate import VLLMColocateBackend
 from t2s.backends.vllm_server import VLLMServerBackend
 from t2s.env.episode import EpisodeConfig
-from t2s.rollout.driver import Rollout, to_trl
+from t2s.rollout.driver import Rollout
+from t2s.rollout.trace import to_trl
 from tests.fake_vllm import FakeLLM, FakeSamplingParams, FakeVLLMServer, RandomAgent, ScriptedAgent, refused_url
 
 SMALL = EpisodeConfig(max_turns=3, max_tokens_per_turn=24)

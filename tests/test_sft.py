@@ -14,7 +14,7 @@ import pytest
 from t2s.backends.scripted import ReplayPolicy
 from t2s.training import warm_start as sft
 from t2s.env.episode import EpisodeConfig
-from t2s.rollout.play import run_text_episode
+from t2s.rollout.text_policy import run_text_episode
 from t2s.settings import RECIPES_DIR, REPO_ROOT
 
 IM_END = "<|im_end|>"
@@ -179,7 +179,7 @@ def test_sft_trainer_labels_are_the_env_mask_and_it_trains(tiny_model_dir, tmp_p
 
 def test_sft_examples_mask_matches_rollout_env_mask(rows, tiny_tokenizer, demo_recipe):
     """The mask SFT trains on is the env_mask the RL rollout returns for the same episode (``to_trl``)."""
-    from t2s.rollout.driver import to_trl
+    from t2s.rollout.trace import to_trl
 
     config = roomy(demo_recipe)
     chosen = rows[:4]

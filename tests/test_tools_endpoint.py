@@ -12,7 +12,7 @@ from t2s.backends.base import SamplingSettings
 from t2s.backends.chat_endpoint import ChatEndpointClient
 from t2s.backends.tools_endpoint import ToolsEndpointPolicy
 from t2s.env.episode import Episode, EpisodeConfig
-from t2s.rollout.play import play
+from t2s.rollout.text_policy import play
 from t2s.env.native_calls import NOT_RUN
 from tests.fake_vllm import FakeVLLMServer
 

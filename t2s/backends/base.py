@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import asdict, dataclass, field
-from typing import Literal, Protocol, Sequence, runtime_checkable
+from typing import Any, Literal, Protocol, Sequence, runtime_checkable
 
 FinishReason = Literal["stop", "length", "error"]
 
@@ -76,13 +76,19 @@ class SamplingSettings:
 
 @dataclass
 class TurnOutput:
-    """One generated assistant turn: the sampled ids (a sampled stop token included) and their logprobs."""
+    """One generated assistant turn: the sampled ids (a sampled stop token included) and their logprobs.
+
+    A text policy's turn (``t2s.rollout.text_policy``) also carries its ``text`` as written (the ids are its
+    tokenization, empty without a tokenizer) and, when a server already read its calls, ``parsed``
+    (a ``t2s.env.turns.ParsedTurn``)."""
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason = "stop"
     stop_token_id: int | None = None  # the stop token the turn ended on (last of token_ids), else None
     error: str | None = None
+    text: str | None = None  # the turn's text when a text policy wrote it; None: decode token_ids
+    parsed: Any = None  # the turn's calls as a server read them (ParsedTurn), else None: the episode reads the text
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):

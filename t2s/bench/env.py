@@ -31,7 +31,7 @@ from t2s.scoring import metrics
 from t2s.ui import console as consoles
 from t2s.backends.scripted import ReplayPolicy, ScriptPolicy
 from t2s.env.episode import Episode
-from t2s.rollout.play import play
+from t2s.rollout.text_policy import play
 
 QUESTIONS = 18
 ROLLOUTS = 8

@@ -88,10 +88,10 @@ def plan_turns(row: dict, n_turns: int, lengths: list[int], tokenizer, marker: s
 
 
 def build_plans(rows: list[dict], tokenizer, config, seed: int, lengths: LengthModel) -> list[EpisodePlan]:
-    """One plan per row; its first prompt is the one the rollout sends (``play.first_prompt_ids``: in the native
+    """One plan per row; its first prompt is the one the rollout sends (``tokens.first_prompt_ids``: in the native
     format the chat template declares the tools too)."""
     from t2s.env.episode import Episode
-    from t2s.rollout.play import first_prompt_ids
+    from t2s.rollout.tokens import first_prompt_ids
 
     rng = random.Random(seed)
     plans = []

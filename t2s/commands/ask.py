@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _replay_policy(args, policy, row: dict, config, db):
     from t2s.backends.scripted import ReplayPolicy
-    from t2s.rollout.play import run_text_episode
+    from t2s.rollout.text_policy import run_text_episode
 
     return run_text_episode(row, config, ReplayPolicy.from_file(args.replay), db=db), False
 
@@ -179,7 +179,7 @@ def _model_policy(args, policy, row: dict, config, db):
 def _endpoint_policy(args, policy, row: dict, config, db):
     from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
     from t2s.env.episode import Episode
-    from t2s.rollout.play import play
+    from t2s.rollout.text_policy import play
     from t2s.evaluation.policies import completions_backend, endpoint_client, load_tokenizer
     from t2s.errors import EvalError
 

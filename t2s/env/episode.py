@@ -184,7 +184,7 @@ class Episode:
         if cut_off:
             counters["turn_cutoffs"] += 1
         if self.single:
-            return self._answer_step(text)
+            return self._answer_step(text, parsed)
         if parsed is None:
             parsed = self.parse(text)
         counters["format_deviations"] += parsed.deviations
@@ -355,9 +355,15 @@ class Episode:
         self._finish(self.stop_reason or "stopped")
         return None
 
-    def _answer_step(self, text: str) -> None:
-        """The single-turn answer: its SQL, as written, is the submitted and final SQL."""
-        sql, deviations = single_turn.answer_sql(text)
+    def _answer_step(self, text: str, parsed: ParsedTurn | None = None) -> None:
+        """The single-turn answer: its SQL, as written, is the submitted and final SQL (a reader's ``submit_sql``
+        call when ``parsed`` is given: a predictions file's SQL, taken as filed)."""
+        if parsed is not None:
+            sql = next((call.args["sql"] for call in parsed.calls if call.tool == "submit_sql"
+                        and isinstance(call.args, dict) and isinstance(call.args.get("sql"), str)), None)
+            deviations = parsed.deviations
+        else:
+            sql, deviations = single_turn.answer_sql(text)
         self.counters["turns"] += 1
         self.counters["format_deviations"] += deviations
         self.counters["submitted"] = int(sql is not None)

@@ -1,7 +1,7 @@
 """The episode record (DESIGN §10): what one played episode leaves behind, typed, and its one JSON form.
 
 Every way of playing builds it here: ``Episode.record()`` for every episode (the one-turn ``single`` mode included),
-:func:`one_turn_record` for an answer read from a predictions file or an episode that could not be played.
+:func:`one_turn_record` for an episode that could not be played.
 :meth:`EpisodeRecord.to_json` is the only serialiser: ``episodes.jsonl``, ``ask --json`` and the transcripts read its
 keys (``RECORD_KEYS``, in that order).
 

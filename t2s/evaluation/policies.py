@@ -2,10 +2,10 @@
 policy, a predictions file, or (for ``data passrate``) any scripted policy. :class:`Runner` plays jobs
 ``(row, sample)`` and hands each finished, scored record on.
 
-Every mode is an episode mode (``single`` too: ``t2s.env.single_turn``), so each policy plays each mode one way: a
-token backend through the rollout driver (``t2s.rollout.driver``), a text policy (gold, scripted, a chat or tools
-endpoint) through ``t2s.rollout.play``. A predictions file plays nothing: its record is the file's SQL
-(``one_turn_record``).
+Every mode is an episode mode (``single`` too: ``t2s.env.single_turn``), and every policy plays through the one
+episode driver (``t2s.rollout.driver``): a token backend on the driver's schedules, a text policy (gold, scripted, a
+chat or tools endpoint, a predictions file) through ``t2s.rollout.text_policy``, one episode a worker thread. A
+prediction is a single-turn answer whose SQL is the file's, as filed, whatever mode it is evaluated under.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 
 from t2s.env.databases import file_checksum
 from t2s.env.record import one_turn_record
+from t2s.env.turns import ParsedTurn, ToolCall
 from t2s.evaluation.records import eval_line, score_final_sql, score_record
 from t2s.training.checkpoints import weights_fingerprint
 from t2s.errors import EvalError
@@ -236,9 +237,7 @@ class Runner:
         if self.scripted is not None:
             self._play_threads(jobs, mode, emit, self._scripted_record)
         elif policy == "predictions":
-            for row, sample in jobs:
-                sql = self.predictions.sql.get(row["question_id"])
-                emit(row, sample, score_record(row, one_turn_record(row, mode, None, sql), sample), scored=True)
+            self._play_threads(jobs, mode, emit, self._prediction_record)
         elif policy == "gold":
             self._play_threads(jobs, mode, emit, self._gold_record)
         elif policy == "endpoint" and self.config.endpoint.mode in ("chat", "tools"):
@@ -268,14 +267,14 @@ class Runner:
                     future.cancel()
                 raise
 
-    def _scored(self, make_record, row, sample, mode) -> dict:
+    def _scored(self, make_record, row, sample, mode) -> dict:  # make_record: (row, sample, mode) -> EpisodeRecord
         return score_record(row, make_record(row, sample, mode), sample)
 
-    def _gold_record(self, row: dict, sample: int, mode: str) -> dict:
+    def _gold_record(self, row: dict, sample: int, mode: str):
         from t2s.backends.scripted import GoldPolicy
         from t2s.env.databases import ref_from_row
-        from t2s.rollout.play import run_text_episode
         from t2s.env.schema import get_schema
+        from t2s.rollout.text_policy import run_text_episode
 
         try:
             schema = get_schema(ref_from_row(row))
@@ -285,34 +284,38 @@ class Runner:
         policy = GoldPolicy.for_episode(row, schema, config)
         return run_text_episode(row, config, policy, tokenizer=self.tokenizer)
 
-    def _scripted_record(self, row: dict, sample: int, mode: str) -> dict:
-        from t2s.rollout.play import run_text_episode
+    def _scripted_record(self, row: dict, sample: int, mode: str):
+        from t2s.rollout.text_policy import run_text_episode
 
         return run_text_episode(row, self.config.episode_for(mode), self.scripted(row, sample),
                                 tokenizer=self.tokenizer)
 
-    def _chat_record(self, row: dict, sample: int, mode: str) -> dict:
+    def _prediction_record(self, row: dict, sample: int, mode: str):
+        """A single-turn episode answered with the file's SQL (as a server-read ``submit_sql`` call: the SQL is taken
+        as filed, never re-read from text); the record keeps the mode it is evaluated under."""
+        import dataclasses
+
+        from t2s.rollout.text_policy import run_text_episode
+
+        sql = self.predictions.sql.get(row["question_id"])
+        record = run_text_episode(row, self.config.episode_for("single"), PredictionPolicy(sql))
+        return dataclasses.replace(record, mode=mode)
+
+    def _chat_record(self, row: dict, sample: int, mode: str):
         from t2s.backends.chat_endpoint import ChatEndpointPolicy, EndpointError
         from t2s.backends.tools_endpoint import ToolsEndpointPolicy
-        from t2s.env.episode import Episode
-        from t2s.rollout.play import play
+        from t2s.rollout.text_policy import run_text_episode
 
         config = self.config
-        sampling = config.sampling
         seed = (config.seed or 0) * 1_000_003 + sample * 7919 + zlib.crc32(str(row["question_id"]).encode()) % 997
-        try:
-            # a single-turn answer offers no tools, in either endpoint mode
-            chat_policy = ToolsEndpointPolicy if config.endpoint.mode == "tools" and mode != "single" \
-                else ChatEndpointPolicy
-            policy = chat_policy(self.chat_client, sampling, seed=seed)
-            episode = play(Episode(row, config.episode_for(mode)), policy, self.tokenizer)
+        # a single-turn answer offers no tools, in either endpoint mode
+        chat_policy = ToolsEndpointPolicy if config.endpoint.mode == "tools" and mode != "single" \
+            else ChatEndpointPolicy
+        try:  # without a tokenizer the episode counts the turns the server cut (finish reason "length")
+            return run_text_episode(row, config.episode_for(mode), chat_policy(self.chat_client, config.sampling,
+                                                                               seed=seed), tokenizer=self.tokenizer)
         except EndpointError as exc:
             raise EvalError(str(exc)) from None
-        if self.tokenizer is None:  # without a tokenizer the episode cannot see cut-offs; the server reports them
-            counters = episode.counters
-            counters["turn_cutoffs"] = max(counters["turn_cutoffs"],
-                                           sum(reason == "length" for reason in policy.finish_reasons))
-        return episode.record()
 
     def _play_rollout(self, jobs, mode, emit) -> None:
         from t2s.rollout.driver import Rollout
@@ -336,3 +339,16 @@ class Runner:
         rollout.run(rows)
         if failures:
             raise EvalError(f"{failures[0]} ({len(failures)} episode(s) failed; finished results are kept)")
+
+
+class PredictionPolicy:
+    """The text policy of a predictions file's answer: one turn whose call a reader already took, ``submit_sql`` of
+    the file's SQL (no call when the file has none for the question: no answer)."""
+
+    def __init__(self, sql: str | None):
+        self.sql = sql
+
+    def __call__(self, episode=None) -> ParsedTurn:
+        text = self.sql if isinstance(self.sql, str) else ""
+        calls = [ToolCall("submit_sql", {"sql": self.sql})] if isinstance(self.sql, str) else []
+        return ParsedTurn(calls=calls, deviations=0, errors=[], text=text, think_end=-1, body=text)

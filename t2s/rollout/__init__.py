@@ -1,13 +1,15 @@
 """Playing episodes: training, evaluation (every mode, ``single`` included: it is an episode mode), ``ask`` and the
-benchmarks play through here. Only a predictions file plays nothing: its SQL is recorded with
-``t2s.env.record.one_turn_record``.
+benchmarks play through one driver.
 
-- ``driver``: :class:`~t2s.rollout.driver.Rollout` plays rows as episodes against a token backend (vLLM server,
-  colocated vLLM, transformers, scripted text policies through ``backends.scripted``) and keeps each episode's raw
-  token stream, logprobs and ``env_mask``; ``to_trl`` is what TRL's ``rollout_func`` returns.
-- ``play``: one episode with a text policy (``policy(episode) -> str``: replayed turns, chat and tools endpoints),
-  counting tokens with the same ``EnvTokenCounter`` when a tokenizer is given.
+- ``driver``: :class:`~t2s.rollout.driver.Rollout` plays rows as episodes against a backend and keeps each episode's
+  raw token stream, logprobs and ``env_mask``; ``to_trl`` is what TRL's ``rollout_func`` returns. A token backend
+  (vLLM server, colocated vLLM, transformers) samples the turns; a turn backend writes them.
+- ``text_policy``: the turn backend of text policies (``policy(episode) -> str``: replayed and scripted turns, the gold
+  policy, chat and tools endpoints, a predictions file's answers), and ``play`` / ``run_text_episode`` for one
+  episode on the calling thread.
+- ``tokens``: the token accounting every episode shares (the first prompt, the environment's suffixes);
+- ``trace``: what an episode leaves (``EpisodeTrace``) and the batch of traces TRL receives (``to_trl``).
 
-Both drive ``t2s.env.episode.Episode`` and return its ``t2s.env.record.EpisodeRecord``. It imports backends, scoring,
-the environment and the foundation modules.
+Every episode drives ``t2s.env.episode.Episode`` and returns its ``t2s.env.record.EpisodeRecord``. The package
+imports backends, scoring, the environment and the foundation modules.
 """

@@ -2,7 +2,7 @@
 
 The token stream is accumulated raw and never re-rendered through the chat template:
 
-- prompt = ``play.first_prompt_ids(tokenizer, episode)`` (Qwen3.5's ends in ``<|im_start|>assistant\\n<think>\\n``);
+- prompt = ``tokens.first_prompt_ids(tokenizer, episode)`` (Qwen3.5's ends in ``<|im_start|>assistant\\n<think>\\n``);
 - each model turn's tokens are appended as sampled (a sampled stop token included), ``env_mask`` 1, sampler logprobs;
 - the environment's suffix (``protocol.env_suffix_ids``: the template's end of turn when the turn did not end on it, the
   observation as a user turn, the next generation prompt; in the native call format ``native_calls.suffix_ids``: the
@@ -13,14 +13,20 @@ The token stream is accumulated raw and never re-rendered through the chat templ
 
 Every token the template writes is read from it (``t2s.env.chat_format``): no chat family is assumed.
 
-Budgets and cut-offs are the episode's (``Episode.start / next_max_tokens / step / add_env_tokens``). Two schedules
-return the same traces:
+Budgets and cut-offs are the episode's (``Episode.start / next_max_tokens / step / add_env_tokens``). Every policy
+plays through here: a token backend answers ``generate`` / ``agenerate`` with sampled ids; a turn backend answers
+``turn(index, episode, max_tokens)`` with a ``TurnOutput`` (text policies, through ``t2s.rollout.text_policy``;
+without a tokenizer such a turn carries its text and no ids, and only the turn and tool budgets apply). Three
+schedules return the same traces:
 
 - **async** (vLLM server): every episode is its own chain of ``agenerate`` calls on one event loop;
-- **turnsync** (vLLM colocate, transformers): each round batches the next turn of every active episode.
+- **turnsync** (vLLM colocate, transformers, the warm start's scripted policies): each round batches the next turn of
+  every active episode;
+- **inline** (one text policy's episode, as ``eval``'s gold and endpoint policies, ``ask --replay`` and ``bench env``
+  play them from their own threads): one episode after another on the calling thread, no thread pool.
 
-In both, tool calls and scoring run in a thread pool, never on the loop or between batches' generation, and each
-episode is scored as soon as it finishes. Tokenisation stays on the driving thread.
+In the first two, tool calls and scoring run in a thread pool, never on the loop or between batches' generation, and
+each episode is scored as soon as it finishes. Tokenisation stays on the driving thread.
 
 ``Rollout.timings`` gives the wall seconds of the last run during which generation, and during which the environment
 (opening databases, tools, final SQL and scoring), had at least one call in flight. The two overlap.
@@ -29,7 +35,6 @@ episode is scored as soon as it finishes. Tokenisation stays on the driving thre
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import os
 import threading
@@ -37,7 +42,6 @@ import time
 from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
 from t2s.backends.base import SamplingSettings, TurnOutput
@@ -45,7 +49,8 @@ from t2s.env.chat_format import chat_format
 from t2s.env.episode import Episode, EpisodeConfig
 from t2s.env.record import EpisodeRecord
 from t2s.env.native_reader import special_tokens_of
-from t2s.rollout.play import EnvTokenCounter, first_prompt_ids
+from t2s.rollout.tokens import EnvTokenCounter, first_prompt_ids
+from t2s.rollout.trace import EpisodeTrace, to_trl
 
 logger = logging.getLogger(__name__)
 
@@ -76,45 +81,11 @@ class BusyClock:
                     self.seconds[kind] += time.perf_counter() - self._since.pop(kind)
 
 
-@dataclass
-class EpisodeTrace:
-    """One episode's token stream and results. ``completion_ids``, ``logprobs`` and ``env_mask`` align."""
-
-    index: int
-    prompt_ids: list[int]
-    completion_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    env_mask: list[int] = field(default_factory=list)
-    record: EpisodeRecord | None = None  # set when the episode finishes
-    outcome: Any = None  # what the scorer returned (rewards.ExecutionOutcome by default), None when not scored
-    assistant_texts: list[str] = field(default_factory=list)  # what Episode.step received, turn by turn
-    env_texts: list[str] = field(default_factory=list)  # the decoded environment segments, in order
-    finish_reasons: list[str] = field(default_factory=list)
-    error: str | None = None  # a generation failure that ended the episode
-
-    def check(self, end_of_turn_id: int | None = None) -> None:
-        n = len(self.completion_ids)
-        if len(self.logprobs) != n or len(self.env_mask) != n:
-            raise AssertionError(
-                f"episode {self.index}: {n} completion ids, {len(self.logprobs)} logprobs, {len(self.env_mask)} mask"
-            )
-        if end_of_turn_id is not None and n and self.completion_ids[-1] != end_of_turn_id:
-            raise AssertionError(f"episode {self.index}: the trajectory does not end on the end-of-turn token")
-
-
 def default_scorer(row: dict, record: EpisodeRecord):
     """Execute the episode's final SQL against gold (``rewards.execute_final``)."""
     from t2s.scoring.rewards import execute_final
 
     return execute_final(row, record.final_sql, episode_write_attempt=record.counters["write_attempts"] > 0)
-
-
-def outcome_dict(outcome) -> dict | None:
-    if outcome is None or isinstance(outcome, dict):
-        return outcome
-    if dataclasses.is_dataclass(outcome):
-        return dataclasses.asdict(outcome)
-    raise TypeError(f"a scorer must return a dataclass or a dict, got {type(outcome).__name__}")
 
 
 class _Run:
@@ -137,16 +108,34 @@ class _Run:
     def _open(self) -> None:
         rollout = self.rollout
         db = rollout.db(self.row) if callable(rollout.db) else rollout.db
-        self.env_tokens = EnvTokenCounter(
-            rollout.tokenizer, rollout.config.enable_thinking, lock=rollout.tokenizer_lock
-        )
-        self.episode = Episode(self.row, rollout.config, db, env_tokens=self.env_tokens,
-                               special_tokens=rollout.special_tokens)
+        if rollout.tokenizer is not None:
+            self.env_tokens = EnvTokenCounter(
+                rollout.tokenizer, rollout.config.enable_thinking, lock=rollout.tokenizer_lock
+            )
+        self.episode = Episode(self.row, rollout.config, db, env_tokens=self.env_tokens, **rollout.episode_kwargs)
+
+    def adopt(self, episode: Episode) -> None:
+        """Play an Episode the caller built: the chat template's rules, special tokens and token counter are set on
+        it as ``open`` sets them on its own."""
+        rollout = self.rollout
+        self.episode = episode
+        episode.config = rollout.config
+        if rollout.tokenizer is None:
+            return
+        episode.special_tokens = rollout.special_tokens
+        counter = episode.env_tokens  # the suffixes added are the ones counted, when the counter is ours
+        if not isinstance(counter, EnvTokenCounter):
+            counter = EnvTokenCounter(rollout.tokenizer, rollout.config.enable_thinking, lock=rollout.tokenizer_lock)
+        if episode.env_tokens is None:
+            episode.env_tokens = counter
+        self.env_tokens = counter
 
     def begin(self) -> None:  # driving thread
         tok = self.rollout.tokenizer
-        with self.rollout.tokenizer_lock:
-            prompt = first_prompt_ids(tok, self.episode)
+        prompt: list[int] = []
+        if tok is not None:
+            with self.rollout.tokenizer_lock:
+                prompt = first_prompt_ids(tok, self.episode)
         self.trace = EpisodeTrace(self.index, prompt)
         self.episode.start(len(prompt))
 
@@ -160,8 +149,9 @@ class _Run:
         seed = self.rollout.sampling.request_seed(self.index, self.turn)
         return self.trace.prompt_ids + self.trace.completion_ids, max_tokens, seed
 
-    def take_turn(self, out: TurnOutput) -> tuple[str, int, bool] | None:
-        """Append a model turn; returns what ``Episode.step`` needs, or None when generation failed."""
+    def take_turn(self, out: TurnOutput) -> tuple | None:
+        """Append a model turn; returns what ``Episode.step`` needs (text, tokens, cut off, the calls a server read),
+        or None when generation failed."""
         trace = self.trace
         self.turn += 1
         self.last = out
@@ -172,22 +162,26 @@ class _Run:
         trace.completion_ids += out.token_ids
         trace.logprobs += [float(x) for x in out.logprobs]
         trace.env_mask += [1] * len(out.token_ids)
-        text_ids = out.token_ids[:-1] if out.stop_token_id is not None and out.token_ids else out.token_ids
-        with self.rollout.tokenizer_lock:
-            text = self.rollout.tokenizer.decode(text_ids, skip_special_tokens=False)
+        text = out.text
+        if text is None:
+            text_ids = out.token_ids[:-1] if out.stop_token_id is not None and out.token_ids else out.token_ids
+            with self.rollout.tokenizer_lock:
+                text = self.rollout.tokenizer.decode(text_ids, skip_special_tokens=False)
         trace.assistant_texts.append(text)
-        return text, len(out.token_ids), out.finish_reason == "length"
+        return text, len(out.token_ids), out.finish_reason == "length", out.parsed
 
-    def step(self, text: str, n_tokens: int, cut_off: bool) -> str | None:  # worker thread: runs the tools
+    def step(self, text: str, n_tokens: int, cut_off: bool, parsed=None) -> str | None:  # worker thread: the tools
         with self.rollout.clock.span(ENVIRONMENT):
             try:
-                return self.episode.step(text, n_tokens=n_tokens, cut_off=cut_off)
+                return self.episode.step(text, n_tokens=n_tokens, cut_off=cut_off, parsed=parsed)
             except Exception as exc:  # noqa: BLE001 - one episode's failure ends that episode, never the rollout
                 logger.warning("episode %s ended by an environment error: %s: %s", self.index, type(exc).__name__, exc)
                 self.episode.end_with_error(text)
                 return None
 
     def add_environment(self, observation: str) -> None:
+        if self.env_tokens is None:  # no tokenizer: nothing is counted in tokens
+            return
         needs_end_of_turn = self.last.stop_token_id != self.rollout.end_of_turn_id
         # tokenized when it was counted
         suffix = self.env_tokens.suffix_ids(observation, needs_end_of_turn=needs_end_of_turn)
@@ -207,6 +201,8 @@ class _Run:
         if not self.episode.done:
             self.episode.finish("error" if self.trace.error else "stopped")
         ids = self.trace.completion_ids
+        if self.rollout.tokenizer is None:  # no token stream to close
+            return
         if not ids or ids[-1] != self.rollout.end_of_turn_id:  # never an empty completion
             self._append_env([self.rollout.end_of_turn_id])
 
@@ -221,8 +217,11 @@ class _Run:
 class Rollout:
     """Plays rows as episodes through ``backend`` and returns one ``EpisodeTrace`` per row, in row order.
 
+    ``backend``: a token backend (``generate`` / ``agenerate``), or a turn backend (``turn(index, episode,
+    max_tokens)``: ``text_policy.TextPolicies``). ``tokenizer`` may be None only for a turn backend: the episodes
+    then keep no token stream and count no tokens.
     ``scorer(row, record)`` runs as each episode finishes (default: ``rewards.execute_final`` of the final SQL); pass
-    ``score=False`` to skip scoring. ``schedule`` defaults to the backend's ("async" or "turnsync").
+    ``score=False`` to skip scoring. ``schedule`` defaults to the backend's ("async", "turnsync" or "inline").
     ``on_finish(trace)`` is called on the driving thread as each scored episode completes.
     ``db`` opens every episode's database: a ``DatabaseRef``, a callable ``row -> DatabaseRef``, or None for the row's
     own (``databases.ref_from_row``: benchmark files open ``immutable``; ``ask`` passes a ``user_db`` instead).
@@ -247,19 +246,32 @@ class Rollout:
         # Tool threads count observation tokens while the driving thread tokenizes: one tokenizer user at a time.
         self.tokenizer_lock = threading.Lock()
         self.tokenizer = tokenizer
-        self.special_tokens = special_tokens_of(tokenizer)  # what a native turn's reader drops, as the server does
-        self.format = chat_format(tokenizer)  # a template t2s cannot use is refused here, with the fix
-        self.config = self.format.episode_config(episode_config or EpisodeConfig())
+        self.turns = getattr(backend, "turn", None)  # a turn backend's turn(index, episode, max_tokens)
+        if tokenizer is None:
+            if self.turns is None:
+                raise ValueError("Error: a token backend needs a tokenizer")
+            self.special_tokens, self.format = None, None
+            self.config = episode_config or EpisodeConfig()
+            self.episode_kwargs: dict = {}
+        else:
+            self.special_tokens = special_tokens_of(tokenizer)  # what a native turn's reader drops, as a server does
+            self.format = chat_format(tokenizer)  # a template t2s cannot use is refused here, with the fix
+            self.config = self.format.episode_config(episode_config or EpisodeConfig())
+            self.episode_kwargs = {"special_tokens": self.special_tokens}
         self.sampling = sampling or SamplingSettings.training()
         self.scorer = (scorer or default_scorer) if score else None
         self.tool_workers = tool_workers or max(2, os.cpu_count() or 2)
         self.schedule = schedule or getattr(backend, "schedule", "turnsync")
-        if self.schedule not in ("async", "turnsync"):
-            raise ValueError(f"Error: unknown rollout schedule {self.schedule!r}; expected 'async' or 'turnsync'")
+        if self.schedule not in ("async", "turnsync", "inline"):
+            raise ValueError(f"Error: unknown rollout schedule {self.schedule!r}; expected 'async', 'turnsync' or "
+                             "'inline'")
+        if self.schedule == "async" and self.turns is not None:
+            raise ValueError("Error: a turn backend plays on the 'turnsync' or 'inline' schedule, not 'async'")
         self.on_finish = on_finish
         self.clock = BusyClock()
-        self.end_of_turn_id = self.format.end_of_turn_id
-        if self.end_of_turn_id not in getattr(backend, "stop_token_ids", [self.end_of_turn_id]):
+        self.end_of_turn_id = self.format.end_of_turn_id if self.format is not None else None
+        if tokenizer is not None and self.end_of_turn_id not in getattr(backend, "stop_token_ids",
+                                                                        [self.end_of_turn_id]):
             raise ValueError(f"Error: the backend does not stop on {self.format.end_of_turn}, the chat template's end "
                              "of turn")
 
@@ -274,17 +286,54 @@ class Rollout:
         rows = list(rows)
         if not rows:
             return []
-        with ThreadPoolExecutor(self.tool_workers, thread_name_prefix="t2s-tools") as pool:
-            if self.schedule == "async":
-                traces = _run_coroutine(self._run_async(rows, pool))
-            else:
-                traces = self._run_turnsync(rows, pool)
+        if self.schedule == "inline":
+            traces = [self._play_inline(_Run(i, row, self)) for i, row in enumerate(rows)]
+        else:
+            with ThreadPoolExecutor(self.tool_workers, thread_name_prefix="t2s-tools") as pool:
+                if self.schedule == "async":
+                    traces = _run_coroutine(self._run_async(rows, pool))
+                else:
+                    traces = self._run_turnsync(rows, pool)
         for trace in traces:
             trace.check(self.end_of_turn_id)
         return traces
 
+    def play_episode(self, episode: Episode, index: int = 0) -> EpisodeTrace:
+        """Play an Episode the caller built, inline on the calling thread (``text_policy.play``)."""
+        run = _Run(index, episode.row, self)
+        run.adopt(episode)
+        trace = self._play_inline(run, opened=True)
+        trace.check(self.end_of_turn_id)
+        return trace
+
     def to_trl(self, traces: Sequence[EpisodeTrace]) -> dict:
         return to_trl(traces, self.end_of_turn_id)
+
+    # ---- inline: one episode on the calling thread -------------------------------------------------------------------
+    def _play_inline(self, run: _Run, opened: bool = False) -> EpisodeTrace:
+        if not opened:
+            run.open()
+        run.begin()
+        while (request := run.next_request()) is not None:
+            turn = run.take_turn(self._generate_one(run, request))
+            if turn is None:
+                break
+            observation = run.step(*turn)
+            if observation is None:
+                break
+            run.add_environment(observation)
+        run.close()
+        trace = run.finish()
+        if self.on_finish is not None:
+            self.on_finish(trace)
+        return trace
+
+    def _generate_one(self, run: _Run, request: tuple[list[int], int, int | None]) -> TurnOutput:
+        context, max_tokens, seed = request
+        with self.clock.span(GENERATION):
+            if self.turns is not None:
+                return self.turns(run.index, run.episode, max_tokens)
+            return self.backend.generate([context], [max_tokens], self.sampling, [seed])[0]
 
     # ---- async: one chain per episode --------------------------------------------------------------------------------
     async def _run_async(self, rows: list[dict], pool: ThreadPoolExecutor) -> list[EpisodeTrace]:
@@ -350,9 +399,12 @@ class Rollout:
             if not waiting:
                 break
             with self.clock.span(GENERATION):
-                outputs = self.backend.generate(
-                    [r[0] for r in requests], [r[1] for r in requests], self.sampling, [r[2] for r in requests]
-                )
+                if self.turns is not None:
+                    outputs = [self.turns(run.index, run.episode, r[1]) for run, r in zip(waiting, requests)]
+                else:
+                    outputs = self.backend.generate(
+                        [r[0] for r in requests], [r[1] for r in requests], self.sampling, [r[2] for r in requests]
+                    )
             if len(outputs) != len(waiting):
                 raise RuntimeError(f"the backend answered {len(outputs)} turns for {len(waiting)} prompts")
             turns = [run.take_turn(out) for run, out in zip(waiting, outputs)]
@@ -383,39 +435,3 @@ def _run_coroutine(coroutine):
         return asyncio.run(coroutine)
     with ThreadPoolExecutor(1) as runner:
         return runner.submit(asyncio.run, coroutine).result()
-
-
-def to_trl(traces: Sequence[EpisodeTrace], end_of_turn_id: int | None = None) -> dict:
-    """The dict TRL's ``rollout_func`` returns: the token stream (``prompt_ids``, ``completion_ids``, float
-    ``logprobs``, ``env_mask``) and, one per episode, only what the rewards and the trainer read: ``outcome`` (a dict,
-    or None when not scored) and ``final_sql_source`` for the rewards, ``record`` (the ``EpisodeRecord``) for the
-    trainer's episode metrics.
-    """
-    for trace in traces:
-        trace.check(end_of_turn_id)
-    out: dict[str, list] = {
-        "prompt_ids": [list(t.prompt_ids) for t in traces],
-        "completion_ids": [list(t.completion_ids) for t in traces],
-        "logprobs": [[float(x) for x in t.logprobs] for t in traces],
-        "env_mask": [list(t.env_mask) for t in traces],
-        "record": [t.record for t in traces],
-        "final_sql_source": [t.record.final_sql_source for t in traces],
-        "outcome": [outcome_dict(t.outcome) for t in traces],
-    }
-    n = len(traces)
-    assert all(len(v) == n for v in out.values()), "every rollout field has one entry per episode"
-    for ids, lps, mask in zip(out["completion_ids"], out["logprobs"], out["env_mask"]):
-        assert len(ids) == len(lps) == len(mask), "completion_ids, logprobs and env_mask align"
-    return out
-
-
-def run_episodes(
-    rows, backend, tokenizer, config: EpisodeConfig | None, sampling: SamplingSettings | None = None, *,
-    on_finish=None, scorer=None, score: bool = True, tool_workers: int | None = None,
-) -> list[EpisodeTrace]:  # fmt: skip
-    """One-call form of ``Rollout(...).run(rows)`` (the evaluator uses it with eval sampling)."""
-    rollout = Rollout(
-        backend, tokenizer, config, sampling=sampling, scorer=scorer, score=score, tool_workers=tool_workers,
-        on_finish=on_finish,
-    )  # fmt: skip
-    return rollout.run(rows)

@@ -149,7 +149,7 @@ def pass_rate_ids(path: Path) -> set[str]:
 def drop_long_prompts(rows: list[dict], tokenizer, training_args) -> tuple[list[dict], int]:
     """Drop rows whose rendered prompt leaves less than ``min_episode_tokens`` of the episode budget."""
     from t2s.env.episode import Episode
-    from t2s.rollout.play import first_prompt_ids
+    from t2s.rollout.tokens import first_prompt_ids
 
     config = training_args.episode_config()
     kept = []

@@ -1,8 +1,8 @@
 """The supervised warm start (``t2s sft``): trajectories the environment plays, trained with TRL's ``SFTTrainer``.
 
 The trajectories are episodes of the GRPO recipe named by ``rl_recipe``: its data, filters and episode settings
-(protocol, prompts, tools, budgets). They are played by ``t2s.rollout.driver.Rollout`` through a
-:class:`t2s.backends.scripted.ScriptedBackend`, so each one is the very token stream a training rollout builds:
+(protocol, prompts, tools, budgets). They are played by ``t2s.rollout.driver.Rollout``, the policies' turns written as
+a model's (``t2s.rollout.text_policy.TextPolicies``), so each one is the very token stream a training rollout builds:
 prompt ids, then model turns and environment turns, with the same ``env_mask``. Where they come from:
 
 - ``trajectories: gold``: the gold policy (``gold_style: explore`` lists and describes the tables, runs the gold SQL
@@ -89,13 +89,11 @@ def parse_sft_recipe(argv: list[str]):
 def play(rows: list[dict], policies: list, tokenizer, episode_config):
     """Play one text policy per row through the episode driver (``t2s.rollout``); returns its ``EpisodeTrace`` list
     (scored)."""
-    from t2s.backends.base import SamplingSettings
-    from t2s.backends.scripted import ScriptedBackend
     from t2s.rollout.driver import Rollout
+    from t2s.rollout.text_policy import TextPolicies
 
-    sampling = SamplingSettings.training(seed=0)
-    backend = ScriptedBackend(tokenizer, policies, sampling, max_turns=episode_config.max_turns)
-    return Rollout(backend, tokenizer, episode_config, sampling=sampling).run(rows)
+    backend = TextPolicies(list(policies), tokenizer, schedule="turnsync")
+    return Rollout(backend, tokenizer, episode_config).run(rows)
 
 
 def answer_policy(row: dict, sql: str, style: str, episode_config):
