@@ -246,9 +246,9 @@ class Rollout:
         # Tool threads count observation tokens while the driving thread tokenizes: one tokenizer user at a time.
         self.tokenizer_lock = threading.Lock()
         self.tokenizer = tokenizer
-        self.turns = getattr(backend, "turn", None)  # a turn backend's turn(index, episode, max_tokens)
+        self.write_turn = getattr(backend, "turn", None)  # a turn backend's turn(index, episode, max_tokens)
         if tokenizer is None:
-            if self.turns is None:
+            if self.write_turn is None:
                 raise ValueError("Error: a token backend needs a tokenizer")
             self.special_tokens, self.format = None, None
             self.config = episode_config or EpisodeConfig()
@@ -265,7 +265,7 @@ class Rollout:
         if self.schedule not in ("async", "turnsync", "inline"):
             raise ValueError(f"Error: unknown rollout schedule {self.schedule!r}; expected 'async', 'turnsync' or "
                              "'inline'")
-        if self.schedule == "async" and self.turns is not None:
+        if self.schedule == "async" and self.write_turn is not None:
             raise ValueError("Error: a turn backend plays on the 'turnsync' or 'inline' schedule, not 'async'")
         self.on_finish = on_finish
         self.clock = BusyClock()
@@ -331,8 +331,8 @@ class Rollout:
     def _generate_one(self, run: _Run, request: tuple[list[int], int, int | None]) -> TurnOutput:
         context, max_tokens, seed = request
         with self.clock.span(GENERATION):
-            if self.turns is not None:
-                return self.turns(run.index, run.episode, max_tokens)
+            if self.write_turn is not None:
+                return self.write_turn(run.index, run.episode, max_tokens)
             return self.backend.generate([context], [max_tokens], self.sampling, [seed])[0]
 
     # ---- async: one chain per episode --------------------------------------------------------------------------------
@@ -399,8 +399,8 @@ class Rollout:
             if not waiting:
                 break
             with self.clock.span(GENERATION):
-                if self.turns is not None:
-                    outputs = [self.turns(run.index, run.episode, r[1]) for run, r in zip(waiting, requests)]
+                if self.write_turn is not None:
+                    outputs = [self.write_turn(run.index, run.episode, r[1]) for run, r in zip(waiting, requests)]
                 else:
                     outputs = self.backend.generate(
                         [r[0] for r in requests], [r[1] for r in requests], self.sampling, [r[2] for r in requests]

@@ -32,8 +32,6 @@ class TextPolicies:
     list with one per row (by the row's index in the run). ``schedule``: "inline" (one episode after another on the
     calling thread) or "turnsync" (every episode's next turn each round, tools on the driver's thread pool)."""
 
-    schedule = "inline"
-
     def __init__(self, policies, tokenizer=None, *, schedule: str = "inline"):
         if isinstance(policies, (list, tuple)):
             self._policy_of: Callable[[int], object] = list(policies).__getitem__
