@@ -65,6 +65,7 @@ class TextPolicies:
         return TurnOutput(ids, [0.0] * len(ids), reason, None if server_cut else self.end_of_turn_id, text=text,
                           parsed=parsed)
 
+
 def play(episode: Episode, policy, tokenizer=None) -> Episode:
     """Drive ``episode`` to its end with the text policy ``policy`` through the driver, on the calling thread;
     returns the episode (its ``record()`` is the result). With a tokenizer, turns and the environment's suffixes are
