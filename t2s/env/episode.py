@@ -359,9 +359,7 @@ class Episode:
         """The single-turn answer: its SQL, as written, is the submitted and final SQL (a reader's ``submit_sql``
         call when ``parsed`` is given: a predictions file's SQL, taken as filed)."""
         if parsed is not None:
-            sql = next((call.args["sql"] for call in parsed.calls if call.tool == "submit_sql"
-                        and isinstance(call.args, dict) and isinstance(call.args.get("sql"), str)), None)
-            deviations = parsed.deviations
+            sql, deviations = single_turn.submitted_sql(parsed), parsed.deviations
         else:
             sql, deviations = single_turn.answer_sql(text)
         self.counters["turns"] += 1

@@ -28,7 +28,15 @@ def messages(row: dict, schema, engine: str = "sqlite") -> list[dict]:
 def answer_sql(text: str) -> tuple[str | None, int]:
     """(SQL, format deviations) of a single-turn answer: a submit_sql call, else a fenced block or bare SQL."""
     parsed = turns.parse_turn(text)
+    sql = submitted_sql(parsed)
+    if sql is not None:
+        return sql, parsed.deviations
+    return turns.bare_sql(parsed.body), 0
+
+
+def submitted_sql(parsed: turns.ParsedTurn) -> str | None:
+    """The SQL of a read turn's first ``submit_sql`` call with a string ``sql``, else None."""
     for call in parsed.calls:
         if call.tool == "submit_sql" and isinstance(call.args, dict) and isinstance(call.args.get("sql"), str):
-            return call.args["sql"], parsed.deviations
-    return turns.bare_sql(parsed.body), 0
+            return call.args["sql"]
+    return None
