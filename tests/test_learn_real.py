@@ -1,16 +1,23 @@
 """bench learn-real: its split by database, its eval flags, its targets, and a smoke-sized run end to end on the real
-SmolLM2-135M-Instruct with the real vLLM engine (two GRPO steps on two questions, eight unseen questions). The full
-experiment is `python -m t2s bench learn-real` (docs/benchmarks.md), a benchmark, not a test."""
+SmolLM2-135M-Instruct with the real vLLM engine (a warm start on two questions, two GRPO steps of one question's two
+rollouts with short turns, four unseen questions). The full experiment is `python -m t2s bench learn-real`
+(docs/benchmarks.md), a benchmark, not a test."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from t2s.bench import learn_real
+
+UNSEEN_N = 4  # the smoke run's unseen questions
 
 
 @pytest.fixture(scope="module")
@@ -70,15 +77,53 @@ def test_missed_targets_name_each_one():
     assert [line.split(" ")[0] for line in missed] == ["warm", "warm", "train_gain", "GRPO", "GRPO", "seconds"]
 
 
-@pytest.mark.timeout(1500)  # six vLLM engines (four evals, two GRPO runs) and an SFT: 510 s on 2 idle cores
+def test_an_evaluation_that_fails_raises_with_the_tail_of_its_log(tmp_path):
+    pending = learn_real.PendingEval.start(tmp_path / "no-model", ["--policy", "vllm", "--data", str(tmp_path / "none"),
+                                                                   "--quiet"], tmp_path / "eval", core=0)
+    with pytest.raises(RuntimeError, match=r"Error: eval of .*no-model failed \(exit [1-9]\); .*eval\.log: .*Error:"):
+        pending.summary()
+
+
+def test_a_pending_evaluation_is_cached_only_when_it_succeeds(tmp_path):
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "summary.json").write_text(json.dumps({"modes": {"full": {"n": 3}}}))
+    stored = []
+    done = learn_real.PendingEval(out, subprocess.Popen([sys.executable, "-c", "pass"]), tmp_path / "m",
+                                  then=lambda: stored.append("ok"))
+    assert done.summary() == {"n": 3} and done.summary() == {"n": 3} and stored == ["ok"]  # waited for, stored once
+    (tmp_path / "eval.log").write_text("Error: the engine died\n")
+    exits_3 = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    failed = learn_real.PendingEval(out, exits_3, tmp_path / "m", then=lambda: stored.append("failed"))
+    with pytest.raises(RuntimeError, match=r"exit 3\).*Error: the engine died"):
+        failed.summary()
+    assert stored == ["ok"]
+
+
+def test_stopping_an_evaluation_ends_its_whole_process_group(tmp_path):
+    """A stage beside an evaluation failed: the eval and the engine processes it started all end."""
+    script = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); " \
+             "print('started', flush=True); time.sleep(60)"
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True)
+    assert process.stdout.readline() == b"started\n"
+    learn_real.PendingEval(tmp_path, process, tmp_path).stop()
+    assert process.returncode is not None
+    with pytest.raises(ProcessLookupError):  # nothing is left in its group, the grandchild included
+        for _ in range(50):
+            os.killpg(process.pid, 0)
+            time.sleep(0.1)
+
+
+@pytest.mark.timeout(1500)  # six vLLM engines (four evals, two GRPO runs) and an SFT: 233 s on 2 idle cores
 def test_smoke_run_writes_every_stage_and_its_last_line(tmp_path, smollm2_dir, spider_dev_dir, bird_superhero_dir,
                                                         capsys, monkeypatch):
     pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
     monkeypatch.setenv("T2S_DATA_DIR", str(spider_dev_dir.parent))
-    small_groups = ("--num_generations", "4", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps",
-                    "2", "--steps_per_generation", "2")  # one question of 4 rollouts a step
-    code = learn_real.run(seed=0, output=str(tmp_path / "out"), steps=2, sft_questions=8, grpo_questions=1,
-                          unseen_n=8, cache=tmp_path / "cache", grpo_overrides=small_groups)
+    small_steps = ("--num_generations", "2", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps",
+                   "1", "--steps_per_generation", "1",  # one question of 2 rollouts a step
+                   "--max_tokens_per_turn", "32", "--forced_turn_reserve", "32")  # short turns: the run, not the SQL
+    code = learn_real.run(seed=0, output=str(tmp_path / "out"), steps=2, sft_questions=2, grpo_questions=1,
+                          unseen_n=UNSEEN_N, cache=tmp_path / "cache", grpo_overrides=small_steps)
     out = capsys.readouterr().out
     last = out.strip().splitlines()[-1]
     number = r"-?\d\.\d{3}"
@@ -91,7 +136,7 @@ def test_smoke_run_writes_every_stage_and_its_last_line(tmp_path, smollm2_dir, s
     result = json.loads((folder / "learn_real.json").read_text())
     for stage in learn_real.STAGES:
         summary = json.loads((folder / "eval" / stage / "summary.json").read_text())
-        assert summary["modes"]["full"]["n"] == 8
+        assert summary["modes"]["full"]["n"] == UNSEEN_N
         assert result["ex"][stage] == summary["modes"]["full"]["execution_accuracy_official"]
     for name in ("warm", "grpo", "control"):  # model folders `eval --model` loads
         assert (folder / name / "config.json").is_file() and (folder / name / "tokenizer.json").is_file()
@@ -100,6 +145,6 @@ def test_smoke_run_writes_every_stage_and_its_last_line(tmp_path, smollm2_dir, s
     assert (folder / "learn_real.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (folder / "eval_args.txt").read_text().split() == learn_real.eval_flags(
         learn_real.Split(folder / "data", 0, folder / "data/sft.json", folder / "data/grpo.json",
-                         folder / "data/unseen.json", (), {}), 8)
+                         folder / "data/unseen.json", (), {}), UNSEEN_N)
     assert [p.name.rsplit("-", 1)[0] for p in sorted((tmp_path / "cache").iterdir())] == [
         "learn-real-warm", "learn-real-zero-shot"]  # both cached: a rerun trains and evaluates only GRPO's stages

@@ -18,7 +18,8 @@ install-models`` caches) on a 2-core CPU:
 - **Evaluation**: ``t2s eval --policy vllm`` of each stage's model on the unseen databases, in full mode at
   temperature 0, with the GRPO recipe's own episode settings (``OUTPUT/eval_args.txt`` holds those flags on one line).
   GRPO is compared with the warm start and with the control by ``t2s compare``'s paired test (McNemar and a bootstrap
-  CI).
+  CI). Each evaluation runs in its own process beside the next stage's training (the zero-shot one beside the warm
+  start, the warm start's beside GRPO, GRPO's beside the control), its engine bound to a core of its own.
 
 Departures from the published recipe, each forced by a 135M model on two CPU cores, are listed in docs/benchmarks.md.
 The last line is ``learn-real: zero_shot=Z warm=W grpo=G control=C delta=D ci=[lo,hi] train_gain=T control_gain=K
@@ -28,6 +29,7 @@ The bench exits 1 naming each target missed (``TARGETS``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import shutil
@@ -148,25 +150,64 @@ def eval_flags(split: Split, n: int) -> list[str]:
     return flags
 
 
-def evaluate(model: Path, flags: list[str], output: Path, log) -> dict:
-    """``t2s eval`` of ``model`` in its own process (the engine's memory goes with it); returns the full mode's
-    summary. A failed eval raises with the tail of its log."""
-    shutil.rmtree(output, ignore_errors=True)  # a fresh evaluation: eval resumes only a run of the same weights
-    output.parent.mkdir(parents=True, exist_ok=True)
-    log_file = output.with_suffix(".log")
-    command = [sys.executable, "-m", "t2s", "eval", *flags, "--model", str(model), "--output", str(output)]
-    with open(log_file, "w", encoding="utf-8") as handle:
-        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, check=False)
-    if done.returncode != 0:
-        tail = log_file.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
-        raise RuntimeError(f"Error: eval of {model} failed (exit {done.returncode}); {log_file}: " + " | ".join(tail))
-    return json.loads((output / "summary.json").read_text(encoding="utf-8"))["modes"]["full"]
+class PendingEval:
+    """``t2s eval`` of a model in its own process (the engine's memory goes with it), started by :meth:`start` and
+    waited for by :meth:`summary`, so that it runs beside the next stage's training. ``core`` binds its vLLM engine's
+    one OpenMP thread to that core (left to itself it binds the first, as the colocated engine of a training run beside
+    it does), which changes which core computes, not what. ``then`` runs once the evaluation has succeeded (the
+    zero-shot cache's copy)."""
+
+    def __init__(self, output: Path, process: subprocess.Popen | None = None, model: Path | None = None, then=None):
+        self.output, self.process, self.model, self.then = output, process, model, then
+
+    @classmethod
+    def start(cls, model: Path, flags: list[str], output: Path, *, core: int | None = None, then=None):
+        import os
+
+        shutil.rmtree(output, ignore_errors=True)  # a fresh evaluation: eval resumes only a run of the same weights
+        output.parent.mkdir(parents=True, exist_ok=True)
+        env = os.environ | ({"VLLM_CPU_OMP_THREADS_BIND": str(core)} if core is not None else {})
+        command = [sys.executable, "-m", "t2s", "eval", *flags, "--model", str(model), "--output", str(output)]
+        with open(output.with_suffix(".log"), "w", encoding="utf-8") as handle:
+            process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)  # its own process group: stop() ends its engine too
+        return cls(output, process, model, then)
+
+    def stop(self) -> None:
+        """End the evaluation and its engine's processes if it still runs (a stage beside it failed)."""
+        import os
+        import signal
+
+        if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def summary(self) -> dict:
+        """The full mode's summary, once the evaluation has ended; a failed eval raises with the tail of its log."""
+        if self.process is not None:
+            code, self.process = self.process.wait(), None
+            log_file = self.output.with_suffix(".log")
+            if code != 0:
+                tail = log_file.read_text(encoding="utf-8", errors="replace").strip().splitlines()[-5:]
+                raise RuntimeError(f"Error: eval of {self.model} failed (exit {code}); {log_file}: " + " | ".join(tail))
+            if self.then:
+                self.then()
+        return json.loads((self.output / "summary.json").read_text(encoding="utf-8"))["modes"]["full"]
 
 
-def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: Path, log) -> dict:
+def spare_core() -> int | None:
+    """The last core this process may run on, for an evaluation beside training; None with a single core."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    return cores[-1] if len(cores) > 1 else None
+
+
+def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: Path, log) -> PendingEval:
     """The base model's evaluation into ``output``: copied from ``cache`` when its key (the base model's files, the
-    unseen questions, the flags, the prompt, the t2s sources, the library versions) matches, else run and cached.
-    It is the same for every ``--seed``."""
+    unseen questions, the flags, the prompt, the t2s sources, the library versions) matches, else started (on
+    :func:`spare_core`, beside the warm start) and cached when it ends. It is the same for every ``--seed``."""
     from t2s.bench.learn import content_key
     from t2s.settings import PACKAGE_DIR, RECIPES_DIR
 
@@ -178,14 +219,19 @@ def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: 
     cached = cache / f"learn-real-zero-shot-{key}"
     if (cached / "summary.json").is_file():
         log(f"zero-shot: cached in {cached}")
-    else:
-        evaluate(model, flags, output, log)
+        shutil.rmtree(output, ignore_errors=True)
+        shutil.copytree(cached, output)
+        return PendingEval(output)
+
+    def store() -> None:
+        partial = cached.with_name(cached.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(output, partial)
         shutil.rmtree(cached, ignore_errors=True)
-        shutil.copytree(output, cached.with_name(cached.name + ".partial"), dirs_exist_ok=True)
-        cached.with_name(cached.name + ".partial").rename(cached)
-    shutil.rmtree(output, ignore_errors=True)
-    shutil.copytree(cached, output)
-    return json.loads((output / "summary.json").read_text(encoding="utf-8"))["modes"]["full"]
+        partial.rename(cached)
+
+    log("zero-shot: evaluating the base model on the unseen databases, beside the warm start")
+    return PendingEval.start(model, flags, output, core=spare_core(), then=store)
 
 
 def warm_start_folder(split: Split, seed: int, sft_recipe: Path, cache: Path, log) -> Path:
@@ -288,6 +334,12 @@ def _rate(value) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+def _evaluated(stage: str, summary: dict, log) -> dict:
+    line = f"{stage}: EX {summary['execution_accuracy_official']:.3f}"
+    log(line + (f", format deviations {summary['format_deviation_rate']:.3f}" if stage == "warm" else ""))
+    return summary
+
+
 def missed_targets(ex: dict, warm_format: float, delta_control: float, train_margin: float, seconds: float):
     missed = []
     if warm_format > TARGETS["format_deviations"]:
@@ -349,23 +401,28 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
     log(f"eval flags (also in {output / 'eval_args.txt'}): {' '.join(flags)}")
 
     summaries: dict[str, dict] = {}
-    log("zero-shot: evaluating the base model on the unseen databases")
     cache = cache or workspace() / ".cache"
-    summaries["zero_shot"] = zero_shot(model, split, flags, output / "eval" / "zero_shot", cache, log)
-    log(f"zero-shot: EX {summaries['zero_shot']['execution_accuracy_official']:.3f}")
-    warm_folder = warm_start_folder(split, seed, derived_recipe(split, output), cache, log)
-    warm = copy_model(warm_folder, output / "warm")
-    summaries["warm"] = evaluate(warm, flags, output / "eval" / "warm", log)
-    log(f"warm start: EX {summaries['warm']['execution_accuracy_official']:.3f}, format deviations "
-        f"{summaries['warm']['format_deviation_rate']:.3f}")
-    runs: dict[str, list[dict]] = {}
-    for name, control in (("grpo", False), ("control", True)):
-        console.rule(f"{name}: {steps} steps" + (" (rewards permuted within each step)" if control else ""))
-        runs[name] = grpo_stage(warm, output / name, steps=steps, seed=seed, control=control,
-                                overrides=("--dataset_path", str(split.grpo), "--max_train_rows", str(grpo_questions),
-                                           *grpo_overrides))
-        summaries[name] = evaluate(output / name, flags, output / "eval" / name, log)
-        log(f"{name}: EX {summaries[name]['execution_accuracy_official']:.3f}")
+    core = spare_core()
+    grpo_flags = ("--dataset_path", str(split.grpo), "--max_train_rows", str(grpo_questions), *grpo_overrides)
+    pending = zero_shot(model, split, flags, output / "eval" / "zero_shot", cache, log)
+    try:
+        warm_folder = warm_start_folder(split, seed, derived_recipe(split, output), cache, log)
+        summaries["zero_shot"] = pending.summary()
+        log(f"zero-shot: EX {summaries['zero_shot']['execution_accuracy_official']:.3f}")
+        warm = copy_model(warm_folder, output / "warm")
+        runs: dict[str, list[dict]] = {}
+        evaluated = "warm"  # each stage's evaluation runs beside the next stage's training
+        pending = PendingEval.start(warm, flags, output / "eval" / "warm", core=core)
+        for name, control in (("grpo", False), ("control", True)):
+            console.rule(f"{name}: {steps} steps" + (" (rewards permuted within each step)" if control else "") +
+                         f", beside the {evaluated} evaluation")
+            runs[name] = grpo_stage(warm, output / name, steps=steps, seed=seed, control=control, overrides=grpo_flags)
+            summaries[evaluated] = _evaluated(evaluated, pending.summary(), log)
+            evaluated, pending = name, PendingEval.start(output / name, flags, output / "eval" / name, core=core)
+        summaries[evaluated] = _evaluated(evaluated, pending.summary(), log)
+    except BaseException:
+        pending.stop()
+        raise
     print_table(console, stage_table(summaries))
     paired = {other: compare_runs(output / "eval" / other, output / "eval" / "grpo") for other in ("warm", "control")}
     for other, report in paired.items():
