@@ -21,10 +21,10 @@ MODEL ?= Qwen/Qwen3.5-2B
 PORT ?= 8000
 MAX_MODEL_LEN ?= 16384
 PYTEST_ARGS ?=
-# pytest-xdist workers for make test (1: no workers, the whole suite in one process). On two cores more workers are
-# slower: the vLLM tests, most of the suite's time, take a core each. With more cores, TEST_WORKERS=N runs the vLLM
-# tests one after another on one worker and the rest beside them (tests/conftest.py).
-TEST_WORKERS ?= 1
+# pytest-xdist workers for make test (1: no workers, the whole suite in one process). The vLLM tests run one after
+# another on one worker, each worker's engines bound to a core of its own, and the rest beside them
+# (tests/conftest.py). On two cores that is faster than one process (docs/benchmarks.md, The test suite).
+TEST_WORKERS ?= 2
 TRAIN_ARGS ?=
 
 .PHONY: install install-gpu install-vllm install-models install-postgres install-chromium install-slurm test lint demo train serve data bench-env bench-rollout eval-sibling clean help

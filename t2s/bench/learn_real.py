@@ -31,8 +31,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -162,8 +164,6 @@ class PendingEval:
 
     @classmethod
     def start(cls, model: Path, flags: list[str], output: Path, *, core: int | None = None, then=None):
-        import os
-
         shutil.rmtree(output, ignore_errors=True)  # a fresh evaluation: eval resumes only a run of the same weights
         output.parent.mkdir(parents=True, exist_ok=True)
         env = os.environ | ({"VLLM_CPU_OMP_THREADS_BIND": str(core)} if core is not None else {})
@@ -175,9 +175,6 @@ class PendingEval:
 
     def stop(self) -> None:
         """End the evaluation and its engine's processes if it still runs (a stage beside it failed)."""
-        import os
-        import signal
-
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -198,8 +195,6 @@ class PendingEval:
 
 def spare_core() -> int | None:
     """The last core this process may run on, for an evaluation beside training; None with a single core."""
-    import os
-
     cores = sorted(os.sched_getaffinity(0))
     return cores[-1] if len(cores) > 1 else None
 
