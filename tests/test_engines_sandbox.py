@@ -198,11 +198,22 @@ def _pg_snapshot(dsn) -> dict:
 
 def _fresh_database(dsn: str, name: str, template: str | None = None) -> str:
     """A new database ``name`` on the session's server (a copy of ``template`` when given); returns its URL."""
+    import gc
+    import time
+
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+        for attempt in range(40):  # a copy needs the template to itself: an earlier test's connection may still close
+            try:
+                admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
+                break
+            except psycopg.errors.ObjectInUse:
+                if attempt == 39:
+                    raise
+                gc.collect()  # a finished thread's cached connections close when collected
+                time.sleep(0.5)
     return databases.server_url(dsn, name)
 
 
