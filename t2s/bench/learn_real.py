@@ -199,10 +199,11 @@ def spare_core() -> int | None:
     return cores[-1] if len(cores) > 1 else None
 
 
-def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: Path, log) -> PendingEval:
+def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: Path, log,
+              core: int | None = None) -> PendingEval:
     """The base model's evaluation into ``output``: copied from ``cache`` when its key (the base model's files, the
     unseen questions, the flags, the prompt, the t2s sources, the library versions) matches, else started (on
-    :func:`spare_core`, beside the warm start) and cached when it ends. It is the same for every ``--seed``."""
+    ``core``, beside the warm start) and cached when it ends. It is the same for every ``--seed``."""
     from t2s.bench.learn import content_key
     from t2s.settings import PACKAGE_DIR, RECIPES_DIR
 
@@ -226,7 +227,7 @@ def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: 
         partial.rename(cached)
 
     log("zero-shot: evaluating the base model on the unseen databases, beside the warm start")
-    return PendingEval.start(model, flags, output, core=spare_core(), then=store)
+    return PendingEval.start(model, flags, output, core=core, then=store)
 
 
 def warm_start_folder(split: Split, seed: int, sft_recipe: Path, cache: Path, log) -> Path:
@@ -399,7 +400,7 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
     cache = cache or workspace() / ".cache"
     core = spare_core()
     grpo_flags = ("--dataset_path", str(split.grpo), "--max_train_rows", str(grpo_questions), *grpo_overrides)
-    pending = zero_shot(model, split, flags, output / "eval" / "zero_shot", cache, log)
+    pending = zero_shot(model, split, flags, output / "eval" / "zero_shot", cache, log, core)
     try:
         warm_folder = warm_start_folder(split, seed, derived_recipe(split, output), cache, log)
         summaries["zero_shot"] = pending.summary()
