@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from t2s.backends.vllm_engine import has_cuda
 from t2s.settings import shared_data_dir
-from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, served
+from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, run_watching_processes, served
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 
@@ -209,10 +210,13 @@ def test_gemma3_base_without_a_template_is_one_error_line(gemma3_dir, tmp_path):
 
 
 def test_gemma3_evaluates_and_trains_with_a_chat_template(gemma3_dir, tmp_path):
-    done = t2s("eval", "--policy", "vllm", "--model", gemma3_dir, "--chat-template", GEMMA_TEMPLATE,
-               "--mode", "withheld", *EPISODES, "--output", tmp_path / "eval")
+    argv = [sys.executable, "-m", "t2s", "eval", "--policy", "vllm", "--model", str(gemma3_dir), "--chat-template",
+            str(GEMMA_TEMPLATE), "--mode", "withheld", *EPISODES, "--output", str(tmp_path / "eval")]
+    done, processes = run_watching_processes(argv, os.environ | VLLM_ENV)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert len(episodes(tmp_path / "eval", "withheld")) == 2
+    if not has_cuda():  # on a CPU the offline engine runs in the calling process: no engine-core or worker process
+        assert "python" in processes and not [name for name in processes if name.startswith("VLLM::")], processes
     output = tmp_path / "run"
     env = os.environ | VLLM_ENV | {"PYTHONPATH": str(ROOT)}
     done = subprocess.run([sys.executable, str(TRAIN_SCRIPT), str(gemma3_dir), str(output), *SMALL_STEPS,

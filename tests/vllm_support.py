@@ -9,6 +9,7 @@ import contextlib
 import json
 import socket
 import sys
+import tempfile
 import urllib.request
 from pathlib import Path
 
@@ -55,7 +56,8 @@ def attention_model(folder: Path, noise: float = 0.0) -> Path:
 @contextlib.contextmanager
 def served(model_dir: Path, log_path: Path, *serve_args: str):
     """The OpenAI server as `make serve` starts it (``t2s.bench.eval_scale.make_serve``) on a free loopback port, with
-    the tests' vLLM environment; yields its URL, after checking that its entry point warned of no deprecation."""
+    the tests' vLLM environment; yields its URL, after checking that its entry point warned of no deprecation and
+    that it started no worker process beside its engine core (vLLM's log names each process it logs from)."""
     from t2s.bench.eval_scale import make_serve
 
     with make_serve(model_dir, free_port(), log_path, max_model_len=SERVER_MAX_MODEL_LEN, env=VLLM_ENV,
@@ -63,7 +65,34 @@ def served(model_dir: Path, log_path: Path, *serve_args: str):
         started = Path(log_path).read_text(encoding="utf-8", errors="replace")
         assert not [line for line in started.splitlines() if "DeprecationWarning" in line and "vllm" in line], (
             f"the server's entry point is deprecated; see {log_path}")
+        assert "(EngineCore pid=" in started and "Worker pid=" not in started, (
+            f"on a CPU the server's worker runs inside its engine-core process; see {log_path}")
         yield url
+
+
+def run_watching_processes(argv: list[str], env: dict, timeout: float = HANG_GUARD_S):
+    """Run ``argv`` in a session of its own; returns its CompletedProcess (text output) and the names of every process
+    seen in that session while it ran (``/proc``, polled every 0.1 s), its own among them."""
+    import subprocess
+    import time
+
+    names: set[str] = set()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=err, text=True, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            for stat in Path("/proc").glob("[0-9]*/stat"):
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    head, _, tail = stat.read_text().rpartition(")")
+                    if int(tail.split()[3]) == proc.pid:  # the session id, after state, ppid and process group
+                        names.add(head.partition("(")[2])
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise subprocess.TimeoutExpired(argv, timeout)
+            time.sleep(0.1)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read()), names
 
 
 def post(url: str, body: dict | None = None, timeout: float = HANG_GUARD_S) -> bytes:

@@ -13,7 +13,11 @@ The CPU-only settings live here and nowhere else in t2s (with ``tools/vllm_cpu``
 - no chunked prefill, with a token budget of a whole context: a request with its own ``seed`` whose prompt is
   prefilled in pieces kills the CPU engine (its sampler cannot rewind a CPU generator);
 - the KV cache as a fixed size (``VLLM_CPU_KVCACHE_SPACE``, GiB), since a share of host memory is neither stable
-  nor shared well between two engines.
+  nor shared well between two engines;
+- the engine in one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): otherwise the CPU platform starts an engine-core
+  process and a worker process beside the caller, each importing vLLM and torch again (an offline SmolLM2 engine on
+  two cores: 43 s to 20 s for a two-question eval, the same turns). Its OpenMP threads are then bound in the calling
+  process (``VLLM_CPU_OMP_THREADS_BIND``), as they would be in the worker.
 """
 
 from __future__ import annotations
@@ -47,12 +51,13 @@ def checkpoint_dtype(model: str | os.PathLike | None) -> str:
 
 def vllm_environment() -> None:
     """The variables every vLLM process t2s starts runs with (unless already set): no usage statistics, no public
-    address looked up for its own IP, and without CUDA a fixed KV cache."""
+    address looked up for its own IP, and without CUDA a fixed KV cache and the engine in the calling process."""
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     if not has_cuda():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 def cpu_engine_kwargs(max_model_len: int | None) -> dict:
