@@ -69,6 +69,20 @@ def test_eval_flags_are_the_grpo_recipes_episode_settings(split):
     assert (config.policy.sampling.temperature, config.policy.policy, config.data) == (0.0, "vllm", str(split.unseen))
 
 
+def test_zero_shot_key_follows_contents_not_where_the_checkout_is(split, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    flags = learn_real.eval_flags(split, n=12)
+    prompt = flags.index("--system-prompt-file") + 1
+    moved = [*flags[:prompt], "/elsewhere/recipes/" + Path(flags[prompt]).name, *flags[prompt + 1:]]
+    key = learn_real.zero_shot_key(model, split, flags)
+    assert learn_real.zero_shot_key(model, split, moved) == key  # another clone's path to the same prompt
+    assert learn_real.zero_shot_key(model, split, [*flags[:-1], "7"]) != key  # another setting
+    (model / "config.json").write_text('{"architectures": ["MistralForCausalLM"]}')
+    assert learn_real.zero_shot_key(model, split, flags) != key  # another base model
+
+
 def test_missed_targets_name_each_one():
     ex = {"zero_shot": 0.0, "warm": 0.1, "grpo": 0.15, "control": 0.1}
     assert learn_real.missed_targets(ex, 0.05, 0.05, 0.2, 3000) == []

@@ -41,6 +41,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from t2s.settings import PACKAGE_DIR, RECIPES_DIR
+
 UNSEEN_SPIDER = ("concert_singer", "employee_hire_evaluation", "network_1", "orchestra", "pets_1")
 UNSEEN_BIRD = "bird_dev_superhero"  # the shared data's BIRD dev subset: one database, superhero
 SFT_RECIPE, RL_RECIPE = "learn_real_sft.yaml", "learn_real.yaml"
@@ -113,7 +115,6 @@ def derived_recipe(split: Split, output: Path) -> Path:
     recipe's ``rl_recipe`` (it plays the trajectories with that environment)."""
     import yaml
 
-    from t2s.settings import RECIPES_DIR
 
     recipe = yaml.safe_load((RECIPES_DIR / RL_RECIPE).read_text(encoding="utf-8"))
     recipe.update(dataset_path=str(split.sft), max_train_rows=None,
@@ -130,7 +131,6 @@ def eval_flags(split: Split, n: int) -> list[str]:
     ``--model`` and ``--output``."""
     import dataclasses
 
-    from t2s.settings import RECIPES_DIR
     from t2s.training.configs import parse_recipe
 
     _, args, model_args = parse_recipe(["--config", str(RECIPES_DIR / RL_RECIPE)])
@@ -199,20 +199,23 @@ def spare_core() -> int | None:
     return cores[-1] if len(cores) > 1 else None
 
 
-def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: Path, log,
-              core: int | None = None) -> PendingEval:
-    """The base model's evaluation into ``output``: copied from ``cache`` when its key (the base model's files, the
-    unseen questions, the flags, the prompt, the t2s sources, the library versions) matches, else started (on
-    ``core``, beside the warm start) and cached when it ends. It is the same for every ``--seed``."""
+def zero_shot_key(model: Path, split: Split, flags: list[str]) -> str:
+    """The zero-shot evaluation's cache key: the base model's files, the unseen questions, the flags (a path's name
+    only: what it holds is keyed), the prompt, the t2s sources, the library versions."""
     from t2s.bench.learn import content_key
-    from t2s.settings import PACKAGE_DIR, RECIPES_DIR
 
-    data = flags.index("--data") + 1
-    key = content_key([
+    paths = {flags.index(f) + 1 for f in ("--data", "--system-prompt-file") if f in flags}
+    return content_key([
         (model, sorted(model.glob("*.json"))), (split.folder, [split.unseen]),
         (RECIPES_DIR, [RECIPES_DIR / "learn_real_system_prompt.txt"]), (PACKAGE_DIR, sorted(PACKAGE_DIR.rglob("*.py"))),
-    ], extra=(" ".join(flags[:data] + flags[data + 1:]),))
-    cached = cache / f"learn-real-zero-shot-{key}"
+    ], extra=(" ".join(Path(f).name if i in paths else f for i, f in enumerate(flags)),))
+
+
+def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: Path, log,
+              core: int | None = None) -> PendingEval:
+    """The base model's evaluation into ``output``: copied from ``cache`` when its key (:func:`zero_shot_key`)
+    matches, else started (on ``core``, beside the warm start) and cached when it ends; the same for every seed."""
+    cached = cache / f"learn-real-zero-shot-{zero_shot_key(model, split, flags)}"
     if (cached / "summary.json").is_file():
         log(f"zero-shot: cached in {cached}")
         shutil.rmtree(output, ignore_errors=True)
@@ -234,7 +237,7 @@ def warm_start_folder(split: Split, seed: int, sft_recipe: Path, cache: Path, lo
     """The warm-started model: from ``cache`` when its key (recipes, prompt, SFT questions, base model, t2s sources,
     library versions, seed) matches, else trained there now."""
     from t2s.bench.learn import content_key, warm_start
-    from t2s.settings import PACKAGE_DIR, RECIPES_DIR, workspace
+    from t2s.settings import workspace
     from t2s.training.warm_start import SUMMARY_FILE
 
     model = workspace() / MODEL
