@@ -197,24 +197,54 @@ def _pg_snapshot(dsn) -> dict:
 
 
 def _fresh_database(dsn: str, name: str, template: str | None = None) -> str:
-    """A new database ``name`` on the session's server (a copy of ``template`` when given); returns its URL."""
-    import gc
+    """A new database ``name`` on the session's server (a copy of ``template`` when given); returns its URL.
+
+    A copy needs the template to itself. Earlier tests in this worker may have left connections to it open: this
+    thread's cached ones are closed, and any other (a finished rollout thread's, not yet collected) is ended by the
+    server (``pg_terminate_backend``), then the copy is tried again, for up to 20 s."""
     import time
 
     import psycopg
 
+    databases.close_thread_connections()
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        for attempt in range(40):  # a copy needs the template to itself: an earlier test's connection may still close
+        for attempt in range(40):
             try:
                 admin.execute(f'CREATE DATABASE "{name}"' + (f' TEMPLATE "{template}"' if template else ""))
                 break
             except psycopg.errors.ObjectInUse:
                 if attempt == 39:
                     raise
-                gc.collect()  # a finished thread's cached connections close when collected
+                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = %s AND pid <> pg_backend_pid()", (template,))
                 time.sleep(0.5)
     return databases.server_url(dsn, name)
+
+
+def test_a_template_copy_ends_connections_left_open_to_it(postgres_demo):
+    import psycopg
+
+    dsn = postgres_demo[2]
+    url = databases.server_url(dsn, "cycling_club")
+    left_open = psycopg.connect(url, autocommit=True)  # a connection nothing will close
+    left_open.execute("SELECT 1")
+    try:
+        copied = _fresh_database(dsn, "copy_while_open", template="cycling_club")  # ObjectInUse before
+        with psycopg.connect(copied, autocommit=True) as conn:
+            assert conn.execute("SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public'"
+                                ).fetchone()[0] > 0
+        assert _ended(left_open)
+    finally:
+        left_open.close()
+
+
+def _ended(conn) -> bool:
+    try:
+        conn.execute("SELECT 1")
+    except Exception:  # the server ended it
+        return True
+    return False
 
 
 @pytest.fixture()

@@ -53,20 +53,44 @@ def attention_model(folder: Path, noise: float = 0.0) -> Path:
     return out
 
 
+def session_processes(session: int) -> set[str]:
+    """The names of the processes now running in ``session`` (``/proc``)."""
+    names = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            head, _, tail = stat.read_text().rpartition(")")
+            if int(tail.split()[3]) == session:  # the session id, after state, ppid and process group
+                names.add(head.partition("(")[2])
+    return names
+
+
+def listener_session(port: int) -> int | None:
+    """The session of the process whose command line serves ``--port port``, if one runs."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            argv = cmdline.read_bytes().split(b"\0")
+            if b"--port" in argv and argv[argv.index(b"--port") + 1] == str(port).encode() and b"make" not in argv[0]:
+                return int((cmdline.parent / "stat").read_text().rpartition(")")[2].split()[3])
+    return None
+
+
 @contextlib.contextmanager
 def served(model_dir: Path, log_path: Path, *serve_args: str):
     """The OpenAI server as `make serve` starts it (``t2s.bench.eval_scale.make_serve``) on a free loopback port, with
-    the tests' vLLM environment; yields its URL, after checking that its entry point warned of no deprecation and
-    that it started no worker process beside its engine core (vLLM's log names each process it logs from)."""
+    the tests' vLLM environment; yields its URL, after checking that its entry point warned of no deprecation and, on
+    a CPU, that it runs no worker process beside its engine core."""
+    from t2s.backends.vllm_engine import has_cuda
     from t2s.bench.eval_scale import make_serve
 
-    with make_serve(model_dir, free_port(), log_path, max_model_len=SERVER_MAX_MODEL_LEN, env=VLLM_ENV,
+    port = free_port()
+    with make_serve(model_dir, port, log_path, max_model_len=SERVER_MAX_MODEL_LEN, env=VLLM_ENV,
                     serve_args="--enforce-eager " + " ".join(serve_args), timeout=HANG_GUARD_S) as url:
         started = Path(log_path).read_text(encoding="utf-8", errors="replace")
         assert not [line for line in started.splitlines() if "DeprecationWarning" in line and "vllm" in line], (
             f"the server's entry point is deprecated; see {log_path}")
-        assert "(EngineCore pid=" in started and "Worker pid=" not in started, (
-            f"on a CPU the server's worker runs inside its engine-core process; see {log_path}")
+        processes = session_processes(listener_session(port) or -1)
+        assert "VLLM::EngineCor" in processes, processes
+        assert has_cuda() or "VLLM::Worker" not in processes, f"on a CPU, no worker beside the engine core: {processes}"
         yield url
 
 
@@ -81,11 +105,7 @@ def run_watching_processes(argv: list[str], env: dict, timeout: float = HANG_GUA
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=err, text=True, start_new_session=True)
         deadline = time.monotonic() + timeout
         while proc.poll() is None:
-            for stat in Path("/proc").glob("[0-9]*/stat"):
-                with contextlib.suppress(OSError, IndexError, ValueError):
-                    head, _, tail = stat.read_text().rpartition(")")
-                    if int(tail.split()[3]) == proc.pid:  # the session id, after state, ppid and process group
-                        names.add(head.partition("(")[2])
+            names |= session_processes(proc.pid)
             if time.monotonic() > deadline:
                 proc.kill()
                 raise subprocess.TimeoutExpired(argv, timeout)
