@@ -69,7 +69,7 @@ def listener_session(port: int) -> int | None:
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         with contextlib.suppress(OSError, IndexError, ValueError):
             argv = cmdline.read_bytes().split(b"\0")
-            if b"--port" in argv and argv[argv.index(b"--port") + 1] == str(port).encode() and b"make" not in argv[0]:
+            if b"--port" in argv and argv[argv.index(b"--port") + 1] == str(port).encode():
                 return int((cmdline.parent / "stat").read_text().rpartition(")")[2].split()[3])
     return None
 

@@ -115,7 +115,6 @@ def derived_recipe(split: Split, output: Path) -> Path:
     recipe's ``rl_recipe`` (it plays the trajectories with that environment)."""
     import yaml
 
-
     recipe = yaml.safe_load((RECIPES_DIR / RL_RECIPE).read_text(encoding="utf-8"))
     recipe.update(dataset_path=str(split.sft), max_train_rows=None,
                   system_prompt_file=str(RECIPES_DIR / Path(recipe["system_prompt_file"]).name))
