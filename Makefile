@@ -122,10 +122,9 @@ train: install
 HOST ?= 127.0.0.1
 DTYPE ?= $(shell $(PYTHON) -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config.json")); print(c.get("dtype") or c.get("torch_dtype") or "auto")' "$(MODEL)" 2>/dev/null || echo auto)
 SERVE_ARGS ?=
-# vLLM CPU: seeded requests whose prompt is prefilled in pieces kill its engine, so a prompt is never split; the worker
-# runs inside the engine-core process (one process fewer to start, each importing vLLM and torch).
+# vLLM CPU: seeded requests whose prompt is prefilled in pieces kill its engine, so a prompt is never split.
 VLLM_CPU_SERVE_ARGS := --no-enable-chunked-prefill --max-num-batched-tokens $(MAX_MODEL_LEN)
-VLLM_ENV := VLLM_SERVER_DEV_MODE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 $(if $(HAS_CUDA),,VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} VLLM_ENABLE_V1_MULTIPROCESSING=$${VLLM_ENABLE_V1_MULTIPROCESSING:-0})
+VLLM_ENV := VLLM_SERVER_DEV_MODE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 $(if $(HAS_CUDA),,VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1})
 
 serve: install-vllm
 	$(VLLM_ENV) $(PY) -m vllm.entrypoints.launchers.api_server.entry --model $(MODEL) --host $(HOST) --port $(PORT) \

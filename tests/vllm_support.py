@@ -64,33 +64,17 @@ def session_processes(session: int) -> set[str]:
     return names
 
 
-def listener_session(port: int) -> int | None:
-    """The session of the process whose command line serves ``--port port``, if one runs."""
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            argv = cmdline.read_bytes().split(b"\0")
-            if b"--port" in argv and argv[argv.index(b"--port") + 1] == str(port).encode():
-                return int((cmdline.parent / "stat").read_text().rpartition(")")[2].split()[3])
-    return None
-
-
 @contextlib.contextmanager
 def served(model_dir: Path, log_path: Path, *serve_args: str):
     """The OpenAI server as `make serve` starts it (``t2s.bench.eval_scale.make_serve``) on a free loopback port, with
-    the tests' vLLM environment; yields its URL, after checking that its entry point warned of no deprecation and, on
-    a CPU, that it runs no worker process beside its engine core."""
-    from t2s.backends.vllm_engine import has_cuda
+    the tests' vLLM environment; yields its URL, after checking that its entry point warned of no deprecation."""
     from t2s.bench.eval_scale import make_serve
 
-    port = free_port()
-    with make_serve(model_dir, port, log_path, max_model_len=SERVER_MAX_MODEL_LEN, env=VLLM_ENV,
+    with make_serve(model_dir, free_port(), log_path, max_model_len=SERVER_MAX_MODEL_LEN, env=VLLM_ENV,
                     serve_args="--enforce-eager " + " ".join(serve_args), timeout=HANG_GUARD_S) as url:
         started = Path(log_path).read_text(encoding="utf-8", errors="replace")
         assert not [line for line in started.splitlines() if "DeprecationWarning" in line and "vllm" in line], (
             f"the server's entry point is deprecated; see {log_path}")
-        processes = session_processes(listener_session(port) or -1)
-        assert "VLLM::EngineCor" in processes, processes
-        assert has_cuda() or "VLLM::Worker" not in processes, f"on a CPU, no worker beside the engine core: {processes}"
         yield url
 
 

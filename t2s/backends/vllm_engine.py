@@ -14,10 +14,10 @@ The CPU-only settings live here and nowhere else in t2s (with ``tools/vllm_cpu``
   prefilled in pieces kills the CPU engine (its sampler cannot rewind a CPU generator);
 - the KV cache as a fixed size (``VLLM_CPU_KVCACHE_SPACE``, GiB), since a share of host memory is neither stable
   nor shared well between two engines;
-- the engine in one process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): otherwise the CPU platform starts an engine-core
-  process and a worker process beside the caller, each importing vLLM and torch again (an offline SmolLM2 engine on
-  two cores: 43 s to 20 s for a two-question eval, the same turns). Its OpenMP threads are then bound in the calling
-  process (``VLLM_CPU_OMP_THREADS_BIND``), as they would be in the worker.
+- the offline engine in the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): otherwise the CPU platform starts
+  an engine-core process and a worker process beside the caller, each importing vLLM and torch again (a SmolLM2 eval
+  of two questions on two cores: 43 s to 20 s, the same turns). Its OpenMP threads are then bound in the calling
+  process (``VLLM_CPU_OMP_THREADS_BIND``), as they would be in the worker. ``make serve`` keeps vLLM's own layout.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def checkpoint_dtype(model: str | os.PathLike | None) -> str:
 
 def vllm_environment() -> None:
     """The variables every vLLM process t2s starts runs with (unless already set): no usage statistics, no public
-    address looked up for its own IP, and without CUDA a fixed KV cache and the engine in the calling process."""
+    address looked up for its own IP, and without CUDA a fixed KV cache and an offline engine in the calling process."""
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
