@@ -67,6 +67,10 @@ def test_eval_flags_are_the_grpo_recipes_episode_settings(split):
     assert dataclasses.replace(config.policy.episode, system_prompt_file=episode.system_prompt_file) == episode
     assert config.modes == ("full",) and (config.n, config.policy.seed) == (12, 0)  # the same questions every seed
     assert (config.policy.sampling.temperature, config.policy.policy, config.data) == (0.0, "vllm", str(split.unseen))
+    shorter = eval_config([*learn_real.eval_flags(split, 12, ("--max_tokens_per_turn", "32", "--num_generations", "2")),
+                           "--model", "m", "--output", "o"])  # the GRPO runs' overrides reach their episodes only
+    assert shorter.policy.episode == dataclasses.replace(config.policy.episode, max_tokens_per_turn=32)
+    assert episode.max_tokens_per_turn != 32
 
 
 def test_zero_shot_key_follows_contents_not_where_the_checkout_is(split, tmp_path):
@@ -167,6 +171,6 @@ def test_smoke_run_writes_every_stage_and_its_last_line(tmp_path, smollm2_dir, s
     assert (folder / "learn_real.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (folder / "eval_args.txt").read_text().split() == learn_real.eval_flags(
         learn_real.Split(folder / "data", 0, folder / "data/sft.json", folder / "data/grpo.json",
-                         folder / "data/unseen.json", (), {}), UNSEEN_N)
+                         folder / "data/unseen.json", (), {}), UNSEEN_N, small_steps)
     assert [p.name.rsplit("-", 1)[0] for p in sorted((tmp_path / "cache").iterdir())] == [
         "learn-real-warm", "learn-real-zero-shot"]  # both cached: a rerun trains and evaluates only GRPO's stages

@@ -124,15 +124,15 @@ def derived_recipe(split: Split, output: Path) -> Path:
     return path
 
 
-def eval_flags(split: Split, n: int) -> list[str]:
-    """The ``t2s eval`` flags of the unseen-database evaluation: the GRPO recipe's episode settings, full mode,
-    temperature 0, seed 0 whatever ``--seed`` (so ``--unseen-n`` picks the same questions for every seed), without
-    ``--model`` and ``--output``."""
+def eval_flags(split: Split, n: int, overrides: tuple[str, ...] = ()) -> list[str]:
+    """The ``t2s eval`` flags of the unseen-database evaluation: the GRPO run's episode settings (its recipe with
+    ``overrides``), full mode, temperature 0, seed 0 whatever ``--seed`` (so ``--unseen-n`` picks the same questions for
+    every seed), without ``--model`` and ``--output``."""
     import dataclasses
 
     from t2s.training.configs import parse_recipe
 
-    _, args, model_args = parse_recipe(["--config", str(RECIPES_DIR / RL_RECIPE)])
+    _, args, model_args = parse_recipe(["--config", str(RECIPES_DIR / RL_RECIPE), *overrides])
     episode = args.episode_config()
     flags = ["--policy", "vllm", "--data", str(split.unseen), "--mode", episode.mode, "--temperature", "0",
              "--top-p", "1", "--top-k", "0", "--seed", "0", "--dtype", model_args.dtype or "float32",
@@ -359,7 +359,8 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
         grpo_questions=GRPO_QUESTIONS, unseen_n=0, cache: Path | None = None,
         grpo_overrides: tuple[str, ...] = ()) -> int:
     """The experiment (see the module's docstring). ``cache`` holds the warm starts and the zero-shot evaluation
-    (default ``.cache/``); ``grpo_overrides`` are recipe flags for both GRPO runs (the smoke test's smaller groups)."""
+    (default ``.cache/``); ``grpo_overrides`` are recipe flags for both GRPO runs, whose episode settings the
+    evaluations share (the smoke test's smaller groups and shorter turns)."""
     from t2s.settings import offline_environment, shared_data_dir, workspace
     from t2s.training.cpu_threads import configure_cpu_threads
 
@@ -394,7 +395,7 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
         f"{', '.join(split.train_dbs)}")
     log("split: unseen databases: " + ", ".join(f"{db} ({n})" for db, n in sorted(split.unseen_counts.items())))
     log(f"split: SFT on {sft_questions} training questions, GRPO on {grpo_questions} others (seed {seed})")
-    flags = eval_flags(split, unseen_n)
+    flags = eval_flags(split, unseen_n, grpo_overrides)
     (output / "eval_args.txt").write_text(" ".join(flags) + "\n", encoding="utf-8")
     log(f"eval flags (also in {output / 'eval_args.txt'}): {' '.join(flags)}")
 
