@@ -11,9 +11,12 @@ from pathlib import Path
 import pytest
 
 from t2s.settings import DEMO_DIR, offline_environment, shared_data_dir
+from t2s.training.cpu_threads import sleep_while_waiting
+from tests.vllm_support import environment_kept
 
 offline_environment()
 os.environ["HF_HUB_OFFLINE"] = "1"
+sleep_while_waiting()  # the workers' torch waits as every t2s command's does: set before a test imports torch
 
 _real_connect = socket.socket.connect
 _real_connect_ex = socket.socket.connect_ex
@@ -92,6 +95,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             item.add_marker(pytest.mark.xdist_group("vllm"))
+
+
+@pytest.fixture(autouse=True)
+def environment_restored():
+    """What a test leaves in ``os.environ`` ends with it: t2s's commands, run in the test's process, set vLLM's and the
+    CPU's variables (``vllm_environment``), and a later test's subprocesses must see the worker's own environment, not
+    what an earlier test's command chose."""
+    with environment_kept():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import time
 
 import pytest
@@ -476,3 +477,60 @@ def test_hf_sampling_ignores_the_checkpoints_generation_defaults(tiny_model_dir,
             logits = model(ids).logits[0, len(prompt) - 1 : -1]
         not_argmax += int((logits.argmax(-1) != ids[0, len(prompt) :]).sum())
     assert not_argmax > 0, "temperature-only sampling must draw tokens other than the argmax"
+
+
+VLLM_VARIABLES = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE",
+                  "VLLM_ENABLE_V1_MULTIPROCESSING", "TORCHDYNAMO_DISABLE")
+
+
+@pytest.mark.parametrize("cuda", [False, True], ids=["cpu", "cuda"])
+def test_vllm_environment_on_a_cpu_and_on_a_gpu(monkeypatch, cuda):
+    from t2s.backends import vllm_engine
+
+    for name in VLLM_VARIABLES:  # what vllm_environment sets ends with the test (conftest's environment_restored)
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(vllm_engine, "has_cuda", lambda: cuda)
+    vllm_engine.vllm_environment()
+    set_here = {name: os.environ.get(name) for name in VLLM_VARIABLES}
+    assert set_here["VLLM_NO_USAGE_STATS"] == "1" and set_here["VLLM_HOST_IP"] == "127.0.0.1"
+    cpu_only = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "TORCHDYNAMO_DISABLE")
+    if cuda:  # a GPU engine keeps its own process layout and its compiled kernels
+        assert [set_here[name] for name in cpu_only] == [None, None, None]
+    else:
+        assert [set_here[name] for name in cpu_only] == [vllm_engine.CPU_KV_CACHE_GIB, "0", "1"]
+
+
+def test_vllm_environment_keeps_torchdynamo_for_a_compiled_run_and_what_the_user_set(monkeypatch):
+    from t2s.backends import vllm_engine
+
+    monkeypatch.setattr(vllm_engine, "has_cuda", lambda: False)
+    for name in VLLM_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    vllm_engine.vllm_environment(torch_compile=True)  # training with --torch_compile
+    assert "TORCHDYNAMO_DISABLE" not in os.environ
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "0")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    vllm_engine.vllm_environment()
+    assert os.environ["TORCHDYNAMO_DISABLE"] == "0" and os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "1"
+
+
+def test_a_test_leaves_the_environment_as_it_found_it(monkeypatch):
+    """conftest's ``environment_restored`` (every test): what a command run in a test sets, changes or removes in
+    ``os.environ`` is undone when the test ends."""
+    from tests.vllm_support import environment_kept
+
+    monkeypatch.setenv("T2S_KEPT", "before")
+    monkeypatch.delenv("T2S_LEFT_BY_A_TEST", raising=False)
+    engine_variables = {name: os.environ.get(name) for name in VLLM_VARIABLES}
+    with environment_kept():
+        from t2s.backends import vllm_engine
+
+        monkeypatch.setattr(vllm_engine, "has_cuda", lambda: False)
+        os.environ["T2S_LEFT_BY_A_TEST"] = "1"
+        os.environ.pop("T2S_KEPT")
+        vllm_engine.vllm_environment()
+        changed = dict(os.environ)
+    assert "T2S_LEFT_BY_A_TEST" in changed and "T2S_LEFT_BY_A_TEST" not in os.environ
+    assert changed["TORCHDYNAMO_DISABLE"] == os.environ.get("TORCHDYNAMO_DISABLE", "1")
+    assert os.environ["T2S_KEPT"] == "before"
+    assert {name: os.environ.get(name) for name in VLLM_VARIABLES} == engine_variables

@@ -3,12 +3,15 @@ presets and the CPU thread policy. The experiment itself runs with `python -m t2
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
 
 from t2s.bench import learn
 from t2s.settings import RECIPES_DIR
+
+ROOT = RECIPES_DIR.parent
 
 
 def test_control_permutes_rewards_within_the_call_and_keeps_everything_else():
@@ -112,6 +115,23 @@ def test_cpu_threads_take_every_usable_core_unless_told(monkeypatch):
         assert cpu_threads.configure_cpu_threads(on_cpu=False) is None
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("given", [None, "ACTIVE"])
+def test_every_command_asks_openmp_to_sleep_while_it_waits_unless_told(given, tmp_path):
+    """``t2s.commands.main`` sets ``OMP_WAIT_POLICY=PASSIVE`` before the command imports torch (where it takes effect),
+    for evaluation and ``ask`` as for training; a policy the user chose stays."""
+    import subprocess
+    import sys
+
+    argv = ["score", "--predictions", str(tmp_path / "missing.json"), "--data", "data/demo", "--output",
+            str(tmp_path / "out")]
+    probe = f"import os\nfrom t2s.commands import main\nprint(main({argv!r}), os.environ.get('OMP_WAIT_POLICY'))"
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    env |= {"OMP_WAIT_POLICY": given} if given else {}
+    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["1", given or "PASSIVE"], done.stdout + done.stderr[-2000:]
+    assert "Error:" in done.stderr
 
 
 def test_the_demo_warm_start_says_what_it_does(tmp_path):

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, SERVER_MAX_MODEL_LEN, VLLM_ENV, attention_model, \
-    free_port
+from tests.vllm_support import EAGER_SERVER_ENV, HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, SERVER_MAX_MODEL_LEN, \
+    VLLM_ENV, attention_model, free_port
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 
@@ -40,7 +40,7 @@ def job_env(job: Path) -> dict[str, str]:
     python = ROOT / ".venv" / "bin" / "python"
     return os.environ | VLLM_ENV | {
         "T2S_JOB_DIR": str(job), "SERVER_PORT": str(free_port()), "MAIN_PORT": str(free_port()), "GPUS_PER_NODE": "0",
-        "MAX_MODEL_LEN": str(SERVER_MAX_MODEL_LEN), "SERVE_ARGS": "--enforce-eager", "OMP_NUM_THREADS": "1",
+        "MAX_MODEL_LEN": str(SERVER_MAX_MODEL_LEN), **EAGER_SERVER_ENV, "OMP_NUM_THREADS": "1",
         "PYTHON": str(python) if python.is_file() else "python3"}
 
 

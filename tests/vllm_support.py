@@ -1,4 +1,5 @@
-"""What the real-vLLM tests share: the environment every vLLM process runs with, the tiny model in the shape vLLM's
+"""What the real-vLLM tests share: the environment every vLLM process runs with (and :func:`environment_kept`, which
+undoes what a command run in the test's own process sets), the tiny model in the shape vLLM's
 CPU backend runs, the OpenAI server started the way ``make serve`` starts it, one server for the whole session whose
 weights each test sets (:class:`SharedServer`), and several ``t2s`` commands run in one process (``python -m
 tests.vllm_support``), so that a vLLM engine starts once for them."""
@@ -7,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import sys
 import tempfile
@@ -17,6 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1",
             "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
 SERVER_MAX_MODEL_LEN = 8192
+# The tests' servers run eager (``--enforce-eager``) and without TorchDynamo, as t2s's offline engine runs on a CPU
+# (t2s.backends.vllm_engine): no C++ compile of vLLM's sampler kernels at each start
+EAGER_SERVE_ARGS, NO_DYNAMO = "--enforce-eager", {"TORCHDYNAMO_DISABLE": "1"}
+EAGER_SERVER_ENV = {"SERVE_ARGS": EAGER_SERVE_ARGS, **NO_DYNAMO}  # `make serve`'s variables, as the Slurm job sets them
 # Hang guards, not speed targets: a subprocess or server start that takes longer than this has hung. Generous, since
 # the suite must pass on one core beside other work (`taskset -c 0`), where a start takes several times as long.
 HANG_GUARD_S = 1200
@@ -53,6 +59,18 @@ def attention_model(folder: Path, noise: float = 0.0) -> Path:
     return out
 
 
+@contextlib.contextmanager
+def environment_kept():
+    """``os.environ`` as it was on entry, again on exit (what was set, changed or removed in between)."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        if dict(os.environ) != before:
+            os.environ.clear()
+            os.environ.update(before)
+
+
 def session_processes(session: int) -> set[str]:
     """The names of the processes now running in ``session`` (``/proc``)."""
     names = set()
@@ -70,8 +88,9 @@ def served(model_dir: Path, log_path: Path, *serve_args: str):
     the tests' vLLM environment; yields its URL, after checking that its entry point warned of no deprecation."""
     from t2s.bench.eval_scale import make_serve
 
-    with make_serve(model_dir, free_port(), log_path, max_model_len=SERVER_MAX_MODEL_LEN, env=VLLM_ENV,
-                    serve_args="--enforce-eager " + " ".join(serve_args), timeout=HANG_GUARD_S) as url:
+    with make_serve(model_dir, free_port(), log_path, max_model_len=SERVER_MAX_MODEL_LEN,
+                    env=VLLM_ENV | NO_DYNAMO, serve_args=" ".join([EAGER_SERVE_ARGS, *serve_args]),
+                    timeout=HANG_GUARD_S) as url:
         started = Path(log_path).read_text(encoding="utf-8", errors="replace")
         assert not [line for line in started.splitlines() if "DeprecationWarning" in line and "vllm" in line], (
             f"the server's entry point is deprecated; see {log_path}")

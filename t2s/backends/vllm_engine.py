@@ -18,6 +18,11 @@ The CPU-only settings live here and nowhere else in t2s (with ``tools/vllm_cpu``
   an engine-core process and a worker process beside the caller, each importing vLLM and torch again (a SmolLM2 eval
   of two questions on two cores: 43 s to 20 s, the same turns). Its OpenMP threads are then bound in the calling
   process (``VLLM_CPU_OMP_THREADS_BIND``), as they would be in the worker. ``make serve`` keeps vLLM's own layout.
+- no TorchDynamo (``TORCHDYNAMO_DISABLE=1``): with the model eager, what vLLM still compiles is two sampler kernels
+  (the count behind a token's logprob rank, and the unseeded random draw), through inductor and a C++ compiler, on
+  the first request that needs each: about 7 s of every engine's start on two cores, for kernels that run in
+  microseconds either way (a SmolLM2 engine's start and first logprob request: 20.2 s to 13.4 s, the same tokens at
+  temperature 0). Not set when the process asks for ``torch.compile`` itself (``--torch_compile`` in training).
 """
 
 from __future__ import annotations
@@ -49,15 +54,18 @@ def checkpoint_dtype(model: str | os.PathLike | None) -> str:
     return "auto"
 
 
-def vllm_environment() -> None:
+def vllm_environment(torch_compile: bool = False) -> None:
     """The variables every vLLM process t2s starts runs with (unless already set): no usage statistics, no public
-    address looked up for its own IP, and without CUDA a fixed KV cache and an offline engine in the calling process."""
+    address looked up for its own IP, and without CUDA a fixed KV cache, an offline engine in the calling process and,
+    unless the process compiles models itself (``torch_compile``), no TorchDynamo."""
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("DO_NOT_TRACK", "1")
     os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
     if not has_cuda():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if not torch_compile:
+            os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
 def cpu_engine_kwargs(max_model_len: int | None) -> dict:

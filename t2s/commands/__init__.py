@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import sys
 
+from t2s.training.cpu_threads import sleep_while_waiting
 from t2s.ui.args import CommandParser
 from t2s.ui.console import escape_log_records
 from t2s.errors import UsageError, error_line, user_facing
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    sleep_while_waiting()  # before torch is imported: OpenMP threads that wait sleep rather than spin (cpu_threads)
     module = importlib.import_module(available_commands()[args.command][0])
     escape_log_records()  # a library's warning may quote a path or a cell
     try:

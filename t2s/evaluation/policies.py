@@ -61,9 +61,9 @@ def model_backend(model: str, tokenizer_name: str | None = None, device: str | N
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     if device == "cpu":
-        from t2s.training.cpu_threads import quiet_kernel_fallbacks
+        from t2s.training.cpu_threads import configure_cpu_threads
 
-        quiet_kernel_fallbacks()
+        configure_cpu_threads(on_cpu=True)  # every usable core, one inter-op thread, quiet kernel fallbacks
     tokenizer = load_tokenizer(tokenizer_name or model, required=True, chat_template=chat_template)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()

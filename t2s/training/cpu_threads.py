@@ -1,4 +1,5 @@
-"""How many threads a CPU run gives torch, chosen in one place for ``demo``, ``bench learn``, ``sft`` and ``train``.
+"""How many threads a CPU run gives torch, chosen in one place for ``demo``, ``bench learn``, ``sft``, ``train`` and the
+transformers policy of ``eval`` and ``ask``; and how every ``t2s`` command's OpenMP threads wait.
 
 On a CPU, torch's OpenMP pool defaults to one thread per core and **spins** while it waits at each parallel region. On
 a small machine with other work running, a spinning thread that lost its core holds every region up: a tiny model's
@@ -8,7 +9,9 @@ usable cores is the fastest choice both idle and loaded. On 2 cores, 20 steps of
 passive threads against 23 s on one when idle, 24 s against 23 s beside one busy process, and 40 s against 50 s
 beside three (two spinning threads: 77 s). So a CPU run gives torch's intra-op pool every usable core, one inter-op
 thread (nothing here runs torch ops concurrently), and asks OpenMP to sleep, not spin, while it waits. The rollout's
-tool threads block in SQLite or the GIL, run between generation rounds, and need no cores of their own.
+tool threads block in SQLite or the GIL, run between generation rounds, and need no cores of their own. Evaluation
+spins the same way when left alone: ``eval --policy model`` on SmolLM2 (two BIRD questions, both modes) took 110 s
+beside one busy process with torch's defaults and 63 s with passive waiting (44 s on the idle machine).
 
 An explicit ``OMP_NUM_THREADS`` or ``T2S_TORCH_THREADS`` in the environment wins.
 
@@ -42,13 +45,21 @@ def torch_threads() -> int:
     return usable_cores()
 
 
+def sleep_while_waiting() -> None:
+    """Ask OpenMP to put a waiting thread to sleep rather than spin (``OMP_WAIT_POLICY=PASSIVE``), unless the
+    environment already chose. It takes effect only in a process that has not imported torch yet: every ``t2s``
+    command calls it first (``t2s.commands.main``), so that evaluation, ``ask`` and the pass-rate filter wait the way
+    training does."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
 def configure_cpu_threads(on_cpu: bool | None = None) -> int | None:
     """Set torch's thread pools for a CPU run; returns the intra-op thread count, or None when the run is not on a CPU.
 
     ``on_cpu`` None means "when no GPU is visible". Call it first, before torch is imported: ``OMP_WAIT_POLICY`` only
     takes effect then (a GPU run's few CPU ops lose nothing by sleeping instead of spinning either).
     """
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    sleep_while_waiting()
     import torch
 
     if on_cpu is None:

@@ -147,7 +147,7 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
 
         engine = contextlib.nullcontext()
         if args.rollout_backend == "vllm_colocate":
-            vllm_environment()
+            vllm_environment(torch_compile=bool(args.torch_compile))
             engine = vllm_sync.engine_settings(args.vllm_dtype or checkpoint_dtype(model.config._name_or_path))
         try:
             with engine, vllm_sync.server_setup(args):
