@@ -534,3 +534,35 @@ def test_a_test_leaves_the_environment_as_it_found_it(monkeypatch):
     assert changed["TORCHDYNAMO_DISABLE"] == os.environ.get("TORCHDYNAMO_DISABLE", "1")
     assert os.environ["T2S_KEPT"] == "before"
     assert {name: os.environ.get(name) for name in VLLM_VARIABLES} == engine_variables
+
+
+def test_a_colocated_engine_rendezvous_at_a_port_the_os_hands_out(monkeypatch):
+    """TRL takes the first of 29500, 23456, 12355, 12345 free when it looks, so two runs started together both take
+    29500 and the later engine fails (EADDRINUSE). engine_settings gives an unset MASTER_PORT an OS-assigned port, which
+    TRL then keeps; a launcher's MASTER_PORT stays."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
+    import socket
+
+    from trl.trainer.utils import ensure_master_addr_port
+
+    from t2s.training.vllm_sync import engine_settings
+
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    ports = []
+    for _ in range(2):  # a second run started while the first's engine listens
+        os.environ.pop("MASTER_PORT", None)
+        with engine_settings("float32"):
+            ensure_master_addr_port()
+            port = int(os.environ["MASTER_PORT"])
+        assert port not in (29500, 23456, 12355, 12345)
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", port))  # free when handed out: the engine binds it
+        listening.listen()
+        ports.append((port, listening))
+    assert ports[0][0] != ports[1][0]
+    for _, listening in ports:
+        listening.close()
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    with engine_settings("float32"):
+        ensure_master_addr_port()
+    assert os.environ["MASTER_PORT"] == "29511"

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from t2s.backends.vllm_engine import free_port
 from t2s.commands.eval import eval_config
 from t2s.evaluation.config import EvalConfig
 from t2s.env.single_turn import answer_sql as single_turn_sql
@@ -375,12 +375,6 @@ def good_agent(gold: dict[str, str]):
         return chat_answer(json.dumps({"tool": tool, "args": {"sql": sql}}))
 
     return respond
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("mode", ["full", "withheld"])

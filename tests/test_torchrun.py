@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -13,22 +12,17 @@ from pathlib import Path
 
 import pytest
 
+from t2s.backends.vllm_engine import free_port
 from t2s.settings import REPO_ROOT
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_two_process_cpu_run_completes_two_steps(tiny_model_dir, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO_ROOT)}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-               "--master_port", str(_free_port()), str(REPO_ROOT / "tests" / "_train_script.py"), str(tiny_model_dir),
+               "--master_port", str(free_port()), str(REPO_ROOT / "tests" / "_train_script.py"), str(tiny_model_dir),
                str(tmp_path)]
     result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
     (tmp_path / "torchrun.log").write_text(result.stdout + result.stderr)  # the whole story, for a failure
@@ -69,7 +63,7 @@ def test_two_machines_make_the_update_one_machine_makes_on_the_same_rollouts(tin
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO_ROOT)}
     script = str(REPO_ROOT / "tests" / "_train_script.py")
-    port = str(_free_port())
+    port = str(free_port())
     machines = [_launch([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
                          str(REPO_ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--mixed_precision", "no",
                          "--num_machines", "2", "--machine_rank", str(rank), "--num_processes", "2",

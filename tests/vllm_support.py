@@ -9,11 +9,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+
+from t2s.backends.vllm_engine import free_port  # noqa: F401  (the tests' servers and rendezvous take theirs here)
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1",
@@ -29,10 +30,6 @@ HANG_GUARD_S = 1200
 MODULE_TIMEOUT_S = 3600  # pytest-timeout for a whole vLLM test (its fixtures included)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def attention_model(folder: Path, noise: float = 0.0) -> Path:

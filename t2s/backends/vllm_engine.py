@@ -68,6 +68,15 @@ def vllm_environment(torch_compile: bool = False) -> None:
             os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
+def free_port() -> int:
+    """A loopback TCP port the operating system hands out now, free when asked (a server's, a rendezvous')."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def cpu_engine_kwargs(max_model_len: int | None) -> dict:
     """``vllm.LLM`` keyword arguments for vLLM's CPU build ({} where CUDA is)."""
     if has_cuda():

@@ -103,6 +103,7 @@ def run(*, model=None, episodes=EPISODES, max_turns=2, max_tokens_per_turn=64, s
 
     from transformers import AutoTokenizer
 
+    from t2s.backends.vllm_engine import free_port
     from t2s.bench.rollout import pick_rows
     from t2s.data.loaders import load_json_rows
     from t2s.env.episode import EpisodeConfig
@@ -130,11 +131,11 @@ def run(*, model=None, episodes=EPISODES, max_turns=2, max_tokens_per_turn=64, s
     from t2s.ui.console import console
 
     out = console(stderr=True)
-    with make_serve(model, _free_port(), logs / "server0.log", core=cores[0]) as first:
+    with make_serve(model, free_port(), logs / "server0.log", core=cores[0]) as first:
         out.print(f"one server on core {cores[0]}: warm-up, then {len(rows)} episodes", highlight=False)
         play([first], tokenizer, rows[:WARMUP_EPISODES], config)
         one = play([first], tokenizer, rows, config)
-        with make_serve(model, _free_port(), logs / "server1.log", core=cores[1]) as second:
+        with make_serve(model, free_port(), logs / "server1.log", core=cores[1]) as second:
             out.print(f"two servers on cores {cores[0]} and {cores[1]}: warm-up, then the same episodes",
                       highlight=False)
             play([second], tokenizer, rows[:WARMUP_EPISODES], config)
@@ -150,11 +151,3 @@ def run(*, model=None, episodes=EPISODES, max_turns=2, max_tokens_per_turn=64, s
     print(f"eval-scale: servers=2 episodes={len(rows)} seconds={two:.1f} speedup={speedup:.2f}")
     sys.stdout.flush()
     return 0 if speedup >= TARGET else 1
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

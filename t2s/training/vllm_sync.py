@@ -5,6 +5,10 @@ layerwise reload; and a vLLM server, fed over NCCL by TRL where CUDA is, or thro
   checkpoint into bfloat16 (and on a GPU, float32 into half precision). A bf16 engine beside a float32 trainer breaks
   token identity and inflates the logprob gap. :func:`engine_settings` gives that one ``LLM(...)`` call the
   checkpoint's own dtype (``vllm_dtype`` overrides it) and the CPU build's settings (``t2s.backends.vllm_engine``).
+- **Rendezvous port.** The colocated engine joins a one-process torch.distributed group at ``MASTER_PORT``. A launcher
+  of several processes sets it; for a lone process TRL takes the first of 29500, 23456, 12355 and 12345 that is free
+  when it looks, so two runs started together on one machine can both take 29500, and the later engine fails with
+  ``EADDRINUSE``. :func:`engine_settings` gives an unset ``MASTER_PORT`` a port the operating system hands out.
 - **Weight sync.** TRL pushes weights with ``model.load_weights`` into the live layers. vLLM's CPU linear layers repack
   their weights after loading and drop ``layer.weight``, so that path fails there (``'Parameter' object has no
   attribute 'weight_loader'``). :func:`reload_weights` uses vLLM's layerwise reload instead
@@ -36,10 +40,14 @@ import os
 @contextlib.contextmanager
 def engine_settings(dtype: str):
     """While open, TRL's colocated ``LLM(...)`` is built with ``dtype`` and the settings of
-    ``t2s.backends.vllm_engine`` (on a CPU: eager, a prompt never prefilled in pieces)."""
+    ``t2s.backends.vllm_engine`` (on a CPU: eager, a prompt never prefilled in pieces), and an unset ``MASTER_PORT`` is
+    a free port of the operating system's choosing, not TRL's first guess (29500)."""
     from trl.generation import vllm_generation
 
-    from t2s.backends.vllm_engine import cpu_engine_kwargs
+    from t2s.backends.vllm_engine import cpu_engine_kwargs, free_port
+
+    if not os.environ.get("MASTER_PORT"):
+        os.environ["MASTER_PORT"] = str(free_port())
 
     original = vllm_generation.LLM
 
