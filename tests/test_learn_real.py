@@ -1,7 +1,8 @@
-"""bench learn-real: its split by database, its eval flags, its targets, and a smoke-sized run end to end on the real
-SmolLM2-135M-Instruct with the real vLLM engine (a warm start on two questions, two GRPO steps of one question's two
-rollouts with short turns, four unseen questions). The full experiment is `python -m t2s bench learn-real`
-(docs/benchmarks.md), a benchmark, not a test."""
+"""bench learn-real: its split by database, its eval flags, its targets, and a smoke-sized run end to end with the real
+vLLM engine (a warm start on two questions, two GRPO steps of one question's two rollouts with short turns, four unseen
+questions) on the tiny model's attention preset (``--model``): the run's chain of stages, processes, caches and files is
+what it tests; SmolLM2 itself trains (SFT, GRPO full and LoRA) and evaluates in tests/test_real_models.py. The full
+experiment is `python -m t2s bench learn-real` (docs/benchmarks.md), a benchmark, not a test."""
 
 from __future__ import annotations
 
@@ -140,16 +141,24 @@ def test_stopping_an_evaluation_ends_its_whole_process_group(tmp_path):
     assert ended(grandchild)
 
 
-@pytest.mark.timeout(1500)  # six vLLM engines (four evals, two GRPO runs) and an SFT: 233 s on 2 idle cores
-def test_smoke_run_writes_every_stage_and_its_last_line(tmp_path, smollm2_dir, spider_dev_dir, bird_superhero_dir,
-                                                        capsys, monkeypatch):
+def test_a_model_folder_that_is_not_one_is_one_error_line(tmp_path, capsys):
+    assert learn_real.run(output=str(tmp_path / "out"), model=tmp_path / "nothing", cache=tmp_path / "cache") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"Error: no model folder at {tmp_path / 'nothing'} (no config.json)"]
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.timeout(1500)  # six vLLM engines (four evals, two GRPO runs) and an SFT
+def test_smoke_run_writes_every_stage_and_its_last_line(tmp_path, attention_model_dir, spider_dev_dir,
+                                                        bird_superhero_dir, capsys, monkeypatch):
     pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
     monkeypatch.setenv("T2S_DATA_DIR", str(spider_dev_dir.parent))
     small_steps = ("--num_generations", "2", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps",
                    "1", "--steps_per_generation", "1",  # one question of 2 rollouts a step
                    "--max_tokens_per_turn", "32", "--forced_turn_reserve", "32")  # short turns: the run, not the SQL
     code = learn_real.run(seed=0, output=str(tmp_path / "out"), steps=2, sft_questions=2, grpo_questions=1,
-                          unseen_n=UNSEEN_N, cache=tmp_path / "cache", grpo_overrides=small_steps)
+                          unseen_n=UNSEEN_N, model=attention_model_dir, cache=tmp_path / "cache",
+                          grpo_overrides=small_steps)
     out = capsys.readouterr().out
     last = out.strip().splitlines()[-1]
     number = r"-?\d\.\d{3}"

@@ -232,14 +232,12 @@ def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: 
     return PendingEval.start(model, flags, output, core=core, then=store)
 
 
-def warm_start_folder(split: Split, seed: int, sft_recipe: Path, cache: Path, log) -> Path:
-    """The warm-started model: from ``cache`` when its key (recipes, prompt, SFT questions, base model, t2s sources,
+def warm_start_folder(model: Path, split: Split, seed: int, sft_recipe: Path, cache: Path, log) -> Path:
+    """``model`` warm-started: from ``cache`` when its key (recipes, prompt, SFT questions, base model, t2s sources,
     library versions, seed) matches, else trained there now."""
     from t2s.bench.learn import content_key, warm_start
-    from t2s.settings import workspace
     from t2s.training.warm_start import SUMMARY_FILE
 
-    model = workspace() / MODEL
     key = content_key([
         (RECIPES_DIR, [RECIPES_DIR / n for n in (SFT_RECIPE, RL_RECIPE, "learn_real_system_prompt.txt")]),
         (split.folder, [split.sft]),
@@ -356,11 +354,12 @@ def missed_targets(ex: dict, warm_format: float, delta_control: float, train_mar
 
 
 def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SFT_QUESTIONS,
-        grpo_questions=GRPO_QUESTIONS, unseen_n=0, cache: Path | None = None,
+        grpo_questions=GRPO_QUESTIONS, unseen_n=0, model: str | Path | None = None, cache: Path | None = None,
         grpo_overrides: tuple[str, ...] = ()) -> int:
-    """The experiment (see the module's docstring). ``cache`` holds the warm starts and the zero-shot evaluation
-    (default ``.cache/``); ``grpo_overrides`` are recipe flags for both GRPO runs, whose episode settings the
-    evaluations share (the smoke test's smaller groups and shorter turns)."""
+    """The experiment (see the module's docstring). ``model`` is the base model's folder (default: the converted
+    SmolLM2, ``MODEL``); ``cache`` holds the warm starts and the zero-shot evaluation (default ``.cache/``);
+    ``grpo_overrides`` are recipe flags for both GRPO runs, whose episode settings the evaluations share (the smoke
+    test's smaller groups and shorter turns)."""
     from t2s.settings import offline_environment, shared_data_dir, workspace
     from t2s.training.cpu_threads import configure_cpu_threads
 
@@ -382,9 +381,10 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
         console.print(f"[{time.perf_counter() - started:5.0f} s] {line}", markup=False, highlight=False)
 
     output = workspace() / output
-    model = workspace() / MODEL
+    model = Path(model) if model else workspace() / MODEL
     if not (model / "config.json").is_file():
-        print(f"Error: {model} is not installed; run `make install-models` first.", file=sys.stderr)
+        print(f"Error: no model folder at {model} (no config.json)" + (
+            "; run `make install-models` first" if model == workspace() / MODEL else ""), file=sys.stderr)
         return 2
     try:
         split = write_split(shared_data_dir(), output / "data", seed, sft_questions, grpo_questions)
@@ -405,7 +405,7 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
     grpo_flags = ("--dataset_path", str(split.grpo), "--max_train_rows", str(grpo_questions), *grpo_overrides)
     pending = zero_shot(model, split, flags, output / "eval" / "zero_shot", cache, log, core)
     try:
-        warm_folder = warm_start_folder(split, seed, derived_recipe(split, output), cache, log)
+        warm_folder = warm_start_folder(model, split, seed, derived_recipe(split, output), cache, log)
         summaries["zero_shot"] = pending.summary()
         log(f"zero-shot: EX {summaries['zero_shot']['execution_accuracy_official']:.3f}")
         warm = copy_model(warm_folder, output / "warm")
@@ -431,7 +431,7 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
     equiv = {name: [s.get("tier/equivalent", 0.0) for s in steps] for name, steps in runs.items()}
     train_gain, control_gain = gain(equiv["grpo"]), gain(equiv["control"])
     plot = output / "learn_real.png"
-    plot_curves(plot, runs, f"SmolLM2-135M GRPO vs permuted-reward control on training questions (seed {seed})")
+    plot_curves(plot, runs, f"{model.name}: GRPO vs permuted-reward control on training questions (seed {seed})")
     log(f"curves in {plot}")
     ex = {stage: summaries[stage]["execution_accuracy_official"] for stage in STAGES}
     seconds = time.perf_counter() - started

@@ -54,7 +54,7 @@ def learn_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def learn_real_arguments(parser: argparse.ArgumentParser) -> None:
-    from t2s.bench.learn_real import GRPO_QUESTIONS, SFT_QUESTIONS, STEPS
+    from t2s.bench.learn_real import GRPO_QUESTIONS, MODEL, SFT_QUESTIONS, STEPS
 
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the SFT and GRPO questions, the warm start, both runs and the permutation")
@@ -67,6 +67,8 @@ def learn_real_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"other training questions GRPO plays (default: {GRPO_QUESTIONS})")
     parser.add_argument("--unseen-n", type=int, default=0,
                         help="unseen-database questions evaluated, picked with --seed (default: 0, all 350)")
+    parser.add_argument("--model", type=non_empty_path, default=None,
+                        help=f"the base model's folder (default: {MODEL}, from make install-models)")
 
 
 def report_arguments(parser: argparse.ArgumentParser) -> None:
