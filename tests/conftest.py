@@ -88,13 +88,21 @@ def _bind_vllm_to_this_workers_core() -> None:
 _bind_vllm_to_this_workers_core()
 
 
+# The vLLM tests of the real pretrained models (SmolLM2, Gemma 3): a group of their own, apart from the tiny models'
+REAL_MODEL_MODULES = {"test_real_models.py"}
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
-    """The tests that start a vLLM engine or server run one after another on one worker (``--dist loadgroup``): each
-    engine takes a core and gigabytes of memory, and the session's shared server lives in that worker."""
+    """The tests that start a vLLM engine or server run in two groups (``--dist loadgroup``), each one test after
+    another on one worker: the real pretrained models' (``REAL_MODEL_MODULES``) and the tiny models' (where the
+    session's shared server lives). An engine takes a core (each worker's bind a core of their own) and gigabytes of
+    memory, so at most two run at once; pytest-xdist hands out the largest groups first, so the two land on different
+    workers, and the other tests fill in around them."""
     for item in items:
         if item.get_closest_marker("vllm") is not None:
-            item.add_marker(pytest.mark.xdist_group("vllm"))
+            real = item.path.name in REAL_MODEL_MODULES
+            item.add_marker(pytest.mark.xdist_group("vllm-real-models" if real else "vllm"))
 
 
 @pytest.fixture(autouse=True)
