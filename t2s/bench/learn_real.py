@@ -2,7 +2,7 @@
 
 The published claim is that GRPO against real SQLite execution raises a model's execution accuracy on databases it
 never trained on. This bench runs that experiment on SmolLM2-135M-Instruct (the converted model ``make
-install-models`` caches) on a 2-core CPU:
+install-models`` caches; ``--model DIR`` names another model folder) on a 2-core CPU:
 
 - **Data, split by database** (fixed here, printed, never tuned): the questions of 14 Spider dev databases train;
   the five Spider dev databases ``UNSEEN_SPIDER`` and BIRD dev's superhero are the unseen databases it is judged on.
@@ -381,7 +381,7 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
         console.print(f"[{time.perf_counter() - started:5.0f} s] {line}", markup=False, highlight=False)
 
     output = workspace() / output
-    model = Path(model) if model else workspace() / MODEL
+    model = Path(model).resolve() if model else workspace() / MODEL
     if not (model / "config.json").is_file():
         print(f"Error: no model folder at {model} (no config.json)" + (
             "; run `make install-models` first" if model == workspace() / MODEL else ""), file=sys.stderr)
