@@ -14,7 +14,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from t2s.backends.vllm_engine import free_port  # noqa: F401  (the tests' servers and rendezvous take theirs here)
+from t2s.backends.vllm_engine import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1",
