@@ -105,6 +105,29 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("vllm-real-models" if real else "vllm"))
 
 
+class GroupInTestId:
+    """pytest-xdist tells its scheduler a test's group by ending the test's id with ``@group``; it writes that id into
+    ``item._nodeid``, which pytest 9 no longer reads (the id is ``item._id``), so without this every test would be a
+    group of its own and ``--dist loadgroup`` would split the groups above across workers (each worker then starts
+    the session's shared vLLM server again). Runs after pytest-xdist's own hook, and only where that left no group."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config, items):
+        if not getattr(config.option, "loadgroup", False):  # set on a pytest-xdist worker under --dist loadgroup
+            return
+        from _pytest.nodeid import NodeId
+
+        for item in items:
+            groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                             for mark in item.iter_markers("xdist_group")})
+            if groups and "@" not in item.nodeid.rpartition("]")[2]:
+                item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(GroupInTestId(), "t2s-group-in-test-id")
+
+
 @pytest.fixture(autouse=True)
 def environment_restored():
     """What a test leaves in ``os.environ`` ends with it: t2s's commands, run in the test's process, set vLLM's and the

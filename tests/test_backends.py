@@ -566,3 +566,24 @@ def test_a_colocated_engine_rendezvous_at_a_port_the_os_hands_out(monkeypatch):
     with engine_settings("float32"):
         ensure_master_addr_port()
     assert os.environ["MASTER_PORT"] == "29511"
+
+
+def test_a_colocated_engine_is_built_in_the_checkpoints_dtype_without_a_tokenizer(monkeypatch):
+    """TRL's one ``LLM(...)`` call, as engine_settings completes it: the dtype given, token ids in and out with no
+    tokenizer loaded by vLLM (the rollout decodes with the trainer's), and what TRL passed kept."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
+    from trl.generation import vllm_generation
+
+    from t2s.backends import vllm_engine
+    from t2s.training.vllm_sync import engine_settings
+
+    built = []
+    monkeypatch.setattr(vllm_generation, "LLM", lambda *args, **kwargs: built.append(kwargs))
+    for cuda in (False, True):
+        monkeypatch.setattr(vllm_engine, "has_cuda", lambda: cuda)
+        with engine_settings("float32"):
+            vllm_generation.LLM(model="m", max_model_len=2048, seed=3)
+    cpu, gpu = built
+    assert cpu["skip_tokenizer_init"] is gpu["skip_tokenizer_init"] is True
+    assert cpu["dtype"] == gpu["dtype"] == "float32" and cpu["seed"] == gpu["seed"] == 3
+    assert cpu["enforce_eager"] is True and "enforce_eager" not in gpu

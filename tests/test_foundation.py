@@ -51,6 +51,30 @@ def test_network_guard_blocks_non_loopback():
         socket.getaddrinfo("huggingface.co", 443)
 
 
+def test_the_vllm_tests_groups_reach_pytest_xdists_scheduler(tmp_path):
+    """``make test``'s ``--dist loadgroup`` keeps each group of vLLM tests on one worker (tests/conftest.py): every
+    such test's id ends with its group, which is what pytest-xdist's scheduler reads, each group runs on one worker,
+    and the other tests carry no group."""
+    for name in ("real_models", "other"):
+        (tmp_path / f"test_{name}.py").write_text(
+            "import pytest\n"
+            + "".join(f"@pytest.mark.vllm\ndef test_engine_{i}():\n    pass\n" for i in range(4))
+            + "".join(f"def test_plain_{i}():\n    pass\n" for i in range(4)))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.conftest", "-n", "2", "--dist", "loadgroup",
+                           "-v", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-c", os.devnull,
+                           str(tmp_path)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                          env=os.environ | {"PYTHONPATH": str(REPO_ROOT)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    ran = [line.split(" PASSED ") for line in done.stdout.splitlines() if line.startswith("[gw") and " PASSED " in line]
+    ran = [(head.split()[0], test.strip()) for head, test in ran]  # (worker, test id)
+    assert len(ran) == 2 * 8
+    for module, group in (("test_real_models.py", "vllm-real-models"), ("test_other.py", "vllm")):
+        engines = [(worker, test) for worker, test in ran if f"{module}::test_engine_" in test]
+        assert len(engines) == 4 and all(test.endswith(f"@{group}") for _, test in engines), engines
+        assert len({worker for worker, _ in engines}) == 1, engines
+    assert not [test for _, test in ran if "test_plain_" in test and "@" in test]
+
+
 def test_network_guard_allows_loopback():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))

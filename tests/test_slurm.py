@@ -75,7 +75,9 @@ def run_job(tmp_path: Path, *train_flags: str) -> list[subprocess.CompletedProce
             if any(task.returncode not in (None, 0) for task in tasks) or time.monotonic() > deadline:
                 break
             time.sleep(1)
-        time.sleep(5)  # the others' own ends, as a failed task's markers reach them
+        settle = time.monotonic() + 5  # after a failure, the others' own ends, as the failed task's markers reach them
+        while any(task.poll() is None for task in tasks) and time.monotonic() < settle:
+            time.sleep(0.2)
     finally:
         for task in tasks:
             if task.poll() is None:

@@ -6,6 +6,12 @@ vLLM's default dtype turns a float32 checkpoint into bfloat16 on an x86 CPU (and
 breaks token identity with the trainer and inflates the logprob gap, so every engine gets the dtype its checkpoint's
 ``config.json`` states unless told otherwise.
 
+The offline and colocated engines take token ids and return token ids (the rollout keeps the raw token stream and
+decodes with the trainer's tokenizer), so they load no tokenizer of their own (``skip_tokenizer_init``,
+:data:`TOKEN_IDS_ONLY`): vLLM would otherwise load it twice more and deep-copy it twice for its renderer's thread pool,
+about 10 s of each engine's start for Gemma 3's 262k-token vocabulary on two cores. ``make serve`` keeps its
+tokenizer: a server takes text and chat messages.
+
 The CPU-only settings live here and nowhere else in t2s (with ``tools/vllm_cpu``, the torchvision import shim that
 ``make install-vllm`` installs beside the CPU build):
 
@@ -33,6 +39,7 @@ import shutil
 from pathlib import Path
 
 CPU_KV_CACHE_GIB = "1"
+TOKEN_IDS_ONLY = {"skip_tokenizer_init": True}  # vllm.LLM keyword arguments: token ids in and out, no tokenizer
 
 
 def has_cuda() -> bool:

@@ -207,7 +207,8 @@ class Runner:
 
         self.tokenizer = load_tokenizer(config.tokenizer or config.model, required=True,
                                         chat_template=config.chat_template)
-        from t2s.backends.vllm_engine import checkpoint_dtype, cpu_engine_kwargs, has_cuda, vllm_environment
+        from t2s.backends.vllm_engine import TOKEN_IDS_ONLY, checkpoint_dtype, cpu_engine_kwargs, has_cuda, \
+            vllm_environment
 
         vllm_environment()
         dtype = config.dtype or checkpoint_dtype(config.model)
@@ -221,7 +222,8 @@ class Runner:
         memory = {"gpu_memory_utilization": config.gpu_memory_utilization} if has_cuda() else {}
         llm = LLM(
             model=config.model, tokenizer=config.tokenizer or config.model, seed=config.seed, dtype=dtype,
-            enable_prefix_caching=True, max_model_len=max_model_len, **memory, **cpu_engine_kwargs(max_model_len),
+            enable_prefix_caching=True, max_model_len=max_model_len, **memory, **TOKEN_IDS_ONLY,
+            **cpu_engine_kwargs(max_model_len),
         )  # fmt: skip
         self.backend = VLLMColocateBackend(llm, self.tokenizer)
         self.target = {"model": config.model, "engine": f"vllm {getattr(vllm, '__version__', 'unknown')}",

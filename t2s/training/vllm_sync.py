@@ -40,11 +40,11 @@ import os
 @contextlib.contextmanager
 def engine_settings(dtype: str):
     """While open, TRL's colocated ``LLM(...)`` is built with ``dtype`` and the settings of
-    ``t2s.backends.vllm_engine`` (on a CPU: eager, a prompt never prefilled in pieces), and an unset ``MASTER_PORT`` is
-    a free port of the operating system's choosing, not TRL's first guess (29500)."""
+    ``t2s.backends.vllm_engine`` (no tokenizer of its own; on a CPU: eager, a prompt never prefilled in pieces), and
+    an unset ``MASTER_PORT`` is a free port of the operating system's choosing, not TRL's first guess (29500)."""
     from trl.generation import vllm_generation
 
-    from t2s.backends.vllm_engine import cpu_engine_kwargs, free_port
+    from t2s.backends.vllm_engine import TOKEN_IDS_ONLY, cpu_engine_kwargs, free_port
 
     if not os.environ.get("MASTER_PORT"):
         os.environ["MASTER_PORT"] = str(free_port())
@@ -53,7 +53,8 @@ def engine_settings(dtype: str):
 
     @functools.wraps(original)
     def build(*args, **kwargs):
-        return original(*args, **{**kwargs, "dtype": dtype, **cpu_engine_kwargs(kwargs.get("max_model_len"))})
+        return original(*args, **{**kwargs, "dtype": dtype, **TOKEN_IDS_ONLY,
+                                   **cpu_engine_kwargs(kwargs.get("max_model_len"))})
 
     vllm_generation.LLM = build
     try:
