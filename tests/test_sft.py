@@ -258,11 +258,14 @@ def test_sft_command_output_is_taken_by_train_eval_and_export(tiny_model_dir, tm
     (("--trajectories", "no/such/episodes.jsonl"), "neither 'gold' nor an episodes file"),
     (("--max_length", "16"), "max_length 16 would cut trajectories"),
 ])
-def test_sft_bad_input_is_one_error_line(tiny_model_dir, tmp_path, override, message):
-    done = _run("sft", *_sft_argv(tiny_model_dir, tmp_path / "out", *override), timeout=300)
-    assert done.returncode == 2
-    lines = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
-    assert len(lines) == 1 and message in lines[0] and "Traceback" not in done.stderr
+def test_sft_bad_input_is_one_error_line(tiny_model_dir, tmp_path, override, message, capsys, monkeypatch):
+    from t2s.commands import main
+
+    monkeypatch.chdir(REPO_ROOT)  # the relative paths above are the checkout's
+    assert main(["sft", *_sft_argv(tiny_model_dir, tmp_path / "out", *override)]) == 2  # in-process: nothing raised
+    stderr = capsys.readouterr().err
+    lines = [line for line in stderr.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in stderr
     assert not (tmp_path / "out" / "config.json").exists()
 
 

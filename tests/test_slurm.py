@@ -1,16 +1,18 @@
 """Multi-node training as ``slurm/train.sbatch`` runs it: ``slurm/node.sh`` once per task, task 0 the vLLM server
 (`make serve`) and each other task one training machine (``accelerate launch`` with its machine rank).
 
-Three tasks stand in for three nodes on loopback, each its own process group with its own rank, as Slurm's ``srun``
-would start them (``T2S_RANK`` for ``SLURM_PROCID``, ``T2S_HOSTS`` for the job's node list). The two machines form one
-gloo group of two processes, train the tiny model two steps against the real vLLM CPU server, and each plays its own
-share of every batch. A server that dies ends every task with one ``Error:`` line. Then ``slurm/train.sbatch`` itself
-is submitted to a real one-host Slurm cluster (Debian's ``slurm-wlm``, ``make install-slurm``) that the test starts in a
-temp folder, with its own munge socket and ports: three tasks on one host, as ``--nodes 1 --ntasks 3``.
+Three tasks stand in for three nodes on loopback, each its own process group with its own rank. The module runs one
+such job that trains (``two_machine_job``): ``slurm/train.sbatch`` itself, submitted to a real one-host Slurm cluster
+(Debian's ``slurm-wlm``, ``make install-slurm``) that the fixture starts in a temp folder with its own munge socket
+and ports (three tasks on one host, as ``--nodes 1 --ntasks 3``); where no cluster can start here, the three tasks as
+Slurm's ``srun`` would start them (``T2S_RANK`` for ``SLURM_PROCID``, ``T2S_HOSTS`` for the job's node list). Either
+way the two machines form one gloo group of two processes, train the tiny model two steps against the real vLLM CPU
+server, and each plays its own share of every batch. A server that dies ends every task with one ``Error:`` line.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -18,6 +20,7 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -91,15 +94,6 @@ def run_job(tmp_path: Path, *train_flags: str) -> list[subprocess.CompletedProce
     return done
 
 
-def test_two_machines_train_as_one_group_against_the_server(tmp_path):
-    output = tmp_path / "run"
-    done = run_job(tmp_path, *train_flags(attention_model(tmp_path / "model"), output))
-    for rank, task in enumerate(done):
-        assert task.returncode == 0, f"task {rank}:\n{task.stdout[-4000:]}"
-    assert "machine 0 of 2" in done[1].stdout and "machine 1 of 2" in done[2].stdout
-    check_trained_as_one_group(output, tmp_path / "job" / "server.log")
-
-
 def test_a_server_that_dies_ends_every_task_with_one_error_line(tmp_path):
     done = run_job(tmp_path, "--model_name_or_path", str(tmp_path / "no-such-model"), "--output_dir",
                    str(tmp_path / "run"))
@@ -112,16 +106,17 @@ def test_a_server_that_dies_ends_every_task_with_one_error_line(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ a real Slurm cluster
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """A one-host Slurm cluster (slurmctld, slurmd, and a munged of its own) in a temp folder; yields the environment
-    its commands need (``SLURM_CONF``), and shuts it down afterwards."""
+@contextlib.contextmanager
+def one_host_slurm(folder: Path):
+    """A one-host Slurm cluster (slurmctld, slurmd, and a munged of its own) in ``folder``; yields the environment its
+    commands need (``SLURM_CONF``), or the reason none can run here (a str), and shuts it down afterwards."""
     missing = [name for name in ("slurmctld", "slurmd", "sbatch", "scontrol", "munged") if shutil.which(name) is None]
     if missing:
-        pytest.skip(f"Slurm is not installed ({', '.join(missing)}): `make install-slurm` (as root) installs it")
+        yield f"Slurm is not installed ({', '.join(missing)}): `make install-slurm` (as root) installs it"
+        return
     if os.geteuid() != 0:
-        pytest.skip("a one-host Slurm cluster is started as root (slurmd runs each job as its user)")
-    folder = tmp_path_factory.mktemp("slurm")
+        yield "a one-host Slurm cluster is started as root (slurmd runs each job as its user)"
+        return
     munge_socket, host = folder / "munge.socket", socket.gethostname().split(".")[0]
     key = folder / "munge.key"  # a key of its own: the cluster needs nothing from /etc/munge
     key.write_bytes(os.urandom(1024))
@@ -152,13 +147,15 @@ def slurm(tmp_path_factory):
         for daemon in ("slurmctld", "slurmd"):
             started = subprocess.run([daemon], env=env, capture_output=True, text=True, timeout=60)
             if started.returncode != 0:  # a machine that cannot host one (a container without what slurmd needs)
-                pytest.skip(f"{daemon} did not start here: {(started.stderr or started.stdout).strip()[-300:]}")
+                yield f"{daemon} did not start here: {(started.stderr or started.stdout).strip()[-300:]}"
+                return
         deadline = time.monotonic() + 120
         while "idle" not in subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True,
                                            text=True).stdout:
             if time.monotonic() > deadline:
                 logs = " | ".join(p.read_text(errors="replace").strip()[-300:] for p in folder.glob("slurm*.log"))
-                pytest.skip(f"the one-host Slurm cluster's node did not come up within 120 s: {logs}")
+                yield f"the one-host Slurm cluster's node did not come up within 120 s: {logs}"
+                return
             time.sleep(1)
         yield env
     finally:
@@ -166,14 +163,54 @@ def slurm(tmp_path_factory):
         subprocess.run(["munged", "--stop", f"--socket={munge_socket}"], capture_output=True, timeout=60)
 
 
-def test_the_sbatch_script_trains_under_a_real_slurm(slurm, tmp_path):
+@dataclass(frozen=True)
+class TrainingJob:
+    """The module's one training job: how it was launched (``slurm`` is None when it ran without Slurm, with
+    ``no_slurm`` saying why), each task's exit code and output (one log for the whole job under Slurm), and its
+    folders."""
+
+    slurm: dict | None
+    no_slurm: str
+    exits: list[int]
+    outputs: list[str]
+    output: Path
+    job: Path
+
+
+@pytest.fixture(scope="module")
+def two_machine_job(tmp_path_factory) -> TrainingJob:
+    """One job of three tasks that trains: under a real one-host Slurm cluster where one starts here, else as
+    :func:`run_job`'s three process groups. It runs once: both launch the same ``slurm/node.sh`` on one host."""
+    tmp_path = tmp_path_factory.mktemp("two-machine-job")
     output, job = tmp_path / "run", tmp_path / "job"
-    log = tmp_path / "slurm.out"
-    done = subprocess.run(["sbatch", "--wait", "--nodes", "1", "--ntasks", str(TASKS), "--ntasks-per-node",
-                           str(TASKS), "--output", str(log), "slurm/train.sbatch", "smoke", "multi_gpu",
-                           *train_flags(attention_model(tmp_path / "model"), output)],
-                          cwd=ROOT, env=job_env(job) | slurm, capture_output=True, text=True, timeout=HANG_GUARD_S)
-    text = log.read_text(errors="replace") if log.is_file() else ""
-    assert done.returncode == 0, done.stdout + done.stderr + text[-4000:]
+    flags = train_flags(attention_model(tmp_path / "model"), output)
+    (tmp_path / "slurm").mkdir()
+    with one_host_slurm(tmp_path / "slurm") as slurm:
+        if isinstance(slurm, str):
+            done = run_job(tmp_path, *flags)
+            return TrainingJob(None, slurm, [t.returncode for t in done], [t.stdout for t in done], output, job)
+        log = tmp_path / "slurm.out"
+        done = subprocess.run(["sbatch", "--wait", "--nodes", "1", "--ntasks", str(TASKS), "--ntasks-per-node",
+                               str(TASKS), "--output", str(log), "slurm/train.sbatch", "smoke", "multi_gpu", *flags],
+                              cwd=ROOT, env=job_env(job) | slurm, capture_output=True, text=True,
+                              timeout=HANG_GUARD_S)
+        text = log.read_text(errors="replace") if log.is_file() else ""
+        return TrainingJob(slurm, "", [done.returncode], [done.stdout + done.stderr + text], output, job)
+
+
+def test_two_machines_train_as_one_group_against_the_server(two_machine_job):
+    for rank, (code, text) in enumerate(zip(two_machine_job.exits, two_machine_job.outputs)):
+        assert code == 0, f"task {rank}:\n{text[-4000:]}"
+    text = "\n".join(two_machine_job.outputs)
     assert "machine 0 of 2" in text and "machine 1 of 2" in text, text[-2000:]
-    check_trained_as_one_group(output, job / "server.log")
+    if two_machine_job.slurm is None:  # each task's own log: the machines are tasks 1 and 2
+        assert "machine 0 of 2" in two_machine_job.outputs[1] and "machine 1 of 2" in two_machine_job.outputs[2]
+    check_trained_as_one_group(two_machine_job.output, two_machine_job.job / "server.log")
+
+
+def test_the_sbatch_script_trains_under_a_real_slurm(two_machine_job):
+    if two_machine_job.slurm is None:
+        pytest.skip(two_machine_job.no_slurm)
+    assert two_machine_job.exits == [0], two_machine_job.outputs[0][-4000:]  # sbatch --wait: the job's exit code
+    assert "SLURM_CONF" in two_machine_job.slurm
+    check_trained_as_one_group(two_machine_job.output, two_machine_job.job / "server.log")

@@ -149,25 +149,29 @@ def test_model_without_a_path_is_rejected(tiny_model_dir, tmp_path):
         Text2SQLGRPOTrainer(model, make_config(tmp_path))
 
 
-def _train_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "t2s", "train", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+def _train_cli(capsys, *args: str) -> tuple[int, str]:
+    """``t2s train ARGS`` in this process: (exit code, stderr). An exception would fail the test, not print."""
+    from t2s.commands import main
+
+    code = main(["train", *args])
+    return code, capsys.readouterr().err
 
 
-def test_train_cli_missing_data_path_is_one_clear_line(tmp_path):
-    result = _train_cli("--config", "recipes/smoke.yaml", "--dataset_path", str(tmp_path / "nowhere.json"),
-                        "--output_dir", str(tmp_path / "out"))
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
+def test_train_cli_missing_data_path_is_one_clear_line(tmp_path, capsys):
+    code, stderr = _train_cli(capsys, "--config", str(REPO_ROOT / "recipes/smoke.yaml"), "--dataset_path",
+                              str(tmp_path / "nowhere.json"), "--output_dir", str(tmp_path / "out"))
+    assert code == 2
+    lines = stderr.strip().splitlines()
     assert lines[-1].startswith("Error: dataset_path") and "nowhere.json" in lines[-1] and "not found" in lines[-1]
-    assert "Traceback" not in result.stderr
+    assert "Traceback" not in stderr
     assert not (tmp_path / "out").exists(), "nothing is written before the data is found"
 
 
-def test_train_cli_bad_recipe_value_is_one_clear_line(tmp_path):
-    result = _train_cli("--config", "recipes/smoke.yaml", "--top_k", "20", "--output_dir", str(tmp_path / "out"))
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("Error: training sampling must be temperature-only")
+def test_train_cli_bad_recipe_value_is_one_clear_line(tmp_path, capsys):
+    code, stderr = _train_cli(capsys, "--config", str(REPO_ROOT / "recipes/smoke.yaml"), "--top_k", "20",
+                              "--output_dir", str(tmp_path / "out"))
+    assert code == 2 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("Error: training sampling must be temperature-only")
 
 
 def _rollout_dict(**changes):
