@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import sys
 import socket
 from pathlib import Path
 
@@ -86,6 +87,23 @@ def _bind_vllm_to_this_workers_core() -> None:
 
 
 _bind_vllm_to_this_workers_core()
+
+
+def _share_the_cores_between_workers() -> None:
+    """Under pytest-xdist, each worker's torch (and every process it starts: ``OMP_NUM_THREADS`` is inherited) gets
+    its share of the cores, at least one thread, unless the environment already chose a thread count. The workers
+    keep every core busy between them; a process with as many threads as cores beside the other worker's would have
+    its threads wait on one another at every parallel operation, for more CPU time and no less wall time."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not workers.isdigit() or int(workers) < 2 or {"OMP_NUM_THREADS", "T2S_TORCH_THREADS"} & set(os.environ):
+        return
+    share = max(1, len(os.sched_getaffinity(0)) // int(workers))
+    os.environ["OMP_NUM_THREADS"] = str(share)
+    if "torch" in sys.modules:  # already imported by a plugin: its pool took the old count
+        sys.modules["torch"].set_num_threads(share)
+
+
+_share_the_cores_between_workers()
 
 
 # The vLLM tests of the real pretrained models (SmolLM2, Gemma 3): a group of their own, apart from the tiny models'
