@@ -201,11 +201,14 @@ def test_ask_answers_on_a_demo_database_with_smollm2(smollm2_dir):
 
 
 # ------------------------------------------------------------------------------------------------------ Gemma 3
-def test_gemma3_base_without_a_template_is_one_error_line(gemma3_dir, tmp_path):
-    done = t2s("eval", "--policy", "model", "--model", gemma3_dir, "--mode", "withheld", *EPISODES,
-               "--output", tmp_path / "eval")
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    [line] = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+def test_gemma3_base_without_a_template_is_one_error_line(gemma3_dir, tmp_path, capsys):
+    from t2s.commands import main
+
+    code = main(["eval", "--policy", "model", "--model", str(gemma3_dir), "--mode", "withheld", *EPISODES,
+                 "--output", str(tmp_path / "eval")])  # in this process: an exception would fail the test
+    stderr = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in stderr
+    [line] = [line for line in stderr.splitlines() if line.startswith("Error:")]
     assert "no chat template" in line and "--chat-template FILE" in line
 
 

@@ -201,7 +201,11 @@ def _run(*args, timeout=600):
                           cwd=REPO_ROOT, env=env)
 
 
-def test_sft_command_output_is_taken_by_train_eval_and_export(tiny_model_dir, tmp_path):
+def test_sft_command_output_is_taken_by_train_eval_and_export(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    """``sft`` and ``train`` in processes of their own (what each prints on stderr is checked), ``eval`` and
+    ``export`` in this one."""
+    from t2s.commands import main
+
     out = tmp_path / "warm"
     done = _run("sft", *_sft_argv(tiny_model_dir, out))
     assert done.returncode == 0, done.stderr[-2000:]
@@ -224,23 +228,25 @@ def test_sft_command_output_is_taken_by_train_eval_and_export(tiny_model_dir, tm
     assert last.startswith(f"wrote {tmp_path / 'grpo'} after 1 steps: the trained model")
     assert KERNEL_FALLBACK not in train.stderr and train.stderr.count(KERNEL_FALLBACK_LINE) <= 1
     # evaluation with the model policy
-    evaluated = _run("eval", "--policy", "model", "--model", str(out), "--data", str(REPO_ROOT / "data/demo/dev.json"),
-                     "--n", "2", "--mode", "withheld", "--max-turns", "1", "--max-tokens-per-turn", "64",
-                     "--episode-token-budget", "4096", "--device", "cpu", "--output", str(tmp_path / "eval"))
-    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    monkeypatch.chdir(REPO_ROOT)  # the recipes' relative paths below are the checkout's
+    capsys.readouterr()
+    evaluated = main(["eval", "--policy", "model", "--model", str(out), "--data", str(REPO_ROOT / "data/demo/dev.json"),
+                      "--n", "2", "--mode", "withheld", "--max-turns", "1", "--max-tokens-per-turn", "64",
+                      "--episode-token-budget", "4096", "--device", "cpu", "--output", str(tmp_path / "eval")])
+    assert evaluated == 0, capsys.readouterr().err[-2000:]
     assert json.loads((tmp_path / "eval" / "summary.json").read_text())
     # export with that eval (of these weights) and the SFT recipe, whose prompt is its rl_recipe's
-    exported = _run("export", "--checkpoint", str(out), "--output", str(tmp_path / "export"), "--eval",
-                    str(tmp_path / "eval"), "--recipe", "recipes/demo_sft.yaml")
-    assert exported.returncode == 0, exported.stderr[-2000:]
+    exported = main(["export", "--checkpoint", str(out), "--output", str(tmp_path / "export"), "--eval",
+                     str(tmp_path / "eval"), "--recipe", "recipes/demo_sft.yaml"])
+    assert exported == 0, capsys.readouterr().err[-2000:]
     assert (tmp_path / "export" / "config.json").is_file() and "## Evaluation" in (tmp_path / "export" / "README.md"
                                                                                     ).read_text()
     assert (tmp_path / "export" / "system_prompt.txt").read_text() == (RECIPES_DIR / "demo_system_prompt.txt"
                                                                        ).read_text().strip() + "\n"
     # the GRPO run's card names the overrides it ran with (paths by their last part)
-    grpo_export = _run("export", "--checkpoint", str(tmp_path / "grpo"), "--output", str(tmp_path / "export-grpo"),
-                       "--recipe", "recipes/demo.yaml", "--no-verify")
-    assert grpo_export.returncode == 0, grpo_export.stderr[-2000:]
+    grpo_export = main(["export", "--checkpoint", str(tmp_path / "grpo"), "--output", str(tmp_path / "export-grpo"),
+                        "--recipe", "recipes/demo.yaml", "--no-verify"])
+    assert grpo_export == 0, capsys.readouterr().err[-2000:]
     card = (tmp_path / "export-grpo" / "README.md").read_text()
     assert ("`--model_name_or_path warm --max_steps 1 --per_device_train_batch_size 4 --num_generations 2 "
             "--output_dir grpo`") in card and str(tmp_path) not in card
