@@ -51,6 +51,32 @@ def test_network_guard_blocks_non_loopback():
         socket.getaddrinfo("huggingface.co", 443)
 
 
+@pytest.mark.parametrize("workers, cores, preset, threads", [
+    ("2", 2, {}, "1"), ("2", 8, {}, "4"), ("3", 2, {}, "1"),  # a share each, at least one thread
+    ("2", 2, {"OMP_NUM_THREADS": "2"}, "2"), ("2", 2, {"T2S_TORCH_THREADS": "2"}, None),  # the environment chose
+    ("1", 2, {}, None), ("", 2, {}, None),  # one worker, or none: torch takes every core
+])
+def test_each_worker_takes_its_share_of_the_cores(monkeypatch, workers, cores, preset, threads):
+    """tests/conftest.py: under pytest-xdist each worker (and what its tests start, by inheritance) gets cores ÷
+    workers torch threads, unless the environment set a thread count."""
+    import torch
+
+    from tests import conftest
+
+    for name in ("OMP_NUM_THREADS", "T2S_TORCH_THREADS", "PYTEST_XDIST_WORKER_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in {**preset, "PYTEST_XDIST_WORKER_COUNT": workers}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)))
+    before = torch.get_num_threads()
+    try:
+        conftest._share_the_cores_between_workers()
+        assert os.environ.get("OMP_NUM_THREADS") == (threads or preset.get("OMP_NUM_THREADS"))
+        assert torch.get_num_threads() == (int(threads) if threads and "OMP_NUM_THREADS" not in preset else before)
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_the_vllm_tests_groups_reach_pytest_xdists_scheduler(tmp_path):
     """``make test``'s ``--dist loadgroup`` keeps each group of vLLM tests on one worker (tests/conftest.py): every
     such test's id ends with its group, which is what pytest-xdist's scheduler reads, each group runs on one worker,
