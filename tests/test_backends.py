@@ -479,6 +479,91 @@ def test_hf_sampling_ignores_the_checkpoints_generation_defaults(tiny_model_dir,
     assert not_argmax > 0, "temperature-only sampling must draw tokens other than the argmax"
 
 
+# ------------------------------------------------------------------ transformers: keys and values kept between turns
+GREEDY = SamplingSettings(temperature=0)
+
+
+@pytest.fixture(scope="module")
+def attention_model(attention_model_dir):
+    """(model, tokenizer) of the tiny full-attention model, whose cache is one ``DynamicLayer`` a layer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(attention_model_dir), AutoTokenizer.from_pretrained(attention_model_dir)
+
+
+def _first_and_next_turns(tokenizer, backend):
+    """Turn one on three prompts of different lengths, then turn two as the rollout builds it (each prompt, its turn,
+    an environment reply of its own length), for two of the rows in another order, as when an episode has ended."""
+    texts = ["SELECT name FROM customers WHERE city = 'Lyon' ORDER BY name", "How many orders",
+             "List the tables of the database, then count the rows of each one"]
+    first = [tokenizer(text)["input_ids"] for text in texts]
+    turns = backend.generate(first, [8, 6, 8], GREEDY)
+    replies = [tokenizer(f" result {'x' * n} ")["input_ids"] for n in (1, 9, 4)]
+    second = [first[i] + turns[i].token_ids + replies[i] for i in (2, 0)]
+    return first, turns, second
+
+
+@pytest.mark.parametrize("max_batch_size", [None, 1], ids=["one-batch", "batches-of-one"])
+def test_hf_keeps_keys_and_values_from_one_turn_to_the_next(attention_model, max_batch_size):
+    """Turn two starts from turn one's keys and values: the same tokens as a fresh prefill, logprobs within float
+    noise, and at least every row's earlier prompt less the longest new part taken from the kept cache."""
+    import torch
+
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    model, tokenizer = attention_model
+    kept = HFGenerateBackend(model, tokenizer, max_batch_size=max_batch_size)
+    fresh = HFGenerateBackend(model, tokenizer, max_batch_size=max_batch_size, reuse_cache_bytes=0)
+    first, turns, second = _first_and_next_turns(tokenizer, kept)
+    assert kept.reused_tokens == 0 and [t.token_ids for t in turns] == [
+        t.token_ids for t in fresh.generate(first, [8, 6, 8], GREEDY)]
+    again, expected = kept.generate(second, [8, 8], GREEDY), fresh.generate(second, [8, 8], GREEDY)
+    assert [t.token_ids for t in again] == [t.token_ids for t in expected]
+    for a, b in zip(again, expected):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    longest_new = max(len(s) - len(first[i]) for s, i in zip(second, (2, 0)))
+    assert kept.reused_tokens >= sum(len(s) - longest_new for s in second) > 0
+    assert fresh.reused_tokens == 0
+
+
+def test_hf_kept_keys_and_values_never_outlive_the_weights_or_the_rollout(attention_model):
+    import torch
+
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    model, tokenizer = attention_model
+    backend = HFGenerateBackend(model, tokenizer)
+    _, _, second = _first_and_next_turns(tokenizer, backend)
+    backend.end_rollout()  # the rollout ended: nothing kept
+    backend.generate(second, [4, 4], GREEDY)
+    assert backend.reused_tokens == 0
+    weight = model.get_input_embeddings().weight
+    saved = weight.detach().clone()
+    try:
+        with torch.no_grad():
+            weight.mul_(1.5)  # an optimizer step: the kept keys are stale
+        moved = backend.generate(second, [4, 4], GREEDY)
+        assert backend.reused_tokens == 0
+        assert [t.logprobs for t in moved] == [
+            t.logprobs for t in HFGenerateBackend(model, tokenizer, reuse_cache_bytes=0).generate(second, [4, 4],
+                                                                                                 GREEDY)]
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)
+
+
+def test_hf_keeps_nothing_of_a_linear_attention_model_or_past_its_budget(tiny_model, tiny_tokenizer, attention_model):
+    """The hybrid tiny Qwen3.5's gated-delta-net layers keep a recurrent state that cannot be cut back to a prefix;
+    a budget of one byte keeps nothing either."""
+    from t2s.backends.hf_generate import HFGenerateBackend
+
+    for backend, tokenizer in ((HFGenerateBackend(tiny_model, tiny_tokenizer), tiny_tokenizer),
+                               (HFGenerateBackend(*attention_model, reuse_cache_bytes=1), attention_model[1])):
+        _, _, second = _first_and_next_turns(tokenizer, backend)
+        backend.generate(second, [4, 4], GREEDY)
+        assert backend.reused_tokens == 0 and backend.prompt_tokens > 0
+
+
 VLLM_VARIABLES = ("VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE",
                   "VLLM_ENABLE_V1_MULTIPROCESSING", "TORCHDYNAMO_DISABLE")
 

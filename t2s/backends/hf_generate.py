@@ -13,18 +13,43 @@ With several processes, entering that context is collective (ZeRO-3 gathers, FSD
 must enter it the same number of times although their episodes end after different numbers of turns. Each round
 therefore starts with a sum over ranks of "still generating", and ``end_rollout`` (called by the rollout when its
 own episodes are done) keeps entering the context, without generating, until every rank is done.
+
+**Keys and values kept from one call to the next.** A multi-turn episode's next prompt is its last prompt, the turn's
+tokens and the environment's reply, so most of it was already run through the model. Where the model's cache is plain
+full attention (every layer a ``DynamicLayer``: Llama, Qwen3, SmolLM2; not sliding-window or linear-attention layers,
+whose state cannot be cut back to a prefix), each call keeps every row's keys and values (up to ``reuse_cache_bytes``)
+and the next call starts from the longest prefix a row shares with one of them, so only the rest is prefilled. The
+kept cache is dropped at ``end_rollout`` and whenever the weights change (a parameter's version counter, or the
+trainer's step), so a cache never outlives the weights that computed it. The tokens are the same as a fresh prefill's
+wherever the two best next tokens are not a near-tie (the sums run in another order).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, ContextManager, Sequence
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Sequence
 
 from t2s.backends.base import SamplingSettings, TurnOutput, TurnSyncBackend, finish_turn, stop_token_ids
 
 
+REUSE_CACHE_BYTES = 1 << 30  # the most keys and values kept from one call to the next (1 GiB)
+
+
+@dataclass(frozen=True)
+class KeptRow:
+    """One row's tokens as the model saw them (prompt and the sampled tokens fed back), and each layer's keys and
+    values for them, ``(heads, len(tokens), head_dim)`` each."""
+
+    tokens: Any  # torch.LongTensor (len,)
+    layers: list[tuple[Any, Any]]
+
+
 class HFGenerateBackend(TurnSyncBackend):
-    """Batches of token-id prompts through ``model.generate``; ``model`` is a model or a context-manager factory."""
+    """Batches of token-id prompts through ``model.generate``; ``model`` is a model or a context-manager factory.
+    ``reuse_cache_bytes`` caps the keys and values kept for the next call (0 keeps none); ``weights_version`` says
+    when the weights changed (default: the parameters' in-place version counters)."""
 
     def __init__(
         self,
@@ -34,6 +59,8 @@ class HFGenerateBackend(TurnSyncBackend):
         max_batch_size: int | None = None,
         stop_ids: Sequence[int] | None = None,
         ranks_active: Callable[[bool], int] | None = None,
+        reuse_cache_bytes: int = REUSE_CACHE_BYTES,
+        weights_version: Callable[[Any], object] | None = None,
     ) -> None:
         if callable(model) and not hasattr(model, "generate"):
             self._model_context: Callable[[], ContextManager] = model
@@ -45,6 +72,12 @@ class HFGenerateBackend(TurnSyncBackend):
         self.max_batch_size = max_batch_size
         self._ranks_active = ranks_active  # (this rank generates?) -> how many ranks do; None on one process
         self._calls = 0
+        self.reuse_cache_bytes = reuse_cache_bytes
+        self._weights_version = weights_version or parameter_versions
+        self._kept: tuple[object, list[KeptRow]] = (None, [])  # (weights version, rows) of the last call
+        self._kept_lock = threading.Lock()
+        self.reused_tokens = 0  # prompt tokens taken from kept keys and values instead of prefilled
+        self.prompt_tokens = 0
 
     @classmethod
     def for_trainer(cls, trainer, **kwargs) -> HFGenerateBackend:
@@ -76,10 +109,14 @@ class HFGenerateBackend(TurnSyncBackend):
 
         if accelerator.num_processes > 1:
             kwargs.setdefault("ranks_active", ranks_active)
+        kwargs.setdefault("weights_version", lambda model: (trainer.state.global_step, parameter_versions(model)))
         return cls(model_context, trainer.processing_class, **kwargs)
 
     def end_rollout(self) -> None:
-        """Enter the model context (without generating) until no rank generates any more (multi-process only)."""
+        """Drop the kept keys and values; with several ranks, enter the model context (without generating) until no
+        rank generates any more."""
+        with self._kept_lock:
+            self._kept = (None, [])
         if self._ranks_active is None:
             return
         while self._ranks_active(False):
@@ -92,14 +129,26 @@ class HFGenerateBackend(TurnSyncBackend):
         size = self.max_batch_size or len(prompts)
         outputs: list[TurnOutput] = []
         with self._model_context() as model:
+            version = self._weights_version(model) if self.reuse_cache_bytes > 0 else None
+            with self._kept_lock:
+                kept_version, kept = self._kept
+            kept = kept if kept_version == version else []
+            keep: list[KeptRow] | None = [] if self.reuse_cache_bytes > 0 else None
             for start in range(0, len(prompts), size):
                 chunk_seed = next((s for s in seeds[start : start + size] if s is not None), None)
                 outputs += self._generate_batch(
-                    model, prompts[start : start + size], max_tokens[start : start + size], sampling, chunk_seed
+                    model, prompts[start : start + size], max_tokens[start : start + size], sampling, chunk_seed,
+                    kept, keep,
                 )
+        if keep is not None:
+            with self._kept_lock:
+                self._kept = (version, keep)
         return outputs
 
-    def _generate_batch(self, model, prompts, max_tokens, sampling: SamplingSettings, seed) -> list[TurnOutput]:
+    def _generate_batch(
+        self, model, prompts, max_tokens, sampling: SamplingSettings, seed, kept: list[KeptRow],
+        keep: list[KeptRow] | None,
+    ) -> list[TurnOutput]:
         import torch
         from transformers import GenerationConfig
 
@@ -132,10 +181,16 @@ class HFGenerateBackend(TurnSyncBackend):
         if seed is not None:
             torch.manual_seed(seed)
         self._calls += 1
+        past = reused_cache(prompts, width, kept)
+        self.prompt_tokens += sum(len(p) for p in prompts)
         with torch.no_grad():
             out = model.generate(
-                input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config
+                input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
+                **({"past_key_values": past[0]} if past else {}),
             )
+        self.reused_tokens += past[1] if past else 0
+        if keep is not None and not keep_rows(out, prompts, width, self.reuse_cache_bytes, keep):
+            keep.clear()  # a cache this call cannot keep: the next call prefills every row
         new_ids = out.sequences[:, width:].cpu()
         scale = 1.0 if greedy else sampling.temperature
         logits = torch.stack(out.logits, dim=1).float().cpu()  # (batch, steps, vocab), raw (unprocessed)
@@ -144,3 +199,90 @@ class HFGenerateBackend(TurnSyncBackend):
         for i, limit in enumerate(max_tokens):
             results.append(finish_turn(new_ids[i].tolist(), token_lp[i].tolist(), limit, self.stop_token_ids))
         return results
+
+
+def parameter_versions(model) -> object:
+    """The sum of the parameters' in-place version counters: it grows whenever an optimizer step changes a weight.
+    Inference tensors keep no counter: then a new object each call, equal to no other, so nothing is reused."""
+    try:
+        return sum(param._version for param in model.parameters())
+    except RuntimeError:
+        return object()
+
+
+def reused_cache(prompts: list[list[int]], width: int, kept: list[KeptRow]):
+    """``(cache, reused tokens)`` for a left-padded batch of ``prompts`` (padded to ``width``) from the rows kept by
+    the last call, or None where no row can start from a kept prefix.
+
+    Row ``i``'s longest shared prefix with a kept row is ``m_i`` tokens (at most its length less one, so that at
+    least one token is fed); it needs ``s_i = len_i - m_i`` tokens run. The batch's cache covers the first ``width -
+    max(s_i)`` positions, the same for every row: row ``i``'s part of it is its padding (zeros, masked out) and then
+    its first ``len_i - max(s_i)`` tokens' kept keys and values. Positions come from the attention mask, so a row's
+    keys are reused at the positions they were computed at, however much padding the batch gives it."""
+    if not kept or not prompts:
+        return None
+    import torch
+    from transformers import DynamicCache
+
+    longest = max(len(row.tokens) for row in kept)
+    table = torch.full((len(kept), longest), -1, dtype=torch.long)
+    for k, row in enumerate(kept):
+        table[k, : len(row.tokens)] = row.tokens
+    matches = []
+    for ids in prompts:
+        n = min(longest, len(ids) - 1)
+        if n <= 0:
+            return None
+        same = (table[:, :n] == torch.tensor(ids[:n], dtype=torch.long)).long().cumprod(dim=1).sum(dim=1)
+        best = int(same.argmax())
+        matches.append((best, int(same[best])))
+    run = max(len(ids) - shared for ids, (_, shared) in zip(prompts, matches))
+    start = width - run
+    if start <= 0:
+        return None
+    reused = 0
+    layers = []
+    first = kept[0].layers
+    for layer, (key0, value0) in enumerate(first):
+        heads, dim = key0.shape[0], key0.shape[2]
+        keys = key0.new_zeros((len(prompts), heads, start, dim))
+        values = value0.new_zeros((len(prompts), value0.shape[0], start, value0.shape[2]))
+        for i, (ids, (best, _)) in enumerate(zip(prompts, matches)):
+            pad = width - len(ids)
+            take = start - pad
+            if take > 0:
+                key, value = kept[best].layers[layer]
+                keys[i, :, pad:start] = key[:, :take]
+                values[i, :, pad:start] = value[:, :take]
+                reused += take if layer == 0 else 0
+        layers.append((keys, values))
+    return DynamicCache(ddp_cache_data=layers), reused
+
+
+def keep_rows(out, prompts: list[list[int]], width: int, budget: int, keep: list[KeptRow]) -> bool:
+    """Append each row of ``out`` (a ``generate`` output with its cache) to ``keep``: the tokens it holds keys and
+    values for (its prompt, without padding, and the sampled tokens fed back: all but the last step's) and those keys
+    and values. False where the cache is not plain full attention, or would pass ``budget`` bytes with what is kept."""
+    import torch
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = getattr(out, "past_key_values", None)
+    if type(cache) is not DynamicCache or not cache.layers:
+        return False
+    if any(type(layer) is not DynamicLayer or layer.keys is None for layer in cache.layers):
+        return False
+    length = cache.layers[0].keys.shape[2]
+    fed = length - width  # sampled tokens run through the model (the last one sampled never is)
+    if fed < 0 or any(layer.keys.shape[2] != length or layer.values.shape[2] != length for layer in cache.layers):
+        return False
+    size = sum(layer.keys.numel() * layer.keys.element_size() * 2 for layer in cache.layers)
+    size += sum(sum(k.numel() * k.element_size() * 2 for k, _ in row.layers) for row in keep)
+    if size > budget:
+        return False
+    sampled = out.sequences[:, width : width + fed].cpu()
+    for i, ids in enumerate(prompts):
+        pad = width - len(ids)
+        tokens = torch.cat([torch.tensor(ids, dtype=torch.long), sampled[i]])
+        keep.append(KeptRow(tokens, [(layer.keys[i, :, pad:], layer.values[i, :, pad:]) for layer in cache.layers]))
+    return True
