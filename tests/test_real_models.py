@@ -23,7 +23,8 @@ import pytest
 
 from t2s.backends.vllm_engine import has_cuda
 from t2s.settings import shared_data_dir
-from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, run_watching_processes, served
+from tests.vllm_support import (HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, environment_kept,
+                                 run_watching_processes, served)
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 
@@ -235,9 +236,21 @@ def test_gemma3_evaluates_and_trains_with_a_chat_template(gemma3_dir, tmp_path):
     assert gaps and max(gaps) < LOGP_GAP_BOUND, gaps
 
 
-def test_a_budget_longer_than_the_models_context_is_refused_before_the_engine_starts(smollm2_dir, tmp_path):
+def test_a_budget_longer_than_the_models_context_is_refused_before_the_engine_starts(smollm2_dir, tmp_path, capsys,
+                                                                                      monkeypatch):
+    import vllm
+
+    from t2s.commands import main
+
+    def no_engine(*args, **kwargs):
+        raise AssertionError("the engine was started")
+
+    monkeypatch.setattr(vllm, "LLM", no_engine)
     budget = ["--episode-token-budget", "12288"]  # SmolLM2's context is 8192 tokens
-    done = t2s("eval", "--policy", "vllm", "--model", smollm2_dir, "--mode", "withheld", *EPISODES, *budget,
-               "--output", tmp_path / "eval", timeout=300)
-    assert done.returncode == 1 and "Traceback" not in done.stderr
-    assert "longer than the model's context of 8192 tokens" in done.stderr
+    with environment_kept():  # in this process: an exception would fail the test
+        code = main(["eval", "--policy", "vllm", "--model", str(smollm2_dir), "--mode", "withheld", *EPISODES, *budget,
+                     "--output", str(tmp_path / "eval")])
+    stderr = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in stderr
+    [line] = [line for line in stderr.splitlines() if line.startswith("Error:")]
+    assert "longer than the model's context of 8192 tokens" in line
