@@ -173,10 +173,13 @@ def test_sft_trains_smollm2_in_its_own_format(sft_run, smollm2_dir):
     assert json.loads((warm / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
 
 
-def test_export_serve_and_endpoints_on_smollm2(sft_run, tmp_path):
+def test_export_serve_and_endpoints_on_smollm2(sft_run, tmp_path, capsys):
+    from t2s.commands import main
+
     warm, exported = sft_run[0], tmp_path / "export"
-    done = t2s("export", "--checkpoint", warm, "--output", exported, "--recipe", "recipes/demo_sft.yaml")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    with environment_kept():  # export and the endpoint evaluations in this process; `make serve` in its own
+        assert main(["export", "--checkpoint", str(warm), "--output", str(exported), "--recipe",
+                     "recipes/demo_sft.yaml"]) == 0, capsys.readouterr().err[-3000:]
     generation = json.loads((exported / "generation_config.json").read_text())
     from transformers import AutoTokenizer
 
@@ -186,9 +189,10 @@ def test_export_serve_and_endpoints_on_smollm2(sft_run, tmp_path):
     with served(exported, tmp_path / "server.log") as url:
         for mode in ("chat", "completions"):
             out = tmp_path / mode
-            done = t2s("eval", "--policy", "endpoint", "--endpoint", url, "--endpoint-mode", mode, "--tokenizer",
-                       exported, "--mode", "withheld", *EPISODES, "--output", out)
-            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+            with environment_kept():
+                code = main(["eval", "--policy", "endpoint", "--endpoint", url, "--endpoint-mode", mode,
+                             "--tokenizer", str(exported), "--mode", "withheld", *EPISODES, "--output", str(out)])
+            assert code == 0, capsys.readouterr().err[-3000:]
             assert len(episodes(out, "withheld")) == 2
             assert json.loads((out / "summary.json").read_text())["modes"]["withheld"]["n"] == 2
 
