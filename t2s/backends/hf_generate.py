@@ -46,6 +46,15 @@ class KeptRow:
     layers: list[tuple[Any, Any]]
 
 
+@dataclass(frozen=True)
+class ReusedPrefix:
+    """A batch's cache built from kept rows (a ``DynamicCache`` of its first positions) and how many of its prompt
+    tokens it holds."""
+
+    cache: Any
+    tokens: int
+
+
 class HFGenerateBackend(TurnSyncBackend):
     """Batches of token-id prompts through ``model.generate``; ``model`` is a model or a context-manager factory.
     ``reuse_cache_bytes`` caps the keys and values kept for the next call (0 keeps none); ``weights_version`` says
@@ -186,9 +195,9 @@ class HFGenerateBackend(TurnSyncBackend):
         with torch.no_grad():
             out = model.generate(
                 input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
-                **({"past_key_values": past[0]} if past else {}),
+                **({"past_key_values": past.cache} if past else {}),
             )
-        self.reused_tokens += past[1] if past else 0
+        self.reused_tokens += past.tokens if past else 0
         if keep is not None and not keep_rows(out, prompts, width, self.reuse_cache_bytes, keep):
             keep.clear()  # a cache this call cannot keep: the next call prefills every row
         new_ids = out.sequences[:, width:].cpu()
@@ -210,8 +219,8 @@ def parameter_versions(model) -> object:
         return object()
 
 
-def reused_cache(prompts: list[list[int]], width: int, kept: list[KeptRow]):
-    """``(cache, reused tokens)`` for a left-padded batch of ``prompts`` (padded to ``width``) from the rows kept by
+def reused_cache(prompts: list[list[int]], width: int, kept: list[KeptRow]) -> ReusedPrefix | None:
+    """The cache for a left-padded batch of ``prompts`` (padded to ``width``) from the rows kept by
     the last call, or None where no row can start from a kept prefix.
 
     Row ``i``'s longest shared prefix with a kept row is ``m_i`` tokens (at most its length less one, so that at
@@ -256,7 +265,7 @@ def reused_cache(prompts: list[list[int]], width: int, kept: list[KeptRow]):
                 values[i, :, pad:start] = value[:, :take]
                 reused += take if layer == 0 else 0
         layers.append((keys, values))
-    return DynamicCache(ddp_cache_data=layers), reused
+    return ReusedPrefix(DynamicCache(ddp_cache_data=layers), reused)
 
 
 def keep_rows(out, prompts: list[list[int]], width: int, budget: int, keep: list[KeptRow]) -> bool:
