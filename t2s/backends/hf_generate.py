@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, ContextManager, Sequence
 
 from t2s.backends.base import SamplingSettings, TurnOutput, TurnSyncBackend, finish_turn, stop_token_ids
@@ -44,6 +45,25 @@ class KeptRow:
 
     tokens: Any  # torch.LongTensor (len,)
     layers: list[tuple[Any, Any]]
+
+
+@dataclass(frozen=True)
+class KeptCall:
+    """What the last call kept: the weights' version it ran on and its rows."""
+
+    version: object = None
+    rows: list[KeptRow] = field(default_factory=list)
+
+    @cached_property
+    def table(self):
+        """The rows' tokens, one row each, padded with -1 (never a token id): built once, matched by every chunk."""
+        import torch
+
+        longest = max((len(row.tokens) for row in self.rows), default=0)
+        table = torch.full((len(self.rows), longest), -1, dtype=torch.long)
+        for k, row in enumerate(self.rows):
+            table[k, : len(row.tokens)] = row.tokens
+        return table
 
 
 @dataclass(frozen=True)
@@ -83,7 +103,7 @@ class HFGenerateBackend(TurnSyncBackend):
         self._calls = 0
         self.reuse_cache_bytes = reuse_cache_bytes
         self._weights_version = weights_version or parameter_versions
-        self._kept: tuple[object, list[KeptRow]] = (None, [])  # (weights version, rows) of the last call
+        self._kept = KeptCall()
         self._kept_lock = threading.Lock()
         self.reused_tokens = 0  # prompt tokens taken from kept keys and values instead of prefilled
         self.prompt_tokens = 0
@@ -125,7 +145,7 @@ class HFGenerateBackend(TurnSyncBackend):
         """Drop the kept keys and values; with several ranks, enter the model context (without generating) until no
         rank generates any more."""
         with self._kept_lock:
-            self._kept = (None, [])
+            self._kept = KeptCall()
         if self._ranks_active is None:
             return
         while self._ranks_active(False):
@@ -140,8 +160,7 @@ class HFGenerateBackend(TurnSyncBackend):
         with self._model_context() as model:
             version = self._weights_version(model) if self.reuse_cache_bytes > 0 else None
             with self._kept_lock:
-                kept_version, kept = self._kept
-            kept = kept if kept_version == version else []
+                kept = self._kept if self._kept.version == version else KeptCall()
             keep: list[KeptRow] | None = [] if self.reuse_cache_bytes > 0 else None
             for start in range(0, len(prompts), size):
                 chunk_seed = next((s for s in seeds[start : start + size] if s is not None), None)
@@ -151,11 +170,11 @@ class HFGenerateBackend(TurnSyncBackend):
                 )
         if keep is not None:
             with self._kept_lock:
-                self._kept = (version, keep)
+                self._kept = KeptCall(version, keep)
         return outputs
 
     def _generate_batch(
-        self, model, prompts, max_tokens, sampling: SamplingSettings, seed, kept: list[KeptRow],
+        self, model, prompts, max_tokens, sampling: SamplingSettings, seed, kept: KeptCall,
         keep: list[KeptRow] | None,
     ) -> list[TurnOutput]:
         import torch
@@ -219,24 +238,22 @@ def parameter_versions(model) -> object:
         return object()
 
 
-def reused_cache(prompts: list[list[int]], width: int, kept: list[KeptRow]) -> ReusedPrefix | None:
-    """The cache for a left-padded batch of ``prompts`` (padded to ``width``) from the rows kept by
-    the last call, or None where no row can start from a kept prefix.
+def reused_cache(prompts: list[list[int]], width: int, kept: KeptCall) -> ReusedPrefix | None:
+    """The cache for a left-padded batch of ``prompts`` (padded to ``width``) from the rows the last call kept, or
+    None where no row can start from a kept prefix.
 
     Row ``i``'s longest shared prefix with a kept row is ``m_i`` tokens (at most its length less one, so that at
     least one token is fed); it needs ``s_i = len_i - m_i`` tokens run. The batch's cache covers the first ``width -
     max(s_i)`` positions, the same for every row: row ``i``'s part of it is its padding (zeros, masked out) and then
     its first ``len_i - max(s_i)`` tokens' kept keys and values. Positions come from the attention mask, so a row's
     keys are reused at the positions they were computed at, however much padding the batch gives it."""
-    if not kept or not prompts:
+    if not kept.rows or not prompts:
         return None
     import torch
     from transformers import DynamicCache
 
-    longest = max(len(row.tokens) for row in kept)
-    table = torch.full((len(kept), longest), -1, dtype=torch.long)
-    for k, row in enumerate(kept):
-        table[k, : len(row.tokens)] = row.tokens
+    table = kept.table
+    longest = table.shape[1]
     matches = []
     for ids in prompts:
         n = min(longest, len(ids) - 1)
@@ -251,7 +268,7 @@ def reused_cache(prompts: list[list[int]], width: int, kept: list[KeptRow]) -> R
         return None
     reused = 0
     layers = []
-    first = kept[0].layers
+    first = kept.rows[0].layers
     for layer, (key0, value0) in enumerate(first):
         heads, dim = key0.shape[0], key0.shape[2]
         keys = key0.new_zeros((len(prompts), heads, start, dim))
@@ -260,7 +277,7 @@ def reused_cache(prompts: list[list[int]], width: int, kept: list[KeptRow]) -> R
             pad = width - len(ids)
             take = start - pad
             if take > 0:
-                key, value = kept[best].layers[layer]
+                key, value = kept.rows[best].layers[layer]
                 keys[i, :, pad:start] = key[:, :take]
                 values[i, :, pad:start] = value[:, :take]
                 reused += take if layer == 0 else 0
