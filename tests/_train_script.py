@@ -9,10 +9,10 @@ sampler logprobs computed from the current policy (so the ratio starts at 1), pl
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import json
 import sys
+import weakref
 from pathlib import Path
 
 from t2s.env.record import EpisodeRecord, counters as record_counters
@@ -164,7 +164,7 @@ def main(argv: list[str]) -> int:
     import os
 
     from t2s.settings import offline_environment
-    from t2s.training.pipeline import fit
+    from t2s.training.pipeline import fit, free_finished_run
 
     offline_environment()
     model_dir, output_dir = argv[0], Path(argv[1])
@@ -185,9 +185,11 @@ def main(argv: list[str]) -> int:
         "seen": runner.seen,
         "log_history": trainer.state.log_history,
     }
-    (output_dir / f"result_rank{rank}.json").write_text(json.dumps(result, default=str))
+    alive = weakref.ref(trainer)
     del trainer
-    gc.collect()  # as the entry point does after ``fit``
+    free_finished_run()  # as the entry point does after ``fit``
+    result["trainer_freed"] = alive() is None  # nothing left for the interpreter's shutdown to tear down
+    (output_dir / f"result_rank{rank}.json").write_text(json.dumps(result, default=str))
     return 0
 
 

@@ -77,7 +77,7 @@ def main() -> int:
 
     from t2s.settings import RECIPES_DIR
     from t2s.training.configs import parse_recipe
-    from t2s.training.pipeline import build_trainer
+    from t2s.training.pipeline import build_trainer, free_finished_run
     from t2s.training.vllm_sync import release_engine
 
     backend = ["--rollout_backend", "vllm_server", "--vllm_server_base_url", args.server] if args.server else \
@@ -122,6 +122,8 @@ def main() -> int:
     Path(args.output, f"result_rank{rank}.json").write_text(json.dumps(result))
     release_engine(trainer)
     trainer.accelerator.end_training()
+    del trainer
+    free_finished_run()  # as the entry point does
     return 0
 
 

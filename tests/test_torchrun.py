@@ -1,8 +1,11 @@
 """A 2-process CPU run (torchrun, gloo) of the trainer completes 2 steps, with groups kept whole on each rank; two
-machines launched as ``slurm/node.sh`` launches them make the update one machine makes on the same rollouts."""
+machines launched as ``slurm/node.sh`` launches them make the update one machine makes on the same rollouts. Each
+process frees its trainer before it exits (a gloo group torn down at the interpreter's shutdown aborts the process
+after a finished run)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -16,6 +19,39 @@ from t2s.backends.vllm_engine import free_port
 from t2s.settings import REPO_ROOT
 
 pytestmark = pytest.mark.slow
+
+
+def test_a_finished_run_is_freed_though_an_import_error_kept_the_frame_that_built_it(monkeypatch):
+    """A module that keeps an import error keeps its traceback, and so every frame on the stack of that import; the
+    frame that built the trainer is one of them when the import happened there (vLLM, first imported while the trainer
+    is built). ``free_finished_run`` frees the dropped trainer anyway, and the error keeps its type and message."""
+    import types
+    import weakref
+
+    from t2s.training.pipeline import free_finished_run
+
+    class Trainer:  # stands in for the trainer, its DDP model and process group
+        pass
+
+    library = types.ModuleType("a_library_keeping_its_import_error")
+    monkeypatch.setitem(sys.modules, library.__name__, library)
+
+    def build():
+        trainer = Trainer()
+        try:  # the library's first import, inside the function that builds the trainer
+            raise ModuleNotFoundError("No module named 'optional_codec'")
+        except ModuleNotFoundError as exc:
+            library.kept = exc
+        return trainer
+
+    trainer = build()
+    alive = weakref.ref(trainer)
+    del trainer
+    gc.collect()
+    assert alive() is not None  # the kept traceback holds build()'s frame, and the trainer in it
+    free_finished_run()
+    assert alive() is None
+    assert isinstance(library.kept, ModuleNotFoundError) and "optional_codec" in str(library.kept)
 
 
 def test_two_process_cpu_run_completes_two_steps(tiny_model_dir, tmp_path):
@@ -33,6 +69,7 @@ def test_two_process_cpu_run_completes_two_steps(tiny_model_dir, tmp_path):
     for r in results:
         assert r["world_size"] == 2 and "MULTI_CPU" in r["distributed_type"]
         assert r["global_step"] == 2 and len(r["seen"]) == 2
+        assert r["trainer_freed"], "the trainer, its DDP model and process group outlive the run"
         for batch in r["seen"]:  # one whole group of 4 on each rank
             assert list(Counter(batch).values()) == [4]
     for step in range(2):  # the ranks played different questions

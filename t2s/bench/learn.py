@@ -75,9 +75,8 @@ def warm_start(output_dir: Path, seed: int, overrides: tuple[str, ...] = (), rep
                recipe: Path | None = None) -> Path:
     """Train ``recipe`` (default ``recipes/demo_sft.yaml``) into ``output_dir``; returns the folder. ``report(line)``,
     when given, hears what is being done: the trajectories played, then the SFT steps a tenth of the run at a time."""
-    import gc
-
     from t2s.settings import RECIPES_DIR
+    from t2s.training.pipeline import free_finished_run
     from t2s.training.progress import step_counter
     from t2s.training.warm_start import build_sft_trainer, fit, parse_sft_recipe
 
@@ -98,7 +97,7 @@ def warm_start(output_dir: Path, seed: int, overrides: tuple[str, ...] = (), rep
     _quiet(trainer)
     fit(trainer, counts)
     del trainer
-    gc.collect()
+    free_finished_run()
     return output_dir
 
 

@@ -33,9 +33,7 @@ def warm_start_keys_help() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import gc
-
-    from t2s.training.pipeline import say_written, setup_error, start_command
+    from t2s.training.pipeline import free_finished_run, say_written, setup_error, start_command
     from t2s.training.warm_start import SUMMARY_FILE, build_sft_trainer, fit, parse_sft_recipe
 
     config_path = start_command(args.config)
@@ -51,5 +49,5 @@ def run(args: argparse.Namespace) -> int:
     say_written(trainer, f"the warm-started model and tokenizer, {SUMMARY_FILE} ({counts['examples']} examples; "
                 f"trajectories off the call format: {counts['format_deviations']})")
     del trainer
-    gc.collect()  # as in `train`: free the model and any process group while Python is fully alive
+    free_finished_run()  # as in `train`: the model and any process group, freed while Python is fully alive
     return 0

@@ -11,7 +11,6 @@ The rows, filters and trainer are ``t2s.training.pipeline``'s.
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 from pathlib import Path
 
@@ -33,8 +32,8 @@ def recipe_keys_help() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from t2s.training.pipeline import (build_trainer, fit, resume_checkpoint, say_written, setup_error, start_command,
-                                       use_step_printer)
+    from t2s.training.pipeline import (build_trainer, fit, free_finished_run, resume_checkpoint, say_written,
+                                       setup_error, start_command, use_step_printer)
 
     config = start_command(args.config)
     if config is None:  # a missing recipe file is bad input, as every other missing file
@@ -55,5 +54,5 @@ def run(args: argparse.Namespace) -> int:
     saved = f"{len(checkpoints)} checkpoint{'s' if len(checkpoints) != 1 else ''}, " if checkpoints else ""
     say_written(trainer, f"the trained model and tokenizer, {saved}train_summary.json and metrics.jsonl")
     del trainer
-    gc.collect()  # see ``fit``: the model and its process group are freed while Python is fully alive
+    free_finished_run()  # the model and its process group, freed while Python is fully alive
     return 0

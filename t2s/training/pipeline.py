@@ -258,7 +258,7 @@ def fit(trainer, counts: dict, checkpoint: str | None = None, recipe: dict | Non
     Ending the run unregisters the process group, but the trainer's model still holds it, and the trainer lives in
     reference cycles. Left to the collector at interpreter shutdown, a gloo worker thread still dropping its last
     collective needs the GIL, is made to exit, and the process aborts ("terminate called without an active
-    exception") after a finished run. So a caller done with the trainer drops it and runs ``gc.collect()``.
+    exception") after a finished run. So a caller done with the trainer drops it and calls :func:`free_finished_run`.
     """
     output_dir = trainer.args.output_dir
     if trainer.accelerator.is_main_process:
@@ -282,6 +282,26 @@ def fit(trainer, counts: dict, checkpoint: str | None = None, recipe: dict | Non
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
     return trainer
+
+
+def free_finished_run() -> None:
+    """Free a trainer its caller has dropped (``del trainer``), with its model and process group, while Python is
+    fully alive (see :func:`fit`).
+
+    A library that keeps an import error at module level keeps its traceback, and with it every frame on the stack of
+    that first import, locals included. vLLM 0.31 does so (``vllm.multimodal.media.audio`` keeps torchcodec's
+    ``ModuleNotFoundError``), and vLLM is first imported while the trainer is built, so the frame that built the
+    trainer, and the trainer in it, would outlive ``del trainer`` until the interpreter's shutdown. Such errors keep
+    their message and type here and lose only their traceback; then the collector runs.
+    """
+    import gc
+    import sys
+
+    for module in list(sys.modules.values()):
+        for value in list(getattr(module, "__dict__", {}).values()):
+            if isinstance(value, BaseException):
+                value.__traceback__ = None
+    gc.collect()
 
 
 def say_written(trainer, what: str) -> None:
