@@ -149,6 +149,35 @@ def test_the_command_converts_the_same_folder(tiny_gguf, tiny_dir, tmp_path):
     assert json.loads((out / SOURCE_FILE).read_text()) == json.loads((tiny_dir / SOURCE_FILE).read_text())
 
 
+def test_the_file_is_parsed_once_and_converts_as_parsed_anew(tiny_gguf, tmp_path, monkeypatch):
+    """transformers asks for a reader of the file several times (config, model, tokenizer) and for the tensor name map
+    once per module: one reader and one map serve them all, the patch is gone afterwards, and the folder's content is
+    that of a conversion that parses the file at every request."""
+    import contextlib
+
+    import gguf
+
+    import t2s.export.gguf as module
+
+    original = gguf.GGUFReader
+    parsed: list[str] = []
+
+    class Counting(original):
+        def __init__(self, path, *args, **kwargs):
+            parsed.append(str(path))
+            super().__init__(path, *args, **kwargs)
+
+    monkeypatch.setattr(gguf, "GGUFReader", Counting)
+    once = convert_gguf(tiny_gguf, tmp_path / "once")
+    assert parsed == [str(tiny_gguf)]
+    assert gguf.GGUFReader is Counting  # put back as found
+    parsed.clear()
+    monkeypatch.setattr(module, "_parsed_once", contextlib.nullcontext)
+    anew = convert_gguf(tiny_gguf, tmp_path / "anew")
+    assert len(parsed) >= 3 and set(parsed) == {str(tiny_gguf)}
+    assert json.loads((once / SOURCE_FILE).read_text()) == json.loads((anew / SOURCE_FILE).read_text())
+
+
 def test_an_output_folder_in_the_way_is_refused_then_replaced_with_force(tiny_gguf, tmp_path, capsys):
     out = tmp_path / "taken"
     out.mkdir()

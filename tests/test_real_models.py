@@ -40,8 +40,10 @@ EPISODES = ["--data", str(DEMO), "--n", "2", "--max-turns", "2", "--max-tokens-p
 LOGP_GAP_BOUND = 0.01
 NEAR_TIE = 1e-4  # two best next tokens this close in logprob: either may win on another kernel
 TRAIN_SCRIPT = ROOT / "tests" / "_vllm_train_script.py"
+# the two-line system prompt of bench learn-real instead of the tool manual: prompts of about 100 tokens, not 460
 SMALL_STEPS = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_turns", "1",
-               "--max_tokens_per_turn", "16", "--forced_turn_reserve", "16"]
+               "--max_tokens_per_turn", "16", "--forced_turn_reserve", "16",
+               "--system_prompt_file", str(ROOT / "recipes" / "learn_real_system_prompt.txt")]
 
 
 @pytest.fixture(scope="module", autouse=True)
