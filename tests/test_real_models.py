@@ -199,12 +199,16 @@ def test_export_serve_and_endpoints_on_smollm2(sft_run, tmp_path, capsys):
             assert json.loads((out / "summary.json").read_text())["modes"]["withheld"]["n"] == 2
 
 
-def test_ask_answers_on_a_demo_database_with_smollm2(smollm2_dir):
+def test_ask_answers_on_a_demo_database_with_smollm2(smollm2_dir, capsys):
+    from t2s.commands import main
+
     db = next((DEMO / "dev_databases").glob("*/*.sqlite"))
-    done = t2s("ask", "How many tables are there?", "--db", db, "--model", smollm2_dir, "--max-turns", "1",
-               "--max-tokens-per-turn", "24", "--temperature", "0")
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "Traceback" not in done.stderr
+    with environment_kept():
+        code = main(["ask", "How many tables are there?", "--db", str(db), "--model", str(smollm2_dir), "--max-turns",
+                     "1", "--max-tokens-per-turn", "24", "--temperature", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0, out[-2000:] + err[-3000:]
+    assert "Traceback" not in err and out.strip()
 
 
 # ------------------------------------------------------------------------------------------------------ Gemma 3

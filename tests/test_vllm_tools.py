@@ -8,13 +8,10 @@ gold policy's ``submit`` calls as ``<tool_call><function=submit>...`` blocks), s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, attention_model
+from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, attention_model, environment_kept
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 
@@ -25,10 +22,13 @@ EPISODE = ["--dialect", "sibling", "--mode", "withheld", "--max-turns", "1", "--
            "--episode-token-budget", "4096", "--temperature", "0", "--quiet"]
 
 
-def _t2s(*argv: str, timeout: int = HANG_GUARD_S) -> None:
-    done = subprocess.run([sys.executable, "-m", "t2s", *argv], cwd=ROOT, env=os.environ | VLLM_ENV,
-                          capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+def _t2s(*argv: str) -> None:
+    """A t2s command in this process (the server, when there is one, runs in its own); what it prints is shown with a
+    failure."""
+    from t2s.commands import main
+
+    with environment_kept():
+        assert main(list(argv)) == 0, f"t2s {argv[0]} failed; its output is above"
 
 
 @pytest.fixture(scope="module")

@@ -299,7 +299,7 @@ def free_finished_run() -> None:
 
     for module in list(sys.modules.values()):
         for value in list(getattr(module, "__dict__", {}).values()):
-            if isinstance(value, BaseException):
+            if issubclass(type(value), BaseException):  # not isinstance: no module attribute's __class__ is asked
                 value.__traceback__ = None
     gc.collect()
 
