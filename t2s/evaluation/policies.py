@@ -207,7 +207,7 @@ class Runner:
 
         self.tokenizer = load_tokenizer(config.tokenizer or config.model, required=True,
                                         chat_template=config.chat_template)
-        from t2s.backends.vllm_engine import TOKEN_IDS_ONLY, checkpoint_dtype, cpu_engine_kwargs, has_cuda, \
+        from t2s.backends.vllm_engine import checkpoint_dtype, cpu_engine_kwargs, has_cuda, token_ids_only, \
             vllm_environment
 
         vllm_environment()
@@ -222,7 +222,7 @@ class Runner:
         memory = {"gpu_memory_utilization": config.gpu_memory_utilization} if has_cuda() else {}
         llm = LLM(
             model=config.model, tokenizer=config.tokenizer or config.model, seed=config.seed, dtype=dtype,
-            enable_prefix_caching=True, max_model_len=max_model_len, **memory, **TOKEN_IDS_ONLY,
+            enable_prefix_caching=True, max_model_len=max_model_len, **memory, **token_ids_only(),
             **cpu_engine_kwargs(max_model_len),
         )  # fmt: skip
         self.backend = VLLMColocateBackend(llm, self.tokenizer)

@@ -44,7 +44,7 @@ def engine_settings(dtype: str):
     an unset ``MASTER_PORT`` is a free port of the operating system's choosing, not TRL's first guess (29500)."""
     from trl.generation import vllm_generation
 
-    from t2s.backends.vllm_engine import TOKEN_IDS_ONLY, cpu_engine_kwargs, free_port
+    from t2s.backends.vllm_engine import cpu_engine_kwargs, free_port, token_ids_only
 
     if not os.environ.get("MASTER_PORT"):
         os.environ["MASTER_PORT"] = str(free_port())
@@ -53,7 +53,7 @@ def engine_settings(dtype: str):
 
     @functools.wraps(original)
     def build(*args, **kwargs):
-        return original(*args, **{**kwargs, "dtype": dtype, **TOKEN_IDS_ONLY,
+        return original(*args, **{**kwargs, "dtype": dtype, **token_ids_only(),
                                    **cpu_engine_kwargs(kwargs.get("max_model_len"))})
 
     vllm_generation.LLM = build
