@@ -35,6 +35,7 @@ def test_a_finished_run_is_freed_though_an_import_error_kept_the_frame_that_buil
 
     library = types.ModuleType("a_library_keeping_its_import_error")
     monkeypatch.setitem(sys.modules, library.__name__, library)
+    monkeypatch.setitem(sys.modules, "not_a_module", 42)  # sys.modules may hold anything: no __dict__ here
 
     def build():
         trainer = Trainer()

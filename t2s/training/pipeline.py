@@ -298,7 +298,11 @@ def free_finished_run() -> None:
     import sys
 
     for module in list(sys.modules.values()):
-        for value in list(getattr(module, "__dict__", {}).values()):
+        try:  # sys.modules may hold any object (a lazy or fake module among them)
+            values = list(vars(module).values())
+        except Exception:  # noqa: BLE001 - no __dict__, or one that cannot be read: nothing kept there
+            continue
+        for value in values:
             if issubclass(type(value), BaseException):  # not isinstance: no module attribute's __class__ is asked
                 value.__traceback__ = None
     gc.collect()
