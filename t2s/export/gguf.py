@@ -36,6 +36,7 @@ checkpoint: ``model.safetensors``, ``config.json``, ``generation_config.json`` a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -182,21 +183,12 @@ def _parsed_once():
     import gguf
 
     reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    readers: dict = {}
-    maps: dict = {}
+    read = functools.cache(reader_class)  # by (real path, mode)
 
     def reader(path, mode="r"):
-        key = (os.path.realpath(path), mode)
-        if key not in readers:
-            readers[key] = reader_class(path, mode)
-        return readers[key]
+        return read(os.path.realpath(path), mode)
 
-    def tensor_name_map(arch, n_blocks):
-        if (arch, n_blocks) not in maps:
-            maps[arch, n_blocks] = name_map(arch, n_blocks)
-        return maps[arch, n_blocks]
-
-    gguf.GGUFReader, gguf.get_tensor_name_map = reader, tensor_name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = reader, functools.cache(name_map)
     try:
         yield
     finally:
