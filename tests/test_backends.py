@@ -693,7 +693,9 @@ def test_only_the_tokenless_chat_template_warmup_failure_is_dropped_from_vllms_l
             logger.warning("Chat template warmup failed", exc_info=True)
 
     class Kept(logging.Handler):  # on the logger itself: vLLM's logging config stops propagation to the root
-        records: list = []
+        def __init__(self):
+            super().__init__()
+            self.records = []
 
         def emit(self, record):
             self.records.append(record)
