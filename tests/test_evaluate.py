@@ -763,3 +763,37 @@ def test_progress_without_a_terminal_is_plain_lines_with_the_time_left(demo_dir,
     assert [line.split(",")[0] for line in lines] == ["gold/full: 1/3 episodes", "gold/full: 2/3 episodes",
                                                       "gold/full: 3/3 episodes", "gold/full: 3/3 episodes"]
     assert re.search(r", about 0:00:\d\d left$", lines[0]) and not lines[-1].endswith("left")
+
+
+def test_an_evaluation_in_this_process_frees_its_runner_though_an_import_error_kept_the_frames_that_set_it_up(
+        demo_dir, tmp_path, monkeypatch):
+    """vLLM, first imported while an in-process ``eval --policy vllm`` sets its runner up, keeps an import error whose
+    traceback holds that stack's frames, and the runner with its engine in them. ``t2s.commands.main`` drops such
+    tracebacks when a command returns, so the runner goes then, not with the interpreter; the error keeps its type and
+    message. A library stands in for vLLM, and the gold policy for the engine."""
+    import sys
+    import types
+    import weakref
+
+    from t2s.commands import main
+    from t2s.evaluation import policies
+
+    library = types.ModuleType("a_library_keeping_its_import_error")
+    monkeypatch.setitem(sys.modules, library.__name__, library)
+    runners = []
+    setup = policies.Runner.setup
+
+    def setup_that_first_imports_the_library(self, *args, **kwargs):
+        setup(self, *args, **kwargs)
+        runners.append(weakref.ref(self))
+        try:  # the library's first import, in a frame of the runner's set-up
+            raise ModuleNotFoundError("No module named 'optional_codec'")
+        except ModuleNotFoundError as exc:
+            library.kept = exc
+
+    monkeypatch.setattr(policies.Runner, "setup", setup_that_first_imports_the_library)
+    assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "1", "--quiet",
+                 "--output", str(tmp_path / "out")]) == 0
+    assert len(runners) == 1 and runners[0]() is None
+    assert isinstance(library.kept, ModuleNotFoundError) and "optional_codec" in str(library.kept)
+    assert library.kept.__traceback__ is None

@@ -225,6 +225,7 @@ def run(*, steps=STEPS, seed=0, output="runs/bench-learn", rollout_backend="tran
         return 2
     configure_cpu_threads(on_cpu=True)  # before torch is imported
     offline_environment()
+    from t2s.training.pipeline import free_finished_run
     from t2s.training.progress import quiet_libraries, step_printer
 
     quiet_libraries()
@@ -242,6 +243,7 @@ def run(*, steps=STEPS, seed=0, output="runs/bench-learn", rollout_backend="tran
         printer = step_printer(console)
         grpo_run(model_dir, output / name, steps=steps, seed=seed, control=control, callbacks=[printer],
                  overrides=GRPO_OVERRIDES + backend)
+        free_finished_run()  # before the control's run: the first one's trainer (and colocated engine) goes
         runs[name] = printer.steps
     print_table(console, step_table(runs))
     equiv = {name: [s.get("tier/equivalent", 0.0) for s in steps] for name, steps in runs.items()}

@@ -240,10 +240,8 @@ def warm_start_folder(model: Path, split: Split, seed: int, sft_recipe: Path, ca
 
     key = content_key([
         (RECIPES_DIR, [RECIPES_DIR / n for n in (SFT_RECIPE, RL_RECIPE, "learn_real_system_prompt.txt")]),
-        (split.folder, [split.sft]),
-        (model, sorted(p for p in model.glob("*.json"))),
-        (PACKAGE_DIR, sorted(PACKAGE_DIR.rglob("*.py"))),
-    ], extra=(f"seed={seed}",))
+        (split.folder, [split.sft]), (model, sorted(model.glob("*.json"))),
+        (PACKAGE_DIR, sorted(PACKAGE_DIR.rglob("*.py")))], extra=(f"seed={seed}",))
     folder = cache / f"learn-real-warm-{key}"
     if (folder / SUMMARY_FILE).is_file():
         log(f"warm start: cached in {folder}")
@@ -295,6 +293,7 @@ def _grpo_child(warm: Path, folder: Path, steps: int, seed: int, control: bool, 
     import datasets
 
     from t2s.bench.learn import grpo_run
+    from t2s.training.pipeline import free_finished_run
     from t2s.training.progress import quiet_libraries, step_printer
     from t2s.ui.console import console
 
@@ -302,6 +301,7 @@ def _grpo_child(warm: Path, folder: Path, steps: int, seed: int, control: bool, 
     datasets.disable_progress_bars()
     grpo_run(warm, folder, steps=steps, seed=seed, control=control, callbacks=[step_printer(console())],
              overrides=overrides, recipe=RECIPES_DIR / RL_RECIPE)
+    free_finished_run()  # the trainer and its engine go before this process's interpreter shuts down
 
 
 def stage_table(summaries: dict[str, dict]):

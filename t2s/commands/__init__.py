@@ -14,6 +14,7 @@ import importlib.util
 import sys
 
 from t2s.training.cpu_threads import sleep_while_waiting
+from t2s.training.pipeline import release_kept_frames
 from t2s.ui.args import CommandParser
 from t2s.ui.console import escape_log_records
 from t2s.errors import UsageError, error_line, user_facing
@@ -99,3 +100,5 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(error_line(exc), file=sys.stderr)
         return 2 if isinstance(exc, UsageError) else 1
+    finally:  # what the command dropped and a library's kept import error still held goes now (an engine)
+        release_kept_frames()

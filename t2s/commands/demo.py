@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
     from t2s.bench.learn import grpo_run, plot_curves
     from t2s.training.configs import ConfigError
+    from t2s.training.pipeline import free_finished_run
 
     console.rule(Text("t2s demo: a tiny Qwen3.5 learns on a CPU", style="bold"))  # fits 80 columns
     printer = step_printer(console)
@@ -77,6 +78,7 @@ def run(args: argparse.Namespace) -> int:
                   highlight=False)
     rows = list(trainer.train_dataset)
     del trainer
+    free_finished_run()  # the trained model goes before the evaluation loads it again
     code = _evaluate(console, output, args.eval_n, rows)
     console.rule(Text(f"demo finished in {time.perf_counter() - started:.0f} s", style="bold"))
     return code

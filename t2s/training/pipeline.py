@@ -284,28 +284,45 @@ def fit(trainer, counts: dict, checkpoint: str | None = None, recipe: dict | Non
     return trainer
 
 
-def free_finished_run() -> None:
-    """Free a trainer its caller has dropped (``del trainer``), with its model and process group, while Python is
-    fully alive (see :func:`fit`).
+def release_kept_frames() -> bool:
+    """Drop the tracebacks of exceptions kept at module level; when one was dropped, run the collector. Returns
+    whether one was.
 
     A library that keeps an import error at module level keeps its traceback, and with it every frame on the stack of
     that first import, locals included. vLLM 0.31 does so (``vllm.multimodal.media.audio`` keeps torchcodec's
-    ``ModuleNotFoundError``), and vLLM is first imported while the trainer is built, so the frame that built the
-    trainer, and the trainer in it, would outlive ``del trainer`` until the interpreter's shutdown. Such errors keep
-    their message and type here and lose only their traceback; then the collector runs.
+    ``ModuleNotFoundError``), so whatever the frames that first imported vLLM held outlives them: the trainer, when
+    vLLM is first imported while the trainer is built; an evaluation's runner and its engine, when it is first
+    imported while an in-process ``eval --policy vllm`` sets up. Such errors keep their message and type here and
+    lose only their traceback. ``t2s.commands.main`` calls this after every command (without a kept traceback it
+    costs a scan of the loaded modules, not a collection).
     """
     import gc
     import sys
 
+    dropped = False
     for module in list(sys.modules.values()):
         try:  # sys.modules may hold any object (a lazy or fake module among them)
             values = list(vars(module).values())
         except Exception:  # noqa: BLE001 - no __dict__, or one that cannot be read: nothing kept there
             continue
         for value in values:
-            if issubclass(type(value), BaseException):  # not isinstance: no module attribute's __class__ is asked
+            # not isinstance: no module attribute's __class__ is asked
+            if issubclass(type(value), BaseException) and value.__traceback__ is not None:
                 value.__traceback__ = None
-    gc.collect()
+                dropped = True
+    if dropped:
+        gc.collect()
+    return dropped
+
+
+def free_finished_run() -> None:
+    """Free a trainer its caller has dropped (``del trainer``), with its model and process group, while Python is
+    fully alive (see :func:`fit`): the kept frames that may hold it go (:func:`release_kept_frames`), then the
+    collector runs whatever happened, since the trainer lives in reference cycles."""
+    import gc
+
+    if not release_kept_frames():
+        gc.collect()
 
 
 def say_written(trainer, what: str) -> None:
