@@ -47,9 +47,9 @@ UNSEEN_SPIDER = ("concert_singer", "employee_hire_evaluation", "network_1", "orc
 UNSEEN_BIRD = "bird_dev_superhero"  # the shared data's BIRD dev subset: one database, superhero
 SFT_RECIPE, RL_RECIPE = "learn_real_sft.yaml", "learn_real.yaml"
 MODEL = ".cache/models/smollm2-135m-instruct"
-SFT_QUESTIONS = 128
-GRPO_QUESTIONS = 8
-STEPS = 16
+SFT_QUESTIONS = 256
+GRPO_QUESTIONS = 16
+STEPS = 32
 TARGETS = {"format_deviations": 0.10, "train_margin": 0.10, "seconds": 5400.0}
 STAGES = ("zero_shot", "warm", "grpo", "control")
 
@@ -125,9 +125,9 @@ def derived_recipe(split: Split, output: Path) -> Path:
 
 
 def eval_flags(split: Split, n: int, overrides: tuple[str, ...] = ()) -> list[str]:
-    """The ``t2s eval`` flags of the unseen-database evaluation: the GRPO run's episode settings (its recipe with
-    ``overrides``), full mode, temperature 0, seed 0 whatever ``--seed`` (so ``--unseen-n`` picks the same questions for
-    every seed), without ``--model`` and ``--output``."""
+    """The ``t2s eval`` flags of the unseen-database evaluation: the GRPO run's episode settings and engine dtype (its
+    recipe with ``overrides``), full mode, temperature 0, seed 0 whatever ``--seed`` (so ``--unseen-n`` picks the same
+    questions for every seed), without ``--model`` and ``--output``."""
     import dataclasses
 
     from t2s.training.configs import parse_recipe
@@ -135,8 +135,8 @@ def eval_flags(split: Split, n: int, overrides: tuple[str, ...] = ()) -> list[st
     _, args, model_args = parse_recipe(["--config", str(RECIPES_DIR / RL_RECIPE), *overrides])
     episode = args.episode_config()
     flags = ["--policy", "vllm", "--data", str(split.unseen), "--mode", episode.mode, "--temperature", "0",
-             "--top-p", "1", "--top-k", "0", "--seed", "0", "--dtype", model_args.dtype or "float32",
-             "--n", str(n), "--quiet"]
+             "--top-p", "1", "--top-k", "0", "--seed", "0",
+             "--dtype", args.vllm_dtype or model_args.dtype or "float32", "--n", str(n), "--quiet"]
     for field in dataclasses.fields(episode):
         value = getattr(episode, field.name)
         if field.name in ("mode", "column_descriptions"):
