@@ -65,6 +65,9 @@ def test_eval_flags_are_the_grpo_recipes_episode_settings(split):
     _, training, _ = parse_recipe(["--config", str(RECIPES_DIR / learn_real.RL_RECIPE)])
     episode = training.episode_config()
     assert config.policy.dtype == training.vllm_dtype == "bfloat16"  # the engine GRPO sampled from
+    float32 = eval_config([*learn_real.eval_flags(split, 12, ("--vllm_dtype", "float32")), "--model", "m", "--output",
+                           "o"])  # a GRPO run's override reaches its evaluations' engine too
+    assert float32.policy.dtype == "float32"
     assert config.policy.episode.system_prompt_file == str(RECIPES_DIR / Path(episode.system_prompt_file).name)
     assert dataclasses.replace(config.policy.episode, system_prompt_file=episode.system_prompt_file) == episode
     assert config.modes == ("full",) and (config.n, config.policy.seed) == (12, 0)  # the same questions every seed

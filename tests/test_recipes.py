@@ -14,7 +14,7 @@ ACCELERATE_CONFIGS = ("single_gpu", "multi_gpu", "zero2", "zero3", "fsdp2")
 
 
 def _parse(name: str, tmp_path):
-    """Parse a recipe; GPU recipes (bf16) get --use_cpu so transformers accepts bf16 on this CPU machine."""
+    """Parse a recipe; recipes with bf16 get --use_cpu so transformers accepts bf16 on this CPU machine."""
     argv = ["--config", str(RECIPES_DIR / f"{name}.yaml"), "--output_dir", str(tmp_path)]
     if yaml.safe_load((RECIPES_DIR / f"{name}.yaml").read_text()).get("bf16"):
         argv += ["--use_cpu", "true"]

@@ -132,11 +132,11 @@ def eval_flags(split: Split, n: int, overrides: tuple[str, ...] = ()) -> list[st
 
     from t2s.training.configs import parse_recipe
 
-    _, args, model_args = parse_recipe(["--config", str(RECIPES_DIR / RL_RECIPE), *overrides])
+    _, args, _ = parse_recipe(["--config", str(RECIPES_DIR / RL_RECIPE), *overrides])
     episode = args.episode_config()
-    flags = ["--policy", "vllm", "--data", str(split.unseen), "--mode", episode.mode, "--temperature", "0",
-             "--top-p", "1", "--top-k", "0", "--seed", "0",
-             "--dtype", args.vllm_dtype or model_args.dtype or "float32", "--n", str(n), "--quiet"]
+    flags = ["--policy", "vllm", "--data", str(split.unseen), "--mode", episode.mode, "--temperature", "0", "--top-p",
+             "1", "--top-k", "0", "--seed", "0", *(["--dtype", args.vllm_dtype] if args.vllm_dtype else []), "--n",
+             str(n), "--quiet"]  # without vllm_dtype, eval's engine runs the checkpoint's dtype, as GRPO's did
     for field in dataclasses.fields(episode):
         value = getattr(episode, field.name)
         if field.name in ("mode", "column_descriptions"):
