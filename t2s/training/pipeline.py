@@ -318,11 +318,31 @@ def release_kept_frames() -> bool:
 def free_finished_run() -> None:
     """Free a trainer its caller has dropped (``del trainer``), with its model and process group, while Python is
     fully alive (see :func:`fit`): the kept frames that may hold it go (:func:`release_kept_frames`), then the
-    collector runs whatever happened, since the trainer lives in reference cycles."""
+    collector runs whatever happened, since the trainer lives in reference cycles; then the heap pages it freed go back
+    to the system (:func:`return_freed_memory`)."""
     import gc
 
     if not release_kept_frames():
         gc.collect()
+    return_freed_memory()
+
+
+def return_freed_memory() -> bool:
+    """Ask the C allocator to hand the free pages inside its heaps back to the system (glibc's ``malloc_trim(0)``);
+    returns whether this C library has that call (not macOS or musl, where this does nothing).
+
+    glibc keeps what a process frees below memory still in use: after a finished run, the pages of its activations and
+    gradients stay resident. ``bench learn-real`` trains its warm start in its own process and GRPO in a child beside
+    it; without this the bench's process held 8.6 GB through the GRPO runs, and 1.8 GB once trimmed."""
+    import ctypes
+
+    try:
+        trim = ctypes.CDLL(None).malloc_trim  # the process's own symbols, its C library's among them
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+    return True
 
 
 def say_written(trainer, what: str) -> None:
