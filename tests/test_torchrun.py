@@ -88,6 +88,44 @@ def test_a_finished_run_hands_the_heap_pages_it_freed_back_to_the_system():
     assert freed - trimmed >= 200, (held, freed, trimmed)  # the trim returned them
 
 
+def test_the_runs_last_gather_returns_only_once_the_gloo_workers_let_go_of_its_tensors(tmp_path):
+    """A gloo worker marks a collective done before it drops its hold on the tensors, and that drop takes the GIL; a
+    process that frees its group at once (holding the GIL while it joins the workers) can hang. ``gather_counts``, the
+    run's last collective with tensors, returns only once no worker holds them. Two processes, 200 gathers each: on
+    every return, the tensors it gathered with are gone."""
+    import textwrap
+
+    script = tmp_path / "gather.py"
+    script.write_text(textwrap.dedent("""
+        import weakref
+        import torch.distributed as dist
+        from t2s.training.pipeline import gather_counts
+
+        dist.init_process_group("gloo")
+        rank, real, seen = dist.get_rank(), dist.all_gather, []
+
+        def recording(outputs, tensor, *args, **kwargs):
+            seen.extend(weakref.ref(t) for t in (tensor, *outputs))
+            return real(outputs, tensor, *args, **kwargs)
+
+        dist.all_gather = recording
+        held = 0
+        for i in range(200):
+            assert gather_counts(10 * i + rank) == [10 * i, 10 * i + 1]
+            held += any(alive() is not None for alive in seen)  # a tensor a worker still holds is still alive
+            seen.clear()
+        print(f"rank {rank}: held on return {held} of 200", flush=True)
+        dist.destroy_process_group()
+    """))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(free_port()), str(script)]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = sorted(line for line in result.stdout.splitlines() if line.startswith("rank "))
+    assert lines == ["rank 0: held on return 0 of 200", "rank 1: held on return 0 of 200"], result.stdout
+
+
 def test_two_process_cpu_run_completes_two_steps(tiny_model_dir, tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO_ROOT)}

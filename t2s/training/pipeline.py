@@ -266,9 +266,7 @@ def fit(trainer, counts: dict, checkpoint: str | None = None, recipe: dict | Non
         Path(output_dir, "data_summary.json").write_text(json.dumps(counts, indent=2, default=str))
     trainer.train(resume_from_checkpoint=checkpoint)
     trainer.save_model(output_dir)
-    from accelerate.utils import gather_object
-
-    played = gather_object([trainer.episodes_played])  # collective: every process's share, in rank order
+    played = gather_counts(trainer.episodes_played)  # collective: every process's share, in rank order
     if trainer.accelerator.is_main_process:
         match_umask(output_dir)
         summary = {"global_step": trainer.state.global_step, "beta": trainer.beta, "data": counts,
@@ -282,6 +280,39 @@ def fit(trainer, counts: dict, checkpoint: str | None = None, recipe: dict | Non
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
     return trainer
+
+
+def gather_counts(count: int, timeout: float = 30.0) -> list[int]:
+    """Every process's ``count`` in rank order (a collective; ``[count]`` outside a process group), returned once the
+    group's worker threads have let go of the tensors it used, or after ``timeout`` seconds.
+
+    A gloo worker marks a collective done before it drops its hold on the tensors, and dropping that hold on tensors
+    Python also owns takes the GIL (torch hands their Python objects back). A process that frees its process group
+    just after its last collective joins the workers while holding the GIL, and a worker still to drop that hold waits
+    for the GIL forever (seen in a two-process run on a starved machine: rank 0 hung in :func:`free_finished_run`).
+    :func:`fit` makes this its last collective with tensors; the wait here, with the GIL free, closes that window.
+    A tensor's reference count is how its holders are seen: the worker's hold adds one."""
+    import sys
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return [int(count)]
+    mine = torch.tensor([count], dtype=torch.long)
+    gathered = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    held = [mine, *gathered]
+
+    def holders() -> list[int]:  # measured the same way each time, so only the worker's hold differs
+        return [sys.getrefcount(tensor) for tensor in held]
+
+    alone = holders()
+    dist.all_gather(gathered, mine)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(now > before for now, before in zip(holders(), alone, strict=True)):
+        time.sleep(0.002)
+    return [int(tensor) for tensor in gathered]
 
 
 def release_kept_frames() -> bool:
