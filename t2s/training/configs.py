@@ -132,6 +132,12 @@ class T2SGRPOConfig(GRPOConfig):
                   "forward pass before the update and TRL's token_truncate IS correction handles the sampler "
                   "mismatch. The two are different algorithms."},
     )
+    shared_prompt_pass: bool = field(
+        default=False,
+        metadata={"help": "Run each distinct prompt of a log-prob pass once, its keys and values shared by the "
+                  "episodes of that question (t2s.training.shared_prompt): the same values up to float rounding. "
+                  "Models with sliding windows or linear attention (Gemma 3, Qwen3.5) keep the whole-row pass."},
+    )
     # ---- KL controller
     target_kl: float = field(
         default=0.005,
@@ -152,13 +158,9 @@ class T2SGRPOConfig(GRPOConfig):
                   "`make serve`; each rank talks to the server itself)."},
     )
     rollout_concurrency: int = field(
-        default=64,
-        metadata={"help": "vllm_server: at most this many requests in flight per rank."},
-    )
+        default=64, metadata={"help": "vllm_server: at most this many requests in flight per rank."})
     rollout_request_timeout: float = field(
-        default=600.0,
-        metadata={"help": "vllm_server: seconds before one /v1/completions request is abandoned."},
-    )
+        default=600.0, metadata={"help": "vllm_server: seconds before one /v1/completions request is abandoned."})
     vllm_dtype: str | None = field(
         default=None,
         metadata={"help": "vllm_colocate: the engine's dtype (float32, bfloat16, ...). Default: the checkpoint's own, "
@@ -173,9 +175,7 @@ class T2SGRPOConfig(GRPOConfig):
                   "else files."},
     )
     rollout_max_batch_size: int | None = field(
-        default=None,
-        metadata={"help": "transformers backend: sequences per generate call (None: the whole turn at once)."},
-    )
+        default=None, metadata={"help": "transformers backend: sequences per generate call (None: a whole turn)."})
     # ---- episode (t2s.env.episode.EpisodeConfig, whose defaults these are)
     mode: str = field(
         default=_EPISODE.mode,

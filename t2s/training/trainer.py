@@ -28,7 +28,8 @@ What the subclass changes, and where:
   under causal attention a real token sees the same tokens. The values equal the whole-batch pass up to float
   rounding: a parameter's gradient sums the rows in another order (as TRL's own ``batch_size`` chunks do), and CPU
   attention kernels pick block sizes by sequence length. A batch that forms one group with nothing to cut runs TRL's
-  pass itself.
+  pass itself. With ``shared_prompt_pass``, each distinct prompt runs once instead, its keys and values shared by
+  its G episodes (``t2s.training.shared_prompt``), where the model's attention allows.
 - **EOS**: generation stops on the chat template's stop tokens (``t2s.env.chat_format``; for Qwen3.5 ``<|im_end|>``
   and ``<|endoftext|>``); all are in ``trainer.eos_token_ids``.
 - **Step metrics** besides TRL's: episode counters (``EPISODE_METRICS``), each stop reason's share of the step's
@@ -59,6 +60,7 @@ from t2s.training.configs import ConfigError
 from t2s.training.progress import metrics_file
 from t2s.training.engines import build_backend, check_server_context
 from t2s.training.loss_math import k3, kl_controller_update, length_groups
+from t2s.training.shared_prompt import shared_prompt_pass
 from t2s.training.startup import (check_eos_ids, check_rollout_output, check_think_prompt, policy_init_kwargs,
                                   resolve_reward_funcs, set_generation_eos)
 
@@ -276,21 +278,19 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------------------------------------ log-prob passes
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, pixel_values=None,
-                                           image_grid_thw=None, num_images=None, pixel_attention_mask=None,
-                                           spatial_shapes=None, num_tiles=None, image_sizes=None, token_type_ids=None,
-                                           mm_token_type_ids=None, image_position_ids=None):
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):
         """TRL's pass, run once per length group (``length_groups``) on the group's rows cut after their last real
-        column; results come back full width, in the rows' order, 0 at the cut columns as TRL gives padding.
-
-        Only right padding is cut, so every real token keeps its position, and under causal attention it sees the
-        same tokens. Groups hold at most ``batch_size`` rows, each one forward call (TRL's chunk); an MoE aux loss is
-        the mean over the calls, as TRL averages its chunks. Multimodal inputs go to TRL's pass unchanged.
+        column, or with each distinct prompt run once (``shared_prompt_pass``, where the model's attention allows);
+        results come back full width, in the rows' order, 0 at the cut columns as TRL gives padding. Groups hold at
+        most ``batch_size`` rows, each one forward call (TRL's chunk); an MoE aux loss is the mean over the calls, as
+        TRL averages its chunks. Multimodal inputs (TRL's image and token-type keywords) go to TRL's pass unchanged.
         """
-        multimodal = dict(pixel_values=pixel_values, image_grid_thw=image_grid_thw, num_images=num_images,
-                          pixel_attention_mask=pixel_attention_mask, spatial_shapes=spatial_shapes, num_tiles=num_tiles,
-                          image_sizes=image_sizes, token_type_ids=token_type_ids, mm_token_type_ids=mm_token_type_ids,
-                          image_position_ids=image_position_ids)
+        plain = not compute_aux_loss and all(value is None for value in multimodal.values())
+        if plain and self.args.shared_prompt_pass:
+            shared = shared_prompt_pass(model, input_ids, attention_mask, logits_to_keep, batch_size,
+                                        self.accelerator.autocast, compute_entropy)
+            if shared is not None:
+                return (*shared, None)
         width = input_ids.size(1)
         columns = torch.arange(1, width + 1, device=attention_mask.device)
         # a row's length: up to its last real token, and at least the prompt plus one completion column
