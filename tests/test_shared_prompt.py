@@ -1,9 +1,9 @@
 """``shared_prompt_pass``: each distinct prompt of a GRPO batch runs once, its keys and values shared by its rows.
 
-On tiny random models with plain full attention (Qwen3's and Llama's layers, SmolLM2's family) carrying TRL's fused
-LM head, a batch of three prompts with G rows each (left-padded differently, completions of many lengths) gives the
-log-probs, entropies and parameter gradients TRL's whole-row pass gives, up to float rounding, with 0 at padding; the
-model sees each prompt once. Models whose caches are not plain full attention (Gemma 3's sliding windows, Qwen3.5's
+On tiny random models with plain full attention (Qwen3's, Llama's as in SmolLM2, and Qwen3.5's gated attention as in
+the tiny model's attention preset) carrying TRL's fused LM head, a batch of three prompts with G rows each
+(left-padded differently, completions of many lengths) gives the log-probs, entropies and parameter gradients TRL's
+whole-row pass gives, up to float rounding, with 0 at padding; the model sees each prompt once. Models whose caches are not plain full attention (Gemma 3's sliding windows, Qwen3.5's
 linear attention) get None, for the caller's whole-row pass.
 """
 
@@ -31,6 +31,9 @@ def _model(family: str):
                   num_key_value_heads=2, max_position_embeddings=256)
     if family == "qwen3":
         model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=16, **common))
+    elif family == "qwen3_5_full_attention":  # the tiny model's attention preset: Qwen3.5's gated attention only
+        config = transformers.Qwen3_5TextConfig(head_dim=16, layer_types=["full_attention"] * 2, **common)
+        model = transformers.Qwen3_5ForCausalLM(config)
     else:
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
     model.float().train()
@@ -72,7 +75,7 @@ def _with_gradients(run, model, mask, width):
     return logps.detach(), entropies.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("family", ["qwen3", "llama"])
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen3_5_full_attention"])
 @pytest.mark.parametrize("batch_size", [None, 3])
 def test_each_prompt_runs_once_and_the_pass_equals_the_whole_row_pass(family, batch_size):
     model = _model(family)
