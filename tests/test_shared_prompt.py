@@ -3,8 +3,9 @@
 On tiny random models with plain full attention (Qwen3's, Llama's as in SmolLM2, and Qwen3.5's gated attention as in
 the tiny model's attention preset) carrying TRL's fused LM head, a batch of three prompts with G rows each
 (left-padded differently, completions of many lengths) gives the log-probs, entropies and parameter gradients TRL's
-whole-row pass gives, up to float rounding, with 0 at padding; the model sees each prompt once. Models whose caches are not plain full attention (Gemma 3's sliding windows, Qwen3.5's
-linear attention) get None, for the caller's whole-row pass.
+whole-row pass gives, up to float rounding, with 0 at padding; the model sees each prompt once. Models whose caches
+are not plain full attention (Gemma 3's sliding windows, Qwen3.5's linear attention) get None, for the caller's
+whole-row pass.
 """
 
 from __future__ import annotations
