@@ -4,8 +4,8 @@ On tiny random models with plain full attention (Qwen3's, Llama's as in SmolLM2,
 the tiny model's attention preset) carrying TRL's fused LM head, a batch of three prompts with G rows each
 (left-padded differently, completions of many lengths) gives the log-probs, entropies and parameter gradients TRL's
 whole-row pass gives, up to float rounding, with 0 at padding; the model sees each prompt once. Models whose caches
-are not plain full attention (Gemma 3's sliding windows, Qwen3.5's linear attention) get None, for the caller's
-whole-row pass.
+are not plain full attention (Gemma 3's sliding windows, Qwen3.5's linear attention), and checkpointed ones, get None,
+for the caller's whole-row pass.
 """
 
 from __future__ import annotations
@@ -131,6 +131,10 @@ def test_models_without_plain_full_attention_get_none():
         num_key_value_heads=1, head_dim=16, sliding_window=4, layer_types=["sliding_attention", "full_attention"]))
     ids = torch.randint(3, 64, (2, 10))
     assert shared_prompt_pass(model, ids, torch.ones_like(ids), 4, None, contextlib.nullcontext) is None
+    plain = _model("llama")  # checkpointed layers rerun in the backward pass, the cache's update with them
+    assert shared_prompt_pass(plain, ids, torch.ones_like(ids), 4, None, contextlib.nullcontext) is not None
+    plain.gradient_checkpointing_enable()
+    assert shared_prompt_pass(plain, ids, torch.ones_like(ids), 4, None, contextlib.nullcontext) is None
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,10 @@ copy. A real token sees the same tokens at the same distances as in the whole-ro
 float rounding; positions start at 0 at the first real prompt token, as the sampler's do, instead of after the left
 padding (rotary positions depend only on those distances).
 
-It needs a model whose cache layers are all plain full-attention ``DynamicLayer``s (Llama, Qwen2/3, SmolLM2): sliding
-windows (Gemma 3) and linear-attention states (Qwen3.5) get ``None``, and the caller runs the whole-row pass. The
-trainer takes this path when the recipe sets ``shared_prompt_pass: true``.
+It needs a model whose cache layers are all plain full-attention ``DynamicLayer``s (Llama, Qwen2/3, SmolLM2) and no
+gradient checkpointing: sliding windows (Gemma 3), linear-attention states (Qwen3.5) and checkpointed layers get
+``None``, and the caller runs the whole-row pass. The trainer takes this path when the recipe sets
+``shared_prompt_pass: true``.
 """
 
 from __future__ import annotations
@@ -48,9 +49,9 @@ def shared_prompt_pass(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     TRL's fused LM head (``fused_lm_head=True`` returns per-token log-probs); ``autocast`` is the accelerator's."""
     from transformers import DynamicCache
 
-    config = getattr(model, "module", model).config  # under DDP, the config is the wrapped model's
-    if not plain_attention(DynamicCache(config=config)):
-        return None
+    core = getattr(model, "module", model)  # under DDP, the wrapped model
+    if not plain_attention(DynamicCache(config=core.config)) or getattr(core, "is_gradient_checkpointing", False):
+        return None  # checkpointing reruns each layer in the backward pass, and with it the cache's update
 
     rows, width = input_ids.shape
     prompt_width = width - logits_to_keep
@@ -64,12 +65,12 @@ def shared_prompt_pass(model, input_ids: torch.Tensor, attention_mask: torch.Ten
             raise ValueError("a row has no prompt token: the log-prob pass needs one before its completion")
         kept = []
         if prompt.numel() > 1:
-            cache = DynamicCache(config=config)
+            cache = DynamicCache(config=core.config)
             with autocast():
                 model(input_ids=prompt[None, :-1], attention_mask=torch.ones_like(prompt[None, :-1]),
                       past_key_values=cache, use_cache=True, logits_to_keep=1)
-            if not plain_attention(cache):  # layers the config did not name, made as the model ran
-                return None
+            if not plain_attention(cache) or cache.get_seq_length() != prompt.numel() - 1:
+                return None  # layers the config did not name, made as the model ran; or a cache it did not fill
             kept = [(layer.keys, layer.values) for layer in cache.layers]
         for chunk in length_groups([ends[row] for row in group], batch_size):
             chunk_rows = [group[i] for i in chunk]
