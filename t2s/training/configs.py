@@ -136,7 +136,8 @@ class T2SGRPOConfig(GRPOConfig):
         default=False,
         metadata={"help": "Run each distinct prompt of a log-prob pass once, its keys and values shared by the "
                   "episodes of that question (t2s.training.shared_prompt): the same values up to float rounding. "
-                  "Models with sliding windows or linear attention (Gemma 3, Qwen3.5) keep the whole-row pass."},
+                  "Models with sliding windows or linear attention (Gemma 3, Qwen3.5), and runs with gradient "
+                  "checkpointing, keep the whole-row pass."},
     )
     # ---- KL controller
     target_kl: float = field(
