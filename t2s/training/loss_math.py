@@ -50,3 +50,9 @@ def length_groups(lengths: list[int], max_rows: int | None = None,
         groups.append(sorted(order[start_of[end]:end]))
         end = start_of[end]
     return groups[::-1]
+
+
+def original_order(order: list[int], device=None) -> torch.Tensor:
+    """Indices that put rows computed in ``order`` (a permutation of the batch's rows) back in the batch's order."""
+    computed = torch.tensor(order, dtype=torch.long)
+    return torch.empty_like(computed).scatter_(0, computed, torch.arange(len(order))).to(device)

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from t2s.training.loss_math import length_groups
+from t2s.training.loss_math import length_groups, original_order
 
 
 def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> list[list[int]]:
@@ -53,7 +53,7 @@ def shared_prompt_pass(model, input_ids: torch.Tensor, attention_mask: torch.Ten
     if not plain_attention(DynamicCache(config=core.config)) or getattr(core, "is_gradient_checkpointing", False):
         return None  # checkpointing reruns each layer in the backward pass, and with it the cache's update
 
-    rows, width = input_ids.shape
+    width = input_ids.size(1)
     prompt_width = width - logits_to_keep
     columns = torch.arange(1, logits_to_keep + 1, device=attention_mask.device)
     # a completion's length: up to its last real token, at least one column
@@ -93,6 +93,5 @@ def shared_prompt_pass(model, input_ids: torch.Tensor, attention_mask: torch.Ten
             if compute_entropy:
                 entropies.append(torch.nn.functional.pad(outputs.entropy, (0, logits_to_keep - end)))
             order.extend(chunk_rows)
-    back = torch.empty(rows, dtype=torch.long).scatter_(0, torch.tensor(order), torch.arange(rows))
-    back = back.to(input_ids.device)
+    back = original_order(order, input_ids.device)
     return torch.cat(logps)[back], (torch.cat(entropies)[back] if compute_entropy else None)

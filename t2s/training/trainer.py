@@ -59,7 +59,7 @@ from t2s.training.checkpoints import KL_STATE_FILE, restored_beta
 from t2s.training.configs import ConfigError
 from t2s.training.progress import metrics_file
 from t2s.training.engines import build_backend, check_server_context
-from t2s.training.loss_math import k3, kl_controller_update, length_groups
+from t2s.training.loss_math import k3, kl_controller_update, length_groups, original_order
 from t2s.training.shared_prompt import shared_prompt_pass
 from t2s.training.startup import (check_eos_ids, check_rollout_output, check_think_prompt, policy_init_kwargs,
                                   resolve_reward_funcs, set_generation_eos)
@@ -311,8 +311,7 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
             if compute_entropy:
                 entropies.append(torch.nn.functional.pad(group_entropies, (0, width - end)))
             aux_losses.append(aux_loss)
-        order = torch.tensor([i for group in groups for i in group])
-        back = torch.empty_like(order).scatter_(0, order, torch.arange(len(order))).to(input_ids.device)
+        back = original_order([i for group in groups for i in group], input_ids.device)
         return (torch.cat(logps)[back], torch.cat(entropies)[back] if compute_entropy else None,
                 torch.stack(aux_losses).mean() if compute_aux_loss else None)
 
