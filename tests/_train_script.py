@@ -4,7 +4,7 @@ The scripted runner stands in for the real rollout where a test needs exact cont
 gets a deterministic completion (model turn, environment turn, model turn ending in <|im_end|>), an env_mask, and
 sampler logprobs computed from the current policy (so the ratio starts at 1), plus a scripted reward.
 
-    torchrun --nproc_per_node 2 tests/_train_script.py MODEL_DIR OUTPUT_DIR [PER_DEVICE_BATCH [OPTIMIZER]]
+    torchrun --nproc_per_node 2 tests/_train_script.py MODEL_DIR OUTPUT_DIR [PER_DEVICE_BATCH [OPTIMIZER [shared]]]
 """
 
 from __future__ import annotations
@@ -159,10 +159,12 @@ def build_trainer(model_dir, output_dir, n_rows: int = 4, runner=None, **overrid
 
 def main(argv: list[str]) -> int:
     """torchrun (or accelerate launch) entry: 2 training steps under gloo on CPU, PER_DEVICE_BATCH rollouts per
-    process and step (default 4), with AdamW or (OPTIMIZER ``sgd``) plain SGD; each rank writes what happened to
-    OUTPUT_DIR/result_rank{rank}.json, and the trained model is saved in OUTPUT_DIR."""
+    process and step (default 4), with AdamW or (OPTIMIZER ``sgd``) plain SGD, and with ``shared`` the recipe key
+    ``shared_prompt_pass`` on; each rank writes what happened to OUTPUT_DIR/result_rank{rank}.json (with how many
+    passes the shared-prompt pass answered), and the trained model is saved in OUTPUT_DIR."""
     import os
 
+    import t2s.training.trainer as trainer_module
     from t2s.settings import offline_environment
     from t2s.training.pipeline import fit, free_finished_run
 
@@ -172,8 +174,17 @@ def main(argv: list[str]) -> int:
     # plain SGD: the update is the learning rate times the gradient, so a gradient off by any factor shows (Adam's
     # update hardly depends on the gradient's scale)
     optimizer = {"optim": "sgd", "learning_rate": 0.5} if argv[3:4] == ["sgd"] else {}
+    shared_passes = []
+    real_pass = trainer_module.shared_prompt_pass
+
+    def counted_pass(*args, **kwargs):
+        result = real_pass(*args, **kwargs)
+        shared_passes.append(result is not None)
+        return result
+
+    trainer_module.shared_prompt_pass = counted_pass
     trainer, runner = build_trainer(model_dir, output_dir, n_rows=4, per_device_train_batch_size=per_device,
-                                    max_steps=2, **optimizer)
+                                    max_steps=2, shared_prompt_pass=argv[4:5] == ["shared"], **optimizer)
     fit(trainer, {"rows": 4})  # the entry point's own train, save and end of run
     rank = int(os.environ.get("RANK", "0"))
     result = {
@@ -184,6 +195,7 @@ def main(argv: list[str]) -> int:
         "beta": trainer.beta,
         "seen": runner.seen,
         "log_history": trainer.state.log_history,
+        "shared_passes": shared_passes,
     }
     alive = weakref.ref(trainer)
     del trainer
