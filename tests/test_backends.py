@@ -674,6 +674,19 @@ def test_a_colocated_engine_is_built_in_the_checkpoints_dtype_without_a_tokenize
     assert cpu["enforce_eager"] is True and "enforce_eager" not in gpu
 
 
+def test_the_engine_dtypes_t2s_accepts_are_the_ones_vllm_takes():
+    """``train``'s ``vllm_dtype`` and ``eval --dtype`` check against ``ENGINE_DTYPES`` before an engine starts; that
+    list is vLLM's own, neither more nor fewer."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
+    import typing
+
+    from vllm.config.model import ModelDType
+
+    from t2s.backends.vllm_engine import ENGINE_DTYPES
+
+    assert sorted(ENGINE_DTYPES) == sorted(typing.get_args(ModelDType))
+
+
 def test_only_the_tokenless_chat_template_warmup_failure_is_dropped_from_vllms_log():
     """An engine with no tokenizer cannot warm up a chat template, and vLLM logs that failure with its traceback at
     every start; that record is dropped, and any other from the same logger (another warmup failure included) is

@@ -26,6 +26,7 @@ BAD_ARGUMENTS = [
     (_eval("--workers", "0"), "--workers"),
     (_eval("--top-p", "1.5"), "--top-p"),
     (_eval("--temperature", "nan"), "--temperature"),
+    (_eval("--policy", "vllm", "--dtype", "None"), "--dtype"),
     (_eval(output=""), "--output"),
     (_eval(output="  "), "--output"),
     (["score", "--data", "d.json", "--predictions", "p.json", "--output", ""], "--output"),

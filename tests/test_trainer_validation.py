@@ -67,6 +67,8 @@ def test_unknown_reward_name_is_rejected(tmp_path):
         (dict(beta=2.0), "beta_max"),
         (dict(old_logprobs="cached"), "old_logprobs 'cached'"),
         (dict(rollout_backend="sglang"), "rollout_backend 'sglang'"),
+        (dict(vllm_server_sync="gloo"), "vllm_server_sync 'gloo' is unknown; use one of nccl, files"),
+        (dict(vllm_dtype="None"), "vllm_dtype 'None' is unknown; use one of auto, float32, bfloat16"),
         (dict(mask_truncated_completions=True), "mask_truncated_completions"),
         (dict(per_device_train_batch_size=4, gradient_accumulation_steps=1, steps_per_generation=2),
          "multiple of steps_per_generation"),
@@ -167,11 +169,16 @@ def test_train_cli_missing_data_path_is_one_clear_line(tmp_path, capsys):
     assert not (tmp_path / "out").exists(), "nothing is written before the data is found"
 
 
-def test_train_cli_bad_recipe_value_is_one_clear_line(tmp_path, capsys):
-    code, stderr = _train_cli(capsys, "--config", str(REPO_ROOT / "recipes/smoke.yaml"), "--top_k", "20",
+@pytest.mark.parametrize("override, message", [
+    (("--top_k", "20"), "Error: training sampling must be temperature-only"),
+    # the parser reads a `None` on the command line as the string 'None'; the engine would fail on it much later
+    (("--vllm_dtype", "None"), "Error: vllm_dtype 'None' is unknown"),
+])
+def test_train_cli_bad_recipe_value_is_one_clear_line(tmp_path, capsys, override, message):
+    code, stderr = _train_cli(capsys, "--config", str(REPO_ROOT / "recipes/smoke.yaml"), *override,
                               "--output_dir", str(tmp_path / "out"))
     assert code == 2 and "Traceback" not in stderr
-    assert stderr.strip().splitlines()[-1].startswith("Error: training sampling must be temperature-only")
+    assert stderr.strip().splitlines()[-1].startswith(message)
 
 
 def _rollout_dict(**changes):

@@ -41,6 +41,7 @@ import shutil
 from pathlib import Path
 
 CPU_KV_CACHE_GIB = "1"
+ENGINE_DTYPES = ("auto", "float32", "bfloat16", "float16", "float", "half")  # the dtypes vLLM 0.31's engine takes
 WARMUP_LOGGER = "vllm.renderers.base"  # where vLLM 0.31 logs "Chat template warmup failed"
 
 

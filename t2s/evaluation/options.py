@@ -6,6 +6,7 @@ is declared once), and a command turns the parsed values into those records (``E
 
 from __future__ import annotations
 
+from t2s.backends.vllm_engine import ENGINE_DTYPES
 from t2s.evaluation.config import (DATABASE_ENGINES, ENDPOINT_MODES, MODES, POLICIES, EndpointConfig, EvalConfig,
                                    PolicyConfig)
 from t2s.ui.args import (BooleanOptionalAction, add_hidden_alias, non_empty_path, non_negative_float, non_negative_int,
@@ -113,7 +114,7 @@ def add_policy_arguments(p) -> None:
     p.add_argument("--batch-size", type=non_negative_int, default=PolicyConfig().batch_size,
                    help="episodes per rollout batch (default: 64, 256 for endpoints)")
     p.add_argument("--device", default=None, help="policy model: cpu, cuda, ... (default: cuda when available)")
-    p.add_argument("--dtype", default=None,
+    p.add_argument("--dtype", default=None, choices=ENGINE_DTYPES,
                    help="weights' dtype for vLLM (policy vllm; default: the checkpoint config's, else auto)")
     p.add_argument("--gpu-memory-utilization", type=unit_float, default=PolicyConfig().gpu_memory_utilization,
                    help="share of GPU memory vLLM may take (policy vllm)")

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from trl import GRPOConfig, ModelConfig
 
+from t2s.backends.vllm_engine import ENGINE_DTYPES
 from t2s.env.episode import EpisodeConfig
 from t2s.errors import T2SError
 
@@ -292,8 +293,6 @@ class T2SGRPOConfig(GRPOConfig):
         """The :class:`t2s.env.episode.EpisodeConfig` these settings describe."""
         import dataclasses
 
-        from t2s.env.episode import EpisodeConfig
-
         names = {f.name for f in dataclasses.fields(EpisodeConfig)}
         return EpisodeConfig(**{name: getattr(self, name) for name in names if hasattr(self, name)})
 
@@ -355,8 +354,9 @@ def validate_training_config(args, reward_names=None) -> None:
     if args.rollout_backend not in ROLLOUT_BACKENDS:
         raise ConfigError(f"Error: rollout_backend {args.rollout_backend!r} is unknown; use one of "
                           f"{', '.join(ROLLOUT_BACKENDS)}.")
-    if getattr(args, "vllm_server_sync", None) not in (None, *SERVER_SYNC_MODES):
-        raise ConfigError(f"Error: vllm_server_sync {args.vllm_server_sync!r} is unknown; use 'nccl' or 'files'.")
+    for name, known in (("vllm_server_sync", SERVER_SYNC_MODES), ("vllm_dtype", ENGINE_DTYPES)):
+        if getattr(args, name, None) not in (None, *known):  # a recipe's `None` arrives as the string 'None'
+            raise ConfigError(f"Error: {name} {getattr(args, name)!r} is unknown; use one of {', '.join(known)}.")
     if args.old_logprobs not in OLD_LOGPROBS_MODES:
         raise ConfigError(f"Error: old_logprobs {args.old_logprobs!r} is unknown; use 'sampler' or 'recompute'.")
     from t2s.env import tool_schemas
