@@ -160,8 +160,8 @@ def build_trainer(model_dir, output_dir, n_rows: int = 4, runner=None, **overrid
 def main(argv: list[str]) -> int:
     """torchrun (or accelerate launch) entry: 2 training steps under gloo on CPU, PER_DEVICE_BATCH rollouts per
     process and step (default 4), with AdamW or (OPTIMIZER ``sgd``) plain SGD, and with ``shared`` the recipe key
-    ``shared_prompt_pass`` on; each rank writes what happened to OUTPUT_DIR/result_rank{rank}.json (with how many
-    passes the shared-prompt pass answered), and the trained model is saved in OUTPUT_DIR."""
+    ``shared_prompt_pass`` on; each rank writes what happened to OUTPUT_DIR/result_rank{rank}.json (with, for each
+    log-prob pass, whether the shared-prompt pass answered it), and the trained model is saved in OUTPUT_DIR."""
     import os
 
     import t2s.training.trainer as trainer_module

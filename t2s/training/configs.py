@@ -355,7 +355,7 @@ def validate_training_config(args, reward_names=None) -> None:
         raise ConfigError(f"Error: rollout_backend {args.rollout_backend!r} is unknown; use one of "
                           f"{', '.join(ROLLOUT_BACKENDS)}.")
     for name, known in (("vllm_server_sync", SERVER_SYNC_MODES), ("vllm_dtype", ENGINE_DTYPES)):
-        if getattr(args, name, None) not in (None, *known):  # a recipe's `None` arrives as the string 'None'
+        if getattr(args, name, None) not in (None, *known):  # `--vllm_dtype None` arrives as the string
             raise ConfigError(f"Error: {name} {getattr(args, name)!r} is unknown; use one of {', '.join(known)}.")
     if args.old_logprobs not in OLD_LOGPROBS_MODES:
         raise ConfigError(f"Error: old_logprobs {args.old_logprobs!r} is unknown; use 'sampler' or 'recompute'.")
