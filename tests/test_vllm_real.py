@@ -48,26 +48,35 @@ def turn_texts(out: Path) -> list[list[str]]:
     return [[turn["assistant"] for turn in episode["turns"]] for episode in episodes]
 
 
-def engine_of(out: Path) -> str:
-    return json.loads((out / "withheld" / "eval_config.json").read_text())["engine"]
+def engine_of(out: Path) -> tuple[str, str | None]:
+    """What generated a run's episodes, as its eval_config.json records it: (engine, dtype)."""
+    config = json.loads((out / "withheld" / "eval_config.json").read_text())
+    return config["engine"], config.get("dtype")
 
 
 @pytest.fixture(scope="module")
 def offline_runs(attention_model_dir, tmp_path_factory):
     """Both policies in both tool formats: {(policy, tool_format): turn texts}. One process runs the four evals,
-    transformers' first, then vLLM's on one engine (its prefix cache emptied between them)."""
+    transformers' first, then vLLM's on one engine (its prefix cache emptied between them).
+
+    vLLM's runs ask for ``--dtype bfloat16`` with the CPU stated to have no bfloat16 instructions (``T2S_CPU_BF16=0``,
+    t2s.backends.cpu_precision): the engine must then be built in float32, which the token-for-token match with
+    transformers' float32 turns proves beside the dtype eval_config.json records."""
     base = tmp_path_factory.mktemp("offline")
     plan = [(policy, fmt) for policy in ("model", "vllm") for fmt in ("json", "native")]
     runs_file = base / "runs.json"
     runs_file.write_text(json.dumps([eval_argv(base / f"{policy}-{fmt}", "--policy", policy, "--model",
-                                               attention_model_dir, "--tool-format", fmt) for policy, fmt in plan]))
+                                               attention_model_dir, "--tool-format", fmt,
+                                               *(["--dtype", "bfloat16"] if policy == "vllm" else []))
+                                     for policy, fmt in plan]))
     done = subprocess.run([sys.executable, "-m", "tests.vllm_support", str(runs_file)], cwd=ROOT,
-                          env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=HANG_GUARD_S)
+                          env=os.environ | VLLM_ENV | {"T2S_CPU_BF16": "0"}, capture_output=True, text=True,
+                          timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    runs = {}
+    runs = {"stderr": done.stderr}
     for policy, fmt in plan:
         runs[policy, fmt] = turn_texts(base / f"{policy}-{fmt}")
-        runs[policy, fmt, "engine"] = engine_of(base / f"{policy}-{fmt}")
+        runs[policy, fmt, "engine"], runs[policy, fmt, "dtype"] = engine_of(base / f"{policy}-{fmt}")
     return runs
 
 
@@ -77,6 +86,8 @@ def test_offline_engine_plays_like_transformers(offline_runs, fmt):
     import vllm
 
     assert offline_runs["vllm", fmt, "engine"] == f"vllm {vllm.__version__}"
+    assert offline_runs["vllm", fmt, "dtype"] == "float32"  # asked for bfloat16, on a CPU stated to have none
+    assert offline_runs["stderr"].count("no bfloat16 instructions") == 1  # one note for the process's two engines
     assert offline_runs["model", fmt, "engine"] == f"transformers {transformers.__version__}"
     assert len(offline_runs["vllm", fmt]) == 3
     assert offline_runs["vllm", fmt] == offline_runs["model", fmt]

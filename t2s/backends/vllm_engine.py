@@ -67,6 +67,14 @@ def has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
+def engine_dtype(dtype: str) -> str:
+    """The dtype an engine is built in: ``dtype``, but float32 for bfloat16 on a CPU without bfloat16 instructions
+    (:mod:`t2s.backends.cpu_precision`)."""
+    from t2s.backends.cpu_precision import cpu_engine_dtype
+
+    return dtype if has_cuda() else cpu_engine_dtype(dtype)
+
+
 def checkpoint_dtype(model: str | os.PathLike | None) -> str:
     """The dtype a checkpoint folder's ``config.json`` states (``dtype``, else ``torch_dtype``, also in its
     ``text_config``); ``auto`` when it states none or is not a folder (a hub id)."""

@@ -207,11 +207,11 @@ class Runner:
 
         self.tokenizer = load_tokenizer(config.tokenizer or config.model, required=True,
                                         chat_template=config.chat_template)
-        from t2s.backends.vllm_engine import checkpoint_dtype, cpu_engine_kwargs, has_cuda, token_ids_only, \
-            vllm_environment
+        from t2s.backends.vllm_engine import checkpoint_dtype, cpu_engine_kwargs, engine_dtype, has_cuda, \
+            token_ids_only, vllm_environment
 
         vllm_environment()
-        dtype = config.dtype or checkpoint_dtype(config.model)
+        dtype = engine_dtype(config.dtype or checkpoint_dtype(config.model))
         max_model_len = budget + 512
         context = model_context_length(config.model)
         if context is not None and budget > context:

@@ -10,17 +10,19 @@ A recipe is one YAML mapping whose keys are fields of three dataclasses (open-r1
 
 Some GRPOConfig fields are derived from ours in ``__post_init__`` so that a recipe cannot contradict itself:
 ``use_vllm``/``vllm_mode`` from ``rollout_backend``; the vLLM importance-sampling correction from ``old_logprobs``;
-``chat_template_kwargs["enable_thinking"]`` from ``enable_thinking``. :func:`validate_training_config` checks the
-rest when the config is built, one clear ``Error:`` message per problem (DESIGN §8): the one place a recipe is
-validated, whether it comes from a YAML file or from Python.
+``chat_template_kwargs["enable_thinking"]`` from ``enable_thinking``; on a CPU, ``bf16`` off where it has no bfloat16
+instructions (:mod:`t2s.backends.cpu_precision`). :func:`validate_training_config` checks the rest when the config is
+built, one clear ``Error:`` message per problem (DESIGN §8): the one place a recipe is validated, whether it comes
+from a YAML file or from Python.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig, ModelConfig
 
+from t2s.backends.cpu_precision import cpu_autocast
 from t2s.backends.vllm_engine import ENGINE_DTYPES
 from t2s.env.episode import EpisodeConfig
 from t2s.errors import T2SError
@@ -276,9 +278,7 @@ class T2SGRPOConfig(GRPOConfig):
         self.vllm_importance_sampling_correction = self.old_logprobs == "recompute"
         if self.old_logprobs == "recompute":
             self.vllm_importance_sampling_mode = "token_truncate"
-        kwargs = dict(self.chat_template_kwargs or {})
-        kwargs["enable_thinking"] = bool(self.enable_thinking)
-        self.chat_template_kwargs = kwargs
+        self.chat_template_kwargs = {**(self.chat_template_kwargs or {}), "enable_thinking": bool(self.enable_thinking)}
         import torch
 
         accelerator = torch.cuda.is_available() or torch.xpu.is_available() or torch.backends.mps.is_available()
@@ -287,13 +287,13 @@ class T2SGRPOConfig(GRPOConfig):
             # machines) on a CPU-only machine sees no device group: every process would train alone
             self.use_cpu = True
         super().__post_init__()
+        if self.use_cpu:
+            cpu_autocast(self)  # TRL's bf16 (true unless set) only where the CPU has bfloat16 instructions
         validate_training_config(self)  # the one place a recipe is validated: every config is, when it is built
 
     def episode_config(self):
         """The :class:`t2s.env.episode.EpisodeConfig` these settings describe."""
-        import dataclasses
-
-        names = {f.name for f in dataclasses.fields(EpisodeConfig)}
+        names = {f.name for f in fields(EpisodeConfig)}
         return EpisodeConfig(**{name: getattr(self, name) for name in names if hasattr(self, name)})
 
 

@@ -44,8 +44,9 @@ def engine_settings(dtype: str):
     an unset ``MASTER_PORT`` is a free port of the operating system's choosing, not TRL's first guess (29500)."""
     from trl.generation import vllm_generation
 
-    from t2s.backends.vllm_engine import cpu_engine_kwargs, free_port, token_ids_only
+    from t2s.backends.vllm_engine import cpu_engine_kwargs, engine_dtype, free_port, token_ids_only
 
+    dtype = engine_dtype(dtype)
     if not os.environ.get("MASTER_PORT"):
         os.environ["MASTER_PORT"] = str(free_port())
 
