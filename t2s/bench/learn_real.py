@@ -48,8 +48,8 @@ UNSEEN_BIRD = "bird_dev_superhero"  # the shared data's BIRD dev subset: one dat
 SFT_RECIPE, RL_RECIPE = "learn_real_sft.yaml", "learn_real.yaml"
 MODEL = ".cache/models/smollm2-135m-instruct"
 SFT_QUESTIONS = 256
-GRPO_QUESTIONS = 20
-STEPS = 40
+GRPO_QUESTIONS = 16
+STEPS = 32
 TARGETS = {"format_deviations": 0.10, "train_margin": 0.10, "seconds": 5400.0}
 STAGES = ("zero_shot", "warm", "grpo", "control")
 
