@@ -121,7 +121,8 @@ train: install
 # where CUDA is. The sibling's deployment adds `SERVE_ARGS="--enable-auto-tool-choice --tool-call-parser qwen3_xml"` and
 # no reasoning parser: its calls are read wherever they stand, inside the thinking too, as t2s's native reader reads them.
 HOST ?= 127.0.0.1
-DTYPE ?= $(shell $(PYTHON) -c 'import json,sys; c=json.load(open(sys.argv[1]+"/config.json")); print(c.get("dtype") or c.get("torch_dtype") or "auto")' "$(MODEL)" 2>/dev/null || echo auto)
+# The checkpoint's dtype, as every engine of t2s's takes it (float32 for bfloat16 on a CPU without bfloat16 instructions).
+DTYPE ?= $(shell $(PY) -c 'import sys; from t2s.backends.vllm_engine import checkpoint_dtype, engine_dtype; print(engine_dtype(checkpoint_dtype(sys.argv[1])))' "$(MODEL)" || echo auto)
 SERVE_ARGS ?=
 # vLLM CPU: seeded requests whose prompt is prefilled in pieces kill its engine, so a prompt is never split.
 VLLM_CPU_SERVE_ARGS := --no-enable-chunked-prefill --max-num-batched-tokens $(MAX_MODEL_LEN)

@@ -103,5 +103,38 @@ def test_a_colocated_cpu_engine_asked_for_bfloat16_is_built_where_the_cpu_comput
         for dtype in ("bfloat16", "float32", "auto"):
             with engine_settings(dtype):
                 vllm_generation.LLM(model="m", max_model_len=2048)
-    cpu_bf16 = "bfloat16" if stated == "1" else "float32"
-    assert built == [cpu_bf16, "float32", "auto", "bfloat16", "float32", "auto"]
+    cpu = ["bfloat16", "float32", "auto"] if stated == "1" else ["float32", "float32", "float32"]
+    assert built == [*cpu, "bfloat16", "float32", "auto"]  # auto: vLLM's CPU build would pick bfloat16
+
+
+@pytest.mark.parametrize("stated, expected", [("0", "float32"), ("1", "bfloat16")])
+def test_make_serve_builds_its_server_in_the_dtype_every_engine_of_t2s_takes(tmp_path, stated, expected):
+    """``make serve``'s ``--dtype``: the checkpoint's, through the same function as the offline and colocated
+    engines (``make -n`` prints the command without starting it)."""
+    import json
+    import os
+    import subprocess
+
+    from t2s.backends.vllm_engine import has_cuda
+
+    if has_cuda():
+        pytest.skip("a GPU machine: its engines keep the checkpoint's bfloat16")
+    (tmp_path / "config.json").write_text(json.dumps({"dtype": "bfloat16"}))
+    done = subprocess.run(["make", "-n", "serve", f"MODEL={tmp_path}"], cwd=REPO_ROOT, capture_output=True, text=True,
+                          env=os.environ | {"T2S_CPU_BF16": stated}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert f"--dtype {expected} " in done.stdout
+    assert ("no bfloat16 instructions" in done.stderr) is (stated == "0")
+
+
+def test_the_cpuinfo_reading_agrees_with_torchs_own_probe(monkeypatch):
+    """vLLM's CPU build asks torch whether the processor has AVX-512 BF16; on x86 t2s's reading of /proc/cpuinfo and
+    torch's CPUID probe must give one answer for this machine."""
+    import platform
+
+    import torch
+
+    if platform.machine() not in ("x86_64", "AMD64") or not cpu_precision.CPUINFO.is_file():
+        pytest.skip("torch's bfloat16 probe is x86's; this machine is not x86 Linux")
+    torch_says = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert cpu_precision.native_bf16() is bool(torch_says)

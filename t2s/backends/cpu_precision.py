@@ -4,10 +4,12 @@ A recipe's ``bf16: true`` (TRL's configs also default ``bf16`` to true when ``fp
 ``bfloat16`` dtype pay off on a CPU with bfloat16 arithmetic (x86 ``avx512_bf16`` or ``amx_bf16``, Arm ``bf16``). On
 one without, every bfloat16 matrix product is converted to and from float32 in software: on an AVX2-only processor (2
 cores) one forward and backward pass of SmolLM2-135M over 600 tokens took 130 s under bf16 autocast against 5.6 s in
-float32, and a bfloat16 vLLM engine finished 67 of 350 one-turn episodes in 35 minutes. On such a CPU a run computes
-in float32 instead, and says so in one line: autocast off (``bf16``), and an engine asked for ``bfloat16`` built in
-``float32``. The weights are already float32 there (the CPU recipes' ``dtype: float32``), so nothing is lost but the
-rounding bfloat16 would have added.
+float32, and a bfloat16 vLLM engine beside a bf16 warm start played 67 of 350 one-turn episodes in 35 minutes.
+
+On such a CPU a run computes in float32 instead, and says so in one line: autocast off (``bf16``), and an engine of
+dtype ``bfloat16`` or ``auto`` built in ``float32``: the colocated one, ``eval``'s and ``ask``'s, and ``make serve``'s
+(its ``DTYPE`` comes from :func:`t2s.backends.vllm_engine.engine_dtype`). The CPU recipes' weights are float32
+already (``dtype: float32``), so nothing is lost but the rounding bfloat16 would have added.
 
 ``T2S_CPU_BF16=1`` or ``0`` states the answer instead of reading it from the processor (``/proc/cpuinfo``); where
 neither tells, bfloat16 is kept as asked.
@@ -63,9 +65,10 @@ def cpu_autocast(config) -> None:
 
 
 def cpu_engine_dtype(dtype: str) -> str:
-    """The dtype a vLLM CPU engine is built in: ``dtype``, except ``bfloat16`` where the CPU has no bfloat16
-    instructions (then ``float32``)."""
-    if dtype == "bfloat16" and native_bf16() is False:
-        _note("the vLLM engine asked for in bfloat16")
+    """The dtype a vLLM CPU engine is built in: ``dtype``, except where the CPU has no bfloat16 instructions: then
+    ``float32`` for ``bfloat16`` and for ``auto`` (with which vLLM's CPU build picks bfloat16 for a float32 or bfloat16
+    checkpoint, on any x86 processor)."""
+    if dtype in ("bfloat16", "auto") and native_bf16() is False:
+        _note(f"a vLLM engine of dtype {dtype}")
         return "float32"
     return dtype

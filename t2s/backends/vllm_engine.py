@@ -68,8 +68,8 @@ def has_cuda() -> bool:
 
 
 def engine_dtype(dtype: str) -> str:
-    """The dtype an engine is built in: ``dtype``, but float32 for bfloat16 on a CPU without bfloat16 instructions
-    (:mod:`t2s.backends.cpu_precision`)."""
+    """The dtype an engine is built in: ``dtype``, but float32 for ``bfloat16`` or ``auto`` on a CPU without bfloat16
+    instructions (:mod:`t2s.backends.cpu_precision`)."""
     from t2s.backends.cpu_precision import cpu_engine_dtype
 
     return dtype if has_cuda() else cpu_engine_dtype(dtype)
