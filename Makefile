@@ -122,7 +122,7 @@ train: install
 # no reasoning parser: its calls are read wherever they stand, inside the thinking too, as t2s's native reader reads them.
 HOST ?= 127.0.0.1
 # The checkpoint's dtype, as every engine of t2s's takes it (float32 for bfloat16 on a CPU without bfloat16 instructions).
-DTYPE ?= $(shell $(PY) -c 'import sys; from t2s.backends.vllm_engine import checkpoint_dtype, engine_dtype; print(engine_dtype(checkpoint_dtype(sys.argv[1])))' "$(MODEL)" || echo auto)
+DTYPE ?= $(shell $(PY) -c 'import sys; from t2s.backends.vllm_engine import checkpoint_dtype, engine_dtype; print(engine_dtype(checkpoint_dtype(sys.argv[1])))' "$(MODEL)" || echo $(if $(HAS_CUDA),auto,float32))
 SERVE_ARGS ?=
 # vLLM CPU: seeded requests whose prompt is prefilled in pieces kill its engine, so a prompt is never split.
 VLLM_CPU_SERVE_ARGS := --no-enable-chunked-prefill --max-num-batched-tokens $(MAX_MODEL_LEN)

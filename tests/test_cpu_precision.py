@@ -68,6 +68,43 @@ def test_a_cpu_grpo_config_autocasts_in_bf16_only_where_the_cpu_has_it(tmp_path,
     assert "no bfloat16 instructions" not in capsys.readouterr().err  # one note a process
 
 
+@pytest.mark.parametrize("stated, expected", [("0", "no"), ("1", "bf16")])
+def test_accelerate_launchs_bf16_is_turned_off_where_the_cpu_has_none(tmp_path, monkeypatch, stated, expected):
+    """``accelerate launch`` with any of accelerate_configs/ exports ``ACCELERATE_MIXED_PRECISION=bf16``, which
+    transformers takes as the run's mixed precision even where the recipe says ``bf16: false``."""
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.setenv("T2S_CPU_BF16", stated)
+    config = make_config(tmp_path, bf16=False)
+    assert config.mixed_precision == expected and config.bf16 is False
+
+
+@pytest.mark.parametrize("stated, expected", [("true", True), ("OFF", False), (" 1 ", True)])
+def test_the_stated_answer_takes_the_usual_booleans(monkeypatch, stated, expected):
+    monkeypatch.setenv("T2S_CPU_BF16", stated)
+    assert cpu_precision.native_bf16() is expected
+
+
+def test_a_stated_answer_that_is_no_boolean_is_said_and_the_processor_read(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("T2S_CPU_BF16", "maybe")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(AVX2_ONLY)
+    monkeypatch.setattr(cpu_precision, "CPUINFO", cpuinfo)
+    assert cpu_precision.native_bf16() is False
+    assert "T2S_CPU_BF16='maybe' is neither 0 nor 1" in capsys.readouterr().err
+
+
+def test_cached_artefacts_are_keyed_on_the_cpus_bfloat16(monkeypatch):
+    """The benches' caches (the demo's and learn-real's warm starts, learn-real's zero-shot evaluation): a bf16 recipe
+    trained in float32 on one CPU is not the one another CPU would train."""
+    from t2s.bench.learn import content_key
+
+    keys = {}
+    for stated in ("0", "1", "0"):
+        monkeypatch.setenv("T2S_CPU_BF16", stated)
+        keys.setdefault(stated, set()).add(content_key([], extra=("recipe",)))
+    assert len(keys["0"]) == 1 and keys["0"] != keys["1"]
+
+
 def test_a_float32_recipe_is_left_alone(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("T2S_CPU_BF16", "0")
     config = make_config(tmp_path, bf16=False)
@@ -114,14 +151,15 @@ def test_make_serve_builds_its_server_in_the_dtype_every_engine_of_t2s_takes(tmp
     import json
     import os
     import subprocess
+    import sys
 
     from t2s.backends.vllm_engine import has_cuda
 
     if has_cuda():
         pytest.skip("a GPU machine: its engines keep the checkpoint's bfloat16")
     (tmp_path / "config.json").write_text(json.dumps({"dtype": "bfloat16"}))
-    done = subprocess.run(["make", "-n", "serve", f"MODEL={tmp_path}"], cwd=REPO_ROOT, capture_output=True, text=True,
-                          env=os.environ | {"T2S_CPU_BF16": stated}, timeout=120)
+    done = subprocess.run(["make", "-n", "serve", f"MODEL={tmp_path}", f"PY={sys.executable}"], cwd=REPO_ROOT,
+                          capture_output=True, text=True, env=os.environ | {"T2S_CPU_BF16": stated}, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"--dtype {expected} " in done.stdout
     assert ("no bfloat16 instructions" in done.stderr) is (stated == "0")

@@ -59,15 +59,18 @@ def offline_runs(attention_model_dir, tmp_path_factory):
     """Both policies in both tool formats: {(policy, tool_format): turn texts}. One process runs the four evals,
     transformers' first, then vLLM's on one engine (its prefix cache emptied between them).
 
-    vLLM's runs ask for ``--dtype bfloat16`` with the CPU stated to have no bfloat16 instructions (``T2S_CPU_BF16=0``,
-    t2s.backends.cpu_precision): the engine must then be built in float32, which the token-for-token match with
-    transformers' float32 turns proves beside the dtype eval_config.json records."""
+    Without CUDA, vLLM's runs ask for ``--dtype bfloat16`` with the CPU stated to have no bfloat16 instructions
+    (``T2S_CPU_BF16=0``, t2s.backends.cpu_precision): the engine must then be built in float32, which the
+    token-for-token match with transformers' float32 turns proves beside the dtype eval_config.json records."""
+    from t2s.backends.vllm_engine import has_cuda
+
+    ask_bf16 = [] if has_cuda() else ["--dtype", "bfloat16"]  # a GPU's engine would keep bfloat16
     base = tmp_path_factory.mktemp("offline")
     plan = [(policy, fmt) for policy in ("model", "vllm") for fmt in ("json", "native")]
     runs_file = base / "runs.json"
     runs_file.write_text(json.dumps([eval_argv(base / f"{policy}-{fmt}", "--policy", policy, "--model",
                                                attention_model_dir, "--tool-format", fmt,
-                                               *(["--dtype", "bfloat16"] if policy == "vllm" else []))
+                                               *(ask_bf16 if policy == "vllm" else []))
                                      for policy, fmt in plan]))
     done = subprocess.run([sys.executable, "-m", "tests.vllm_support", str(runs_file)], cwd=ROOT,
                           env=os.environ | VLLM_ENV | {"T2S_CPU_BF16": "0"}, capture_output=True, text=True,
@@ -75,6 +78,7 @@ def offline_runs(attention_model_dir, tmp_path_factory):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = {"stderr": done.stderr}
     for policy, fmt in plan:
+        runs[policy, fmt, "asked_bf16"] = bool(ask_bf16)
         runs[policy, fmt] = turn_texts(base / f"{policy}-{fmt}")
         runs[policy, fmt, "engine"], runs[policy, fmt, "dtype"] = engine_of(base / f"{policy}-{fmt}")
     return runs
@@ -86,8 +90,9 @@ def test_offline_engine_plays_like_transformers(offline_runs, fmt):
     import vllm
 
     assert offline_runs["vllm", fmt, "engine"] == f"vllm {vllm.__version__}"
-    assert offline_runs["vllm", fmt, "dtype"] == "float32"  # asked for bfloat16, on a CPU stated to have none
-    assert offline_runs["stderr"].count("no bfloat16 instructions") == 1  # one note for the process's two engines
+    assert offline_runs["vllm", fmt, "dtype"] == "float32"  # the checkpoint's; without CUDA asked for bfloat16 too
+    if offline_runs["vllm", fmt, "asked_bf16"]:
+        assert offline_runs["stderr"].count("no bfloat16 instructions") == 1  # one note for the process's engine
     assert offline_runs["model", fmt, "engine"] == f"transformers {transformers.__version__}"
     assert len(offline_runs["vllm", fmt]) == 3
     assert offline_runs["vllm", fmt] == offline_runs["model", fmt]

@@ -140,9 +140,12 @@ def grpo_run(model_dir: Path, output_dir: Path, *, steps: int, seed: int, contro
 
 def content_key(groups, extra: tuple[str, ...] = ()) -> str:
     """A hash of what a cached artefact depends on: ``groups`` of (root, files) (each file's path below its root and
-    its bytes), ``extra`` strings, and the versions of the libraries that train it."""
+    its bytes), ``extra`` strings, the versions of the libraries that train it, and whether the CPU has bfloat16
+    instructions (without them a bf16 recipe runs in float32: t2s.backends.cpu_precision)."""
     import hashlib
     from importlib.metadata import version
+
+    from t2s.backends.cpu_precision import native_bf16
 
     digest = hashlib.sha256()
     for root, files in groups:
@@ -152,6 +155,7 @@ def content_key(groups, extra: tuple[str, ...] = ()) -> str:
         digest.update(text.encode() + b"\0")
     for package in ("torch", "transformers", "trl", "tokenizers"):
         digest.update(f"{package}=={version(package)}".encode())
+    digest.update(f"cpu_bf16={native_bf16()}".encode())
     return digest.hexdigest()[:16]
 
 

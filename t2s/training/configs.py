@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig, ModelConfig
 
-from t2s.backends.cpu_precision import cpu_autocast
+from t2s.backends.cpu_precision import cpu_autocast, has_accelerator
 from t2s.backends.vllm_engine import ENGINE_DTYPES
 from t2s.env.episode import EpisodeConfig
 from t2s.errors import T2SError
@@ -279,10 +279,7 @@ class T2SGRPOConfig(GRPOConfig):
         if self.old_logprobs == "recompute":
             self.vllm_importance_sampling_mode = "token_truncate"
         self.chat_template_kwargs = {**(self.chat_template_kwargs or {}), "enable_thinking": bool(self.enable_thinking)}
-        import torch
-
-        accelerator = torch.cuda.is_available() or torch.xpu.is_available() or torch.backends.mps.is_available()
-        if not (self.use_cpu or accelerator):
+        if not (self.use_cpu or has_accelerator()):
             # without this, a run started by a GPU launch config (accelerate's torchrun path, as slurm/node.sh starts
             # machines) on a CPU-only machine sees no device group: every process would train alone
             self.use_cpu = True

@@ -83,12 +83,10 @@ def parse_sft_recipe(argv: list[str]):
     parser = TrlParser((T2SSFTArguments, SFTConfig, ModelConfig))
     sft_args, config, model_args = parser.parse_args_and_config(argv)
     config.completion_only_loss = True  # the loss covers completion_mask 1: the model's own tokens
-    import torch
+    from t2s.backends.cpu_precision import cpu_autocast, has_accelerator
 
-    if config.use_cpu or not torch.cuda.is_available():
-        from t2s.backends.cpu_precision import cpu_autocast
-
-        cpu_autocast(config)  # SFTConfig's bf16 (true unless set) only where the CPU has bfloat16 instructions
+    if config.use_cpu or not has_accelerator():  # SFTConfig's bf16 is true unless set
+        cpu_autocast(config)  # bf16 on a CPU only where it has bfloat16 instructions
     return sft_args, config, model_args
 
 
