@@ -53,10 +53,13 @@ def native_bf16() -> bool | None:
 
 
 def _note(what: str, about_cpu: bool = True) -> None:
+    """One line on stderr, once a process: ``what`` runs in float32 on this CPU (or, not ``about_cpu``, ``what``)."""
     if what not in _noted:
         _noted.add(what)
-        print(f"note: this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16 or bf16); {what} runs in float32, "
-              "many times faster here" if about_cpu else f"note: {what}", file=sys.stderr, flush=True)
+        if about_cpu:
+            what = (f"this CPU has no bfloat16 instructions (avx512_bf16, amx_bf16 or bf16); {what} runs in float32, "
+                    "many times faster here")
+        print(f"note: {what}", file=sys.stderr, flush=True)
 
 
 def has_accelerator() -> bool:
