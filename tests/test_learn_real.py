@@ -97,6 +97,9 @@ def test_missed_targets_name_each_one():
     assert learn_real.missed_targets(ex, 0.05, 0.05, 0.2, 3000) == []
     missed = learn_real.missed_targets({**ex, "grpo": 0.0, "warm": 0.0}, 0.2, 0.0, 0.05, 6000)
     assert [line.split(" ")[0] for line in missed] == ["warm", "warm", "train_gain", "GRPO", "GRPO", "seconds"]
+    assert missed[-1] == "seconds 6000 > 5400"
+    slow = learn_real.missed_targets(ex, 0.05, 0.05, 0.2, 6000, no_bf16=True)
+    assert slow == ["seconds 6000 > 5400 on a CPU without bfloat16 instructions"]
 
 
 def test_an_evaluation_that_fails_raises_with_the_tail_of_its_log(tmp_path):
@@ -150,6 +153,19 @@ def test_a_model_folder_that_is_not_one_is_one_error_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"Error: no model folder at {tmp_path / 'nothing'} (no config.json)"]
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+@pytest.mark.parametrize("stated", ["0", "1"])
+def test_a_cpu_without_bfloat16_is_told_first_that_the_time_target_assumes_it(tmp_path, capsys, monkeypatch, stated):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    monkeypatch.setenv("T2S_CPU_BF16", stated)
+    monkeypatch.setenv("T2S_DATA_DIR", str(tmp_path / "no-data"))  # the run ends at the split, after the note
+    assert learn_real.run(output=str(tmp_path / "out"), model=tmp_path / "model", cache=tmp_path / "cache") == 2
+    out, err = capsys.readouterr()
+    notes = [line.split("] ", 1)[1] for line in out.splitlines() if "note:" in line]  # after the clock
+    assert notes == ([f"note: {learn_real.NO_BF16_NOTE}"] if stated == "0" else []), out
+    assert err.startswith("Error: ") and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.timeout(1500)  # six vLLM engines (four evals, two GRPO runs) and an SFT
