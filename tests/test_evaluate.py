@@ -3,6 +3,7 @@ errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
@@ -797,3 +798,48 @@ def test_an_evaluation_in_this_process_frees_its_runner_though_an_import_error_k
     assert len(runners) == 1 and runners[0]() is None
     assert isinstance(library.kept, ModuleNotFoundError) and "optional_codec" in str(library.kept)
     assert library.kept.__traceback__ is None
+
+
+def test_an_eval_where_no_question_can_be_scored_fails_after_writing_its_folder(demo_dir, tmp_path, capsys):
+    """Databases that open but hold none of the gold SQL's tables: every question is unscorable, and the eval says so
+    in one line instead of ending on an EX of 0.000."""
+    import sqlite3
+
+    root = tmp_path / "databases"
+    for db in ("cycling_club", "village_library"):
+        (root / db).mkdir(parents=True)
+        with contextlib.closing(sqlite3.connect(root / db / f"{db}.sqlite")) as connection:
+            connection.execute("CREATE TABLE unrelated (a INTEGER)")
+    args = eval_args("--policy", "gold", "--data", demo_dir, "--db-root", root, "--n", "3", "--mode", "withheld",
+                     "--output", tmp_path / "eval")
+    with pytest.raises(EvalError, match="no question could be scored: the gold SQL of every one of the 3 questions"):
+        evaluate(args)
+    summary = read_summary(tmp_path / "eval", "withheld")
+    assert summary["n"] == 0 and summary["gold_failures"] == 3
+
+
+def test_an_eval_whose_every_episode_ends_in_an_error_fails(demo_dir, tmp_path, monkeypatch):
+    from t2s.env.episode import Episode
+
+    def broken(self, *args, **kwargs):
+        raise RuntimeError("the sandbox is broken")
+
+    monkeypatch.setattr(Episode, "step", broken)
+    args = eval_args("--policy", "gold", "--data", demo_dir, "--n", "3", "--mode", "withheld", "--output", tmp_path)
+    with pytest.raises(EvalError, match="every one of 3 episodes ended in an error"):
+        evaluate(args)
+    assert read_summary(tmp_path, "withheld")["stop_reasons"] == {"error": 3}
+    monkeypatch.undo()  # one healthy episode among the broken ones: a result, not an error
+    calls = {"n": 0}
+    healthy = Episode.step
+
+    def one_broken(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("the sandbox is broken")
+        return healthy(self, *args, **kwargs)
+
+    monkeypatch.setattr(Episode, "step", one_broken)
+    evaluate(eval_args("--policy", "gold", "--data", demo_dir, "--n", "3", "--mode", "withheld", "--output",
+                       tmp_path / "again"))
+    assert read_summary(tmp_path / "again", "withheld")["stop_reasons"].get("error") == 1

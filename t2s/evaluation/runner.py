@@ -284,10 +284,24 @@ def evaluate(config: EvalConfig) -> dict[str, dict]:
     print_summaries(summaries)
     console().print(f"wrote {root}: report.html, summary.json, summary.md, summary.png, and "
                     f"{', '.join(modes)} episodes", markup=False, highlight=False, soft_wrap=True)
-    played = sum(s.get("n_episodes", 0) for s in summaries.values())
+    check_something_evaluated(summaries)
+    return summaries
+
+
+def check_something_evaluated(summaries: dict[str, dict]) -> None:
+    """An ``EvalError`` (after the folder is written) when the run's figures measure nothing: every episode ended
+    before its first turn or in an error (generation or environment), or no question could be scored (every gold SQL
+    fails)."""
+    played = sum(s.get("n_episodes", 0) for s in summaries.values())  # the scored episodes
     if played and sum(s.get("no_turn_episodes", 0) for s in summaries.values()) == played:
         raise EvalError("Error: every episode ended before its first turn (see the line above): nothing was evaluated")
-    return summaries
+    if played and sum(s.get("stop_reasons", {}).get("error", 0) for s in summaries.values()) == played:
+        raise EvalError(f"Error: every one of {played} episodes ended in an error, the model's server or the "
+                        "environment (see the lines above): nothing was evaluated")
+    unscored = max((s.get("gold_failures", 0) for s in summaries.values()), default=0)
+    if not played and unscored:
+        raise EvalError(f"Error: no question could be scored: the gold SQL of every one of the {unscored} questions "
+                        "fails on its database (see the line above); check --data and --db-root")
 
 
 def say_saved(root: Path, modes: list[str]) -> None:
