@@ -139,3 +139,28 @@ def test_a_missing_system_prompt_file_is_a_clear_error(demo_dir, tmp_path, capsy
                  "--system-prompt-file", str(tmp_path / "absent.txt")])
     assert code == 1
     assert capsys.readouterr().err.strip() == f"Error: system prompt file not found: {tmp_path / 'absent.txt'}"
+
+
+def test_rows_whose_gold_sql_fails_are_not_scored_and_never_kept(demo_dir, tmp_path, capsys):
+    """A row whose gold SQL fails is unscorable, not unsolved: with --min-solved 0 it would otherwise be kept as a
+    row no policy solves. When every row is so, the command fails with one line and writes nothing."""
+    rows = json.loads((demo_dir / "dev.json").read_text())[:3]
+    broken = [dict(rows[0], SQL="SELECT no_such_column FROM no_such_table"), *rows[1:]]
+    data = tmp_path / "one_broken.json"
+    data.write_text(json.dumps(broken))
+    flags = ["--db-root", str(demo_dir / "dev_databases"), "--policy", "gold", "--k", "2", "--min-solved", "0",
+             "--max-solved", "2"]
+    assert main(["data", "passrate", "--data", str(data), *flags, "--output", str(tmp_path / "a")]) == 0
+    out = capsys.readouterr().out
+    assert f"1 rows not scored, their gold SQL fails (never kept): {rows[0]['question_id']}" in out
+    assert "not scored (gold SQL fails)" in out  # the histogram's own row
+    kept = json.loads((tmp_path / "a" / "passrate_kept.json").read_text())
+    assert [row["question_id"] for row in kept] == [str(row["question_id"]) for row in rows[1:]]
+    assert all(row["passrate_solved"] == 2 for row in kept)
+
+    data.write_text(json.dumps([dict(row, SQL="SELECT no_such_column FROM no_such_table") for row in rows]))
+    assert main(["data", "passrate", "--data", str(data), *flags, "--output", str(tmp_path / "b")]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]  # after progress
+    assert errors == ["Error: no row could be scored: the gold SQL of every one of the 3 rows fails on its database; "
+                      "check --data and --db-root (nothing written)"]
+    assert not (tmp_path / "b" / "passrate_kept.json").exists()

@@ -390,6 +390,16 @@ def _passrate(args) -> int:
     counts = passrate.policy_counts(rows, PolicyConfig.from_options(vars(args)))
     kept = passrate.keep_partially_solved(rows, counts, args.k, args.min_solved, high)
     print_table(console, passrate.histogram_table(counts, args.k, args.min_solved, high))
+    unscored = [str(row.get("question_id")) for row, solved in zip(rows, counts) if solved is None]
+    if unscored and len(unscored) == len(rows):
+        print(f"Error: no row could be scored: the gold SQL of every one of the {len(rows)} rows fails on its "
+              "database; check --data and --db-root (nothing written)", file=sys.stderr)
+        return 1
+    if unscored:
+        from t2s.ui.console import some
+
+        console.print(f"{len(unscored)} rows not scored, their gold SQL fails (never kept): {some(unscored)}",
+                      style="yellow", highlight=False)
     path = output_file(args, OUTPUT_FILES["passrate"])
     if path:
         path.write_text(json.dumps(kept, indent=1, ensure_ascii=False), encoding="utf-8")

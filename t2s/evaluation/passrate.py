@@ -51,8 +51,9 @@ def scripted_policy_factory(name: str, k: int, dialect: str = "exec_plan", tool_
 
 def solve_counts(
     rows: Sequence[dict], policy_factory: Callable, k: int, *, workers: int = 4, progress: bool = True, **options
-) -> list[int]:
-    """For each row, how many of k episodes of ``policy_factory(row, sample)`` end in an official match.
+) -> list[int | None]:
+    """For each row, how many of k episodes of ``policy_factory(row, sample)`` end in an official match (None: the
+    row cannot be scored, its gold SQL fails).
 
     ``options`` set the evaluator's policy options, named as its flags (``max_turns``, ``episode_token_budget``, ...).
     """
@@ -63,7 +64,7 @@ def solve_counts(
     return play_counts(list(rows), config, policy_factory=policy_factory)
 
 
-def policy_counts(rows: Sequence[dict], config) -> list[int]:
+def policy_counts(rows: Sequence[dict], config) -> list[int | None]:
     """Solve counts for ``data passrate``'s ``PolicyConfig``: ``scripted-mix`` here, every other policy the
     evaluator's own.
 
@@ -83,17 +84,18 @@ def policy_counts(rows: Sequence[dict], config) -> list[int]:
 
 def keep_partially_solved(rows: Sequence[dict], counts: Sequence[int], k: int, low: int = 1, high: int | None = None):
     """Rows solved between ``low`` and ``high`` (default k-1) times, each with ``passrate_solved`` and
-    ``passrate_k``."""
+    ``passrate_k``; a row that cannot be scored (count None) is never kept."""
     high = k - 1 if high is None else high
     kept = []
     for row, solved in zip(rows, counts):
-        if low <= solved <= high:
+        if solved is not None and low <= solved <= high:
             kept.append({**row, "passrate_solved": int(solved), "passrate_k": int(k)})
     return kept
 
 
 def histogram_table(counts: Sequence[int], k: int, low: int, high: int):
-    """A rich table: how many rows were solved 0..k times, and which of them are kept."""
+    """A rich table: how many rows were solved 0..k times, and which of them are kept; rows that cannot be scored
+    (count None) in a row of their own."""
     from rich.table import Table
     from rich.text import Text
 
@@ -104,6 +106,8 @@ def histogram_table(counts: Sequence[int], k: int, low: int, high: int):
     table.add_column("kept", justify="center")
     for solved in range(k + 1):
         table.add_row(f"{solved}/{k}", str(histogram.get(solved, 0)), "yes" if low <= solved <= high else "")
-    kept = sum(n for s, n in histogram.items() if low <= s <= high)
+    if histogram.get(None):
+        table.add_row("not scored (gold SQL fails)", str(histogram[None]), "")
+    kept = sum(n for s, n in histogram.items() if s is not None and low <= s <= high)
     table.add_row(*(Text(cell, style="bold") for cell in ("total", str(len(counts)), f"{kept} kept")), end_section=True)
     return table

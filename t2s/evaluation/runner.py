@@ -364,8 +364,10 @@ def play_jobs(runner: Runner, jobs: list[tuple[dict, int]], mode: str, on_line, 
         progress.close()
 
 
-def solve_counts(rows: list[dict], config: PolicyConfig, *, policy_factory=None, mode: str = "full") -> list[int]:
-    """For each row, how many of ``config.k`` samples end in an official match, played and scored as ``eval`` does.
+def solve_counts(rows: list[dict], config: PolicyConfig, *, policy_factory=None,
+                 mode: str = "full") -> list[int | None]:
+    """For each row, how many of ``config.k`` samples end in an official match, played and scored as ``eval`` does;
+    None for a row that cannot be scored (its gold SQL fails, times out or goes over the scoring cap).
 
     ``policy_factory(row, sample)`` plays a scripted policy instead of ``config.policy``. Raises EvalError.
     """
@@ -378,10 +380,14 @@ def solve_counts(rows: list[dict], config: PolicyConfig, *, policy_factory=None,
         runner.setup(rows)
     rows = [dict(row) for row in rows]  # one object per position, even where the caller repeats a row
     position = {id(row): index for index, row in enumerate(rows)}
-    counts = [0] * len(rows)
+    counts: list[int | None] = [0] * len(rows)
 
     def count(row, line) -> None:
-        counts[position[id(row)]] += int(line["official"] or 0)
+        index = position[id(row)]
+        if line["official"] is None or counts[index] is None:
+            counts[index] = None  # unscorable: a count of 0 would call it unsolved
+        else:
+            counts[index] += int(line["official"])
 
     jobs = [(row, sample) for row in rows for sample in range(config.k)]
     label = "scripted" if policy_factory is not None else config.policy
