@@ -335,3 +335,33 @@ def test_eval_and_score_print_the_same_warnings_for_one_predictions_file(bird_di
     assert scored[: len(expected)] == evaluated
     problems = json.loads((tmp_path / "score" / "problems.json").read_text())
     assert problems["duplicate_ids"] == ["101"] and problems["unknown_ids"] == ["999", "[bold]x[/bold]"]
+
+
+def test_predictions_that_match_no_question_are_refused_by_score_and_eval(bird_dir, tmp_path, capsys):
+    """A predictions file of another data set: every question would score 0 for a missing prediction, which looks
+    like a result. Both readers refuse it with one line, before anything is written."""
+    predictions = _write(tmp_path / "p.jsonl", "\n".join(json.dumps({"question_id": f"x{i}", "sql": "SELECT 1"})
+                                                         for i in range(3)))
+    for argv in (["score", "--output", str(tmp_path / "score")],
+                 ["eval", "--policy", "predictions", "--output", str(tmp_path / "eval")]):
+        code = main([*argv, "--data", str(bird_dir / "dev.json"), "--predictions", str(predictions), "--quiet"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 1 and len(err) == 1, err
+        assert err[0].startswith(f"Error: none of the 4 questions to score has a prediction in {predictions}: its "
+                                 "ids (x0, x1, x2) match no question of the data (such as 100, 101, 102")
+        assert not (tmp_path / argv[-1].rsplit("/", 1)[-1] / "summary.json").exists()
+
+
+def test_score_where_no_gold_sql_runs_fails_after_writing_its_files(bird_dir, tmp_path, capsys):
+    data = json.loads((bird_dir / "dev.json").read_text())
+    (bird_dir / "dev.json").write_text(json.dumps([dict(row, SQL="SELECT nope FROM hero") for row in data]))
+    for predicted, failures in (([100, 101, 102, 103], 4), ([100], 1)):  # every question predicted, or one
+        predictions = _write(tmp_path / "p.jsonl", "\n".join(json.dumps({"question_id": q, "sql": "SELECT 1"})
+                                                             for q in predicted))
+        code = main(["score", "--data", str(bird_dir / "dev.json"), "--predictions", str(predictions), "--output",
+                     str(tmp_path / "out"), "--quiet"])
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
+        assert code == 1 and err == [f"Error: no question could be scored: the gold SQL of every one of the {failures} "
+                                     "predicted questions fails on its database (see the warning above); check "
+                                     "--data and --db-root"]
+        assert _summary(tmp_path / "out")["gold_failures"] == failures

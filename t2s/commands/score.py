@@ -52,4 +52,10 @@ def run(args) -> int:
     print_warnings(score_warnings(summary, result["predictions"]))
     console.print(f"missing {summary['missing']}, errors {summary['errors']}; "
                   f"wrote {Path(args.output) / 'scores.jsonl'} and {Path(args.output) / 'summary.json'}")
+    if summary["gold_failures"] and summary["gold_failures"] + summary["missing"] == summary["n"]:
+        from t2s.errors import EvalError  # no prediction was compared with a gold result
+
+        raise EvalError(f"Error: no question could be scored: the gold SQL of every one of the "
+                        f"{summary['gold_failures']} predicted questions fails on its database (see the warning "
+                        "above); check --data and --db-root")
     return 0

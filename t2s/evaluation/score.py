@@ -71,16 +71,25 @@ def read_predictions(path, rows: list[dict], questions: list[dict] | None = None
     file cannot be read.
 
     ``rows``: every row of the data file (BIRD positions count in it); ``questions``: the rows that will be scored
-    (default: all), over which questions without a prediction are counted. The result holds the problems found and
-    their warning lines (``warnings``).
+    (default: all), over which questions without a prediction are counted; when none of them has one, the file and
+    the data do not go together (PredictionsError). The result holds the problems found and their warning lines
+    (``warnings``).
     """
     out = _read(path, rows)
     out.db_id_mismatches = [
         {"question_id": row["question_id"], "data": row["db_id"], "prediction": out.db_ids[row["question_id"]]}
         for row in rows if out.db_ids.get(row["question_id"], row["db_id"]) != row["db_id"]
     ]
-    out.missing_ids = [row["question_id"] for row in (rows if questions is None else questions)
-                       if row["question_id"] not in out.sql]
+    wanted = rows if questions is None else questions
+    out.missing_ids = [row["question_id"] for row in wanted if row["question_id"] not in out.sql]
+    if wanted and len(out.missing_ids) == len(wanted):
+        from t2s.ui.console import some
+
+        raise PredictionsError(
+            f"Error: none of the {len(wanted)} questions to score has a prediction in {path}: its ids "
+            f"({some(out.unknown_ids, limit=3) or 'none'}) match no question of the data (such as "
+            f"{some([row['question_id'] for row in wanted], limit=3)}); check that the predictions and the data go "
+            "together")
     out.warnings = prediction_warnings(out)
     return out
 
