@@ -179,3 +179,17 @@ def test_check_sqale_payloads(tmp_path, capsys, cache_in_tmp):
     schemas.write_text(schemas.read_text().replace('"number_of_tables": 2', '"number_of_tables": 3'))
     assert main(args) == 0
     assert "from the cache" not in capsys.readouterr().out
+
+
+def test_a_check_where_no_gold_sql_runs_fails_with_one_line(tmp_path, capsys):
+    data = _tiny_bird(tmp_path / "bird", slow_query=False)
+    records = [r for r in json.loads(data.read_text()) if r["question"] in ("error", "empty", "write")]
+    data.write_text(json.dumps(records))
+    assert main(["data", "check", "--data", str(data), "--no-cache"]) == 1
+    out, err = capsys.readouterr()
+    assert "gold SQL check" in out  # the table comes first
+    assert err.strip().splitlines() == ["Error: the gold SQL of none of the 3 rows ran and returned rows (error 2, "
+                                        "empty 1); check --data and --db-root"]
+    data.write_text(json.dumps(records + [json.loads(_tiny_bird(tmp_path / "again").read_text())[0]]))  # one runs
+    assert main(["data", "check", "--data", str(data), "--db-root", str(tmp_path / "bird" / "dev_databases"),
+                 "--no-cache"]) == 0

@@ -235,11 +235,17 @@ def _check(args) -> int:
     if args.kind == "sqale":  # the outcomes depend on the schema table too
         schemas = Path(args.schemas) if args.schemas else None
         extra_key = file_checksum(schemas) if schemas and schemas.is_file() else str(args.schemas)
-    check_and_report(
+    summary = check_and_report(
         rows, console=console, data_file=data_file, db_root=rows.db_root, workers=args.workers, timeout=args.timeout,
         use_cache=not args.no_cache, output=output_file(args, OUTPUT_FILES["check"]),
         title=f"gold SQL check: {args.data}", extra_key=extra_key,
     )
+    overall = summary["overall"]
+    if sum(overall.values()) and not overall["ok"]:  # a table of failures is not a check that passed
+        counts = ", ".join(f"{name} {n}" for name, n in overall.items() if n)
+        print(f"Error: the gold SQL of none of the {sum(overall.values())} rows ran and returned rows ({counts}); "
+              "check --data and --db-root", file=sys.stderr)
+        return 1
     return 0
 
 
