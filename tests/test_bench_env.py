@@ -145,3 +145,24 @@ def test_a_ratio_above_the_target_exits_1_and_a_short_run_is_not_judged(demo_dir
     out = capsys.readouterr()
     assert "not judged: the best of 1 pass(es)" in out.err and "Error" not in out.err
     assert LAST_LINE.match(out.out.strip().splitlines()[-1])
+
+
+def test_a_workload_where_no_gold_episode_scores_exits_1(demo_dir, tmp_path, monkeypatch, capsys):
+    """Databases that open but hold none of the gold SQL's tables: the figures time errors, not the workload."""
+    import contextlib
+    import sqlite3
+
+    from t2s.bench import env
+
+    monkeypatch.setattr(env, "MAX_RATIO", float("inf"))  # whatever the machine's load
+    for db in ("cycling_club", "village_library"):
+        (tmp_path / db).mkdir()
+        with contextlib.closing(sqlite3.connect(tmp_path / db / f"{db}.sqlite")) as connection:
+            connection.execute("CREATE TABLE unrelated (a INTEGER)")
+    assert in_process(["env", "--data", str(demo_dir / "dev.json"), "--db-root", str(tmp_path), "--workers", "1",
+                       "--repeats", "1"]) == 1
+    out = capsys.readouterr()
+    assert [line for line in out.err.splitlines() if line.startswith("Error:")] == [
+        f"Error: none of the {env.QUESTIONS * env.ROLLOUTS} gold episodes scored correct (gold EX "
+        f"0/{env.QUESTIONS * env.ROLLOUTS}), so the timed workload is not the gold's; check --data and --db-root"]
+    assert LAST_LINE.match(out.out.strip().splitlines()[-1])  # the figures are printed all the same

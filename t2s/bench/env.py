@@ -379,4 +379,8 @@ def run(*, data, db_root=None, workers=None, repeats=None, seed=SEED, dialect="e
         console.print(f"target {MAX_RATIO:g}x not judged: the best of {len(env_times)} pass(es) (it needs "
                       f"{MIN_REPEATS})", style="dim")
     print(f"env_step_seconds={env_seconds:.4f} overhead_ratio={ratio:.4f}")
+    if results and not correct:  # the gold's episodes timed nothing but errors: not the pinned workload
+        print(f"Error: none of the {len(results)} gold episodes scored correct (gold EX 0/{len(results)}), so the "
+              "timed workload is not the gold's; check --data and --db-root", file=sys.stderr)
+        return 1
     return 1 if above else 0
