@@ -818,7 +818,7 @@ def test_an_eval_where_no_question_can_be_scored_fails_after_writing_its_folder(
     assert summary["n"] == 0 and summary["gold_failures"] == 3
 
 
-def test_an_eval_whose_every_episode_ends_in_an_error_fails(demo_dir, tmp_path, monkeypatch):
+def test_an_eval_whose_every_episode_ends_in_an_error_fails(demo_dir, tmp_path, monkeypatch, caplog):
     from t2s.env.episode import Episode
 
     def broken(self, *args, **kwargs):
@@ -829,6 +829,10 @@ def test_an_eval_whose_every_episode_ends_in_an_error_fails(demo_dir, tmp_path, 
     with pytest.raises(EvalError, match="every one of 3 episodes ended in an error"):
         evaluate(args)
     assert read_summary(tmp_path, "withheld")["stop_reasons"] == {"error": 3}
+    played = {line["question_id"] for line in read_lines(tmp_path / "withheld")}
+    named = {re.search(r"\(question (\S+)\) ended by an environment error: RuntimeError: the sandbox is broken",
+                       record.getMessage()) for record in caplog.records}
+    assert {match.group(1) for match in named if match} == played  # each warning names its question
     monkeypatch.undo()  # one healthy episode among the broken ones: a result, not an error
     calls = {"n": 0}
     healthy = Episode.step

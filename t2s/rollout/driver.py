@@ -175,7 +175,9 @@ class _Run:
             try:
                 return self.episode.step(text, n_tokens=n_tokens, cut_off=cut_off, parsed=parsed)
             except Exception as exc:  # noqa: BLE001 - one episode's failure ends that episode, never the rollout
-                logger.warning("episode %s ended by an environment error: %s: %s", self.index, type(exc).__name__, exc)
+                logger.warning("episode %s (question %s) ended by an environment error: %s: %s", self.index,
+                               self.row.get("question_id") if isinstance(self.row, dict) else None,
+                               type(exc).__name__, exc)
                 self.episode.end_with_error(text)
                 return None
 
