@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -162,6 +163,27 @@ def test_cli_reports_malformed_data_in_one_line(tmp_path, capsys):
     assert main(["data", "check", "--data", str(bad)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("Error:") and str(bad) in err[0]
+
+
+@pytest.mark.parametrize("name", ["dev.json", "rows.jsonl"])
+@pytest.mark.parametrize("value, problem", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"question_id": 1' + "0" * 5000 + "}", "a number of more digits than Python reads"),
+])
+def test_json_past_pythons_own_limits_is_one_error_line(tmp_path, capsys, name, value, problem):
+    """Nesting deeper than Python's recursion limit, an integer longer than its digit limit: refused as invalid JSON
+    naming the file, by the readers every command shares, never a RecursionError or ValueError traceback."""
+    from t2s.commands import main
+
+    bad = tmp_path / name
+    bad.write_text(value + "\n")
+    with pytest.raises(DataError, match=f"^Error: {re.escape(str(bad))}: .*not valid JSON: {problem}"):
+        load_json_rows(bad)
+    for argv in (["data", "check", "--data", str(bad)], ["eval", "--policy", "gold", "--data", str(bad), "--output",
+                                                        str(tmp_path / "eval")]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"Error: {bad}: ") and problem in err[0], err
 
 
 # ----------------------------------------------------------------------------------------------------------------

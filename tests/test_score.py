@@ -153,6 +153,8 @@ def test_score_sql_prediction_timeout_and_over_cap(bird_dir, monkeypatch):
     ('[1, 2]', "row 0"),
     ("{}", "holds no predictions ({})"),  # an empty predictions object is an error, not 0 of n
     ("[]\n", "holds no predictions ([])"),
+    ('{"0": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),  # past Python's recursion limit
+    ('{"question_id": 100, "sql": ' + "[" * 100_000 + "]" * 100_000 + "}\n{}", "line 1 is not valid JSON"),
 ])
 def test_unreadable_predictions_fail_with_one_clear_line(bird_dir, tmp_path, capsys, content, needle):
     predictions = _write(tmp_path / "bad.json", content)

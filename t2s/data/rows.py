@@ -111,10 +111,9 @@ def parse_records(text: str, path: str | Path) -> list[dict]:
     else:
         try:
             records = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise DataError(
-                f"Error: {path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-            ) from None
+        except (ValueError, RecursionError) as exc:  # a decode error, an integer past Python's digit limit, nesting
+            where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
+            raise DataError(f"Error: {path}: not valid JSON: {_decode_problem(exc)}{where}") from None
         if isinstance(records, dict):  # a single object holding the list, e.g. {"data": [...]}
             lists = [v for v in records.values() if isinstance(v, list)]
             if len(lists) != 1:
@@ -136,16 +135,27 @@ def jsonl_values(text: str, path: str | Path) -> Iterator[tuple[int, Any]]:
         if not line.strip():
             continue
         try:
-            yield number, json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"Error: {path}: line {number} is not valid JSON: {exc.msg} (column {exc.colno})") from None
+            value = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            where = f" (column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
+            raise DataError(f"Error: {path}: line {number} is not valid JSON: {_decode_problem(exc)}{where}") from None
+        yield number, value
+
+
+def _decode_problem(exc: Exception) -> str:
+    """Why ``json.loads`` refused a text: its message, or what Python's own limits refused."""
+    if isinstance(exc, json.JSONDecodeError):
+        return exc.msg
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    return "a number of more digits than Python reads"  # sys.get_int_max_str_digits(), 4300 by default
 
 
 def _is_single_json_object(text: str) -> bool:
     try:
         json.loads(text)
         return True
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):
         return False
 
 

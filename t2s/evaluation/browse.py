@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from t2s.evaluation.run_folders import (EPISODES, RunFolderError, eval_modes, has_training_episodes, read_jsonl,
+from t2s.evaluation.run_folders import (EPISODES, RunFolderError, eval_modes, has_training_episodes, read_episodes,
                               read_training_episodes)
 
 
@@ -20,11 +20,11 @@ def run_episodes(path, modes: list[str] | None = None) -> list[dict]:
     if has_training_episodes(path):
         return read_training_episodes(path)
     if path.is_file():
-        return read_jsonl(path)
+        return read_episodes(path)
     if not path.exists():
         raise RunFolderError(f"Error: run not found: {path}")
     if (path / EPISODES).is_file():
-        return read_jsonl(path / EPISODES)
+        return read_episodes(path / EPISODES)
     found = eval_modes(path)
     if not found:
         raise RunFolderError(f"Error: {path} holds no {EPISODES} nor completions/*.parquet (an eval folder, a mode "
@@ -35,7 +35,7 @@ def run_episodes(path, modes: list[str] | None = None) -> list[dict]:
         raise RunFolderError(f"Error: {path} has no mode {', '.join(unknown)} (it has {', '.join(found)})")
     lines = []
     for mode in chosen:
-        lines += [{**line, "mode": line.get("mode") or mode} for line in read_jsonl(path / mode / EPISODES)]
+        lines += [{**line, "mode": line.get("mode") or mode} for line in read_episodes(path / mode / EPISODES)]
     return lines
 
 

@@ -110,7 +110,7 @@ def compare_runs(run_a, run_b, metric: str = "official") -> dict:
 def write_html(run_a, run_b, report: dict, out: Path) -> Path:
     """compare.html of the two runs' flipped questions (their episodes.jsonl)."""
     from t2s.evaluation.report_html import write_compare_report
-    from t2s.evaluation.run_folders import read_jsonl
+    from t2s.evaluation.run_folders import RunFolderError, read_episodes
     from t2s.evaluation.browse import flipped, in_data_order
 
     lines = []
@@ -120,6 +120,9 @@ def write_html(run_a, run_b, report: dict, out: Path) -> Path:
         if not episodes.is_file():
             raise CompareError(f"Error: --html needs the episodes of each run; {run} has no {EPISODES} (a score "
                                "folder holds scores only)")
-        lines.append(read_jsonl(episodes))
+        try:
+            lines.append(read_episodes(episodes))
+        except RunFolderError as exc:
+            raise CompareError(str(exc)) from None
     pairs = flipped(in_data_order(lines[0]), lines[1])
     return write_compare_report(out / "compare.html", report, pairs, (str(run_a), str(run_b)))

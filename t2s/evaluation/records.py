@@ -8,6 +8,8 @@ Result previews (``gold_result``, ``pred_result``) are ``{"columns", "rows", "mo
 
 from __future__ import annotations
 
+import json
+
 PREVIEW_ROWS = 10
 PREVIEW_CELL_CHARS = 200
 SCORE_KEYS = ("question_id", "sample", "db_id", "difficulty", "official", "strict", "soft_f1", "executes", "error",
@@ -82,3 +84,65 @@ def score_record(row: dict, record, sample: int) -> dict:
 def score_line(line: dict) -> dict:
     """The ``scores.jsonl`` line of an eval line: its scoring keys only."""
     return {key: line.get(key) for key in SCORE_KEYS if key in line or key != "gold_error"}
+
+
+# ------------------------------------------------------------------------------------------------- reading lines back
+TEXT_KEYS = ("db_id", "mode", "final_sql", "final_sql_source", "submitted_sql", "stop_reason", "question", "evidence",
+             "gold_sql", "difficulty", "error", "gold_error")
+NUMBER_KEYS = ("official", "strict", "soft_f1", "executes", "prompt_tokens")
+TURN_TEXT_KEYS = ("assistant", "observation", "thinking")
+
+
+def _shown(value) -> str:
+    return json.dumps(value, ensure_ascii=False)[:60]
+
+
+def _turn_problem(turns) -> str | None:
+    if not isinstance(turns, list):
+        return f"'turns' must be a list, got {_shown(turns)}"
+    for index, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            return f"turn {index} must be an object, got {_shown(turn)}"
+        for key in TURN_TEXT_KEYS:
+            if not isinstance(turn.get(key), (str, type(None))):
+                return f"turn {index}'s {key!r} must be text, got {_shown(turn[key])}"
+        if not isinstance(turn.get("calls", []), list):
+            return f"turn {index}'s 'calls' must be a list, got {_shown(turn['calls'])}"
+    return None
+
+
+def _preview_problem(key: str, preview) -> str | None:
+    if preview is None:
+        return None
+    if not isinstance(preview, dict):
+        return f"{key!r} must be an object, got {_shown(preview)}"
+    rows = preview.get("rows", [])
+    if not isinstance(preview.get("columns", []), list) or not isinstance(rows, list) or \
+            not all(isinstance(row, list) for row in rows):
+        return f"{key!r} must hold a list of columns and a list of rows, got {_shown(preview)}"
+    return None
+
+
+def line_problem(line) -> str | None:
+    """What would make ``line`` (a line of ``episodes.jsonl`` or ``scores.jsonl``) fail a reader, or None: the keys a
+    reader uses, where present, with the types ``eval`` writes. Resume, ``show`` and ``compare --html`` refuse such a
+    line with its file and number instead of failing deep inside."""
+    if not isinstance(line, dict):
+        return f"is a JSON {type(line).__name__}, not an object"
+    question_id = line.get("question_id")
+    if isinstance(question_id, bool) or not isinstance(question_id, (str, int)):
+        return f"'question_id' must be text or a whole number, got {_shown(question_id)}"
+    sample = line.get("sample", 0)
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
+        return f"'sample' must be a whole number of 0 or more, got {_shown(sample)}"
+    for key in NUMBER_KEYS:
+        if not isinstance(line.get(key), (int, float, type(None))):
+            return f"{key!r} must be a number or null, got {_shown(line[key])}"
+    for key in TEXT_KEYS:
+        if not isinstance(line.get(key), (str, type(None))):
+            return f"{key!r} must be text or null, got {_shown(line[key])}"
+    counters = line.get("counters", {})
+    if not isinstance(counters, dict) or not all(isinstance(v, (int, float, type(None))) for v in counters.values()):
+        return f"'counters' must be an object of numbers, got {_shown(counters)}"
+    return _turn_problem(line.get("turns", [])) or _preview_problem("gold_result", line.get("gold_result")) or \
+        _preview_problem("pred_result", line.get("pred_result"))

@@ -101,8 +101,8 @@ def mode_folder(path) -> Path:
     raise RunFolderError(f"Error: {path} holds neither {SCORES} nor {EPISODES}, nor eval mode folders")
 
 
-def read_jsonl(path) -> list[dict]:
-    """The JSON objects of a JSONL file (a line cut off by a killed run is left out); RunFolderError otherwise."""
+def _numbered_jsonl(path) -> list[tuple[int, object]]:
+    """(line number, value) of a JSONL file (a line cut off by a killed run is left out); RunFolderError otherwise."""
     from t2s.data.rows import DataError, jsonl_values, read_text_file
 
     path = Path(path)
@@ -110,10 +110,27 @@ def read_jsonl(path) -> list[dict]:
         text = read_text_file(path, what="run")
         if text and not text.endswith("\n"):
             text = text[: text.rfind("\n") + 1]  # the last write was cut off
-        values = [value for _, value in jsonl_values(text, path)]
+        return list(jsonl_values(text, path))
     except DataError as exc:
         raise RunFolderError(str(exc)) from None
-    return [value for value in values if isinstance(value, dict)]
+
+
+def read_jsonl(path) -> list[dict]:
+    """The JSON objects of a JSONL file (a line cut off by a killed run is left out); RunFolderError otherwise."""
+    return [value for _, value in _numbered_jsonl(path) if isinstance(value, dict)]
+
+
+def read_episodes(path) -> list[dict]:
+    """The lines of an ``episodes.jsonl`` (or ``scores.jsonl``), as :func:`read_jsonl` reads them; a RunFolderError
+    naming the file, the line and the key for a line a reader would fail on (``records.line_problem``)."""
+    from t2s.evaluation.records import line_problem
+
+    lines = []
+    for number, value in _numbered_jsonl(path):
+        if problem := line_problem(value):
+            raise RunFolderError(f"Error: {path} line {number}: {problem}")
+        lines.append(value)
+    return lines
 
 
 def read_training_episodes(path) -> list[dict]:

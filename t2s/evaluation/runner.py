@@ -20,7 +20,7 @@ from pathlib import Path
 
 from t2s.env.databases import file_checksum
 from t2s.errors import writing
-from t2s.evaluation.records import score_record
+from t2s.evaluation.records import line_problem, score_record
 from t2s.evaluation.policies import Runner
 from t2s.errors import EvalError
 from t2s.env import single_turn
@@ -91,17 +91,23 @@ class EpisodeLog:
                 continue
             try:
                 lines.append(json.loads(raw))
-            except ValueError:
+            except (ValueError, RecursionError):
                 if number == len(complete) and not tail.strip():
                     complete = complete[: number - 1]
                     break
                 raise EvalError(f"Error: {self.path} line {number} is not valid JSON; move the file away to start over")
+            if problem := line_problem(lines[-1]):
+                raise EvalError(f"Error: {self.path} line {number}: {problem}; move the file away to start over")
         if tail.strip():
             try:
                 lines.append(json.loads(tail))
                 complete.append(tail)
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass  # the last write was cut off: that question runs again
+            else:
+                if problem := line_problem(lines[-1]):
+                    raise EvalError(f"Error: {self.path} line {len(complete)}: {problem}; move the file away to start "
+                                    "over")
         kept = b"".join(raw + b"\n" for raw in complete)
         if kept != data:
             self.path.write_bytes(kept)

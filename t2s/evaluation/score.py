@@ -137,7 +137,7 @@ def _read(path, rows: list[dict]) -> Predictions:
         raise PredictionsError(f"Error: the predictions file {file} is empty")
     try:
         document = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not one JSON document: JSONL, or refused below with the reason
         document = None
     known = {row["question_id"] for row in rows}
     out = Predictions()
@@ -145,7 +145,8 @@ def _read(path, rows: list[dict]) -> Predictions:
         raise PredictionsError(f"Error: the predictions file {file} holds no predictions ({text.strip()})")
     if isinstance(document, dict) and "question_id" not in document:  # BIRD's predict_dev.json
         for key, value in document.items():
-            position = int(key) if str(key).strip().lstrip("-").isdigit() else None
+            digits = str(key).strip().lstrip("-")
+            position = int(key) if digits.isdigit() and len(digits) < 19 else None  # no row is further on
             if position is None or not 0 <= position < len(rows):
                 out.unknown_ids.append(str(key))
                 continue
