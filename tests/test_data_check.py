@@ -193,3 +193,13 @@ def test_a_check_where_no_gold_sql_runs_fails_with_one_line(tmp_path, capsys):
     data.write_text(json.dumps(records + [json.loads(_tiny_bird(tmp_path / "again").read_text())[0]]))  # one runs
     assert main(["data", "check", "--data", str(data), "--db-root", str(tmp_path / "bird" / "dev_databases"),
                  "--no-cache"]) == 0
+
+
+@pytest.mark.parametrize("verb", [["check"], ["passrate", "--policy", "gold", "--k", "2"], ["difficulty"]])
+def test_a_data_file_without_questions_is_one_error_line(tmp_path, capsys, verb):
+    empty = tmp_path / "dev.json"
+    empty.write_text("[]")
+    assert main(["data", *verb, "--data", str(empty), "--output", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"Error: no questions in {empty}"]
+    assert not any((tmp_path / "out").glob("*"))

@@ -174,6 +174,8 @@ def load_for_command(args, *, require_databases=None):
         rows = loaders.load_json_rows(args.data, args.db_root, require_databases=require_databases)
     else:
         rows = loaders.load_rows(args.kind, args.data, args.db_root, require_databases=require_databases)
+    if not len(rows):
+        raise data_rows.DataError(f"Error: no questions in {args.data}")  # as eval says: a check of nothing is none
     if args.limit is not None:  # the missing databases counted again, over the rows kept
         kept = select_rows(rows, args.limit, args.seed)
         missing: dict[str, int] = {}
@@ -311,6 +313,8 @@ def _difficulty(args) -> int:
     if data_file.is_dir():
         data_file = next((data_file / n for n in DATA_FILE_NAMES if (data_file / n).is_file()), data_file)
     records = data_rows.read_records(data_file)
+    if not records:
+        raise data_rows.DataError(f"Error: no questions in {args.data}")
     rows = []
     for position, record in enumerate(records):
         sql = difficulty._sql_of(record)
