@@ -3,6 +3,7 @@ SQL that fails, in `eval` and `score`; duplicated question ids are refused by ev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -224,3 +225,22 @@ def test_eval_does_not_blame_an_empty_answer_for_a_failing_gold(demo_dir, tmp_pa
     summary = json.loads((out / "summary.json").read_text())["modes"]["full"]
     assert summary["n"] == 3 and summary["execution_accuracy_official"] == 1.0
     assert summary["gold_failure_ids"] == ["gold_fails"]
+
+
+def test_an_empty_file_and_a_database_without_tables_cannot_be_read(tmp_path, capsys):
+    """SQLite opens a 0-byte file as an empty database: every question on it would fail its gold SQL in silence."""
+    from t2s.data.db_probe import database_problems
+
+    empty, bare = tmp_path / "empty" / "empty.sqlite", tmp_path / "bare" / "bare.sqlite"
+    empty.parent.mkdir()
+    empty.write_bytes(b"")
+    bare.parent.mkdir()
+    with contextlib.closing(sqlite3.connect(bare)) as connection:
+        connection.execute("PRAGMA user_version = 7")  # a valid database file, with no table
+        connection.commit()
+    assert bare.stat().st_size > 0
+    rows = [{"question_id": "1", "db_id": "empty", "db_path": str(empty)},
+            {"question_id": "2", "db_id": "bare", "db_path": str(bare)}]
+    assert database_problems(rows) == {"empty": f"{empty} is empty (0 bytes), not a database",
+                                       "bare": f"{bare} holds no tables"}
+    assert empty.read_bytes() == b""  # the probe wrote nothing

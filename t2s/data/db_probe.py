@@ -3,8 +3,10 @@
 A file that is not SQLite, a truncated or damaged file, a half-written one, or a WAL database that cannot be opened
 would otherwise make every question on it score 0 (or a wrong score) in silence. The probe, per distinct database:
 - asks ``databases.database_problem`` (a hot journal beside the file: a writer stopped mid-transaction);
-- compares the file's size with the size its header declares (a truncated copy is shorter);
-- opens it through the sandbox (``databases.scoring_connection``), which reads ``sqlite_master``;
+- compares the file's size with the size its header declares (a truncated copy is shorter), and refuses an empty
+  file (0 bytes, which SQLite would open as a database without tables);
+- opens it through the sandbox (``databases.scoring_connection``), which reads ``sqlite_master``, and refuses a
+  database that holds no tables;
 - reads the first row of every table, which touches each table's root page.
 It costs a few page reads per table, whatever the database's size. Missing files are not its business (the loaders
 count them) and row-payload databases are built in memory, so both are passed over.
@@ -27,6 +29,8 @@ def _declared_size_problem(path: str) -> str | None:
         size = os.path.getsize(path)
     except OSError as exc:
         return f"cannot read {path}: {exc.strerror or exc}"
+    if size == 0:  # SQLite opens an empty file as a database without tables
+        return f"{path} is empty (0 bytes), not a database"
     if len(header) < 100 or not header.startswith(_HEADER):
         return None  # not SQLite at all: opening it says so
     page_size = int.from_bytes(header[16:18], "big")
@@ -56,6 +60,8 @@ def _probe(ref) -> str | None:
                                          timeout=PROBE_TIMEOUT)
     if not tables.ok:
         return f"cannot read the schema of {ref.path}: {tables.error.removeprefix('Error: ')}"
+    if not any(not str(name).startswith("sqlite_") for (name,) in tables.rows):
+        return f"{ref.path} holds no tables"  # a question on it can only fail
     for (name,) in tables.rows:
         if str(name).startswith("sqlite_"):
             continue
