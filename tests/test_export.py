@@ -148,6 +148,25 @@ def test_export_cli_error_line(tmp_path, capsys):
     assert err[-1].startswith("Error: checkpoint folder not found")
 
 
+@pytest.mark.parametrize("name", ["config.json", "adapter_config.json"])
+@pytest.mark.parametrize("content, problem", [
+    (b"[1]", "is not a JSON object (it holds a JSON list)"),
+    (b'"a model"', "is not a JSON object (it holds a JSON str)"),
+    (b"{bad", "is not valid JSON: Expecting property name enclosed in double quotes"),
+    (b"\xff\xfe{}", "is not valid JSON: not UTF-8 text"),
+])
+def test_a_model_config_that_is_not_a_json_object_is_one_error_line(tmp_path, capsys, name, content, problem):
+    from t2s.commands import main
+
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    (checkpoint / name).write_bytes(content)
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "o"), "--no-verify"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"Error: {checkpoint / name} {problem}"]
+    assert not (tmp_path / "o").exists()
+
+
 def model_eval(model_dir, demo_dir, output, *modes, n=3) -> dict:
     """A short eval of ``model_dir`` (its weights recorded, as ``export --eval`` needs); returns {mode: summary}."""
     from t2s.evaluation.runner import evaluate

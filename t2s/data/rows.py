@@ -113,7 +113,7 @@ def parse_records(text: str, path: str | Path) -> list[dict]:
             records = json.loads(text)
         except (ValueError, RecursionError) as exc:  # a decode error, an integer past Python's digit limit, nesting
             where = f" at line {exc.lineno} column {exc.colno}" if isinstance(exc, json.JSONDecodeError) else ""
-            raise DataError(f"Error: {path}: not valid JSON: {_decode_problem(exc)}{where}") from None
+            raise DataError(f"Error: {path}: not valid JSON: {decode_problem(exc)}{where}") from None
         if isinstance(records, dict):  # a single object holding the list, e.g. {"data": [...]}
             lists = [v for v in records.values() if isinstance(v, list)]
             if len(lists) != 1:
@@ -138,16 +138,18 @@ def jsonl_values(text: str, path: str | Path) -> Iterator[tuple[int, Any]]:
             value = json.loads(line)
         except (ValueError, RecursionError) as exc:
             where = f" (column {exc.colno})" if isinstance(exc, json.JSONDecodeError) else ""
-            raise DataError(f"Error: {path}: line {number} is not valid JSON: {_decode_problem(exc)}{where}") from None
+            raise DataError(f"Error: {path}: line {number} is not valid JSON: {decode_problem(exc)}{where}") from None
         yield number, value
 
 
-def _decode_problem(exc: Exception) -> str:
+def decode_problem(exc: Exception) -> str:
     """Why ``json.loads`` refused a text: its message, or what Python's own limits refused."""
     if isinstance(exc, json.JSONDecodeError):
         return exc.msg
     if isinstance(exc, RecursionError):
         return "nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
     return "a number of more digits than Python reads"  # sys.get_int_max_str_digits(), 4300 by default
 
 

@@ -72,7 +72,18 @@ def resolve_model_dir(name_or_path: str) -> Path:
 
 
 def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.is_file() else {}
+    """The JSON object a file holds ({} when it is absent); an ExportError for any other content."""
+    if not path.is_file():
+        return {}
+    from t2s.data.rows import decode_problem
+
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, past Python's limits
+        raise ExportError(f"{path} is not valid JSON: {decode_problem(exc)}") from None
+    if not isinstance(value, dict):
+        raise ExportError(f"{path} is not a JSON object (it holds a JSON {type(value).__name__})")
+    return value
 
 
 def is_adapter(folder: Path) -> bool:
@@ -235,6 +246,8 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
     if not any((checkpoint / name).is_file() for name in ("config.json", "adapter_config.json")):
         raise ExportError(f"{checkpoint} holds no model: neither config.json nor adapter_config.json (is the "
                           "checkpoint complete?)")
+    for name in ("config.json", "adapter_config.json"):
+        _read_json(checkpoint / name)  # an object, before any library reads it
     if out.exists() and any(out.iterdir()) and not force:
         raise ExportError(f"output folder {out} is not empty (pass --force to write into it)")
     if recipe:  # found as train and sft find it: as given, else a shipped recipe path
