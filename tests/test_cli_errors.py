@@ -33,7 +33,8 @@ def test_an_output_path_that_is_a_file(demo_dir, tmp_path, capsys):
     assert str(taken) in _one_error_line(capsys) and taken.read_text() == "keep me"
     data = demo_dir / "dev.json"
     predictions = tmp_path / "p.jsonl"
-    predictions.write_text(json.dumps({"question_id": "x", "sql": "SELECT 1"}))
+    first = json.loads(data.read_text())[0]["question_id"]  # a prediction of the data: the output is what fails
+    predictions.write_text(json.dumps({"question_id": first, "sql": "SELECT 1"}))
     assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output", str(taken)]) == 1
     assert "is a file" in _one_error_line(capsys) and taken.read_text() == "keep me"
 

@@ -24,6 +24,8 @@ DAMAGES = {  # the second line of episodes.jsonl, changed so: what a reader met
     "pred_result": lambda line: dict(line, pred_result="x"),
     "gold_result": lambda line: dict(line, gold_result={"columns": 5, "rows": []}),
     "mode": lambda line: dict(line, mode=[1]),
+    "no-sample": lambda line: {key: value for key, value in line.items() if key != "sample"},
+    "no-official": lambda line: {key: value for key, value in line.items() if key != "official"},
 }
 
 
@@ -63,6 +65,8 @@ def test_a_damaged_line_is_one_error_line_for_resume_show_and_compare(finished_r
     with pytest.raises(EvalError, match=f"^Error: {episodes} line 2: .*; move the file away to start over$"):
         evaluate(eval_config(eval_argv(demo_dir, run)))
     capsys.readouterr()
+    if damage.startswith("no-"):  # a training run's episodes have neither: only a resumed eval needs them
+        return
     for argv in (["show", str(episodes)], ["show", str(run), "--wrong"], ["show", str(run / "withheld"), "--id", "1"],
                  ["compare", str(finished_run / "withheld"), str(run / "withheld"), "--html", "--output",
                   str(tmp_path / "compared")]):
@@ -70,3 +74,21 @@ def test_a_damaged_line_is_one_error_line_for_resume_show_and_compare(finished_r
         out, err = capsys.readouterr()
         assert code != 0 and "Traceback" not in out + err, argv
         assert err.strip().splitlines() == [err.strip()] and err.startswith(f"Error: {episodes} line 2: "), (argv, err)
+
+
+def test_line_separators_inside_json_strings_are_text(finished_run, demo_dir, tmp_path, capsys):
+    """eval writes model text as it is (``ensure_ascii=False``): U+2028, U+2029 and NEL inside a turn are characters
+    of a JSON string, not line ends, for resume, show and compare alike."""
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    episodes = run / "withheld" / "episodes.jsonl"
+    lines = [json.loads(line) for line in episodes.read_text().splitlines()]
+    lines[0]["turns"][0]["assistant"] = "one\u2028two\u2029three\x85four " + lines[0]["turns"][0]["assistant"]
+    episodes.write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8")
+    evaluate(eval_config(eval_argv(demo_dir, run)))  # resumes: nothing to play again
+    assert episodes.read_text(encoding="utf-8").count("\n") == 3
+    capsys.readouterr()
+    assert main(["show", str(run / "withheld"), "--id", str(lines[0]["question_id"])]) == 0
+    assert "one" in capsys.readouterr().out
+    assert main(["compare", str(finished_run / "withheld"), str(run / "withheld"), "--html", "--output",
+                 str(tmp_path / "compared")]) == 0

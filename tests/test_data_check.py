@@ -203,3 +203,15 @@ def test_a_data_file_without_questions_is_one_error_line(tmp_path, capsys, verb)
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"Error: no questions in {empty}"]
     assert not any((tmp_path / "out").glob("*"))
+
+
+def test_a_sqale_check_whose_every_schema_is_absent_names_them(tmp_path, capsys, cache_in_tmp):
+    from test_data_loaders import write_sqale
+
+    queries, schemas = write_sqale(tmp_path / "sqale")
+    lines = [json.loads(line) for line in queries.read_text().splitlines()]
+    queries.write_text("".join(json.dumps(line) + "\n" for line in lines if line["schema_id"] == "schema_unknown"))
+    assert main(["data", "check", "--kind", "sqale", "--data", str(queries), "--schemas", str(schemas)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"Error: no question of {queries} can be used: 1 questions left out, "
+                                               "their schemas absent") and "schema_unknown" in err[0], err

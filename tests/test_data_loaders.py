@@ -346,3 +346,17 @@ def test_sqale_hub_id_offline_is_a_clear_error(tmp_path):
     _, schemas = write_sqale(tmp_path / "hub")
     with pytest.raises(DataError, match="cannot load the Hub dataset 'no-such-org/no-such-sqale'"):
         load_rows("sqale", "no-such-org/no-such-sqale", schemas=schemas)
+
+
+def test_evidence_that_is_not_text_is_left_out_as_bird_files_leave_it(tmp_path):
+    """A row's evidence reaches the prompt and every eval line; one that is not text (a list, a number) is dropped
+    by both readers alike, so the lines eval writes read back."""
+    rows = [{"question_id": "q1", "question": "How many?", "gold_sql": "SELECT 1", "db_id": "x", "evidence": ["a"]},
+            {"question_id": "q2", "question": "How many?", "gold_sql": "SELECT 1", "db_id": "x", "evidence": 7},
+            {"question_id": "q3", "question": "How many?", "gold_sql": "SELECT 1", "db_id": "x", "evidence": "hint"}]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    bird = [{"question_id": r["question_id"], "question": r["question"], "SQL": r["gold_sql"], "db_id": "x",
+             "evidence": r["evidence"]} for r in rows]
+    (tmp_path / "dev.json").write_text(json.dumps(bird))
+    for path in (tmp_path / "rows.json", tmp_path / "dev.json"):
+        assert [row["evidence"] for row in load_json_rows(path, require_databases=False)] == ["", "", "hint"]

@@ -380,8 +380,10 @@ def test_replay_file(tmp_path):
     with pytest.raises(ValueError, match="^Error: .* line 1 must be a JSON string"):
         read_turns(tmp_path / "bad.jsonl")
     (tmp_path / "broken.jsonl").write_text('"unterminated\n')
-    with pytest.raises(ValueError, match="^Error: .* line 1 is not a JSON string"):
+    with pytest.raises(ValueError, match="^Error: .* line 1 is not valid JSON"):
         read_turns(tmp_path / "broken.jsonl")
+    (tmp_path / "separators.jsonl").write_text(json.dumps("a\u2028b\x85c", ensure_ascii=False) + "\r\n")
+    assert read_turns(tmp_path / "separators.jsonl") == ["a\u2028b\x85c"]  # text inside a JSON string, not lines
 
 
 def _gold_scores(rows, mode="withheld"):

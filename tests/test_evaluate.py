@@ -270,8 +270,8 @@ def test_one_meaning_of_comparable_and_old_folders_resume(demo_dir, tmp_path, ca
 
 
 def test_episode_log_rejects_corruption_in_the_middle(tmp_path):
-    (tmp_path / "episodes.jsonl").write_text('{"question_id": "1", "sample": 0}\nnot json\n'
-                                             '{"question_id": "2", "sample": 0}\n')
+    (tmp_path / "episodes.jsonl").write_text('{"question_id": "1", "sample": 0, "official": 1}\nnot json\n'
+                                             '{"question_id": "2", "sample": 0, "official": 0}\n')
     with pytest.raises(EvalError, match="line 2"):
         EpisodeLog(tmp_path).load()
 

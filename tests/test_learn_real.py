@@ -203,3 +203,13 @@ def test_smoke_run_writes_every_stage_and_its_last_line(tmp_path, attention_mode
                          folder / "data/unseen.json", (), {}), UNSEEN_N, small_steps)
     assert [p.name.rsplit("-", 1)[0] for p in sorted((tmp_path / "cache").iterdir())] == [
         "learn-real-warm", "learn-real-zero-shot"]  # both cached: a rerun trains and evaluates only GRPO's stages
+
+
+def test_a_model_copy_takes_the_files_and_leaves_folders_and_dangling_links(tmp_path):
+    source = tmp_path / "source"
+    (source / "checkpoint-1").mkdir(parents=True)
+    (source / "config.json").write_text("{}")
+    (source / "checkpoint-1" / "optimizer.pt").write_text("x")
+    (source / "dangling").symlink_to(tmp_path / "nowhere")
+    target = learn_real.copy_model(source, tmp_path / "target")
+    assert sorted(path.name for path in target.iterdir()) == ["config.json"]

@@ -349,8 +349,9 @@ def test_predictions_that_match_no_question_are_refused_by_score_and_eval(bird_d
         code = main([*argv, "--data", str(bird_dir / "dev.json"), "--predictions", str(predictions), "--quiet"])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 1 and len(err) == 1, err
-        assert err[0].startswith(f"Error: none of the 4 questions to score has a prediction in {predictions}: its "
-                                 "ids (x0, x1, x2) match no question of the data (such as 100, 101, 102")
+        assert err[0] == (f"Error: none of the 4 questions to score (such as 100, 101, 102 and 1 more) has a "
+                          f"prediction in {predictions}, which predicts 0 other questions of the data and 3 ids not "
+                          "in it (x0, x1, x2); check that the predictions, the data and --n go together")
         assert not (tmp_path / argv[-1].rsplit("/", 1)[-1] / "summary.json").exists()
 
 
@@ -367,3 +368,12 @@ def test_score_where_no_gold_sql_runs_fails_after_writing_its_files(bird_dir, tm
                                      "predicted questions fails on its database (see the warning above); check "
                                      "--data and --db-root"]
         assert _summary(tmp_path / "out")["gold_failures"] == failures
+
+
+def test_predictions_of_other_questions_than_the_picked_ones_are_refused_naming_them(bird_dir, tmp_path, capsys):
+    predictions = _write(tmp_path / "p.jsonl", json.dumps({"question_id": 103, "sql": "SELECT 1"}))
+    rows = list(load_json_rows(bird_dir / "dev.json"))
+    with pytest.raises(Exception, match=r"none of the 2 questions to score \(such as 100, 101\) has a prediction in "
+                                        r".*, which predicts 1 other questions of the data and 0 ids not in it; "):
+        read_predictions(predictions, rows, rows[:2])
+    assert read_predictions(predictions, rows, rows[2:]).missing_ids == ["102"]  # one predicted among them: a result

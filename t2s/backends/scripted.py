@@ -21,18 +21,16 @@ from t2s.env.protocol import THINK_CLOSE
 
 def read_turns(path: str | Path) -> list[str]:
     """TURNS.jsonl: each non-blank line is one JSON string, the raw text of one assistant turn."""
+    from t2s.data.rows import DataError, jsonl_values
+
     turns = []
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        values = list(jsonl_values(Path(path).read_text(encoding="utf-8"), path))
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"Error: cannot read the turns file {path}: {exc}") from exc
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            turn = json.loads(line)
-        except ValueError as exc:
-            raise ValueError(f"Error: {path} line {number} is not a JSON string: {exc}") from exc
+    except DataError as exc:  # a line that is not JSON
+        raise ValueError(str(exc)) from None
+    for number, turn in values:
         if not isinstance(turn, str):
             kind = type(turn).__name__
             raise ValueError(f"Error: {path} line {number} must be a JSON string (one assistant turn), got {kind}")

@@ -371,6 +371,11 @@ def run(*, data, db_root=None, workers=None, repeats=None, seed=SEED, dialect="e
         print(f"Warning: up to {drift} of {len(expected)} episodes ended otherwise than in the recorded pass (a "
               "query near its time limit?); plain sqlite3 replays the recorded statements, so the ratio is "
               "approximate", file=sys.stderr)
+    if results and not correct:  # the gold's episodes timed nothing but errors: not the pinned workload, no ratio
+        print(f"Error: none of the {len(results)} gold episodes scored correct (gold EX 0/{len(results)}), so the "
+              "timed workload is not the gold's; check --data and --db-root", file=sys.stderr)
+        print(f"env_step_seconds={env_seconds:.4f} overhead_ratio={ratio:.4f}")
+        return 1
     above = len(env_times) >= MIN_REPEATS and ratio > MAX_RATIO
     if above:
         print(f"Error: the environment took {ratio:.2f}x the time of plain sqlite3, above the target of "
@@ -379,8 +384,4 @@ def run(*, data, db_root=None, workers=None, repeats=None, seed=SEED, dialect="e
         console.print(f"target {MAX_RATIO:g}x not judged: the best of {len(env_times)} pass(es) (it needs "
                       f"{MIN_REPEATS})", style="dim")
     print(f"env_step_seconds={env_seconds:.4f} overhead_ratio={ratio:.4f}")
-    if results and not correct:  # the gold's episodes timed nothing but errors: not the pinned workload
-        print(f"Error: none of the {len(results)} gold episodes scored correct (gold EX 0/{len(results)}), so the "
-              "timed workload is not the gold's; check --data and --db-root", file=sys.stderr)
-        return 1
     return 1 if above else 0

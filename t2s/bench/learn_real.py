@@ -101,8 +101,7 @@ def write_split(data_dir: Path, folder: Path, seed: int, sft_questions: int, grp
         if not link.exists():
             root = bird_root if row["question_id"].startswith("bird-") else spider_root
             link.symlink_to((root / row["db_id"]).resolve(), target_is_directory=True)
-    files = {"sft": shuffled[:sft_questions], "grpo": shuffled[sft_questions:sft_questions + grpo_questions],
-             "unseen": unseen}
+    files = {"sft": shuffled[:sft_questions], "grpo": shuffled[sft_questions:][:grpo_questions], "unseen": unseen}
     for name, rows in files.items():
         (folder / f"{name}.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
     counts = {db: sum(row["db_id"] == db for row in unseen) for db in {row["db_id"] for row in unseen}}
@@ -257,7 +256,8 @@ def warm_start_folder(model: Path, split: Split, seed: int, sft_recipe: Path, ca
 def copy_model(source: Path, target: Path) -> Path:
     """``source``'s model files (weights, config, tokenizer) into ``target``, a folder `eval --model` loads."""
     shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(source, target, ignore=lambda folder, names: [n for n in names if (Path(folder) / n).is_dir()])
+    shutil.copytree(source, target, ignore=lambda folder, names: [n for n in names if (Path(folder) / n).is_dir()],
+                    ignore_dangling_symlinks=True)
     return target
 
 

@@ -174,8 +174,10 @@ def load_for_command(args, *, require_databases=None):
         rows = loaders.load_json_rows(args.data, args.db_root, require_databases=require_databases)
     else:
         rows = loaders.load_rows(args.kind, args.data, args.db_root, require_databases=require_databases)
-    if not len(rows):
-        raise data_rows.DataError(f"Error: no questions in {args.data}")  # as eval says: a check of nothing is none
+    if not len(rows):  # as eval says: a check of nothing is none
+        missing = rows.missing_summary() if getattr(rows, "missing_databases", None) else ""
+        raise data_rows.DataError(f"Error: no question of {args.data} can be used: {missing}" if missing
+                                  else f"Error: no questions in {args.data}")
     if args.limit is not None:  # the missing databases counted again, over the rows kept
         kept = select_rows(rows, args.limit, args.seed)
         missing: dict[str, int] = {}

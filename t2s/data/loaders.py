@@ -309,7 +309,7 @@ def _load_common_rows(records, data_file, db_root, source, require_databases) ->
             question=record["question"],
             gold_sql=record["gold_sql"],
             db_id=record["db_id"],
-            evidence=record.get("evidence") or "",
+            evidence=record["evidence"] if isinstance(record.get("evidence"), str) else "",  # as BIRD's
             db_path=record.get("db_path"),
             schema_id=record.get("schema_id"),
             difficulty=_bird_difficulty(record),

@@ -131,7 +131,8 @@ def parse_records(text: str, path: str | Path) -> list[dict]:
 
 def jsonl_values(text: str, path: str | Path) -> Iterator[tuple[int, Any]]:
     """(line number, value) of each non-blank line of JSONL text; DataError naming the file and the line."""
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(text.split("\n"), start=1):  # not splitlines: U+2028 and \x85 are text in JSON
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
         try:

@@ -91,6 +91,7 @@ TEXT_KEYS = ("db_id", "mode", "final_sql", "final_sql_source", "submitted_sql", 
              "gold_sql", "difficulty", "error", "gold_error")
 NUMBER_KEYS = ("official", "strict", "soft_f1", "executes", "prompt_tokens")
 TURN_TEXT_KEYS = ("assistant", "observation", "thinking")
+EVAL_LINE_KEYS = ("sample", "official")  # what a resumed eval reads of every line
 
 
 def _shown(value) -> str:
@@ -123,15 +124,20 @@ def _preview_problem(key: str, preview) -> str | None:
     return None
 
 
-def line_problem(line) -> str | None:
-    """What would make ``line`` (a line of ``episodes.jsonl`` or ``scores.jsonl``) fail a reader, or None: the keys a
-    reader uses, where present, with the types ``eval`` writes. Resume, ``show`` and ``compare --html`` refuse such a
-    line with its file and number instead of failing deep inside."""
+def line_problem(line, required: tuple[str, ...] = ()) -> str | None:
+    """What would make ``line`` (a line of ``episodes.jsonl`` or ``scores.jsonl``) fail a reader, or None: its
+    ``question_id`` and ``required`` keys (a resumed eval's: ``EVAL_LINE_KEYS``), and the other keys a reader uses,
+    where present, with the types ``eval`` writes (a training run's episodes have no ``sample`` or ``official``).
+    Resume, ``show`` and ``compare --html`` refuse such a line with its file and number instead of failing deep
+    inside."""
     if not isinstance(line, dict):
         return f"is a JSON {type(line).__name__}, not an object"
     question_id = line.get("question_id")
     if isinstance(question_id, bool) or not isinstance(question_id, (str, int)):
         return f"'question_id' must be text or a whole number, got {_shown(question_id)}"
+    missing = [key for key in required if key not in line]
+    if missing:
+        return f"has no {' or '.join(repr(key) for key in missing)}"
     sample = line.get("sample", 0)
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
         return f"'sample' must be a whole number of 0 or more, got {_shown(sample)}"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from t2s.env.databases import file_checksum
 from t2s.errors import writing
-from t2s.evaluation.records import line_problem, score_record
+from t2s.evaluation.records import EVAL_LINE_KEYS, line_problem, score_record
 from t2s.evaluation.policies import Runner
 from t2s.errors import EvalError
 from t2s.env import single_turn
@@ -96,7 +96,7 @@ class EpisodeLog:
                     complete = complete[: number - 1]
                     break
                 raise EvalError(f"Error: {self.path} line {number} is not valid JSON; move the file away to start over")
-            if problem := line_problem(lines[-1]):
+            if problem := line_problem(lines[-1], EVAL_LINE_KEYS):
                 raise EvalError(f"Error: {self.path} line {number}: {problem}; move the file away to start over")
         if tail.strip():
             try:
@@ -105,7 +105,7 @@ class EpisodeLog:
             except (ValueError, RecursionError):
                 pass  # the last write was cut off: that question runs again
             else:
-                if problem := line_problem(lines[-1]):
+                if problem := line_problem(lines[-1], EVAL_LINE_KEYS):
                     raise EvalError(f"Error: {self.path} line {len(complete)}: {problem}; move the file away to start "
                                     "over")
         kept = b"".join(raw + b"\n" for raw in complete)
@@ -303,7 +303,7 @@ def check_something_evaluated(summaries: dict[str, dict]) -> None:
         raise EvalError("Error: every episode ended before its first turn (see the line above): nothing was evaluated")
     if played and sum(s.get("stop_reasons", {}).get("error", 0) for s in summaries.values()) == played:
         raise EvalError(f"Error: every one of {played} episodes ended in an error, the model's server or the "
-                        "environment (see the lines above): nothing was evaluated")
+                        "environment (see the lines above): the figures measure the errors, not the policy")
     unscored = max((s.get("gold_failures", 0) for s in summaries.values()), default=0)
     if not played and unscored:
         raise EvalError(f"Error: no question could be scored: the gold SQL of every one of the {unscored} questions "

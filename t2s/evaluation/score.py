@@ -86,10 +86,11 @@ def read_predictions(path, rows: list[dict], questions: list[dict] | None = None
         from t2s.ui.console import some
 
         raise PredictionsError(
-            f"Error: none of the {len(wanted)} questions to score has a prediction in {path}: its ids "
-            f"({some(out.unknown_ids, limit=3) or 'none'}) match no question of the data (such as "
-            f"{some([row['question_id'] for row in wanted], limit=3)}); check that the predictions and the data go "
-            "together")
+            f"Error: none of the {len(wanted)} questions to score (such as "
+            f"{some([row['question_id'] for row in wanted], limit=3)}) has a prediction in {path}, which predicts "
+            f"{len(out.sql)} other questions of the data and {len(out.unknown_ids)} ids not in it"
+            + (f" ({some(out.unknown_ids, limit=3)})" if out.unknown_ids else "")
+            + "; check that the predictions, the data and --n go together")
     out.warnings = prediction_warnings(out)
     return out
 

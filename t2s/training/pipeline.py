@@ -136,11 +136,13 @@ def load_training_rows(script_args, training_args, tokenizer=None) -> tuple[list
 
 def pass_rate_ids(path: Path) -> set[str]:
     """Question ids kept by ``t2s data passrate`` (its JSON list of rows, or JSONL with question_id)."""
+    from t2s.data.rows import jsonl_values
+
     text = path.read_text(encoding="utf-8")
     try:
         items = json.loads(text)
-    except json.JSONDecodeError:
-        items = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (ValueError, RecursionError):  # JSONL; a line that is not JSON is a DataError naming it
+        items = [value for _, value in jsonl_values(text, path)]
     if isinstance(items, dict):
         items = [items]
     return {str(item["question_id"]) for item in items}
