@@ -19,6 +19,7 @@ DAMAGES = {  # the second line of episodes.jsonl, changed so: what a reader met
     "not-an-object": lambda line: [1, 2],
     "official": lambda line: dict(line, official="yes"),
     "counters": lambda line: dict(line, counters="x"),
+    "counter": lambda line: dict(line, counters={**line["counters"], "turns": "two"}),
     "turns": lambda line: dict(line, turns="abc"),
     "turn-text": lambda line: dict(line, turns=[{"assistant": 5, "calls": [], "observation": None}]),
     "pred_result": lambda line: dict(line, pred_result="x"),

@@ -38,7 +38,9 @@ def test_a_command_prints_long_paths_whole(demo_dir, tmp_path, capsys, monkeypat
     runs = tmp_path.joinpath(*["nested-folder-with-a-long-name"] * 4)
     runs.mkdir(parents=True)
     predictions = runs / "predictions.jsonl"
-    predictions.write_text(json.dumps({"question_id": "missing-everywhere", "sql": "SELECT 1"}))
+    first = json.loads((demo_dir / "dev.json").read_text())[0]["question_id"]  # one question predicted, one id unknown
+    predictions.write_text(json.dumps({"question_id": first, "sql": "SELECT 1"}) + "\n"
+                           + json.dumps({"question_id": "missing-everywhere", "sql": "SELECT 1"}) + "\n")
     out = runs / "score-output"
     assert main(["score", "--data", str(demo_dir / "dev.json"), "--predictions", str(predictions), "--output", str(out),
                  "--quiet"]) == 0

@@ -50,7 +50,8 @@ def test_a_second_run_into_a_folder_in_use_stops_naming_the_holder(demo_dir, tmp
     assert not (out / "full" / "episodes.jsonl").exists() and not (out / "full" / "eval_config.json").exists()
 
     predictions = tmp_path / "p.jsonl"
-    predictions.write_text(json.dumps({"question_id": "x", "sql": "SELECT 1"}))
+    first = json.loads((demo_dir / "dev.json").read_text())[0]["question_id"]  # a prediction of the data
+    predictions.write_text(json.dumps({"question_id": first, "sql": "SELECT 1"}))
     assert main(["score", "--data", str(demo_dir / "dev.json"), "--predictions", str(predictions), "--output",
                  str(out), "--quiet"]) == 1
     assert "in use by another run" in capsys.readouterr().err

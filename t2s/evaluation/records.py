@@ -147,8 +147,13 @@ def line_problem(line, required: tuple[str, ...] = ()) -> str | None:
     for key in TEXT_KEYS:
         if not isinstance(line.get(key), (str, type(None))):
             return f"{key!r} must be text or null, got {_shown(line[key])}"
+    from t2s.env.record import COUNTER_KEYS
+
     counters = line.get("counters", {})
-    if not isinstance(counters, dict) or not all(isinstance(v, (int, float, type(None))) for v in counters.values()):
-        return f"'counters' must be an object of numbers, got {_shown(counters)}"
+    if not isinstance(counters, dict):
+        return f"'counters' must be an object, got {_shown(counters)}"
+    for key in COUNTER_KEYS:  # the counters readers add up; others are carried as they are
+        if not isinstance(counters.get(key), (int, float, type(None))):
+            return f"counter {key!r} must be a number, got {_shown(counters[key])}"
     return _turn_problem(line.get("turns", [])) or _preview_problem("gold_result", line.get("gold_result")) or \
         _preview_problem("pred_result", line.get("pred_result"))
