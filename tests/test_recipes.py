@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from t2s.training.configs import parse_recipe, validate_training_config
+from t2s.training.config_checks import validate_training_config
+from t2s.training.configs import parse_recipe
 from t2s.scoring.rewards import REWARD_FUNCS
 from t2s.settings import REPO_ROOT, RECIPES_DIR
 

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from _train_script import build_trainer, make_config
-from t2s.training.configs import ConfigError, validate_training_config
+from t2s.training.config_checks import validate_training_config
+from t2s.training.configs import ConfigError
 from t2s.settings import REPO_ROOT
 from t2s.training.startup import check_eos_ids, check_think_prompt, policy_init_kwargs
 
@@ -278,3 +279,52 @@ def test_a_missing_recipe_is_bad_input_exit_1(command, tmp_path):
                             capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines() == [f"Error: recipe {tmp_path / 'missing.yaml'} not found."]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(num_generations=0), "num_generations must be 2 or more (got 0)"),
+    (dict(learning_rate=-1.0), "learning_rate must be above 0 (got -1.0)"),
+    (dict(temperature=-1.0), "temperature must be above 0 (got -1.0)"),
+    (dict(top_p=5.0), "top_p must lie in (0, 1] (got 5.0)"),
+    (dict(max_turns=0), "max_turns must be a number above 0, got 0"),
+    (dict(max_tokens_per_turn=-3), "max_tokens_per_turn must be a number above 0, got -3"),
+    (dict(tool_timeout=0.0), "tool_timeout must be a number above 0, got 0.0"),
+    (dict(max_steps=[1, 2]), "max_steps must be a number, got [1, 2]"),
+    (dict(learning_rate="fast"), "learning_rate must be a number, got 'fast'"),
+    (dict(max_turns=True), "max_turns must be a number, got True"),
+])
+def test_values_of_the_wrong_kind_or_out_of_range_fail_when_the_config_is_built(tmp_path, overrides, message):
+    """Each would otherwise reach a library that fails with a traceback (a list compared, a modulo by 0), fails only
+    once the model has loaded (a negative learning rate), or trains on nothing and exits 0 (no turn, no token)."""
+    with pytest.raises(ConfigError) as excinfo:
+        make_config(tmp_path, **overrides)
+    assert _error(excinfo).startswith(f"Error: {message}")
+
+
+def test_every_episode_limit_eval_takes_is_checked_for_training_too():
+    from t2s.env.episode import LIMIT_FIELDS
+    from t2s.evaluation.options import EPISODE_LIMITS
+
+    assert {name for name, _, _ in EPISODE_LIMITS} == set(LIMIT_FIELDS)
+
+
+@pytest.mark.parametrize("verb", ["train", "sft"])
+@pytest.mark.parametrize("line, message", [
+    ("learning_rate: fast", "or the flags after it: argument --learning_rate/--learning-rate: invalid float value: "
+                            "'fast'"),
+    ("learing_rate: 1.0e-4", "has settings t2s does not know: learing_rate (did you mean learning_rate?)"),
+    ("max_steps: [1, 2]", "max_steps must be a number, got [1, 2]"),
+])
+def test_a_recipe_value_it_cannot_read_is_one_line_without_the_usage_text(tmp_path, capsys, verb, line, message):
+    from t2s.training.configs import parse_recipe
+    from t2s.training.warm_start import parse_sft_recipe
+
+    source = REPO_ROOT / "recipes" / ("smoke.yaml" if verb == "train" else "demo_sft.yaml")
+    key = line.split(":")[0]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("".join(kept for kept in source.read_text().splitlines(keepends=True)
+                              if not kept.startswith(f"{key}:")) + line + "\n")
+    with pytest.raises(ConfigError) as excinfo:
+        (parse_recipe if verb == "train" else parse_sft_recipe)(["--config", str(recipe)])
+    assert message in _error(excinfo) and "\n" not in str(excinfo.value)
+    assert capsys.readouterr().err == ""  # no usage text

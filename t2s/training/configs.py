@@ -11,9 +11,9 @@ A recipe is one YAML mapping whose keys are fields of three dataclasses (open-r1
 Some GRPOConfig fields are derived from ours in ``__post_init__`` so that a recipe cannot contradict itself:
 ``use_vllm``/``vllm_mode`` from ``rollout_backend``; the vLLM importance-sampling correction from ``old_logprobs``;
 ``chat_template_kwargs["enable_thinking"]`` from ``enable_thinking``; on a CPU, ``bf16`` off where it has no bfloat16
-instructions (:mod:`t2s.backends.cpu_precision`). :func:`validate_training_config` checks the rest when the config is
-built, one clear ``Error:`` message per problem (DESIGN §8): the one place a recipe is validated, whether it comes
-from a YAML file or from Python.
+instructions (:mod:`t2s.backends.cpu_precision`). :func:`t2s.training.config_checks.validate_training_config`
+checks the rest when the config is built, one clear ``Error:`` message per problem (DESIGN §8): the one place a recipe
+is validated, whether it comes from a YAML file or from Python.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from dataclasses import dataclass, field, fields
 from trl import GRPOConfig, ModelConfig
 
 from t2s.backends.cpu_precision import cpu_autocast, has_accelerator
-from t2s.backends.vllm_engine import ENGINE_DTYPES
 from t2s.env.episode import EpisodeConfig
 from t2s.errors import T2SError
 
@@ -268,6 +267,9 @@ class T2SGRPOConfig(GRPOConfig):
                              "and `t2s show` reads them)."})
 
     def __post_init__(self) -> None:
+        from t2s.training.config_checks import check_groups_per_rank, check_kinds, validate_training_config
+
+        check_kinds(self)  # before anything compares or divides them
         check_groups_per_rank(self)
         if self.rollout_backend in ("vllm_colocate", "vllm_server"):
             self.use_vllm = True
@@ -294,139 +296,41 @@ class T2SGRPOConfig(GRPOConfig):
         return EpisodeConfig(**{name: getattr(self, name) for name in names if hasattr(self, name)})
 
 
-def check_groups_per_rank(args) -> None:
-    """A rank's generation batch (per_device_train_batch_size × steps_per_generation) must hold whole groups."""
-    steps = args.steps_per_generation
-    if steps is None and args.generation_batch_size is None:
-        steps = args.gradient_accumulation_steps
-    if steps is None:  # derived from generation_batch_size, whose divisibility TRL checks
-        return
-    per_rank = args.per_device_train_batch_size * steps
-    if per_rank % args.num_generations != 0:
-        raise ConfigError(
-            f"Error: a GRPO group would be split across ranks: per_device_train_batch_size × steps_per_generation = "
-            f"{args.per_device_train_batch_size} × {steps} = {per_rank} is not a multiple of "
-            f"num_generations ({args.num_generations}). Groups must stay on one rank (consensus and advantages "
-            "need the whole group)."
-        )
-
-
-def _sampling_filters(args) -> list[str]:
-    found = []
-    gen = dict(args.generation_kwargs or {})
-    top_k = gen.get("top_k", args.top_k)
-    top_p = gen.get("top_p", args.top_p)
-    min_p = gen.get("min_p", args.min_p)
-    if top_k not in (None, 0, -1):
-        found.append(f"top_k={top_k}")
-    if top_p is not None and float(top_p) < 1.0:
-        found.append(f"top_p={top_p}")
-    if min_p not in (None, 0, 0.0):
-        found.append(f"min_p={min_p}")
-    return found
-
-
-def _unused_loss_settings(args) -> list[str]:
-    """TRL loss settings changed from their neutral value that the t2s loss (DESIGN §8) never reads."""
-    found = []
-    if getattr(args, "loss_type", "grpo") != "grpo":
-        found.append(f"loss_type={args.loss_type!r}")
-    for name in ("delta", "off_policy_mask_threshold"):
-        if getattr(args, name, None) is not None:
-            found.append(f"{name}={getattr(args, name)}")
-    if getattr(args, "top_entropy_quantile", 1.0) < 1.0:
-        found.append(f"top_entropy_quantile={args.top_entropy_quantile}")
-    if getattr(args, "entropy_coef", 0.0) or getattr(args, "use_adaptive_entropy", False):
-        found.append("an entropy bonus (entropy_coef / use_adaptive_entropy)")
-    if getattr(args, "use_bias_correction_kl", False):
-        found.append("use_bias_correction_kl=True")
-    return found
-
-
-def validate_training_config(args, reward_names=None) -> None:
-    """Start-up checks that need only the config (DESIGN §8); raises :class:`ConfigError` on the first problem.
-
-    The checks that need the tokenizer or model (think block, eos ids) run in the trainer.
-    """
-    if args.rollout_backend not in ROLLOUT_BACKENDS:
-        raise ConfigError(f"Error: rollout_backend {args.rollout_backend!r} is unknown; use one of "
-                          f"{', '.join(ROLLOUT_BACKENDS)}.")
-    for name, known in (("vllm_server_sync", SERVER_SYNC_MODES), ("vllm_dtype", ENGINE_DTYPES)):
-        if getattr(args, name, None) not in (None, *known):  # `--vllm_dtype None` arrives as the string
-            raise ConfigError(f"Error: {name} {getattr(args, name)!r} is unknown; use one of {', '.join(known)}.")
-    if args.old_logprobs not in OLD_LOGPROBS_MODES:
-        raise ConfigError(f"Error: old_logprobs {args.old_logprobs!r} is unknown; use 'sampler' or 'recompute'.")
-    from t2s.env import tool_schemas
-
-    try:
-        tool_schemas.check_dialect(args.dialect)
-        tool_schemas.check_tool_format(args.tool_format)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    budget_problem = args.episode_config().budget_problem() if hasattr(args, "episode_config") else None
-    if budget_problem:
-        raise ConfigError(budget_problem)
-    filters = _sampling_filters(args)
-    if filters:
-        raise ConfigError(
-            f"Error: training sampling must be temperature-only, but {', '.join(filters)} is set. The trainer's "
-            "logprobs never apply top-k/top-p/min-p, so the sampler's would not match; remove them (evaluation "
-            "sampling is separate)."
-        )
-    check_groups_per_rank(args)
-    if not args.beta > 0:
-        raise ConfigError(f"Error: beta must be > 0 (got {args.beta}): TRL builds the reference model only when "
-                          "beta != 0, and the KL controller needs one.")
-    if not 0 < args.beta_min <= args.beta <= args.beta_max:
-        raise ConfigError(f"Error: need 0 < beta_min <= beta <= beta_max (got {args.beta_min}, {args.beta}, "
-                          f"{args.beta_max}).")
-    if not args.target_kl > 0 or not args.kl_horizon > 0:
-        raise ConfigError("Error: target_kl and kl_horizon must be > 0.")
-    if not args.loss_norm_constant > 0:
-        raise ConfigError(f"Error: loss_norm_constant must be > 0 (got {args.loss_norm_constant}).")
-    generate_every = args.steps_per_generation * args.num_iterations
-    if args.old_logprobs == "sampler" and args.gradient_accumulation_steps % generate_every != 0:
-        raise ConfigError(
-            f"Error: old_logprobs 'sampler' needs gradient_accumulation_steps ({args.gradient_accumulation_steps}) to "
-            f"be a multiple of steps_per_generation × num_iterations ({generate_every}); otherwise samples come from "
-            "an older policy and old logprobs must be recomputed (use old_logprobs: recompute)."
-        )
-    if args.rollout_backend == "vllm_colocate" and args.vllm_tensor_parallel_size != 1:
-        raise ConfigError(
-            f"Error: rollout_backend vllm_colocate needs vllm_tensor_parallel_size 1 (got "
-            f"{args.vllm_tensor_parallel_size}): each rank drives its own engine with its own episodes, while a "
-            "tensor-parallel group needs identical generate calls on all of its ranks. Use vllm_server for a sharded "
-            "engine."
-        )
-    if args.mask_truncated_completions:
-        raise ConfigError("Error: mask_truncated_completions must be off: truncated episodes train with their "
-                          "reward (DESIGN §8).")
-    unused = _unused_loss_settings(args)
-    if unused:
-        raise ConfigError(
-            f"Error: {', '.join(unused)} would be ignored: the t2s trainer's loss (DESIGN §8: clipped ratio, k3 KL, "
-            "sum over tokens / loss_norm_constant) does not use it. Remove it from the recipe."
-        )
-    names = args.reward_names if reward_names is None else reward_names
-    if not names:
-        raise ConfigError("Error: reward_names is empty; name at least one of t2s.scoring.rewards.REWARD_FUNCS.")
-    from t2s.scoring.rewards import REWARD_FUNCS
-
-    unknown = [name for name in names if name not in REWARD_FUNCS]
-    if unknown:
-        raise ConfigError(f"Error: unknown reward name {unknown[0]!r}; known: {', '.join(sorted(REWARD_FUNCS))}.")
-    if args.reward_weights is not None and len(args.reward_weights) != len(names):
-        raise ConfigError(f"Error: {len(args.reward_weights)} reward_weights for {len(names)} reward_names.")
-
-
 def parse_recipe(argv: list[str] | None = None):
     """Parse ``--config recipe.yaml [overrides]`` into (script_args, training_args, model_args)."""
     from trl import TrlParser
 
-    if argv and "--config" in argv[:-1]:
-        check_recipe_yaml(argv[argv.index("--config") + 1])
-    parser = TrlParser((T2SScriptArguments, T2SGRPOConfig, ModelConfig))
-    return parser.parse_args_and_config(argv)
+    return parse_with(TrlParser((T2SScriptArguments, T2SGRPOConfig, ModelConfig)), argv)
+
+
+def parse_with(parser, argv: list[str] | None):
+    """``parser.parse_args_and_config(argv)`` (a ``TrlParser``; ``train`` and ``sft``), its refusals as one
+    ConfigError line each: the recipe's YAML, a value argparse cannot read (with no usage text), settings it does not
+    know (with the nearest known name)."""
+    import difflib
+
+    recipe = argv[argv.index("--config") + 1] if argv and "--config" in argv[:-1] else None
+    if recipe:
+        check_recipe_yaml(recipe)
+    where = f"recipe {recipe} or the flags after it" if recipe else "the flags"
+
+    def error(message: str):
+        raise ConfigError(f"Error: {where}: {message}")
+
+    parser.error = error  # argparse would print its usage text and exit
+    try:
+        return parser.parse_args_and_config(argv)
+    except ValueError as exc:
+        if not str(exc).startswith("Unknown arguments from config file"):
+            raise
+        import yaml
+
+        known = [action.dest for action in parser._actions]
+        with open(recipe, encoding="utf-8") as handle:
+            keys = [str(key) for key in yaml.safe_load(handle) if key != "env" and key not in known]
+        named = [key + "".join(f" (did you mean {m}?)" for m in difflib.get_close_matches(key, known, 1))
+                 for key in keys]
+        raise ConfigError(f"Error: recipe {recipe} has settings t2s does not know: {', '.join(named)}") from None
 
 
 def check_recipe_yaml(path) -> None:

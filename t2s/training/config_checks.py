@@ -1,0 +1,163 @@
+"""The start-up checks of a training config (DESIGN §8), run when ``T2SGRPOConfig`` is built: one clear ``Error:``
+line (:class:`t2s.training.configs.ConfigError`) for the first problem, before any data or model loads.
+
+- values of the wrong kind (a list or text where a number belongs) and numbers out of range (``num_generations`` below
+  2, a learning rate, temperature or episode limit that is not positive, ``top_p`` outside (0, 1]);
+- names that must be known (rollout backend, sync mode, engine dtype, dialect, tool format, rewards);
+- settings that contradict the published loss or its sampling (top-k/top-p/min-p filters, TRL loss settings the t2s
+  loss never reads, a group split across ranks, a KL controller out of range).
+
+The checks that need the tokenizer or model (think block, eos ids) run in the trainer (``t2s.training.startup``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from t2s.backends.vllm_engine import ENGINE_DTYPES
+from t2s.training.configs import OLD_LOGPROBS_MODES, ROLLOUT_BACKENDS, SERVER_SYNC_MODES, ConfigError
+
+
+def check_kinds(args) -> None:
+    """Every number setting (a field whose default is a number) holds a number: YAML hands a list or a word to the
+    dataclass as it is, and the library that first compares or divides it fails with a traceback."""
+    for item in fields(args):
+        default, value = item.default, getattr(args, item.name, None)
+        if isinstance(default, bool) or not isinstance(default, (int, float)) or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"Error: {item.name} must be a number, got {value!r}")
+
+
+def check_groups_per_rank(args) -> None:
+    """A rank's generation batch (per_device_train_batch_size × steps_per_generation) must hold whole groups."""
+    if not args.num_generations >= 2:
+        raise ConfigError(f"Error: num_generations must be 2 or more (got {args.num_generations}): GRPO's advantages "
+                          "compare the rollouts of one group")
+    steps = args.steps_per_generation
+    if steps is None and args.generation_batch_size is None:
+        steps = args.gradient_accumulation_steps
+    if steps is None:  # derived from generation_batch_size, whose divisibility TRL checks
+        return
+    per_rank = args.per_device_train_batch_size * steps
+    if per_rank % args.num_generations != 0:
+        raise ConfigError(
+            f"Error: a GRPO group would be split across ranks: per_device_train_batch_size × steps_per_generation = "
+            f"{args.per_device_train_batch_size} × {steps} = {per_rank} is not a multiple of "
+            f"num_generations ({args.num_generations}). Groups must stay on one rank (consensus and advantages "
+            "need the whole group)."
+        )
+
+
+def _sampling_filters(args) -> list[str]:
+    found = []
+    gen = dict(args.generation_kwargs or {})
+    top_k = gen.get("top_k", args.top_k)
+    top_p = gen.get("top_p", args.top_p)
+    min_p = gen.get("min_p", args.min_p)
+    if top_k not in (None, 0, -1):
+        found.append(f"top_k={top_k}")
+    if top_p is not None and float(top_p) < 1.0:
+        found.append(f"top_p={top_p}")
+    if min_p not in (None, 0, 0.0):
+        found.append(f"min_p={min_p}")
+    return found
+
+
+def _unused_loss_settings(args) -> list[str]:
+    """TRL loss settings changed from their neutral value that the t2s loss (DESIGN §8) never reads."""
+    found = []
+    if getattr(args, "loss_type", "grpo") != "grpo":
+        found.append(f"loss_type={args.loss_type!r}")
+    for name in ("delta", "off_policy_mask_threshold"):
+        if getattr(args, name, None) is not None:
+            found.append(f"{name}={getattr(args, name)}")
+    if getattr(args, "top_entropy_quantile", 1.0) < 1.0:
+        found.append(f"top_entropy_quantile={args.top_entropy_quantile}")
+    if getattr(args, "entropy_coef", 0.0) or getattr(args, "use_adaptive_entropy", False):
+        found.append("an entropy bonus (entropy_coef / use_adaptive_entropy)")
+    if getattr(args, "use_bias_correction_kl", False):
+        found.append("use_bias_correction_kl=True")
+    return found
+
+
+def validate_training_config(args, reward_names=None) -> None:
+    """Start-up checks that need only the config (DESIGN §8); raises :class:`ConfigError` on the first problem.
+
+    The checks that need the tokenizer or model (think block, eos ids) run in the trainer.
+    """
+    if args.rollout_backend not in ROLLOUT_BACKENDS:
+        raise ConfigError(f"Error: rollout_backend {args.rollout_backend!r} is unknown; use one of "
+                          f"{', '.join(ROLLOUT_BACKENDS)}.")
+    for name, known in (("vllm_server_sync", SERVER_SYNC_MODES), ("vllm_dtype", ENGINE_DTYPES)):
+        if getattr(args, name, None) not in (None, *known):  # `--vllm_dtype None` arrives as the string
+            raise ConfigError(f"Error: {name} {getattr(args, name)!r} is unknown; use one of {', '.join(known)}.")
+    if args.old_logprobs not in OLD_LOGPROBS_MODES:
+        raise ConfigError(f"Error: old_logprobs {args.old_logprobs!r} is unknown; use 'sampler' or 'recompute'.")
+    from t2s.env import tool_schemas
+
+    try:
+        tool_schemas.check_dialect(args.dialect)
+        tool_schemas.check_tool_format(args.tool_format)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    episode = args.episode_config() if hasattr(args, "episode_config") else None
+    problem = episode and (episode.limits_problem() or episode.budget_problem())
+    if problem:
+        raise ConfigError(problem)
+    for name in ("learning_rate", "temperature"):
+        if not getattr(args, name) > 0:
+            raise ConfigError(f"Error: {name} must be above 0 (got {getattr(args, name)}).")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise ConfigError(f"Error: top_p must lie in (0, 1] (got {args.top_p}).")
+    filters = _sampling_filters(args)
+    if filters:
+        raise ConfigError(
+            f"Error: training sampling must be temperature-only, but {', '.join(filters)} is set. The trainer's "
+            "logprobs never apply top-k/top-p/min-p, so the sampler's would not match; remove them (evaluation "
+            "sampling is separate)."
+        )
+    check_groups_per_rank(args)
+    if not args.beta > 0:
+        raise ConfigError(f"Error: beta must be > 0 (got {args.beta}): TRL builds the reference model only when "
+                          "beta != 0, and the KL controller needs one.")
+    if not 0 < args.beta_min <= args.beta <= args.beta_max:
+        raise ConfigError(f"Error: need 0 < beta_min <= beta <= beta_max (got {args.beta_min}, {args.beta}, "
+                          f"{args.beta_max}).")
+    if not args.target_kl > 0 or not args.kl_horizon > 0:
+        raise ConfigError("Error: target_kl and kl_horizon must be > 0.")
+    if not args.loss_norm_constant > 0:
+        raise ConfigError(f"Error: loss_norm_constant must be > 0 (got {args.loss_norm_constant}).")
+    generate_every = args.steps_per_generation * args.num_iterations
+    if args.old_logprobs == "sampler" and args.gradient_accumulation_steps % generate_every != 0:
+        raise ConfigError(
+            f"Error: old_logprobs 'sampler' needs gradient_accumulation_steps ({args.gradient_accumulation_steps}) to "
+            f"be a multiple of steps_per_generation × num_iterations ({generate_every}); otherwise samples come from "
+            "an older policy and old logprobs must be recomputed (use old_logprobs: recompute)."
+        )
+    if args.rollout_backend == "vllm_colocate" and args.vllm_tensor_parallel_size != 1:
+        raise ConfigError(
+            f"Error: rollout_backend vllm_colocate needs vllm_tensor_parallel_size 1 (got "
+            f"{args.vllm_tensor_parallel_size}): each rank drives its own engine with its own episodes, while a "
+            "tensor-parallel group needs identical generate calls on all of its ranks. Use vllm_server for a sharded "
+            "engine."
+        )
+    if args.mask_truncated_completions:
+        raise ConfigError("Error: mask_truncated_completions must be off: truncated episodes train with their "
+                          "reward (DESIGN §8).")
+    unused = _unused_loss_settings(args)
+    if unused:
+        raise ConfigError(
+            f"Error: {', '.join(unused)} would be ignored: the t2s trainer's loss (DESIGN §8: clipped ratio, k3 KL, "
+            "sum over tokens / loss_norm_constant) does not use it. Remove it from the recipe."
+        )
+    names = args.reward_names if reward_names is None else reward_names
+    if not names:
+        raise ConfigError("Error: reward_names is empty; name at least one of t2s.scoring.rewards.REWARD_FUNCS.")
+    from t2s.scoring.rewards import REWARD_FUNCS
+
+    unknown = [name for name in names if name not in REWARD_FUNCS]
+    if unknown:
+        raise ConfigError(f"Error: unknown reward name {unknown[0]!r}; known: {', '.join(sorted(REWARD_FUNCS))}.")
+    if args.reward_weights is not None and len(args.reward_weights) != len(names):
+        raise ConfigError(f"Error: {len(args.reward_weights)} reward_weights for {len(names)} reward_names.")
