@@ -163,7 +163,7 @@ def test_a_model_config_that_is_not_a_json_object_is_one_error_line(tmp_path, ca
     (checkpoint / name).write_bytes(content)
     assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "o"), "--no-verify"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"Error: {checkpoint / name} {problem}"]
+    assert err == [f"Error: cannot load the model {checkpoint}: {name} {problem}"]
     assert not (tmp_path / "o").exists()
 
 

@@ -328,3 +328,44 @@ def test_a_recipe_value_it_cannot_read_is_one_line_without_the_usage_text(tmp_pa
         (parse_recipe if verb == "train" else parse_sft_recipe)(["--config", str(recipe)])
     assert message in _error(excinfo) and "\n" not in str(excinfo.value)
     assert capsys.readouterr().err == ""  # no usage text
+
+
+BROKEN_MODELS = {  # what is done to a copy of the tiny model: the one line train and sft print
+    "config-list": (lambda m: (m / "config.json").write_text("[1, 2]"),
+                    "config.json is not a JSON object (it holds a JSON list)"),
+    "config-garbage": (lambda m: (m / "config.json").write_text("{bad"),
+                       "config.json is not valid JSON: Expecting property name enclosed in double quotes"),
+    "weights-random": (lambda m: (m / "model.safetensors").write_bytes(bytes(range(256)) * 4),
+                       "model.safetensors is cut off: its header runs past the end"),
+    "weights-missing": (lambda m: (m / "model.safetensors").unlink(),
+                        "no model weights: model.safetensors is missing"),
+    "empty": (lambda m: [p.unlink() for p in m.iterdir() if p.is_file()],
+              "it holds neither config.json nor adapter_config.json"),
+}
+
+
+@pytest.mark.parametrize("verb", ["train", "sft"])
+@pytest.mark.parametrize("broken", sorted(BROKEN_MODELS))
+def test_a_model_folder_that_cannot_load_is_one_line_before_the_data_loads(tiny_model_dir, tmp_path, capsys,
+                                                                           monkeypatch, verb, broken):
+    import shutil
+
+    from t2s.commands import main
+    from t2s.training import pipeline
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "t2s_tiny.json").unlink()  # a model of the user's: the recipes' tiny-model switch never rebuilds it
+    damage, problem = BROKEN_MODELS[broken]
+    damage(model)
+
+    def no_rows(*args, **kwargs):
+        raise AssertionError("the data loaded before the model folder was checked")
+
+    monkeypatch.setattr(pipeline, "load_training_rows", no_rows)
+    recipe = "recipes/smoke.yaml" if verb == "train" else "recipes/learn_real_sft.yaml"  # no tiny-model switch
+    code = main([verb, "--config", str(REPO_ROOT / recipe), "--model_name_or_path", str(model), "--output_dir",
+                 str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if not line.startswith("note:")]  # the CPU's bf16 note aside
+    assert code == 2 and errors == [f"Error: cannot load the model {model}: {problem}"], err  # a recipe error's code

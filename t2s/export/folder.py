@@ -246,8 +246,11 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
     if not any((checkpoint / name).is_file() for name in ("config.json", "adapter_config.json")):
         raise ExportError(f"{checkpoint} holds no model: neither config.json nor adapter_config.json (is the "
                           "checkpoint complete?)")
-    for name in ("config.json", "adapter_config.json"):
-        _read_json(checkpoint / name)  # an object, before any library reads it
+    from t2s.training.checkpoints import model_folder_problem  # before any library reads the folder
+
+    problem = model_folder_problem(checkpoint)
+    if problem:
+        raise ExportError(f"cannot load the model {checkpoint}: {problem}")
     if out.exists() and any(out.iterdir()) and not force:
         raise ExportError(f"output folder {out} is not empty (pass --force to write into it)")
     if recipe:  # found as train and sft find it: as given, else a shipped recipe path
@@ -267,10 +270,9 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
     if eval_dir:  # fails early: no summary, or an eval of other weights (this checkpoint, or an earlier export of it)
         earlier = weights_fingerprint(out) if exported_from(out) == source else None
         check_eval_of(eval_dir, {checkpoint: source, out: earlier})
-    out.mkdir(parents=True, exist_ok=True)
-
     model, base_dir = load_merged_model(checkpoint, base)
     tokenizer = load_tokenizer(checkpoint, base_dir)
+    out.mkdir(parents=True, exist_ok=True)  # once the model has loaded: a failed export leaves no folder
     stop_ids = stop_token_ids(tokenizer)
     from t2s.env.chat_format import chat_format
 

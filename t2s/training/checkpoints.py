@@ -109,6 +109,30 @@ def _optimizer_problem(folder: Path, subdirs: list[Path]) -> str | None:
     return None
 
 
+def model_folder_problem(folder: str | os.PathLike) -> str | None:
+    """Why a local model folder cannot be loaded, found before any library reads it (a hub id or a path that is not a
+    folder: None, left to the loader): ``config.json`` (or a LoRA adapter's ``adapter_config.json``) that is not a
+    JSON object, weights that are missing or not whole (as for a checkpoint)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    configs = [folder / name for name in ("config.json", "adapter_config.json") if (folder / name).is_file()]
+    if not configs:
+        return "it holds neither config.json nor adapter_config.json"
+    from t2s.data.rows import decode_problem
+
+    for path in configs:
+        try:
+            document = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            return f"{path.name} is unreadable: {exc.strerror or exc}"
+        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, past Python's limits
+            return f"{path.name} is not valid JSON: {decode_problem(exc)}"
+        if not isinstance(document, dict):
+            return f"{path.name} is not a JSON object (it holds a JSON {type(document).__name__})"
+    return _weights_problem(folder, [d for d in folder.iterdir() if d.is_dir()])
+
+
 def read_trainer_state(folder: str | os.PathLike) -> dict | None:
     """The checkpoint's ``trainer_state.json`` as a dict, or None when absent or unreadable."""
     try:

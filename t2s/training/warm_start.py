@@ -277,10 +277,11 @@ def build_sft_trainer(sft_args: T2SSFTArguments, config, model_args, *, callback
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from t2s.training.pipeline import load_chat_tokenizer, load_training_rows
+    from t2s.training.pipeline import check_model_folder, load_chat_tokenizer, load_training_rows
 
     script_args, rl_args = load_rl_recipe(sft_args)
     model_path = prepare_model(sft_args, model_args)
+    check_model_folder(model_path)
     tokenizer = load_chat_tokenizer(model_path, rl_args.chat_template, revision=model_args.model_revision,
                                     trust_remote_code=config.trust_remote_code)
     rows, data_counts = load_training_rows(script_args, rl_args, tokenizer)
