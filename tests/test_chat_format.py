@@ -178,3 +178,12 @@ def test_the_stream_is_the_template_on_real_tokenizers(family, request, demo_dir
              '{"tool": "submit_sql", "args": {"sql": "SELECT 1"}}']
     trace = assert_stream_is_the_template(tokenizer, row, texts, EpisodeConfig(max_turns=4))
     assert len(trace.record.turns) == 3 and trace.record.stop_reason == "submitted"
+
+
+def test_a_template_without_a_generation_prompt_is_refused(tiny_tokenizer):
+    """Every prompt t2s renders ends in the generation prompt that opens the model's turn: without it the model
+    writes on inside the user's turn, and training rewards whatever that gives."""
+    no_prompt = CHATML_NO_THINK.split("{% if add_generation_prompt %}")[0]
+    with pytest.raises(ChatFormatError, match="renders no generation prompt .*--chat-template FILE"):
+        chat_format(_with_template(tiny_tokenizer, no_prompt))
+    assert not chat_format(_with_template(tiny_tokenizer, CHATML_NO_THINK)).thinking  # with it: read as before

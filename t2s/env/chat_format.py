@@ -204,6 +204,11 @@ def _read(tokenizer) -> ChatFormat:
         )
 
     prompt_text = _render(tokenizer, lead + user, generation=True, thinking=True)
+    if prompt_text == _render(tokenizer, lead + user, generation=False, thinking=True):
+        raise ChatFormatError(
+            f"Error: the chat template of {name} renders no generation prompt (add_generation_prompt adds nothing "
+            "after the user's turn), so the model would go on writing the user's turn. Pass --chat-template FILE"
+        )
     thinking = prompt_text.endswith(f"{THINK_OPEN}\n")
     openers = {t for t in tokens if t != end_of_turn and t in prompt_text}  # bos, turn openers: never a stop
     stop_ids, stop_tokens = [end_id], [end_of_turn]
