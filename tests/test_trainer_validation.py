@@ -369,3 +369,18 @@ def test_a_model_folder_that_cannot_load_is_one_line_before_the_data_loads(tiny_
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if not line.startswith("note:")]  # the CPU's bf16 note aside
     assert code == 2 and errors == [f"Error: cannot load the model {model}: {problem}"], err  # a recipe error's code
+
+
+@pytest.mark.parametrize("line, key, value", [
+    ("reward_names: dense", "reward_names", ["dense"]),  # not ['d', 'e', 'n', 's', 'e']
+    ("difficulties: simple", "difficulties", ["simple"]),  # not a filter that drops every row
+])
+def test_a_list_setting_written_as_one_item_is_a_list_of_it(tmp_path, line, key, value):
+    from t2s.training.configs import parse_recipe
+
+    source = REPO_ROOT / "recipes" / "smoke.yaml"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("".join(kept for kept in source.read_text().splitlines(keepends=True)
+                              if not kept.startswith(f"{key}:")) + line + "\n")
+    script_args, training_args, _ = parse_recipe(["--config", str(recipe)])
+    assert getattr(script_args if key == "difficulties" else training_args, key) == value

@@ -18,9 +18,17 @@ from t2s.backends.vllm_engine import ENGINE_DTYPES
 from t2s.training.configs import OLD_LOGPROBS_MODES, ROLLOUT_BACKENDS, SERVER_SYNC_MODES, ConfigError
 
 
+LIST_SETTINGS = ("reward_names", "reward_weights", "difficulties")  # t2s's list settings a recipe may write as one item
+
+
 def check_kinds(args) -> None:
     """Every number setting (a field whose default is a number) holds a number: YAML hands a list or a word to the
-    dataclass as it is, and the library that first compares or divides it fails with a traceback."""
+    dataclass as it is, and the library that first compares or divides it fails with a traceback. A list setting
+    (``LIST_SETTINGS``) written as one item (``reward_names: dense``) becomes a list of it, not of its letters."""
+    for name in LIST_SETTINGS:
+        value = getattr(args, name, None)
+        if isinstance(value, (str, int, float)):
+            setattr(args, name, [value])
     for item in fields(args):
         default, value = item.default, getattr(args, item.name, None)
         if isinstance(default, bool) or not isinstance(default, (int, float)) or value is None:

@@ -80,12 +80,9 @@ def parse_sft_recipe(argv: list[str]):
     """``--config recipe.yaml [overrides]`` into (sft_args, SFTConfig, ModelConfig)."""
     from trl import ModelConfig, SFTConfig, TrlParser
 
-    from t2s.training.config_checks import check_kinds
     from t2s.training.configs import parse_with
 
     sft_args, config, model_args = parse_with(TrlParser((T2SSFTArguments, SFTConfig, ModelConfig)), argv)
-    for settings in (sft_args, config):
-        check_kinds(settings)
     config.completion_only_loss = True  # the loss covers completion_mask 1: the model's own tokens
     from t2s.backends.cpu_precision import cpu_autocast, has_accelerator
 
