@@ -384,3 +384,19 @@ def test_a_list_setting_written_as_one_item_is_a_list_of_it(tmp_path, line, key,
                               if not kept.startswith(f"{key}:")) + line + "\n")
     script_args, training_args, _ = parse_recipe(["--config", str(recipe)])
     assert getattr(script_args if key == "difficulties" else training_args, key) == value
+
+
+def test_a_file_for_a_model_and_a_tokenizer_that_is_not_json_are_named(tiny_model_dir, tmp_path):
+    import shutil
+
+    from t2s.training.pipeline import check_model_folder, load_chat_tokenizer
+
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="^Error: cannot load the model .*weights.bin: it is a file, not a model "):
+        check_model_folder(tmp_path / "weights.bin")
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "tokenizer.json").write_text("garbage{")
+    with pytest.raises(ConfigError) as excinfo:
+        load_chat_tokenizer(model)
+    assert _error(excinfo).startswith(f"Error: cannot load the tokenizer of {model}: Expecting value")

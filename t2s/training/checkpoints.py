@@ -114,6 +114,8 @@ def model_folder_problem(folder: str | os.PathLike) -> str | None:
     folder: None, left to the loader): ``config.json`` (or a LoRA adapter's ``adapter_config.json``) that is not a
     JSON object, weights that are missing or not whole (as for a checkpoint)."""
     folder = Path(folder)
+    if folder.is_file():
+        return "it is a file, not a model folder"
     if not folder.is_dir():
         return None
     configs = [folder / name for name in ("config.json", "adapter_config.json") if (folder / name).is_file()]

@@ -27,7 +27,14 @@ def load_chat_tokenizer(model_path, chat_template: str | None = None, **kwargs):
     from t2s.env.chat_format import ChatFormatError, apply_chat_template_file, chat_format
     from t2s.training.configs import ConfigError
 
-    tokenizer = AutoTokenizer.from_pretrained(model_path, **kwargs)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_path, **kwargs)
+    except OSError:
+        raise  # a hub id offline, a missing file: transformers' own message names it
+    except Exception as exc:  # noqa: BLE001 - a tokenizer file that is not JSON, or not a tokenizer
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"Error: cannot load the tokenizer of {model_path}: {first} (in tokenizer.json or "
+                          "tokenizer_config.json?)") from None
     template = None
     if chat_template:
         template = resolve_path(chat_template)
