@@ -79,15 +79,19 @@ def test_ask_readable_view_and_running_out_of_turns(tmp_path, wal_db):
     assert "result" in out.stdout and "Rex" in out.stdout
 
 
-@pytest.mark.parametrize("case, code", [("missing_db", 1), ("not_a_db", 1), ("missing_turns", 1), ("bad_turns", 1),
-                                        ("no_policy", 2), ("empty_question", 2)])
+@pytest.mark.parametrize("case, code", [("missing_db", 1), ("not_a_db", 1), ("empty_db", 1), ("folder_db", 1),
+                                        ("missing_turns", 1), ("bad_turns", 1), ("no_policy", 2),
+                                        ("empty_question", 2)])
 def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
     """Bad input (a database, turns file that is missing or broken) exits 1; bad usage exits 2 (docs/evaluation.md)."""
     path, _ = wal_db
     good_turns = write_turns(tmp_path / "good.jsonl", ["</think>"])
     junk = tmp_path / "junk.sqlite"
     junk.write_text("not a database at all " * 100)
+    (tmp_path / "empty.sqlite").write_bytes(b"")
     args = {
+        "empty_db": ["--db", tmp_path / "empty.sqlite", "--replay", good_turns],
+        "folder_db": ["--db", tmp_path, "--replay", good_turns],
         "missing_db": ["--db", tmp_path / "nope.sqlite", "--replay", good_turns],
         "not_a_db": ["--db", junk, "--replay", good_turns],
         "missing_turns": ["--db", path, "--replay", tmp_path / "absent.jsonl"],
@@ -100,6 +104,13 @@ def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
     assert out.stderr.strip().startswith("Error:") and "Traceback" not in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "nope.sqlite").exists()
+    expected = {
+        "empty_db": f"Error: {tmp_path / 'empty.sqlite'} holds no tables (an empty file?): nothing to ask about",
+        "folder_db": f"Error: {tmp_path} is a folder, not a database file",
+    }
+    if case in expected:
+        assert out.stderr.strip() == expected[case]
+        assert (tmp_path / "empty.sqlite").read_bytes() == b""  # opened read-only: nothing written into it
 
 
 def test_ask_on_demo_database(demo_dir, tmp_path):

@@ -93,11 +93,14 @@ def run(args: argparse.Namespace) -> int:
     else:
         path = Path(args.db).expanduser()
         if not path.is_file():
-            raise EvalError(f"Error: database file not found: {args.db}")
+            raise EvalError(f"Error: {args.db} is a folder, not a database file" if path.is_dir()
+                            else f"Error: database file not found: {args.db}")
         db = databases.user_db(path)
+    tables = [("",)]
     try:
         if db.engine == "sqlite":
-            databases.tool_connection(db).execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+            tables = databases.tool_connection(db).execute(
+                "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') LIMIT 1").fetchall()
         else:
             from t2s.env.schema import get_schema
 
@@ -107,6 +110,8 @@ def run(args: argparse.Namespace) -> int:
         message = str(exc).removeprefix("Error: ")
         raise EvalError(f"Error: cannot open {shown} as a {databases.ENGINE_NAMES[db.engine]} database: "
                         f"{message}") from None
+    if not tables:  # SQLite opens an empty file as a database without tables: no question has an answer there
+        raise EvalError(f"Error: {args.db} holds no tables (an empty file?): nothing to ask about")
     policy = PolicyConfig.from_options({**vars(args), "policy": chosen[0]})  # a bad system prompt file is named here
     config = policy.episode_for(args.mode)
     row = ask_row(args.question, args.evidence, db)
