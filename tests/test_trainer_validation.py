@@ -400,3 +400,10 @@ def test_a_file_for_a_model_and_a_tokenizer_that_is_not_json_are_named(tiny_mode
     with pytest.raises(ConfigError) as excinfo:
         load_chat_tokenizer(model)
     assert _error(excinfo).startswith(f"Error: cannot load the tokenizer of {model}: Expecting value")
+
+
+def test_an_output_dir_that_is_a_file_fails_when_the_config_is_built(tmp_path):
+    (tmp_path / "taken").write_text("keep me")
+    with pytest.raises(ConfigError, match="^Error: output_dir .*taken is a file, not a folder"):
+        make_config(tmp_path / "taken")
+    assert (tmp_path / "taken").read_text() == "keep me"

@@ -12,6 +12,7 @@ The checks that need the tokenizer or model (think block, eos ids) run in the tr
 
 from __future__ import annotations
 
+import os
 from dataclasses import fields
 
 from t2s.backends.vllm_engine import ENGINE_DTYPES
@@ -94,6 +95,8 @@ def validate_training_config(args, reward_names=None) -> None:
 
     The checks that need the tokenizer or model (think block, eos ids) run in the trainer.
     """
+    if args.output_dir and os.path.isfile(args.output_dir):
+        raise ConfigError(f"Error: output_dir {args.output_dir} is a file, not a folder.")
     if args.rollout_backend not in ROLLOUT_BACKENDS:
         raise ConfigError(f"Error: rollout_backend {args.rollout_backend!r} is unknown; use one of "
                           f"{', '.join(ROLLOUT_BACKENDS)}.")
