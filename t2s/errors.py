@@ -51,6 +51,13 @@ def writing(path):
         raise type(exc)(exc.errno, exc.strerror or str(exc), str(path)) from exc
 
 
+class ConfigError(T2SError, ValueError):
+    """A training configuration that cannot run (``train``, ``sft``); the message starts with ``Error:``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message if message.startswith("Error:") else f"Error: {message}")
+
+
 class EvalError(T2SError):
     """A user-facing failure of an evaluation or an episode's options (``eval``, ``ask``, ``data passrate``)."""
 

@@ -302,7 +302,7 @@ def test_values_of_the_wrong_kind_or_out_of_range_fail_when_the_config_is_built(
 
 
 def test_every_episode_limit_eval_takes_is_checked_for_training_too():
-    from t2s.env.episode import LIMIT_FIELDS
+    from t2s.training.config_checks import LIMIT_FIELDS
     from t2s.evaluation.options import EPISODE_LIMITS
 
     assert {name for name, _, _ in EPISODE_LIMITS} == set(LIMIT_FIELDS)
@@ -389,7 +389,8 @@ def test_a_list_setting_written_as_one_item_is_a_list_of_it(tmp_path, line, key,
 def test_a_file_for_a_model_and_a_tokenizer_that_is_not_json_are_named(tiny_model_dir, tmp_path):
     import shutil
 
-    from t2s.training.pipeline import check_model_folder, load_chat_tokenizer
+    from t2s.training.checkpoints import check_model_folder
+    from t2s.training.pipeline import load_chat_tokenizer
 
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(ConfigError, match="^Error: cannot load the model .*weights.bin: it is a file, not a model "):

@@ -22,9 +22,6 @@ from t2s.env.record import COUNTER_KEYS, RECORD_KEYS, EpisodeRecord, counters as
 from t2s.env.tools import ToolResult, Toolbox
 
 ENV_CHARS_PER_TOKEN = 2  # conservative guess of an observation's size in tokens, when no counter is given
-# the limits of an episode, each a number above 0 (eval's options for them: t2s.evaluation.options.EPISODE_LIMITS)
-LIMIT_FIELDS = ("max_turns", "episode_token_budget", "max_tokens_per_turn", "min_episode_tokens", "forced_turn_reserve",
-                "max_calls_per_turn", "max_failed_queries", "tool_timeout", "episode_tool_seconds")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -56,14 +53,6 @@ class EpisodeConfig:
     column_descriptions: bool = False
     system_prompt_file: str | None = None
     enable_thinking: bool = True
-
-    def limits_problem(self) -> str | None:
-        """The first limit (``LIMIT_FIELDS``) that is not a number above 0, as an ``Error:`` line; None when all are."""
-        for name in LIMIT_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                return f"Error: {name} must be a number above 0, got {value!r}"
-        return None
 
     def budget_problem(self, budget: str = "episode_token_budget", minimum: str = "min_episode_tokens") -> str | None:
         """Why no episode could play a turn under this budget (None when one can): ``start`` ends every episode whose

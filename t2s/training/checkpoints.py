@@ -135,6 +135,16 @@ def model_folder_problem(folder: str | os.PathLike) -> str | None:
     return _weights_problem(folder, [d for d in folder.iterdir() if d.is_dir()])
 
 
+def check_model_folder(model_path) -> None:
+    """A ConfigError naming a local model folder that cannot be loaded (:func:`model_folder_problem`): ``train`` and
+    ``sft`` check it before the data or the model loads."""
+    from t2s.errors import ConfigError
+
+    problem = model_folder_problem(model_path)
+    if problem:
+        raise ConfigError(f"Error: cannot load the model {model_path}: {problem}")
+
+
 def read_trainer_state(folder: str | os.PathLike) -> dict | None:
     """The checkpoint's ``trainer_state.json`` as a dict, or None when absent or unreadable."""
     try:

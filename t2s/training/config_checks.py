@@ -1,5 +1,5 @@
 """The start-up checks of a training config (DESIGN §8), run when ``T2SGRPOConfig`` is built: one clear ``Error:``
-line (:class:`t2s.training.configs.ConfigError`) for the first problem, before any data or model loads.
+line (:class:`t2s.errors.ConfigError`) for the first problem, before any data or model loads.
 
 - values of the wrong kind (a list or text where a number belongs) and numbers out of range (``num_generations`` below
   2, a learning rate, temperature or episode limit that is not positive, ``top_p`` outside (0, 1]);
@@ -16,7 +16,14 @@ import os
 from dataclasses import fields
 
 from t2s.backends.vllm_engine import ENGINE_DTYPES
-from t2s.training.configs import OLD_LOGPROBS_MODES, ROLLOUT_BACKENDS, SERVER_SYNC_MODES, ConfigError
+from t2s.errors import ConfigError
+
+ROLLOUT_BACKENDS = ("transformers", "vllm_colocate", "vllm_server")
+OLD_LOGPROBS_MODES = ("sampler", "recompute")
+SERVER_SYNC_MODES = ("nccl", "files")
+# an episode's limits, each a number above 0 (eval's options for them: t2s.evaluation.options.EPISODE_LIMITS)
+LIMIT_FIELDS = ("max_turns", "episode_token_budget", "max_tokens_per_turn", "min_episode_tokens", "forced_turn_reserve",
+                "max_calls_per_turn", "max_failed_queries", "tool_timeout", "episode_tool_seconds")
 
 
 LIST_SETTINGS = ("reward_names", "reward_weights", "difficulties")  # t2s's list settings a recipe may write as one item
@@ -112,8 +119,11 @@ def validate_training_config(args, reward_names=None) -> None:
         tool_schemas.check_tool_format(args.tool_format)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    episode = args.episode_config() if hasattr(args, "episode_config") else None
-    problem = episode and (episode.limits_problem() or episode.budget_problem())
+    for name in LIMIT_FIELDS:
+        value = getattr(args, name, 1)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+            raise ConfigError(f"Error: {name} must be a number above 0, got {value!r}")
+    problem = args.episode_config().budget_problem() if hasattr(args, "episode_config") else None
     if problem:
         raise ConfigError(problem)
     for name in ("learning_rate", "temperature"):

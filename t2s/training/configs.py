@@ -24,21 +24,9 @@ from trl import GRPOConfig, ModelConfig
 
 from t2s.backends.cpu_precision import cpu_autocast, has_accelerator
 from t2s.env.episode import EpisodeConfig
-from t2s.errors import T2SError
+from t2s.errors import ConfigError  # defined with the other errors; imported from here by most of training
 
 _EPISODE = EpisodeConfig()  # the episode settings' defaults, declared once there
-
-ROLLOUT_BACKENDS = ("transformers", "vllm_colocate", "vllm_server")
-OLD_LOGPROBS_MODES = ("sampler", "recompute")
-SERVER_SYNC_MODES = ("nccl", "files")
-
-
-class ConfigError(T2SError, ValueError):
-    """A training configuration that cannot run; the message starts with ``Error:``."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message if message.startswith("Error:") else f"Error: {message}")
-
 
 @dataclass
 class T2SScriptArguments:

@@ -192,17 +192,6 @@ def prepare_model_path(script_args, model_args) -> str:
     return name
 
 
-def check_model_folder(model_path) -> None:
-    """A ConfigError naming a local model folder that cannot be loaded (``checkpoints.model_folder_problem``), before
-    the data or the model loads."""
-    from t2s.training.checkpoints import model_folder_problem
-    from t2s.training.configs import ConfigError
-
-    problem = model_folder_problem(model_path)
-    if problem:
-        raise ConfigError(f"Error: cannot load the model {model_path}: {problem}")
-
-
 def build_trainer(script_args, training_args, model_args, *, callbacks=None):
     """Load data and model and return a ready :class:`Text2SQLGRPOTrainer` (plus the data counts)."""
     from datasets import Dataset
@@ -218,6 +207,8 @@ def build_trainer(script_args, training_args, model_args, *, callbacks=None):
             raise ConfigError(f"Error: system_prompt_file {training_args.system_prompt_file!r} not found.")
         training_args.system_prompt_file = str(prompt_file)
     model_path = prepare_model_path(script_args, model_args)
+    from t2s.training.checkpoints import check_model_folder
+
     check_model_folder(model_path)
     tokenizer = load_chat_tokenizer(model_path, training_args.chat_template, padding_side="left",
                                     revision=model_args.model_revision,

@@ -274,7 +274,8 @@ def build_sft_trainer(sft_args: T2SSFTArguments, config, model_args, *, callback
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from t2s.training.pipeline import check_model_folder, load_chat_tokenizer, load_training_rows
+    from t2s.training.checkpoints import check_model_folder
+    from t2s.training.pipeline import load_chat_tokenizer, load_training_rows
 
     script_args, rl_args = load_rl_recipe(sft_args)
     model_path = prepare_model(sft_args, model_args)
