@@ -244,3 +244,9 @@ def test_an_empty_file_and_a_database_without_tables_cannot_be_read(tmp_path, ca
     assert database_problems(rows) == {"empty": f"{empty} is empty (0 bytes), not a database",
                                        "bare": f"{bare} holds no tables"}
     assert empty.read_bytes() == b""  # the probe wrote nothing
+    views = tmp_path / "views" / "views.sqlite"  # a database of views only answers questions all the same
+    views.parent.mkdir()
+    with contextlib.closing(sqlite3.connect(views)) as connection:
+        connection.execute("CREATE VIEW answer AS SELECT 42 AS x")
+        connection.commit()
+    assert database_problems([{"question_id": "3", "db_id": "views", "db_path": str(views)}]) == {}

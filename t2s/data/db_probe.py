@@ -61,7 +61,10 @@ def _probe(ref) -> str | None:
     if not tables.ok:
         return f"cannot read the schema of {ref.path}: {tables.error.removeprefix('Error: ')}"
     if not any(not str(name).startswith("sqlite_") for (name,) in tables.rows):
-        return f"{ref.path} holds no tables"  # a question on it can only fail
+        views = databases.run_scoring_query(ref, "SELECT 1 FROM sqlite_master WHERE type = 'view' LIMIT 1",
+                                            timeout=PROBE_TIMEOUT)
+        if views.ok and not views.rows:
+            return f"{ref.path} holds no tables"  # a question on it can only fail
     for (name,) in tables.rows:
         if str(name).startswith("sqlite_"):
             continue
