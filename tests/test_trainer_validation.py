@@ -283,6 +283,7 @@ def test_a_missing_recipe_is_bad_input_exit_1(command, tmp_path):
 
 @pytest.mark.parametrize("overrides, message", [
     (dict(num_generations=0), "num_generations must be 2 or more (got 0)"),
+    (dict(num_generations=None), "num_generations must be 2 or more (got None)"),
     (dict(learning_rate=-1.0), "learning_rate must be above 0 (got -1.0)"),
     (dict(temperature=-1.0), "temperature must be above 0 (got -1.0)"),
     (dict(top_p=5.0), "top_p must lie in (0, 1] (got 5.0)"),

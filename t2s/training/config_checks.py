@@ -24,8 +24,6 @@ SERVER_SYNC_MODES = ("nccl", "files")
 # an episode's limits, each a number above 0 (eval's options for them: t2s.evaluation.options.EPISODE_LIMITS)
 LIMIT_FIELDS = ("max_turns", "episode_token_budget", "max_tokens_per_turn", "min_episode_tokens", "forced_turn_reserve",
                 "max_calls_per_turn", "max_failed_queries", "tool_timeout", "episode_tool_seconds")
-
-
 LIST_SETTINGS = ("reward_names", "reward_weights", "difficulties")  # t2s's list settings a recipe may write as one item
 
 
@@ -47,7 +45,7 @@ def check_kinds(args) -> None:
 
 def check_groups_per_rank(args) -> None:
     """A rank's generation batch (per_device_train_batch_size × steps_per_generation) must hold whole groups."""
-    if not args.num_generations >= 2:
+    if not isinstance(args.num_generations, int) or args.num_generations < 2:
         raise ConfigError(f"Error: num_generations must be 2 or more (got {args.num_generations}): GRPO's advantages "
                           "compare the rollouts of one group")
     steps = args.steps_per_generation
