@@ -143,6 +143,21 @@ def jsonl_values(text: str, path: str | Path) -> Iterator[tuple[int, Any]]:
         yield number, value
 
 
+def read_json_object(path: str | Path) -> dict:
+    """The JSON object a file holds (a model's ``config.json``, say); a DataError naming the file by its name when it
+    cannot be read, is not JSON or holds another JSON value."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DataError(f"{path.name} is unreadable: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, past Python's limits
+        raise DataError(f"{path.name} is not valid JSON: {decode_problem(exc)}") from None
+    if not isinstance(value, dict):
+        raise DataError(f"{path.name} is not a JSON object (it holds a JSON {type(value).__name__})")
+    return value
+
+
 def decode_problem(exc: Exception) -> str:
     """Why ``json.loads`` refused a text: its message, or what Python's own limits refused."""
     if isinstance(exc, json.JSONDecodeError):

@@ -72,18 +72,15 @@ def resolve_model_dir(name_or_path: str) -> Path:
 
 
 def _read_json(path: Path) -> dict:
-    """The JSON object a file holds ({} when it is absent); an ExportError for any other content."""
+    """The JSON object a file holds ({} when it is absent); an ExportError naming it for any other content."""
     if not path.is_file():
         return {}
-    from t2s.data.rows import decode_problem
+    from t2s.data.rows import DataError, read_json_object
 
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, past Python's limits
-        raise ExportError(f"{path} is not valid JSON: {decode_problem(exc)}") from None
-    if not isinstance(value, dict):
-        raise ExportError(f"{path} is not a JSON object (it holds a JSON {type(value).__name__})")
-    return value
+        return read_json_object(path)
+    except DataError as exc:
+        raise ExportError(f"{path.parent}: {exc}") from None
 
 
 def is_adapter(folder: Path) -> bool:

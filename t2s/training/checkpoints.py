@@ -121,17 +121,13 @@ def model_folder_problem(folder: str | os.PathLike) -> str | None:
     configs = [folder / name for name in ("config.json", "adapter_config.json") if (folder / name).is_file()]
     if not configs:
         return "it holds neither config.json nor adapter_config.json"
-    from t2s.data.rows import decode_problem
+    from t2s.data.rows import DataError, read_json_object
 
     for path in configs:
         try:
-            document = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            return f"{path.name} is unreadable: {exc.strerror or exc}"
-        except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, past Python's limits
-            return f"{path.name} is not valid JSON: {decode_problem(exc)}"
-        if not isinstance(document, dict):
-            return f"{path.name} is not a JSON object (it holds a JSON {type(document).__name__})"
+            read_json_object(path)
+        except DataError as exc:
+            return str(exc)
     return _weights_problem(folder, [d for d in folder.iterdir() if d.is_dir()])
 
 
