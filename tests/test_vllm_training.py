@@ -19,6 +19,7 @@ from collections import Counter
 
 import pytest
 
+from tests import preloaded
 from tests.vllm_support import HANG_GUARD_S, MODULE_TIMEOUT_S, ROOT, VLLM_ENV, attention_model, free_port
 
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
@@ -35,8 +36,12 @@ def model_dir(tmp_path_factory):
 
 
 def _run(command: list[str], output) -> list[dict]:
+    """Run ``command``: the training script from an interpreter that has imported TRL and vLLM, as it does first."""
     env = os.environ | VLLM_ENV | {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
+    if command[1] == str(SCRIPT):
+        done = preloaded.run(command, preload="grpo", env=env, timeout=HANG_GUARD_S)
+    else:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S)
     assert done.returncode == 0, (done.stdout[-2000:] + done.stderr[-4000:])
     return [json.loads(p.read_text()) for p in sorted(output.glob("result_rank*.json"))]
 

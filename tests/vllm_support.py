@@ -94,15 +94,18 @@ def served(model_dir: Path, log_path: Path, *serve_args: str):
         yield url
 
 
-def run_watching_processes(argv: list[str], env: dict, timeout: float = HANG_GUARD_S):
-    """Run ``argv`` in a session of its own; returns its CompletedProcess (text output) and the names of every process
-    seen in that session while it ran (``/proc``, polled every 0.1 s), its own among them."""
+def run_watching_processes(argv: list[str], env: dict, preload: str, timeout: float = HANG_GUARD_S):
+    """Run ``argv`` in a session of its own (started as :func:`tests.preloaded.start` starts it); returns its
+    CompletedProcess (text output) and the names of every process seen in that session while it ran (``/proc``,
+    polled every 0.1 s), its own among them."""
     import subprocess
     import time
 
+    from tests import preloaded
+
     names: set[str] = set()
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=out, stderr=err, text=True, start_new_session=True)
+        proc = preloaded.start(argv, preload=preload, env=env, stdout=out, stderr=err, new_session=True)
         deadline = time.monotonic() + timeout
         while proc.poll() is None:
             names |= session_processes(proc.pid)

@@ -1,0 +1,114 @@
+"""``tests.preloaded``: a command started from a preloaded interpreter behaves as the same command in a fresh one.
+
+Each check runs one probe both ways (``T2S_TEST_FRESH_PROCESSES=1`` for the fresh one) and compares what the probe
+saw and printed, and how it ended: arguments, search path, working folder, environment, torch's thread count, output,
+``atexit`` handlers, a thread left running, exit statuses, an uncaught exception's traceback, a signal and a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests import preloaded
+
+PROBE = textwrap.dedent("""\
+    import atexit, json, os, sys, threading, time
+    if "threads" in sys.argv:
+        import torch
+
+    atexit.register(lambda: print("atexit ran", flush=True))
+    worker = threading.Thread(target=lambda: (time.sleep(0.3), print("thread joined", flush=True)))
+    worker.start()
+    print(json.dumps({"argv": sys.argv, "path": sys.path[:3], "cwd": os.getcwd(), "name": __name__,
+                      "file": globals().get("__file__"), "marker": os.environ.get("PROBE_MARKER"),
+                      "threads": "threads" in sys.argv and torch.get_num_threads(), "tty": sys.stdout.isatty(),
+                      "vllm_imported": "vllm" in sys.modules}), flush=True)
+    print("to stderr", file=sys.stderr)
+    how = sys.argv[-1]
+    if how == "raise":
+        raise ValueError("from the probe")
+    if how == "message":
+        sys.exit("a message")
+    if how == "kill":
+        os.kill(os.getpid(), 9)
+    sys.exit(int(how))
+""")
+
+
+def both(argv: list[str], env: dict, cwd) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+    """``argv`` in a fresh interpreter (``subprocess.run``), then from the "torch" preload, with the same environment
+    and folder."""
+    fresh = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+    forked = preloaded.run(argv, preload="torch", env=env, timeout=300, cwd=cwd)
+    return fresh, forked
+
+
+@pytest.fixture
+def probe(tmp_path, monkeypatch):
+    """The probe as a script and as a module of a package on ``PYTHONPATH``; the worker's environment with a marker."""
+    monkeypatch.delenv(preloaded.FRESH, raising=False)
+    (tmp_path / "pkg" / "probes").mkdir(parents=True)
+    (tmp_path / "pkg" / "probes" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "probes" / "probe.py").write_text(PROBE)
+    (tmp_path / "probe.py").write_text(PROBE)
+    env = dict(os.environ, PROBE_MARKER="marked", PYTHONPATH=str(tmp_path / "pkg"))
+    return tmp_path, env
+
+
+def test_fresh_processes_start_fresh_interpreters(monkeypatch, tmp_path):
+    monkeypatch.setenv(preloaded.FRESH, "1")
+    (tmp_path / "pid.py").write_text("import os\nprint(os.getppid())\n")
+    with open(tmp_path / "out", "w") as out:
+        process = preloaded.start([sys.executable, str(tmp_path / "pid.py")], preload="torch", env=dict(os.environ),
+                                  stdout=out, stderr=out)
+        assert isinstance(process, subprocess.Popen) and process.wait(timeout=60) == 0
+    assert (tmp_path / "out").read_text() == f"{os.getpid()}\n"  # started by this process itself
+
+
+@pytest.mark.parametrize("how", ["0", "3", "message", "raise", "kill"])
+@pytest.mark.parametrize("form", ["script", "module"])
+def test_a_preloaded_command_is_the_fresh_command(probe, form, how):
+    folder, env = probe
+    target = [str(folder / "probe.py")] if form == "script" else ["-m", "probes.probe"]
+    fresh, forked = both([sys.executable, *target, "x y", how], env, cwd=folder)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    expected = {"0": 0, "3": 3, "message": 1, "raise": 1, "kill": -signal.SIGKILL}[how]
+    assert fresh.returncode == expected, fresh.stderr[-2000:]
+    assert '"marker": "marked"' in fresh.stdout and '"vllm_imported": false' in fresh.stdout
+    if how != "kill":  # a killed process runs no exit handlers, fresh or forked
+        assert fresh.stdout.endswith("thread joined\natexit ran\n"), fresh.stdout
+    if how == "raise":
+        assert fresh.stderr.endswith("ValueError: from the probe\n")
+
+
+def test_a_variable_read_at_import_gets_an_interpreter_of_its_own(probe):
+    """torch reads ``OMP_NUM_THREADS`` as it is imported: a command with another count is not served by an
+    interpreter started with the first."""
+    folder, env = probe
+    counts = []
+    for threads in ("1", "2"):
+        fresh, forked = both([sys.executable, str(folder / "probe.py"), "threads", "0"],
+                             env | {"OMP_NUM_THREADS": threads}, cwd=folder)
+        assert forked.stdout == fresh.stdout
+        counts.append(f'"threads": {threads}' in forked.stdout)
+    assert counts == [True, True]
+
+
+def test_a_command_past_its_timeout_is_killed(probe):
+    folder, env = probe
+    (folder / "slow.py").write_text("import time\ntime.sleep(120)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        preloaded.run([sys.executable, str(folder / "slow.py")], preload="torch", env=env, timeout=1, cwd=folder)
+    with open(folder / "out", "w") as out:
+        process = preloaded.start([sys.executable, str(folder / "slow.py")], preload="torch", env=env, stdout=out,
+                                  stderr=out, cwd=folder, new_session=True)
+        assert isinstance(process, preloaded.Started) and process.poll() is None
+        assert os.getpgid(process.pid) == process.pid  # a session of its own, as start_new_session gives
+        process.kill()
+        assert process.wait(timeout=60) == -signal.SIGKILL
