@@ -15,7 +15,12 @@ What differs from a fresh interpreter, and why it does not change what a test se
 - an interpreter serves only commands whose environment equals the one it was started with, except the variables in
   :data:`READ_LATER` (read after start-up, or by this module). Variables that libraries read as they are imported
   (``OMP_NUM_THREADS``, ``HF_HUB_OFFLINE``, ...) are therefore the command's own;
-- what a library printed while being imported (a one-time notice) is not in the command's output.
+- what a library printed while being imported (a one-time notice) is not in the command's output;
+- a library is never first imported inside the command's own frames. That once mattered: vLLM keeps an optional
+  import's error at module level, and its traceback held the frame that had built a trainer, which then outlived
+  ``del trainer``. Every process started by a launcher (``torchrun``, ``accelerate launch``, the Slurm job, ``make
+  serve``, ``bench learn-real``'s evaluations) still starts fresh, so a training run that imports vLLM as it builds
+  its trainer still runs in the suite: the two-rank colocated run, the torchrun and Slurm jobs.
 
 ``T2S_TEST_FRESH_PROCESSES=1`` runs every command in a fresh interpreter instead, as before; so does a preloaded
 interpreter that fails to start (with a warning saying why).
