@@ -19,8 +19,8 @@ What differs from a fresh interpreter, and why it does not change what a test se
 - a library is never first imported inside the command's own frames. That once mattered: vLLM keeps an optional
   import's error at module level, and its traceback held the frame that had built a trainer, which then outlived
   ``del trainer``. Every process started by a launcher (``torchrun``, ``accelerate launch``, the Slurm job, ``make
-  serve``, ``bench learn-real``'s evaluations) still starts fresh, so a training run that imports vLLM as it builds
-  its trainer still runs in the suite: the two-rank colocated run, the torchrun and Slurm jobs.
+  serve``) still starts fresh, so a training run that imports vLLM as it builds its trainer still runs in the suite:
+  the two-rank colocated run, the torchrun and Slurm jobs.
 
 ``T2S_TEST_FRESH_PROCESSES=1`` runs every command in a fresh interpreter instead, as before; so does a preloaded
 interpreter that fails to start (with a warning saying why).
@@ -50,7 +50,7 @@ PRELOADS = {
 # search path (set again in the child), and ones read only when a command uses them, after start-up (vLLM reads its
 # own through ``vllm.envs`` as it uses them)
 READ_LATER = ("PYTEST_CURRENT_TEST", "PYTHONPATH", "TOKENIZERS_PARALLELISM", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK",
-              "VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE")
+              "VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
 READ_LATER_PREFIXES = ("T2S_",)
 FRESH = "T2S_TEST_FRESH_PROCESSES"
 START_TIMEOUT_S = 600

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from t2s.bench import learn_real
+from tests import preloaded
 
 UNSEEN_N = 4  # the smoke run's unseen questions
 
@@ -169,10 +170,19 @@ def test_a_cpu_without_bfloat16_is_told_first_that_the_time_target_assumes_it(tm
 
 
 @pytest.mark.timeout(1500)  # six vLLM engines (four evals, two GRPO runs) and an SFT
+def preloaded_launch(command, *, stdout, stderr, env, start_new_session):
+    """``PendingEval.launch`` from the worker's preloaded vLLM interpreter (tests/preloaded.py): the evaluations are
+    ``t2s eval --policy vllm`` as the bench starts them, without paying torch's and vLLM's imports each time."""
+    assert stderr == subprocess.STDOUT
+    return preloaded.start(command, preload="vllm", env=env, stdout=stdout, stderr=stdout, cwd=Path.cwd(),
+                           new_session=start_new_session)
+
+
 def test_smoke_run_writes_every_stage_and_its_last_line(tmp_path, attention_model_dir, spider_dev_dir,
                                                         bird_superhero_dir, capsys, monkeypatch):
     pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
     monkeypatch.setenv("T2S_DATA_DIR", str(spider_dev_dir.parent))
+    monkeypatch.setattr(learn_real.PendingEval, "launch", staticmethod(preloaded_launch))
     small_steps = ("--num_generations", "2", "--per_device_train_batch_size", "2", "--gradient_accumulation_steps",
                    "1", "--steps_per_generation", "1",  # one question of 2 rollouts a step
                    "--max_tokens_per_turn", "32", "--forced_turn_reserve", "32")  # short turns: the run, not the SQL

@@ -151,11 +151,11 @@ def eval_flags(split: Split, n: int, overrides: tuple[str, ...] = ()) -> list[st
 
 
 class PendingEval:
-    """``t2s eval`` of a model in its own process (the engine's memory goes with it), started by :meth:`start` and
-    waited for by :meth:`summary`, so that it runs beside the next stage's training. ``core`` binds its vLLM engine's
-    one OpenMP thread to that core (left to itself it binds the first, as the colocated engine of a training run beside
-    it does), which changes which core computes, not what. ``then`` runs once the evaluation has succeeded (the
-    zero-shot cache's copy)."""
+    """``t2s eval`` of a model in its own process (the engine's memory goes with it), started by :meth:`start` (with
+    ``launch``, ``subprocess.Popen``'s arguments) and waited for by :meth:`summary`, beside the next stage's training.
+    ``core`` binds its vLLM engine's one OpenMP thread to that core (left to itself it binds the first, as a training
+    run's colocated engine does). ``then`` runs once the evaluation has succeeded (the zero-shot cache's copy)."""
+    launch = staticmethod(subprocess.Popen)
 
     def __init__(self, output: Path, process: subprocess.Popen | None = None, model: Path | None = None, then=None):
         self.output, self.process, self.model, self.then = output, process, model, then
@@ -167,8 +167,8 @@ class PendingEval:
         env = os.environ | ({"VLLM_CPU_OMP_THREADS_BIND": str(core)} if core is not None else {})
         command = [sys.executable, "-m", "t2s", "eval", *flags, "--model", str(model), "--output", str(output)]
         with open(output.with_suffix(".log"), "w", encoding="utf-8") as handle:
-            process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
-                                       start_new_session=True)  # its own process group: stop() ends its engine too
+            process = cls.launch(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
+                                 start_new_session=True)  # its own process group: stop() ends its engine too
         return cls(output, process, model, then)
 
     def stop(self) -> None:
