@@ -15,7 +15,11 @@ What differs from a fresh interpreter, and why it does not change what a test se
 - an interpreter serves only commands whose environment equals the one it was started with, except the variables in
   :data:`READ_LATER` (read after start-up, or by this module). Variables that libraries read as they are imported
   (``OMP_NUM_THREADS``, ``HF_HUB_OFFLINE``, ...) are therefore the command's own;
-- what a library printed while being imported (a one-time notice) is not in the command's output;
+- what the preloaded imports set in the environment (vLLM's ``TORCHINDUCTOR_COMPILE_THREADS``, ...) is set again in
+  the child, where the command's environment lacks it or the import had replaced a value;
+- what a library printed while being imported (a one-time notice) is not in the command's output, and a warning shown
+  once there is not shown again; Python's teardown after the exit handlers (module cleanup) does not run;
+- the interpreters live until the worker ends (about 1 GB of memory for a chain of three);
 - a library is never first imported inside the command's own frames. That once mattered: vLLM keeps an optional
   import's error at module level, and its traceback held the frame that had built a trainer, which then outlived
   ``del trainer``. Every process started by a launcher (``torchrun``, ``accelerate launch``, the Slurm job, ``make
@@ -49,11 +53,12 @@ PRELOADS = {
 # Variables a command may set otherwise than its preloaded interpreter: pytest's own (the current test's name), the
 # search path (set again in the child), and ones read only when a command uses them, after start-up (vLLM reads its
 # own through ``vllm.envs`` as it uses them)
-READ_LATER = ("PYTEST_CURRENT_TEST", "PYTHONPATH", "TOKENIZERS_PARALLELISM", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK",
-              "VLLM_HOST_IP", "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
+READ_LATER = ("PYTEST_CURRENT_TEST", "PYTHONPATH", "TOKENIZERS_PARALLELISM", "VLLM_NO_USAGE_STATS", "VLLM_HOST_IP",
+              "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_OMP_THREADS_BIND")
 READ_LATER_PREFIXES = ("T2S_",)
 FRESH = "T2S_TEST_FRESH_PROCESSES"
 START_TIMEOUT_S = 600
+INTERRUPTED = "SIGINT"  # how a command ended by an uncaught KeyboardInterrupt ends: killed by SIGINT, as Python does
 
 
 def _import_key(env: dict) -> tuple:
@@ -216,7 +221,7 @@ def run(argv: list[str], *, preload: str, env: dict, timeout: float, cwd: Path =
         process = start(argv, preload=preload, env=env, stdout=out, stderr=err, cwd=cwd)
         try:
             process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except BaseException:  # a timeout, pytest-timeout's failure, an interrupt: the command ends with the test
             process.kill()
             process.wait()
             raise
@@ -228,10 +233,10 @@ def run(argv: list[str], *, preload: str, env: dict, timeout: float, cwd: Path =
 # ------------------------------------------------------------------------------------ the preloaded interpreter
 def serve(control_fd: int, modules: tuple[str, ...]) -> None:
     """The interpreter of the first preload: import ``modules``, then :func:`_serve`."""
-    _serve(socket.socket(fileno=control_fd), modules, None)
+    _serve(socket.socket(fileno=control_fd), modules, None, {})
 
 
-def _serve(control: socket.socket, modules: tuple[str, ...], search_path: list[str] | None) -> None:
+def _serve(control: socket.socket, modules: tuple[str, ...], search_path: list[str] | None, imported: dict) -> None:
     """Import ``modules`` and say ``ready`` on ``control``; then, for each command received on it, fork a child that
     runs it and report the child's pid, then its exit status, on the socket that came with the command; for each
     ``extend`` request, fork the interpreter of the next preload on the socket that came with it. Ends when the worker
@@ -239,8 +244,12 @@ def _serve(control: socket.socket, modules: tuple[str, ...], search_path: list[s
     import importlib
     import threading
 
+    before = dict(os.environ)
     for name in modules:
         importlib.import_module(name)
+    # what the imports set in the environment (vLLM sets TORCHINDUCTOR_COMPILE_THREADS, ...), for each child to set
+    # again: (value, whether it replaced a value the environment had)
+    imported = imported | {key: (value, key in before) for key, value in os.environ.items() if before.get(key) != value}
     search_path = _search_path_tail() if search_path is None else search_path
     if threading.active_count() != 1 or search_path is None:
         control.send(b"not forkable: " + repr((threading.enumerate(), sys.path)).encode()[:3000])
@@ -267,9 +276,9 @@ def _serve(control: socket.socket, modules: tuple[str, ...], search_path: list[s
                     if other is not None:
                         other.close()
                 if "extend" in asked:
-                    _serve(reply, tuple(asked["extend"]), search_path)
+                    _serve(reply, tuple(asked["extend"]), search_path, imported)
                     os._exit(0)
-                _child(asked, fds[:3], reply, search_path)  # never returns
+                _child(asked, fds[:3], reply, search_path, imported)  # never returns
             for fd in fds[:-1]:
                 os.close(fd)
             if "extend" in asked:
@@ -298,7 +307,7 @@ def _search_path_tail() -> list[str] | None:
     return sys.path[len(head):] if sys.path[:len(head)] == head else None
 
 
-def _child(request: dict, fds: list[int], started: socket.socket, search_path: list[str]) -> None:
+def _child(request: dict, fds: list[int], started: socket.socket, search_path: list[str], imported: dict) -> None:
     """The forked child: say its pid on ``started`` once in its own session (if asked for one), become the command
     and end as its interpreter would."""
     code = 1
@@ -314,6 +323,9 @@ def _child(request: dict, fds: list[int], started: socket.socket, search_path: l
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        for key, (value, replaced) in imported.items():  # as the command's own imports would set them
+            if replaced or key not in os.environ:
+                os.environ[key] = value
         argv = request["argv"]
         entries = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if argv[0] == "-m":
@@ -346,24 +358,24 @@ def _run_main(argv: list[str]) -> int:
             path = os.path.abspath(argv[0])
             main.__dict__.update(__file__=path, __cached__=None)
             source = Path(path).read_bytes()
-            exec(compile(source, path, "exec"), main.__dict__)
+            exec(compile(source, path, "exec", dont_inherit=True), main.__dict__)
     except SystemExit as done:
         return _exit_code(done.code)
-    except KeyboardInterrupt:
-        import signal
-        import traceback
-
-        traceback.print_exc()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-        return 130
+    except KeyboardInterrupt:  # printed, then the interpreter ends and kills itself with SIGINT (see _end)
+        _print_trimmed()
+        return INTERRUPTED
     except BaseException:  # noqa: BLE001 - an uncaught exception, printed as the interpreter prints it
-        kind, error, trace = sys.exc_info()
-        while trace is not None and trace.tb_frame.f_code.co_filename == __file__:
-            trace = trace.tb_next  # the frames of this module, which a fresh interpreter does not have
-        sys.excepthook(kind, error.with_traceback(trace), trace)
+        _print_trimmed()
         return 1
     return 0
+
+
+def _print_trimmed() -> None:
+    """The exception being handled, as the interpreter prints it, without this module's frames."""
+    kind, error, trace = sys.exc_info()
+    while trace is not None and trace.tb_frame.f_code.co_filename == __file__:
+        trace = trace.tb_next  # the frames of this module, which a fresh interpreter does not have
+    sys.excepthook(kind, error.with_traceback(trace), trace)
 
 
 def _exit_code(code) -> int:
@@ -375,7 +387,7 @@ def _exit_code(code) -> int:
     return 1
 
 
-def _end(code: int) -> None:
+def _end(code: int | str) -> None:
     """As the interpreter ends: join non-daemon threads, run ``atexit`` handlers, flush the streams, exit."""
     import threading
 
@@ -388,4 +400,9 @@ def _end(code: int) -> None:
                 stream.flush()
             except Exception:  # noqa: BLE001 - a closed stream: nothing left to flush
                 pass
-        os._exit(code & 0xFF)
+        if code == INTERRUPTED:
+            import signal
+
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        os._exit(code & 0xFF if isinstance(code, int) else 1)

@@ -169,7 +169,6 @@ def test_a_cpu_without_bfloat16_is_told_first_that_the_time_target_assumes_it(tm
     assert err.startswith("Error: ") and len(err.strip().splitlines()) == 1, err
 
 
-@pytest.mark.timeout(1500)  # six vLLM engines (four evals, two GRPO runs) and an SFT
 def preloaded_launch(command, *, stdout, stderr, env, start_new_session):
     """``PendingEval.launch`` from the worker's preloaded vLLM interpreter (tests/preloaded.py): the evaluations are
     ``t2s eval --policy vllm`` as the bench starts them, without paying torch's and vLLM's imports each time."""
@@ -178,6 +177,7 @@ def preloaded_launch(command, *, stdout, stderr, env, start_new_session):
                            new_session=start_new_session)
 
 
+@pytest.mark.timeout(1500)  # six vLLM engines (four evals, two GRPO runs) and an SFT
 def test_smoke_run_writes_every_stage_and_its_last_line(tmp_path, attention_model_dir, spider_dev_dir,
                                                         bird_superhero_dir, capsys, monkeypatch):
     pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
