@@ -302,9 +302,13 @@ def _serve(control: socket.socket, modules: tuple[str, ...], search_path: list[s
 def _search_path_tail() -> list[str] | None:
     """``sys.path`` without what this interpreter's start put first (its ``''`` for ``-c``, then ``PYTHONPATH``'s
     entries), or None where it does not start that way."""
-    entries = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    head = ["", *entries]
+    head = ["", *_search_path_entries()]
     return sys.path[len(head):] if sys.path[:len(head)] == head else None
+
+
+def _search_path_entries() -> list[str]:
+    """``PYTHONPATH``'s entries as the interpreter puts them on ``sys.path`` (absolute, from the working folder)."""
+    return [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
 
 
 def _child(request: dict, fds: list[int], started: socket.socket, search_path: list[str], imported: dict) -> None:
@@ -327,12 +331,11 @@ def _child(request: dict, fds: list[int], started: socket.socket, search_path: l
             if replaced or key not in os.environ:
                 os.environ[key] = value
         argv = request["argv"]
-        entries = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if argv[0] == "-m":
             sys.argv, first = argv[1:], os.getcwd()
         else:
             sys.argv, first = argv, os.path.dirname(os.path.realpath(argv[0]))
-        sys.path[:] = [first, *entries, *search_path]
+        sys.path[:] = [first, *_search_path_entries(), *search_path]
         code = _run_main(argv)
     except BaseException:  # noqa: BLE001 - the child must end here, whatever happened
         import traceback
