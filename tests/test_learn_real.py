@@ -177,6 +177,7 @@ def preloaded_launch(command, *, stdout, stderr, env, start_new_session):
                            new_session=start_new_session)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1500)  # six vLLM engines (four evals, two GRPO runs) and an SFT
 def test_smoke_run_writes_every_stage_and_its_last_line(tmp_path, attention_model_dir, spider_dev_dir,
                                                         bird_superhero_dir, capsys, monkeypatch):

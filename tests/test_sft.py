@@ -202,6 +202,7 @@ def _run(*args, timeout=600):
                          env=env, timeout=timeout, cwd=REPO_ROOT)
 
 
+@pytest.mark.slow
 def test_sft_command_output_is_taken_by_train_eval_and_export(tiny_model_dir, tmp_path, capsys, monkeypatch):
     """``sft`` and ``train`` in processes of their own (what each prints on stderr is checked), ``eval`` and
     ``export`` in this one."""
