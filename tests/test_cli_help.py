@@ -112,6 +112,27 @@ def test_train_help_lists_every_recipe_key_grouped_as_the_recipes():
     assert "  --max-turns (default: 6)\n" in text and "  --learning-rate (default: " in text
 
 
+def test_train_help_lists_every_key_t2s_adds_also_where_no_recipe_sets_it():
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    from t2s.training.configs import T2SGRPOConfig, T2SScriptArguments
+    from t2s.training.recipe_help import OWN_KEYS_GROUP, recipe_groups
+
+    inherited = {f.name for f in dataclasses.fields(GRPOConfig)}
+    own = {f.name for f in dataclasses.fields(T2SGRPOConfig)} - inherited
+    own |= {f.name for f in dataclasses.fields(T2SScriptArguments)}
+    text = _help("train")
+    for key in own:
+        assert re.search(rf"^  --{key.replace('_', '-')} \(default: [^\n]*\)\n {{6}}\S", text, re.M), key
+    listed = {key for keys in recipe_groups().values() for key in keys}
+    unset = sorted(own - listed)
+    assert "chat_template" in unset and "engine" in unset  # keys a user sets, that no shipped recipe does
+    section = text[text.index(f"\n{OWN_KEYS_GROUP}:\n"):]
+    assert all(f"  --{key.replace('_', '-')} (default: " in section for key in unset)
+
+
 @pytest.mark.parametrize("argv, code", [
     (["eval", "--policy", "gold"], 2),  # bad usage: a required option missing
     (["eval", "--policy", "gold", "--data", "no/such/data.json", "--output", "x"], 1),  # bad input

@@ -1,6 +1,7 @@
 """What ``t2s train --help`` lists after its own options: every key the shipped recipes set, grouped as the recipe
-files group them (their ``# ---- model``, ``# ---- data``, ... headers), each with its help and default from the
-dataclasses a recipe is parsed into (``t2s.training.configs``).
+files group them (their ``# ---- model``, ``# ---- data``, ... headers), then t2s's own keys that no shipped recipe
+sets (``OWN_KEYS_GROUP``: the engine, a chat template, ...), each with its help and default from the dataclasses a
+recipe is parsed into (``t2s.training.configs``).
 
 The dataclasses are read as source (``ast``), never imported: ``trl.GRPOConfig`` builds on transformers'
 ``TrainingArguments``, whose module imports torch, and help must not wait seconds for it. ``DATACLASS_SOURCES`` names
@@ -17,6 +18,7 @@ from pathlib import Path
 
 RECIPE_ORDER = ("bird.yaml",)  # read first: its groups and keys set the order
 OTHER_GROUP = "other"
+OWN_KEYS_GROUP = "t2s keys no shipped recipe sets"
 # (package, file in it, class): the recipe's dataclasses and their bases; a later class's field wins
 DATACLASS_SOURCES = (
     ("trl", "trainer/model_config.py", "ModelConfig"),
@@ -126,12 +128,24 @@ def recipe_fields() -> dict[str, tuple[object, str]]:
     return found
 
 
+def own_fields() -> list[str]:
+    """The fields t2s's own dataclasses add (``DATACLASS_SOURCES`` in package ``t2s``), in definition order."""
+    keys: dict[str, None] = {}
+    for package, file, class_name in DATACLASS_SOURCES:
+        if package == "t2s":
+            keys.update(dict.fromkeys(class_fields(_package_folder(package) / file, class_name)))
+    return list(keys)
+
+
 def recipe_keys_help(width: int = 100) -> str:
     """The help text of every recipe key (see the module docstring)."""
     fields = recipe_fields()
     out = ["recipe keys: set in the --config YAML (the names below with underscores: max_turns), or override one",
            "on the command line (--max-turns 4; --max_turns works too). Any other GRPOConfig field works as well."]
-    for group, keys in recipe_groups().items():
+    groups = recipe_groups()
+    listed = {key for keys in groups.values() for key in keys}
+    unset = [key for key in own_fields() if key not in listed]
+    for group, keys in [*groups.items(), *([(OWN_KEYS_GROUP, unset)] if unset else [])]:
         out.append("")
         out.append(f"{group}:")
         for key in keys:
