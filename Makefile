@@ -147,7 +147,7 @@ bench-rollout: install
 # k = SIBLING_KS (T 1.0), and single-turn. MODEL runs the offline vLLM engine; ENDPOINT any server (ENDPOINT_MODE tools:
 # its function calling, e.g. `vllm serve --enable-auto-tool-choice --tool-call-parser qwen3_xml`; completions: token
 # ids with TOKENIZER). Published: 63.4% greedy, 67.0% / 67.4% vote@8 / vote@32, 58.2% single-turn.
-SIBLING_DATA ?= data/bird/dev/dev.json
+SIBLING_DATA ?= data/bird/dev_20240627/dev.json
 SIBLING_OUT ?= runs/eval_sibling
 ENDPOINT_MODE ?= tools
 SIBLING_N ?= 0
@@ -156,7 +156,7 @@ SIBLING_POLICY = $(if $(ENDPOINT),--policy endpoint --endpoint $(ENDPOINT) --end
 SIBLING_EVAL = $(PY) -m t2s eval $(SIBLING_POLICY) --data $(SIBLING_DATA) --n $(SIBLING_N) --dialect sibling --tool-format native
 
 eval-sibling: install $(if $(ENDPOINT),,install-vllm)
-	@test -n "$(MODEL)$(ENDPOINT)" || { echo "Error: pass MODEL=... or ENDPOINT=URL" >&2; exit 2; }
+	@test "$(origin MODEL)" != file -o -n "$(ENDPOINT)" || { echo "Error: pass MODEL=... (the checkpoint to evaluate) or ENDPOINT=URL" >&2; exit 2; }
 	$(SIBLING_EVAL) --mode full --temperature 0 --top-p 1 --top-k 0 --output $(SIBLING_OUT)/greedy
 	$(foreach k,$(SIBLING_KS),$(SIBLING_EVAL) --mode full --temperature 1.0 --top-p 1 --top-k 0 --k $(k) --output $(SIBLING_OUT)/vote$(k) &&) true
 	$(SIBLING_EVAL) --mode single --temperature 0 --top-p 1 --top-k 0 --output $(SIBLING_OUT)/single

