@@ -129,7 +129,8 @@ def recipe_fields() -> dict[str, tuple[object, str]]:
 
 
 def own_fields() -> list[str]:
-    """The fields t2s's own dataclasses add (``DATACLASS_SOURCES`` in package ``t2s``), in definition order."""
+    """The fields t2s's own dataclasses define (``DATACLASS_SOURCES`` in package ``t2s``: the keys they add and the
+    GRPOConfig fields they redefine, such as ``loss_type``), in definition order."""
     keys: dict[str, None] = {}
     for package, file, class_name in DATACLASS_SOURCES:
         if package == "t2s":
