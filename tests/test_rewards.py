@@ -107,6 +107,21 @@ def test_invalid_sql_scores_zero(hero_db, sql):
     assert (_one(outcome).reward, _one(outcome).tier) == (0.0, "invalid")
 
 
+def test_sql_longer_than_any_engine_runs_is_refused_before_sqlglot_reads_it(hero_db, monkeypatch):
+    import sqlglot
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("sqlglot read the over-long SQL")
+
+    longest = limits.LIMITS.max_sql_length
+    too_long = "SELECT " + " + ".join(["1"] * longest)  # a valid statement, several times the limit
+    monkeypatch.setattr(sqlglot, "parse", no_parse)
+    outcome = execute_final(_row(hero_db, "SELECT name FROM hero"), too_long)
+    assert not outcome.parses and not outcome.executes and outcome.error == \
+        f"Error: the SQL is longer than {longest} characters"
+    assert (_one(outcome).reward, _one(outcome).tier) == (0.0, "invalid")
+
+
 def test_parses_as_sql_accepts_statements_only():
     assert parses_as_sql("SELECT 1")
     assert parses_as_sql("WITH a AS (SELECT 1) SELECT * FROM a")

@@ -239,6 +239,10 @@ def execute_final(row: dict, final_sql, *, episode_write_attempt: bool = False) 
     if not isinstance(final_sql, str) or not final_sql.strip():
         outcome.error = "Error: no final SQL"
         return outcome
+    longest = databases.limits.LIMITS.max_sql_length
+    if len(final_sql) > longest:  # no engine runs it; not parsed either (sqlglot's time grows with the length)
+        outcome.error = f"Error: the SQL is longer than {longest} characters"
+        return outcome
     ref = databases.ref_from_row(row)
     dialect = databases.SQLGLOT_DIALECTS.get(ref.engine, "sqlite")  # sqlglot's name for the SQL of ref's engine
     outcome.parses = parses_as_sql(final_sql, dialect)
