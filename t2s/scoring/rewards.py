@@ -16,7 +16,7 @@ Dense reward tiers, strictly ordered (3.0 > 1.3 >= executable >= 0.1 > 0.05 > 0)
 | equivalent: official set equality with gold | 3.0 |
 | executable: runs, not equivalent | 0.1 + 0.9 F1 + 0.1 join + 0.1 consensus |
 | parsable: parses as SQLite SQL, but fails or times out | 0.05 |
-| invalid: no SQL, or it does not parse | 0.0 |
+| invalid: no SQL, SQL longer than any engine runs (``Limits.max_sql_length``), or it does not parse | 0.0 |
 """
 
 from __future__ import annotations
@@ -108,9 +108,7 @@ def normalise_cell(value):
         if not math.isfinite(value):
             return value
         rounded = round(value, FLOAT_DIGITS)
-        if rounded.is_integer():
-            return int(rounded)
-        return rounded
+        return int(rounded) if rounded.is_integer() else rounded
     return value
 
 
@@ -240,7 +238,7 @@ def execute_final(row: dict, final_sql, *, episode_write_attempt: bool = False) 
         outcome.error = "Error: no final SQL"
         return outcome
     longest = databases.limits.LIMITS.max_sql_length
-    if len(final_sql) > longest:  # no engine runs it; not parsed either (sqlglot's time grows with the length)
+    if len(final_sql) > longest:  # no engine runs it; nor is it parsed (sqlglot's time grows with its length)
         outcome.error = f"Error: the SQL is longer than {longest} characters"
         return outcome
     ref = databases.ref_from_row(row)
