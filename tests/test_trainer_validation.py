@@ -293,6 +293,8 @@ def test_a_missing_recipe_is_bad_input_exit_1(command, tmp_path):
     (dict(max_steps=[1, 2]), "max_steps must be a number, got [1, 2]"),
     (dict(learning_rate="fast"), "learning_rate must be a number, got 'fast'"),
     (dict(max_turns=True), "max_turns must be a number, got True"),
+    (dict(use_vllm=True, vllm_mode="colocate"), "use_vllm: true with rollout_backend: transformers; t2s chooses the "
+                                                "generator with rollout_backend (vllm_colocate or vllm_server)"),
 ])
 def test_values_of_the_wrong_kind_or_out_of_range_fail_when_the_config_is_built(tmp_path, overrides, message):
     """Each would otherwise reach a library that fails with a traceback (a list compared, a modulo by 0), fails only

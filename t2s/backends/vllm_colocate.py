@@ -34,7 +34,7 @@ class VLLMColocateBackend(TurnSyncBackend):
         """The engine TRL built for ``vllm_mode="colocate"``."""
         generation = getattr(trainer, "vllm_generation", None)
         if generation is None or getattr(generation, "llm", None) is None:
-            raise ValueError("Error: the trainer has no colocated vLLM engine (set use_vllm and vllm_mode: colocate)")
+            raise ValueError("Error: the trainer has no colocated vLLM engine (set rollout_backend: vllm_colocate)")
         return cls(generation.llm, trainer.processing_class, generation=generation, **kwargs)
 
     def _wake(self) -> None:

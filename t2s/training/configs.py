@@ -9,11 +9,11 @@ A recipe is one YAML mapping whose keys are fields of three dataclasses (open-r1
 ``python -m t2s train --config recipes/bird.yaml --learning_rate 5e-6`` parses the YAML, then the overrides.
 
 Some GRPOConfig fields are derived from ours in ``__post_init__`` so that a recipe cannot contradict itself:
-``use_vllm``/``vllm_mode`` from ``rollout_backend``; the vLLM importance-sampling correction from ``old_logprobs``;
-``chat_template_kwargs["enable_thinking"]`` from ``enable_thinking``; on a CPU, ``bf16`` off where it has no bfloat16
-instructions (:mod:`t2s.backends.cpu_precision`). :func:`t2s.training.config_checks.validate_training_config`
-checks the rest when the config is built, one clear ``Error:`` message per problem (DESIGN §8): the one place a recipe
-is validated, whether it comes from a YAML file or from Python.
+``use_vllm``/``vllm_mode`` from ``rollout_backend`` (``use_vllm: true`` beside the transformers backend is refused);
+the vLLM importance-sampling correction from ``old_logprobs``; ``chat_template_kwargs["enable_thinking"]`` from
+``enable_thinking``; on a CPU, ``bf16`` off where it has no bfloat16 instructions (:mod:`t2s.backends.cpu_precision`).
+:func:`t2s.training.config_checks.validate_training_config` checks the rest when the config is built, one clear
+``Error:`` message per problem (DESIGN §8): the one place a recipe is validated, whether from a YAML file or Python.
 """
 
 from __future__ import annotations
@@ -262,8 +262,9 @@ class T2SGRPOConfig(GRPOConfig):
         if self.rollout_backend in ("vllm_colocate", "vllm_server"):
             self.use_vllm = True
             self.vllm_mode = "colocate" if self.rollout_backend == "vllm_colocate" else "server"
-        elif self.rollout_backend == "transformers":
-            self.use_vllm = False
+        elif self.rollout_backend == "transformers" and self.use_vllm:  # TRL's switch; here the backend chooses
+            raise ConfigError("Error: use_vllm: true with rollout_backend: transformers; t2s chooses the generator "
+                              "with rollout_backend (vllm_colocate or vllm_server), which sets use_vllm and vllm_mode")
         # sampler: the ratio is taken against the rollout's logprobs directly; recompute: TRL's correction.
         self.vllm_importance_sampling_correction = self.old_logprobs == "recompute"
         if self.old_logprobs == "recompute":
