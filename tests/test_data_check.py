@@ -165,6 +165,42 @@ def test_make_demo_then_check_it(tmp_path, capsys):
     assert counts["ok"] == len(rows) == len(kept)  # every demo gold SQL runs and returns rows
 
 
+def test_make_demo_writes_over_the_demo_but_never_over_a_users_questions(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["data", "make-demo", "--output", str(out)]) == 0
+    assert main(["data", "make-demo", "--output", str(out)]) == 0  # the demo again: the same questions, rewritten
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    theirs = json.dumps([{"question_id": 1, "db_id": "shop", "question": "q?", "SQL": "SELECT 1"}])
+    (mine / "dev.json").write_text(theirs)
+    capsys.readouterr()
+    assert main(["data", "make-demo", "--output", str(mine)]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("Error:") and "not the demo's" in line and "choose another folder" in line
+    assert (mine / "dev.json").read_text() == theirs and not (mine / "dev_databases").exists()
+
+
+@pytest.mark.parametrize("argv, written", [
+    (["convert", "--engine", "duckdb"], "dev.json"),  # its --output DIR gets DIR/dev.json
+    (["passrate", "--policy", "gold", "--k", "1"], "passrate_kept.json"),
+])
+def test_a_data_command_never_writes_over_the_file_it_reads(demo_dir, tmp_path, capsys, argv, written):
+    import shutil
+
+    folder = tmp_path / "data"
+    shutil.copytree(demo_dir, folder)
+    data = folder / written
+    if written != "dev.json":
+        shutil.copy(folder / "dev.json", data)
+    before = data.read_bytes()
+    for named in (data, folder) if written == "dev.json" else (data,):  # the file, or the folder that holds it
+        assert main(["data", argv[0], "--data", str(named), "--output", str(folder), *argv[1:]]) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line == f"Error: --output {folder} would write {written} over the --data file it reads; choose " \
+                       "another folder"
+    assert data.read_bytes() == before
+
+
 def test_check_sqale_payloads(tmp_path, capsys, cache_in_tmp):
     from test_data_loaders import write_sqale
 

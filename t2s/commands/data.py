@@ -114,12 +114,17 @@ def run(args: argparse.Namespace) -> int:
     command = getattr(args, "data_command", None)
     handlers = {"prepare": _prepare, "check": _check, "difficulty": _difficulty, "passrate": _passrate,
                 "make-demo": _make_demo, "convert": _convert}
+    from t2s.data.loaders import writes_over
+
     if command not in handlers:
         print_line("Error: choose a subcommand: prepare, check, difficulty, passrate, convert or make-demo "
                    "(`python -m t2s data --help`).", stderr=True)
         return 2
     if command in OUTPUT_FILES and args.output and Path(args.output).is_file():  # refused before any work
         raise UsageError(f"Error: --output is a folder (it gets {OUTPUT_FILES[command]}); {args.output} is a file")
+    if command in OUTPUT_FILES and args.output and writes_over(Path(args.output) / OUTPUT_FILES[command], args.data):
+        raise UsageError(f"Error: --output {args.output} would write {OUTPUT_FILES[command]} over the --data file it "
+                         "reads; choose another folder")
     import logging
 
     logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # the commands print missing databases themselves
@@ -428,6 +433,9 @@ def _make_demo(args) -> int:
     output = Path(args.output) if args.output else DEMO_DIR
     try:
         records = demo.write_demo(output)
+    except demo.NotTheDemos as exc:
+        print(error_line(exc), file=sys.stderr)
+        return 1
     except (OSError, sqlite3.Error, RuntimeError) as exc:
         print(f"Error: could not write the demo data to {output}: {exc}", file=sys.stderr)
         return 1

@@ -817,11 +817,28 @@ def _write_text(path: Path, text: str) -> None:
         handle.write(text)
 
 
+class NotTheDemos(ValueError):
+    """The output folder's dev.json holds questions the demo does not: writing would lose them."""
+
+
+def _check_only_demo_questions(data_file: Path) -> None:
+    try:
+        rows = json.loads(data_file.read_text(encoding="utf-8")) if data_file.is_file() else []
+    except (OSError, ValueError, RecursionError):
+        rows = None
+    ours = {database.db_id for database in DATABASES}
+    if not isinstance(rows, list) or any(not isinstance(r, dict) or r.get("db_id") not in ours for r in rows):
+        raise NotTheDemos(f"Error: {data_file} holds questions that are not the demo's; writing the demo there would "
+                          "lose them: choose another folder")
+
+
 def write_demo(output: Path, databases: tuple[DemoDatabase, ...] | None = None) -> list[dict]:
     """Write the demo data set (default: every database in ``DATABASES``) under ``output``; returns dev.json's records.
 
-    Every database is built into a temporary file and its questions checked before anything is moved into place.
+    Every database is built into a temporary file and its questions checked before anything is moved into place. A
+    ``dev.json`` already there that holds other questions (a user's data) is never written over (``NotTheDemos``).
     """
+    _check_only_demo_questions(output / "dev.json")
     databases = DATABASES if databases is None else databases
     staged: list[tuple[Path, Path]] = []  # (temporary file, final path)
     records: list[dict] = []

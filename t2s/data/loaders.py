@@ -12,6 +12,7 @@ Rows whose database file is absent keep the path where it was expected; the retu
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +236,15 @@ def json_data_file(path) -> Path:
     if path.is_dir():
         return next((path / name for name in _JSON_DATA_FILES if (path / name).is_file()), path)
     return path
+
+
+def writes_over(written: Path, data) -> bool:
+    """Whether writing the file ``written`` would replace the data file that ``data`` names (:func:`json_data_file`)."""
+    try:
+        read = json_data_file(data)
+        return written.is_file() and read.is_file() and os.path.samefile(written, read)
+    except (OSError, RuntimeError):  # a path that cannot be followed (a symlink loop) is reported where it is read
+        return False
 
 
 def load_json_rows(path, db_root=None, source=None, *, require_databases=None, engine: str = "sqlite",
