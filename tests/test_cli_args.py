@@ -20,6 +20,8 @@ BAD_ARGUMENTS = [
     (_eval("--batch-size", "-1"), "--batch-size"),
     (_eval("--n", "-1"), "--n"),
     (_eval("--k", "0"), "--k"),
+    (_eval("--k", "100000000"), "--k"),  # a job list past the machine's memory
+    (["data", "passrate", "--data", "data/demo", "--k", "1025"], "--k"),
     (_eval("--max-turns", "0"), "--max-turns"),
     (_eval("--episode-token-budget", "0"), "--episode-token-budget"),
     (_eval("--max-tokens-per-turn", "-5"), "--max-tokens-per-turn"),

@@ -52,7 +52,8 @@ def test_the_tools_endpoint_plays_the_native_format_and_secrets_stay_out_of_the_
 
 
 @pytest.mark.parametrize("options,message", [
-    ({"k": 0}, "--k must be at least 1"),
+    ({"k": 0}, "--k must be from 1 to 1024, got 0"),
+    ({"k": 100_000_000}, "--k must be from 1 to 1024, got 100000000"),  # jobs and records for every sample
     ({"engine": "postgres", "dsn": None}, "--engine postgres needs --dsn"),
     ({"episode_token_budget": 2048}, "--episode-token-budget 2048 cannot leave --min-episode-tokens"),
     ({"system_prompt_file": "/nonexistent/prompt.txt"}, "prompt.txt"),

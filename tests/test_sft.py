@@ -289,3 +289,14 @@ def test_trajectories_are_written_in_the_recipes_call_format(rows, tiny_tokenize
         assert trace.outcome.equivalent and trace.record.to_json()["counters"]["submitted"]
         assert all("<tool_call>" in text and '{"tool"' not in text for text in trace.assistant_texts)
         assert trace.record.to_json()["turns"][-1]["calls"][-1]["tool"] == "submit"
+
+
+@pytest.mark.parametrize("weight", [-0.2, 100.2, 1e9, float("inf"), float("nan")])
+def test_a_near_miss_weight_out_of_range_is_one_error_line(weight):
+    from t2s.errors import ConfigError
+
+    args = sft.T2SSFTArguments(near_misses=1, near_miss_weight=weight)
+    with pytest.raises(ConfigError) as excinfo:  # before any row, tokenizer or trajectory is read
+        sft.build_examples(args, [], None, EpisodeConfig())
+    assert str(excinfo.value) == f"Error: near_misses must be >= 0 and near_miss_weight from 0 to 100.0 (got 1 and " \
+                                 f"{weight})."

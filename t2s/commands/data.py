@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from t2s.ui.args import add_hidden_alias, non_empty_path, non_negative_int, positive_float, positive_int, unit_float
+from t2s.ui.args import (add_hidden_alias, non_empty_path, non_negative_int, positive_float, positive_int,
+                         sample_count, unit_float)
 from t2s.env.databases import file_checksum
 from t2s.errors import UsageError, error_line
 from t2s.ui.console import print_line, print_table
@@ -87,7 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     data_args(p, "folder for passrate_kept.json, the kept rows as a JSON list (default: print only)")
     p.add_argument("--policy", default="scripted-mix", choices=PASSRATE_POLICIES,
                    help="gold, scripted-mix (scripted, CPU), model, endpoint or vllm: played as `eval` plays them")
-    p.add_argument("--k", type=positive_int, default=8, help="samples per question (default: 8)")
+    p.add_argument("--k", type=sample_count, default=8, help="samples per question (default: 8)")
     p.add_argument("--min-solved", type=non_negative_int, default=1, help="keep questions solved at least this often")
     p.add_argument("--max-solved", type=non_negative_int, default=None,
                    help="keep questions solved at most this often (default: k-1)")

@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from t2s.backends.base import SamplingSettings
 from t2s.env.episode import EpisodeConfig
 from t2s.errors import EvalError
+from t2s.ui.args import MAX_SAMPLES
 
 POLICIES = ("model", "vllm", "endpoint", "gold", "predictions")
 MODES = ("full", "withheld", "single")
@@ -108,8 +109,8 @@ class PolicyConfig:
     quiet: bool = False
 
     def __post_init__(self):
-        if self.k < 1:
-            raise EvalError("Error: --k must be at least 1")
+        if not 1 <= self.k <= MAX_SAMPLES:
+            raise EvalError(f"Error: --k must be from 1 to {MAX_SAMPLES}, got {self.k}")
         if self.engine == "postgres" and not self.dsn:
             raise EvalError("Error: --engine postgres needs --dsn postgresql://... (or T2S_DSN)")
         if self.sampling.seed != self.seed:

@@ -10,7 +10,7 @@ from t2s.backends.vllm_engine import ENGINE_DTYPES
 from t2s.evaluation.config import (DATABASE_ENGINES, ENDPOINT_MODES, MODES, POLICIES, EndpointConfig, EvalConfig,
                                    PolicyConfig)
 from t2s.ui.args import (BooleanOptionalAction, add_hidden_alias, non_empty_path, non_negative_float, non_negative_int,
-                         positive_float, positive_int, unit_float)
+                         positive_float, positive_int, sample_count, unit_float)
 
 
 def add_sampling_arguments(p) -> None:
@@ -137,7 +137,7 @@ def add_eval_arguments(parser) -> None:
                    help="one or more of full, withheld, single")
     p.add_argument("--n", type=non_negative_int, default=EvalConfig.n,
                    help="questions to evaluate, picked with --seed from the whole file (0 = all)")
-    p.add_argument("--k", type=positive_int, default=PolicyConfig().k,
+    p.add_argument("--k", type=sample_count, default=PolicyConfig().k,
                    help="samples per question (k > 1 adds vote_at_k)")
     p.add_argument("--output", required=True, type=non_empty_path,
                    help="output folder (re-running the same command resumes it)")

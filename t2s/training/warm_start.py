@@ -36,6 +36,7 @@ from t2s.settings import match_umask
 
 log = logging.getLogger(__name__)
 WEIGHT_STEPS = 5  # near_miss_weight is realised by repetition in fifths of a gold trajectory
+MAX_NEAR_MISS_WEIGHT = 100.0  # 500 copies of each near miss: far past any useful weight, well short of memory's end
 SUBMIT_THINKING = ""  # the submit style closes an empty think block at once
 SUMMARY_FILE = "t2s_sft.json"
 
@@ -65,7 +66,8 @@ class T2SSFTArguments:
     )
     near_miss_weight: float = field(
         default=0.6,
-        metadata={"help": "Weight of each near miss against a gold trajectory, realised by repetition in fifths."},
+        metadata={"help": "Weight of each near miss against a gold trajectory (0 to 100), realised by repetition in "
+                  "fifths."},
     )
     tiny_model: str | None = field(
         default=None,
@@ -203,8 +205,9 @@ def build_examples(sft_args: T2SSFTArguments, rows: list[dict], tokenizer, episo
     """The warm-start examples, repeated by weight, and the counts of what was kept and left out."""
     from t2s.training.configs import ConfigError
 
-    if sft_args.near_misses < 0 or sft_args.near_miss_weight < 0:
-        raise ConfigError("Error: near_misses and near_miss_weight must be >= 0.")
+    if sft_args.near_misses < 0 or not 0 <= sft_args.near_miss_weight <= MAX_NEAR_MISS_WEIGHT:  # nan fails too
+        raise ConfigError(f"Error: near_misses must be >= 0 and near_miss_weight from 0 to {MAX_NEAR_MISS_WEIGHT} "
+                          f"(got {sft_args.near_misses} and {sft_args.near_miss_weight}).")
     from t2s.env.chat_format import chat_format
 
     episode_config = chat_format(tokenizer).episode_config(episode_config)  # thinking as the template writes it

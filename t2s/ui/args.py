@@ -42,6 +42,8 @@ non_negative_int = _bounded("non_negative_int", int, lambda v: v >= 0, "0 or mor
 positive_float = _bounded("positive_float", float, lambda v: v > 0, "above 0")
 non_negative_float = _bounded("non_negative_float", float, lambda v: v >= 0, "0 or more")
 unit_float = _bounded("unit_float", float, lambda v: 0 < v <= 1, "above 0 and at most 1")  # a share: top-p, ...
+MAX_SAMPLES = 1024  # samples per question (--k): the published vote@32 and pass@k studies stay far below it
+sample_count = _bounded("sample_count", int, lambda v: 1 <= v <= MAX_SAMPLES, f"from 1 to {MAX_SAMPLES}")
 
 
 def non_empty_path(text) -> str:
