@@ -56,6 +56,9 @@ def test_the_tools_endpoint_plays_the_native_format_and_secrets_stay_out_of_the_
     ({"k": 100_000_000}, "--k must be from 1 to 1024, got 100000000"),  # jobs and records for every sample
     ({"engine": "postgres", "dsn": None}, "--engine postgres needs --dsn"),
     ({"episode_token_budget": 2048}, "--episode-token-budget 2048 cannot leave --min-episode-tokens"),
+    ({"forced_turn_reserve": 99_999_999}, r"--forced-turn-reserve 99999999 leaves no tool turn to an episode that "
+                                          r"starts with --min-episode-tokens \(2048\) of its budget; keep it below "
+                                          "2047"),
     ({"system_prompt_file": "/nonexistent/prompt.txt"}, "prompt.txt"),
 ])
 def test_a_config_no_episode_can_run_with_is_refused_as_it_is_built(options, message):

@@ -293,6 +293,8 @@ def test_a_missing_recipe_is_bad_input_exit_1(command, tmp_path):
     (dict(max_steps=[1, 2]), "max_steps must be a number, got [1, 2]"),
     (dict(learning_rate="fast"), "learning_rate must be a number, got 'fast'"),
     (dict(max_turns=True), "max_turns must be a number, got True"),
+    (dict(forced_turn_reserve=99_999), "forced_turn_reserve 99999 leaves no tool turn to an episode that starts with "
+                                       "min_episode_tokens (2048) of its budget"),
     (dict(use_vllm=True, vllm_mode="colocate"), "use_vllm: true with rollout_backend: transformers; t2s chooses the "
                                                 "generator with rollout_backend (vllm_colocate or vllm_server)"),
 ])

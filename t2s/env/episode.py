@@ -54,14 +54,22 @@ class EpisodeConfig:
     system_prompt_file: str | None = None
     enable_thinking: bool = True
 
-    def budget_problem(self, budget: str = "episode_token_budget", minimum: str = "min_episode_tokens") -> str | None:
-        """Why no episode could play a turn under this budget (None when one can): ``start`` ends every episode whose
-        prompt leaves less than ``min_episode_tokens``, so a budget of ``min_episode_tokens`` or less ends them all.
-        ``budget`` and ``minimum`` name the two settings as the user wrote them."""
+    def budget_problem(self, as_flags: bool = False) -> str | None:
+        """Why an episode could play no turn under this budget (None when every one that starts can): ``start`` ends
+        every episode whose prompt leaves less than ``min_episode_tokens``, so a budget of ``min_episode_tokens`` or
+        less ends them all; and a tool turn gets what is left less ``forced_turn_reserve`` and the closing token, so a
+        reserve of ``min_episode_tokens - 1`` or more leaves an episode that starts with ``min_episode_tokens`` no
+        turn. ``as_flags``: name the settings as eval's flags (``--min-episode-tokens``), not as recipe keys."""
+        budget, minimum, reserve = (f"--{key.replace('_', '-')}" if as_flags else key for key in
+                                    ("episode_token_budget", "min_episode_tokens", "forced_turn_reserve"))
         if self.episode_token_budget <= self.min_episode_tokens:
             return (f"Error: {budget} {self.episode_token_budget} cannot leave {minimum} ({self.min_episode_tokens}) "
                     "after any prompt, so every episode would end before its first turn; raise the budget, or lower "
                     f"{minimum}")
+        if self.forced_turn_reserve >= self.min_episode_tokens - 1:
+            return (f"Error: {reserve} {self.forced_turn_reserve} leaves no tool turn to an episode that starts with "
+                    f"{minimum} ({self.min_episode_tokens}) of its budget; keep it below {self.min_episode_tokens - 1}"
+                    f", or raise {minimum}")
         return None
 
 

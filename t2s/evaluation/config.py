@@ -120,7 +120,7 @@ class PolicyConfig:
             object.__setattr__(self, "episode", dataclasses.replace(self.episode, tool_format="native"))
         if self.episode.system_prompt_file:
             read_system_prompt(self.episode.system_prompt_file)
-        problem = self.episode.budget_problem("--episode-token-budget", "--min-episode-tokens")
+        problem = self.episode.budget_problem(as_flags=True)
         if problem:
             raise EvalError(problem)
 
