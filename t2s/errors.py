@@ -82,9 +82,14 @@ def _yaml_error(exc: BaseException) -> bool:
     return yaml is not None and isinstance(exc, yaml.YAMLError)
 
 
+def _symlink_loop(exc: BaseException) -> bool:
+    """pathlib's ``resolve()`` on a path that loops (Python 3.11-3.12: a RuntimeError; later ones raise OSError)."""
+    return type(exc) is RuntimeError and str(exc).startswith("Symlink loop")
+
+
 def user_facing(exc: BaseException) -> bool:
     """True for the failures :func:`error_line` reports as one line (anything else is a bug and keeps its traceback)."""
-    return isinstance(exc, (T2SError, OSError, UnicodeDecodeError)) or _yaml_error(exc)
+    return isinstance(exc, (T2SError, OSError, UnicodeDecodeError)) or _yaml_error(exc) or _symlink_loop(exc)
 
 
 def error_line(exc: BaseException) -> str:
@@ -95,6 +100,8 @@ def error_line(exc: BaseException) -> str:
         text = f"a file is not UTF-8 text ({exc.reason} at byte {exc.start})"
     elif _yaml_error(exc):
         text = f"not valid YAML: {exc}"
+    elif _symlink_loop(exc):
+        text = f"a path is a loop of symbolic links ({str(exc)[len('Symlink loop '):]})"
     else:
         text = str(exc) or type(exc).__name__
     from t2s.ui.console import safe_text

@@ -111,6 +111,29 @@ def test_a_system_prompt_file_that_is_not_utf8(demo_dir, tmp_path, capsys):
     assert code != 0 and "not UTF-8" in _one_error_line(capsys)
 
 
+def test_an_empty_system_prompt_file_is_refused_by_eval_and_ask_as_by_train(demo_dir, tmp_path, capsys):
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_text(" \n\t\n")
+    assert main(_eval(demo_dir, tmp_path / "out", "--system-prompt-file", str(prompt))) == 1
+    assert _one_error_line(capsys) == f"Error: the system prompt file {prompt} is empty"
+    assert not (tmp_path / "out").exists()
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text(json.dumps("SELECT 1") + "\n")
+    db = demo_dir / "dev_databases" / "village_library" / "village_library.sqlite"
+    code = main(["ask", "--db", str(db), "--replay", str(turns), "--system-prompt-file", str(prompt), "how many?"])
+    assert code == 1 and _one_error_line(capsys) == f"Error: the system prompt file {prompt} is empty"
+
+
+def test_a_symlink_loop_is_one_line(demo_dir, tmp_path, capsys):
+    loop = tmp_path / "dbs"
+    loop.symlink_to(loop)  # a link to itself: resolving it never ends
+    assert main(_eval(demo_dir, tmp_path / "out", "--db-root", str(loop))) == 1
+    assert _one_error_line(capsys) == f"Error: a path is a loop of symbolic links (from {str(loop)!r})"
+    assert main(["export", "--checkpoint", str(loop), "--output", str(tmp_path / "export")]) == 1
+    assert "a path is a loop of symbolic links" in _one_error_line(capsys)
+    assert not (tmp_path / "export").exists()
+
+
 @pytest.mark.parametrize("text, needle", [("a: [1, 2\n", "not valid YAML at line 2"),
                                           ("- just\n- a list\n", "must be a YAML mapping")])
 def test_malformed_recipe_yaml(tmp_path, capsys, text, needle):

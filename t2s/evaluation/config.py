@@ -184,10 +184,13 @@ class EvalConfig:
 
 
 def read_system_prompt(path) -> str:
-    """The text of a ``--system-prompt-file`` (stripped); EvalError when it is absent or not UTF-8."""
+    """The text of a ``--system-prompt-file`` (stripped); EvalError when it is absent, not UTF-8 or empty."""
     from t2s.data.rows import DataError, read_text_file
 
     try:
-        return read_text_file(path, what="system prompt file").strip()
+        text = read_text_file(path, what="system prompt file").strip()
     except DataError as exc:
         raise EvalError(str(exc)) from None
+    if not text:  # as train refuses it: an empty system prompt is a mistake, not a choice
+        raise EvalError(f"Error: the system prompt file {path} is empty")
+    return text
