@@ -124,6 +124,16 @@ def test_an_empty_system_prompt_file_is_refused_by_eval_and_ask_as_by_train(demo
     assert code == 1 and _one_error_line(capsys) == f"Error: the system prompt file {prompt} is empty"
 
 
+def test_a_password_in_a_connection_string_is_never_shown(demo_dir, tmp_path, capsys):
+    dsn = "host=127.0.0.1 port=1 password=S3cretPW dbname=x"
+    code = main(["ask", "--db", dsn, "--replay", str(tmp_path / "none.jsonl"), "how many?"])
+    line = _one_error_line(capsys)
+    assert code == 1 and "S3cretPW" not in line and "password=***" in line and "key-value connection string" in line
+    assert main(_eval(demo_dir, tmp_path / "out", "--engine", "postgres", "--dsn", dsn)) == 1
+    line = _one_error_line(capsys)
+    assert "S3cretPW" not in line and "password=***" in line
+
+
 def test_a_symlink_loop_is_one_line(demo_dir, tmp_path, capsys):
     loop = tmp_path / "dbs"
     loop.symlink_to(loop)  # a link to itself: resolving it never ends

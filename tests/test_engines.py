@@ -243,6 +243,11 @@ def test_postgres_urls_hide_their_password():
 
     assert redact("postgresql://me:secret@host/db") == "postgresql://me:***@host/db"
     assert redact("postgresql:///db?host=/tmp") == "postgresql:///db?host=/tmp"
+    assert redact("postgresql://h:1/db?sslmode=require&password=S3cret") == \
+        "postgresql://h:1/db?sslmode=require&password=***"  # libpq reads a password from the query too
+    assert redact("host=h password='a secret' dbname=x") == "password=*** dbname=x host=h"  # libpq's own parser
+    assert redact("host=h dbname=x") == "host=h dbname=x"
+    assert "S3cret" not in redact("host=h password=S3cret ===")  # unreadable: none of it is shown
     assert databases.server_url("postgresql://me@host/postgres?sslmode=require", "my db") == \
         "postgresql://me@host/my%20db?sslmode=require"
     assert databases.user_db("postgresql://me@host/sales").engine == "postgres"

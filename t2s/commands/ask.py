@@ -93,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         path = Path(args.db).expanduser()
         if not path.is_file():
+            if "password" in args.db:  # a key-value connection string, which --db does not take: never echo it
+                from t2s.env.databases.postgres_engine import redact
+
+                raise EvalError("Error: --db takes a database file or a postgresql:// URL, not a key-value "
+                                f"connection string ({redact(args.db)})")
             raise EvalError(f"Error: {args.db} is a folder, not a database file" if path.is_dir()
                             else f"Error: database file not found: {args.db}")
         db = databases.user_db(path)

@@ -40,17 +40,29 @@ def connect(dsn: str):
 
 
 def redact(dsn: str) -> str:
-    """A URL with its password hidden, for messages."""
-    from urllib.parse import urlsplit, urlunsplit
+    """``dsn`` with its password hidden, for messages: a URL's (``user:pw@`` and ``?password=``) and a key-value
+    string's (``password=...``, read by libpq's own parser); a string neither parser reads is not shown at all."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+    if not dsn.startswith(("postgresql://", "postgres://")):
+        from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+        try:
+            values = conninfo_to_dict(dsn)
+        except Exception:  # noqa: BLE001 - psycopg's errors for a string libpq cannot read: show none of it
+            return "a PostgreSQL connection string (not shown: libpq cannot read it)"
+        return make_conninfo(**{**values, "password": "***"}) if "password" in values else dsn
     try:
         parts = urlsplit(dsn)
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        hidden = [(key, "***" if key == "password" else value) for key, value in query]
     except ValueError:
         return "postgresql://..."
-    if parts.password is None:
+    netloc = parts.netloc if parts.password is None else parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    if netloc == parts.netloc and hidden == query:
         return dsn
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    return urlunsplit(parts._replace(netloc=netloc, query=urlencode(hidden, safe="*") if hidden != query else
+                                     parts.query))
 
 
 class PostgresConnection(EngineConnection):
