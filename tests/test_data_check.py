@@ -151,6 +151,18 @@ def test_prepare_prints_layout_and_checks_what_is_present(tmp_path, capsys, bird
     assert f"{root}/bird/dev_20240627/dev_databases/<db_id>/<db_id>.sqlite" in raw
 
 
+def test_prepare_where_no_present_gold_sql_runs_says_so_and_exits_1(tmp_path, capsys):
+    data = _tiny_bird(tmp_path / "bird" / "dev_20240627", slow_query=False)
+    records = json.loads(data.read_text())
+    data.write_text(json.dumps([r for r in records if r["question"] not in ("ok",)]))  # error, empty, write, missing
+    assert main(["data", "prepare", "--data-dir", str(tmp_path)]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("Error: the gold SQL of none of the 3 rows ran and returned rows (error 2, empty 1);")
+    assert str(data) in line
+    data.write_text(json.dumps(records))  # one that runs: the others are the table's business
+    assert main(["data", "prepare", "--data-dir", str(tmp_path)]) == 0
+
+
 def test_prepare_with_nothing_present(tmp_path, capsys):
     assert main(["data", "prepare", "--data-dir", str(tmp_path / "empty")]) == 0
     assert "Nothing to check yet" in " ".join(capsys.readouterr().out.split())
