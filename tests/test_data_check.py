@@ -163,6 +163,19 @@ def test_prepare_where_no_present_gold_sql_runs_says_so_and_exits_1(tmp_path, ca
     assert main(["data", "prepare", "--data-dir", str(tmp_path)]) == 0
 
 
+@pytest.mark.parametrize("damage", [b"\xff\xfe not utf-8\n", b"[1, 2]\n", b"{broken\n", b"[" * 100_000 + b"\n"])
+def test_a_damaged_cache_file_is_checked_again_and_rewritten(tmp_path, capsys, cache_in_tmp, damage):
+    data = _tiny_bird(tmp_path / "bird", slow_query=False)
+    assert main(["data", "check", "--data", str(data)]) == 0
+    [cached] = (cache_in_tmp / "data_check").glob("*.jsonl")
+    outcomes = lambda: [(o["question_id"], o["outcome"]) for o in map(json.loads, cached.read_text().splitlines())]  # noqa: E731
+    good = outcomes()
+    cached.write_bytes(damage)
+    capsys.readouterr()
+    assert main(["data", "check", "--data", str(data)]) == 0
+    assert "from the cache" not in capsys.readouterr().out and outcomes() == good
+
+
 def test_prepare_with_nothing_present(tmp_path, capsys):
     assert main(["data", "prepare", "--data-dir", str(tmp_path / "empty")]) == 0
     assert "Nothing to check yet" in " ".join(capsys.readouterr().out.split())

@@ -76,9 +76,11 @@ def read_cache(key: str, rows: Sequence[dict]) -> list[dict] | None:
     path = cache_file(key)
     if not path.is_file():
         return None
-    try:
+    try:  # a damaged cache (not UTF-8, not JSON, not objects) is no cache: the rows are checked again
         outcomes = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):
+        return None
+    if not all(isinstance(o, dict) for o in outcomes):
         return None
     if [o.get("question_id") for o in outcomes] != [r["question_id"] for r in rows]:
         return None
