@@ -134,6 +134,23 @@ def test_a_password_in_a_connection_string_is_never_shown(demo_dir, tmp_path, ca
     assert "S3cretPW" not in line and "password=***" in line
 
 
+def test_eval_and_score_never_write_into_each_others_folders(demo_dir, tmp_path, capsys):
+    data = demo_dir / "dev.json"
+    predictions = tmp_path / "p.jsonl"
+    first = json.loads(data.read_text())[0]["question_id"]
+    predictions.write_text(json.dumps({"question_id": first, "sql": "SELECT 1"}))
+    evaluated, scored = tmp_path / "eval", tmp_path / "score"
+    assert main(_eval(demo_dir, evaluated)) == 0
+    assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output", str(scored)]) == 0
+    capsys.readouterr()
+    kept = {folder: (folder / "summary.json").read_text() for folder in (evaluated, scored)}
+    assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output", str(evaluated)]) == 1
+    assert _one_error_line(capsys).startswith(f"Error: {evaluated} holds an eval (modes full), whose")
+    assert main(_eval(demo_dir, scored)) == 1
+    assert _one_error_line(capsys).startswith(f"Error: {scored} holds a score run (scores.jsonl at the top)")
+    assert {folder: (folder / "summary.json").read_text() for folder in kept} == kept
+
+
 def test_a_symlink_loop_is_one_line(demo_dir, tmp_path, capsys):
     loop = tmp_path / "dbs"
     loop.symlink_to(loop)  # a link to itself: resolving it never ends

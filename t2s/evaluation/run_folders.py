@@ -50,12 +50,24 @@ def eval_modes(folder) -> list[str]:
 
 
 def check_eval_layout(folder) -> None:
-    """Refuse a folder in an older layout. Any modes may run into a folder of this layout: each mode's folder
-    resumes on its own (its ``eval_config.json`` must match), whatever modes ran there before or run next."""
+    """Refuse a folder in an older layout, or a ``score`` run's (both write ``summary.json``). Any modes may run
+    into a folder of this layout: each mode's folder resumes on its own (its ``eval_config.json`` must match),
+    whatever modes ran there before or run next."""
     folder = Path(folder)
     if (folder / EVAL_CONFIG).is_file() or (folder / EPISODES).is_file():
         raise RunFolderError(f"Error: {folder} holds an eval in an older layout (episodes.jsonl at the top); "
                              "choose another --output")
+    if (folder / SCORES).is_file():
+        raise RunFolderError(f"Error: {folder} holds a score run ({SCORES} at the top), whose summary.json an eval "
+                             "would replace; choose another --output")
+
+
+def check_score_folder(folder) -> None:
+    """Refuse an eval's folder as ``score --output``: the score's summary.json would replace the eval's."""
+    modes = eval_modes(folder)
+    if modes:
+        raise RunFolderError(f"Error: {folder} holds an eval (modes {', '.join(modes)}), whose summary.json a score "
+                             "would replace; choose another --output")
 
 
 def earlier_summaries(folder, modes: list[str]) -> dict[str, dict]:

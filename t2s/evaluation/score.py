@@ -307,7 +307,9 @@ def score_files(data, predictions_file, output, *, db_root=None, workers: int = 
     from t2s.data.loaders import load_json_rows
     from t2s.data.rows import DataError
     from t2s.evaluation.questions import playable_rows
+    from t2s.evaluation.run_folders import check_score_folder
 
+    check_score_folder(output)
     rows = load_json_rows(data, db_root, require_databases=False, engine=engine, dsn=dsn)
     if not rows:
         raise DataError(f"Error: no questions in {data}")
