@@ -179,6 +179,19 @@ def test_show_refuses_a_pair_without_shared_questions(demo_dir, tmp_path, capsys
     assert main(["compare", str(tmp_path / "a" / "full"), str(tmp_path / "b" / "full")]) == 1
 
 
+def test_show_a_pair_that_shares_some_questions_says_how_many_it_paired(demo_dir, tmp_path, capsys):
+    gold_eval(demo_dir, tmp_path / "a", n="8")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    for path in (tmp_path / "b" / "full").glob("*.jsonl"):  # B: 3 of A's questions, and 5 of its own
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        path.write_text("".join(json.dumps({**r, "question_id": f"other-{r['question_id']}"} if i >= 3 else r) + "\n"
+                                for i, r in enumerate(records)))
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "a"), str(tmp_path / "b")]) == 0
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "over the 3 questions both hold; A's 5 and B's 5 others are not paired: only_a 0, only_b 0" in shown
+
+
 def test_show_a_pair_lists_both_runs_scores(demo_dir, tmp_path, capsys):
     gold_eval(demo_dir, tmp_path / "a", n="63")
     ids = [str(line["question_id"]) for line in lines_of(tmp_path / "a" / "full" / "scores.jsonl")]
@@ -186,7 +199,8 @@ def test_show_a_pair_lists_both_runs_scores(demo_dir, tmp_path, capsys):
     capsys.readouterr()
     assert main(["show", str(tmp_path / "b"), str(tmp_path / "a")]) == 0
     shown = capsys.readouterr().out
-    assert f"flipped between A = {tmp_path / 'b'} and B = {tmp_path / 'a'}: only_a 0, only_b 2" in shown
+    assert f"flipped between A = {tmp_path / 'b'} and B = {tmp_path / 'a'}, over the 63 questions both hold: only_a " \
+           "0, only_b 2" in " ".join(shown.split())
     header = next(line for line in shown.splitlines() if "score A" in line)
     assert [c.strip() for c in header.split("┃")[1:-1]][-4:] == ["score A", "score B", "final SQL A", "final SQL B"]
     rows = table_rows(shown)

@@ -46,7 +46,8 @@ def run(args) -> int:
     filters = dict(wrong=args.wrong, tier=args.tier, db=args.db, ids=args.id)
     lines = run_episodes(args.run, args.mode)
     lines_b = run_episodes(args.run_b, args.mode) if args.run_b else []
-    if args.run_b and not {str(x.get("question_id")) for x in lines} & {str(x.get("question_id")) for x in lines_b}:
+    ids_a, ids_b = ({str(x.get("question_id")) for x in run} for run in (lines, lines_b))
+    if args.run_b and not ids_a & ids_b:
         raise T2SError(f"Error: {args.run} and {args.run_b} share no question, so they cannot be paired (as `compare` "
                        "refuses them): evaluate both on the same data")
     check_filters(lines + lines_b, args.run if not args.run_b else f"{args.run} or {args.run_b}", ids=args.id,
@@ -65,9 +66,11 @@ def run(args) -> int:
         else:
             only_a = sum(label == "only_a" for label, _, _ in pairs)
             shown = pairs[: args.n] if args.n else pairs
-            print_pairs(console, shown, f"flipped between A = {args.run} and B = {args.run_b}: only_a {only_a}, "
-                        f"only_b {len(pairs) - only_a}"
-                        + (f" (the first {len(shown)})" if len(shown) < len(pairs) else ""))
+            unpaired = f"; A's {len(ids_a - ids_b)} and B's {len(ids_b - ids_a)} others are not paired" \
+                if ids_a != ids_b else ""
+            print_pairs(console, shown, f"flipped between A = {args.run} and B = {args.run_b}, over the "
+                        f"{len(ids_a & ids_b)} questions both hold{unpaired}: only_a {only_a}, only_b "
+                        f"{len(pairs) - only_a}" + (f" (the first {len(shown)})" if len(shown) < len(pairs) else ""))
         return 0
     chosen = select(lines, **filters)
     if not chosen:
