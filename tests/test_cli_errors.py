@@ -161,8 +161,15 @@ def test_a_symlink_loop_is_one_line(demo_dir, tmp_path, capsys):
     assert not (tmp_path / "export").exists()
 
 
+BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(  # each level 9 times the last: 9**9 values
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
+
+
 @pytest.mark.parametrize("text, needle", [("a: [1, 2\n", "not valid YAML at line 2"),
-                                          ("- just\n- a list\n", "must be a YAML mapping")])
+                                          ("- just\n- a list\n", "must be a YAML mapping"),
+                                          (BILLION_LAUGHS, "nests deeper than a setting's value may"),
+                                          ("a: " + "[" * 50_000 + "]" * 50_000 + "\n", "nests too deeply"),
+                                          ("a: " + "[1, " * 3 + "1" + "]" * 3 + "\n", "nests deeper than")])
 def test_malformed_recipe_yaml(tmp_path, capsys, text, needle):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(text)

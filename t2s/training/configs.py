@@ -341,5 +341,16 @@ def check_recipe_yaml(path) -> None:
         raise ConfigError(f"Error: recipe {path} is not valid YAML{where}: {problem}") from None
     except UnicodeDecodeError as exc:
         raise ConfigError(f"Error: recipe {path} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise ConfigError(f"Error: recipe {path} nests too deeply to be a recipe") from None
     if not isinstance(document, dict):
         raise ConfigError(f"Error: recipe {path} must be a YAML mapping of settings, found {type(document).__name__}")
+    stack, seen = [(document, 0)], 0  # walked without recursion: aliases can make a small file a huge tree
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if depth > 3 or seen > 100_000:
+            raise ConfigError(f"Error: recipe {path} " + ("nests deeper than a setting's value may (a mapping or list "
+                              "of values)" if depth > 3 else "expands to over 100,000 values (YAML aliases?)"))
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack += [(item, depth + 1) for item in items]
