@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -115,19 +116,17 @@ def run(args: argparse.Namespace) -> int:
     command = getattr(args, "data_command", None)
     handlers = {"prepare": _prepare, "check": _check, "difficulty": _difficulty, "passrate": _passrate,
                 "make-demo": _make_demo, "convert": _convert}
-    from t2s.data.loaders import writes_over
-
     if command not in handlers:
         print_line("Error: choose a subcommand: prepare, check, difficulty, passrate, convert or make-demo "
                    "(`python -m t2s data --help`).", stderr=True)
         return 2
     if command in OUTPUT_FILES and args.output and Path(args.output).is_file():  # refused before any work
         raise UsageError(f"Error: --output is a folder (it gets {OUTPUT_FILES[command]}); {args.output} is a file")
+    from t2s.data.loaders import writes_over
+
     if command in OUTPUT_FILES and args.output and writes_over(Path(args.output) / OUTPUT_FILES[command], args.data):
         raise UsageError(f"Error: --output {args.output} would write {OUTPUT_FILES[command]} over the --data file it "
                          "reads; choose another folder")
-    import logging
-
     logging.getLogger("t2s.data.loaders").setLevel(logging.ERROR)  # the commands print missing databases themselves
     try:
         return handlers[command](args)
@@ -254,15 +253,15 @@ def _check(args) -> int:
 
 
 def _none_ran(summary: dict, hint: str, present_only: bool = False) -> int:
-    """1 and one ``Error:`` line when no row's gold SQL ran and returned rows (a table of failures is no pass);
-    ``present_only``: rows whose database is absent are left out (``prepare`` checks what is there)."""
+    """1 and one ``Error:`` line when no row's gold SQL ran and returned rows (``present_only``: of those with a
+    database; ``prepare`` checks what is there), else 0: a table of failures is not a check that passed."""
     overall = {name: n for name, n in summary["overall"].items() if not present_only or name != "missing_db"}
-    if sum(overall.values()) and not overall["ok"]:
+    none_ran = sum(overall.values()) > 0 and not overall["ok"]
+    if none_ran:
         counts = ", ".join(f"{name} {n}" for name, n in overall.items() if n)
         print(f"Error: the gold SQL of none of the {sum(overall.values())} rows ran and returned rows ({counts}); "
               f"{hint}", file=sys.stderr)
-        return 1
-    return 0
+    return int(none_ran)
 
 
 def _prepare(args) -> int:
