@@ -75,3 +75,18 @@ def test_repeated_modes_play_once_and_an_unknown_mode_is_refused():
 def test_asks_unseeded_default_stays_unseeded():
     config = PolicyConfig.from_options({"policy": "model", "seed": None, "temperature": 0.7})
     assert config.seed is None and config.sampling.seed is None and config.sampling.temperature == 0.7
+
+
+@pytest.mark.parametrize("url", ["notaurl", "localhost:8000", "ftp://host:21", "http://", "http://host:port",
+                                 "http://[::1", "https://host:0"])
+def test_an_endpoint_that_is_not_a_server_url_is_refused_at_once(url, demo_dir, tmp_path, capsys):
+    from t2s.commands import main
+    from t2s.evaluation.config import EndpointConfig
+
+    with pytest.raises(EvalError, match="is not a server URL such as http://localhost:8000"):
+        EndpointConfig(urls=("http://127.0.0.1:9", url))
+    code = main(["eval", "--policy", "endpoint", "--endpoint", url, "--tokenizer", str(tmp_path), "--data",
+                 str(demo_dir), "--output", str(tmp_path / "out"), "--quiet"])
+    assert code == 1 and capsys.readouterr().err.strip().splitlines() == [
+        f"Error: --endpoint {url!r} is not a server URL such as http://localhost:8000"]
+    assert EndpointConfig(urls=("http://127.0.0.1:9", "https://host.example/v1")).urls[1] == "https://host.example/v1"

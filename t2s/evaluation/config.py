@@ -19,6 +19,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
 from t2s.backends.base import SamplingSettings
 from t2s.env.episode import EpisodeConfig
@@ -62,6 +63,14 @@ class EndpointConfig:
         urls = (self.urls,) if isinstance(self.urls, str) else tuple(self.urls or ())
         split = [url.strip() for value in urls for url in str(value).split(",") if url.strip()]
         object.__setattr__(self, "urls", tuple(dict.fromkeys(split)))  # a server named twice is one server
+        for url in self.urls:  # refused at once, not retried with backoff as a server that is down
+            try:
+                parts = urlsplit(url)
+                usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
+            except ValueError:  # a port that is no number, a broken IPv6 address
+                usable = False
+            if not usable:
+                raise EvalError(f"Error: --endpoint {url!r} is not a server URL such as http://localhost:8000")
 
     @property
     def url(self) -> str | None:
