@@ -63,8 +63,9 @@ def output_folder(folder) -> Path:
 
 @contextlib.contextmanager
 def run_folder_lock(folder, command: str | None = None):
-    """Hold ``folder``'s run lock for the ``with`` block (creating the folder); RunFolderBusy when another run
-    holds it."""
+    """Hold ``folder``'s run lock for the ``with`` block (creating the folder, and removing it again when the block
+    left it empty, as a run refused before any work does); RunFolderBusy when another run holds it."""
+    made = not Path(folder).exists()
     folder = output_folder(folder)
     path = folder / LOCK_NAME
     while True:
@@ -94,6 +95,8 @@ def run_folder_lock(folder, command: str | None = None):
     finally:
         with contextlib.suppress(OSError):
             path.unlink()  # removed while still held: a finished folder carries no lock file
+            if made:
+                folder.rmdir()  # only when empty
         handle.close()  # closing the file releases the lock
 
 

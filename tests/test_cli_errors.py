@@ -151,6 +151,13 @@ def test_eval_and_score_never_write_into_each_others_folders(demo_dir, tmp_path,
     assert {folder: (folder / "summary.json").read_text() for folder in kept} == kept
 
 
+@pytest.mark.parametrize("model", ["./no/such/model", "/no/such/model", "~/no/such/model", "a/b/c"])
+def test_a_model_folder_that_is_not_there_is_named_and_no_output_folder_is_left(demo_dir, tmp_path, capsys, model):
+    assert main(_eval(demo_dir, tmp_path / "out", "--policy", "model", "--model", model)) == 1
+    assert _one_error_line(capsys) == f"Error: model or tokenizer folder not found: {model}"
+    assert not (tmp_path / "out").exists()  # the run made it, and left it empty: it is gone again
+
+
 def test_a_symlink_loop_is_one_line(demo_dir, tmp_path, capsys):
     loop = tmp_path / "dbs"
     loop.symlink_to(loop)  # a link to itself: resolving it never ends

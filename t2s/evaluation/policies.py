@@ -32,6 +32,9 @@ def load_tokenizer(name: str | None, required: bool, chat_template: str | None =
         if required:
             raise EvalError("Error: token-id prompts need a tokenizer: pass --tokenizer (or --model)")
         return None
+    local = name.startswith(("/", ".", "~")) or name.count("/") > 1  # a hub id is "name" or "owner/name"
+    if required and local and not Path(name).expanduser().exists():
+        raise EvalError(f"Error: model or tokenizer folder not found: {name}")
     from transformers import AutoTokenizer
 
     from t2s.env.chat_format import ChatFormatError, apply_chat_template_file, chat_format
