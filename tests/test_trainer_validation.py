@@ -335,6 +335,22 @@ def test_a_recipe_value_it_cannot_read_is_one_line_without_the_usage_text(tmp_pa
     assert capsys.readouterr().err == ""  # no usage text
 
 
+@pytest.mark.parametrize("line, message", [
+    ("mode: bogus", "mode 'bogus' is unknown; use one of full, withheld."),
+    ("dataset_kind: nope", "dataset_kind 'nope' is unknown; use one of bird, spider, sqale, synsql, json, auto."),
+])
+def test_a_setting_outside_its_choices_is_refused_when_the_recipe_is_read(tmp_path, line, message):
+    from t2s.training.configs import parse_recipe
+
+    key = line.split(":")[0]
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("".join(kept for kept in (REPO_ROOT / "recipes" / "smoke.yaml").read_text().splitlines(
+        keepends=True) if not kept.startswith(f"{key}:")) + line + "\n")
+    with pytest.raises(ConfigError) as excinfo:  # before any model or data loads
+        parse_recipe(["--config", str(recipe)])
+    assert _error(excinfo) == f"Error: {message}"
+
+
 BROKEN_MODELS = {  # what is done to a copy of the tiny model: the one line train and sft print
     "config-list": (lambda m: (m / "config.json").write_text("[1, 2]"),
                     "config.json is not a JSON object (it holds a JSON list)"),

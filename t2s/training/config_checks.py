@@ -43,6 +43,17 @@ def check_kinds(args) -> None:
             raise ConfigError(f"Error: {item.name} must be a number, got {value!r}")
 
 
+def check_choices(args) -> None:
+    """A setting with a fixed set of values holds one of them: refused when the recipe is read, not once the model
+    has loaded and the data's gold SQL has run."""
+    from t2s.data.loaders import KINDS
+
+    for name, allowed in (("dataset_kind", (*KINDS, "json", "auto")), ("mode", ("full", "withheld"))):
+        value = getattr(args, name, None)
+        if value is not None and str(value).lower() not in allowed:
+            raise ConfigError(f"Error: {name} {value!r} is unknown; use one of {', '.join(allowed)}.")
+
+
 def check_groups_per_rank(args) -> None:
     """A rank's generation batch (per_device_train_batch_size × steps_per_generation) must hold whole groups."""
     if not isinstance(args.num_generations, int) or args.num_generations < 2:

@@ -309,10 +309,11 @@ def parse_with(parser, argv: list[str] | None):
     parser.error = error  # argparse would print its usage text and exit
     try:
         parsed = parser.parse_args_and_config(argv)
-        from t2s.training.config_checks import check_kinds
+        from t2s.training.config_checks import check_choices, check_kinds
 
         for settings in parsed:  # the script arguments too, which check nothing when built
             check_kinds(settings)
+            check_choices(settings)
         return parsed
     except ValueError as exc:
         if not str(exc).startswith("Unknown arguments from config file"):
