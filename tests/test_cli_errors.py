@@ -221,6 +221,27 @@ def test_a_malformed_difficulty_model(demo_dir, tmp_path, capsys, content, needl
     assert "'weights' must be 3 lists" in _one_error_line(capsys)
 
 
+@pytest.mark.parametrize("key, index, value, needle", [
+    ("scale", 0, 0.0, "no scale 0"),  # every question's feature divided by 0
+    ("scale", 1, float("nan"), "finite numbers"),
+    ("mean", 2, float("inf"), "finite numbers"),
+    ("weights", None, None, "nests too deeply"),
+])
+def test_a_difficulty_model_with_numbers_it_cannot_use(demo_dir, tmp_path, capsys, key, index, value, needle):
+    from t2s.data.difficulty import default_model, model_json
+
+    data = json.loads(model_json(default_model()))
+    model = tmp_path / "model.json"
+    if index is None:
+        model.write_text('{"weights": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    else:
+        data[key][index] = value
+        model.write_text(json.dumps(data))  # NaN and Infinity as Python's json writes (and reads) them
+    assert main(["data", "difficulty", "--data", str(demo_dir / "dev.json"), "--model", str(model)]) == 1
+    line = _one_error_line(capsys)
+    assert "is not a difficulty model" in line and needle in line
+
+
 def test_export_of_an_empty_checkpoint(tmp_path, capsys):
     empty = tmp_path / "checkpoint-100"
     empty.mkdir()

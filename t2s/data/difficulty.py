@@ -193,19 +193,21 @@ def read_model(path) -> DifficultyModel:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DataError(f"Error: {path}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise DataError(f"Error: {path} is not a difficulty model: it nests too deeply") from None
     width, classes = len(FEATURES), len(CLASSES)
 
-    def numbers(value, length: int) -> bool:
+    def numbers(value, length: int) -> bool:  # finite ones: json reads NaN and Infinity
         return (isinstance(value, list) and len(value) == length
-                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value))
 
     problem = None
     if not isinstance(data, dict):
         problem = f"expected a JSON object, found {type(data).__name__}"
     elif data.get("features") != list(FEATURES):
         problem = f"'features' must be the {width} feature names of this version ({', '.join(FEATURES[:3])}, ...)"
-    elif not all(numbers(data.get(key), width) for key in ("mean", "scale")):
-        problem = f"'mean' and 'scale' must be lists of {width} numbers"
+    elif not all(numbers(data.get(key), width) for key in ("mean", "scale")) or 0 in data["scale"]:
+        problem = f"'mean' and 'scale' must be lists of {width} finite numbers, no scale 0"
     elif not (isinstance(data.get("weights"), list) and len(data["weights"]) == classes
               and all(numbers(row, width) for row in data["weights"])):
         problem = f"'weights' must be {classes} lists of {width} numbers"
