@@ -377,3 +377,18 @@ def test_predictions_of_other_questions_than_the_picked_ones_are_refused_naming_
                                         r".*, which predicts 1 other questions of the data and 0 ids not in it; "):
         read_predictions(predictions, rows, rows[:2])
     assert read_predictions(predictions, rows, rows[2:]).missing_ids == ["102"]  # one predicted among them: a result
+
+
+def test_an_eval_where_no_final_sql_ran_says_so_in_one_line(bird_dir, tmp_path, capsys):
+    rows = json.loads((bird_dir / "dev.json").read_text())
+    predictions = _write(tmp_path / "p.jsonl", "\n".join(
+        json.dumps({"question_id": row["question_id"], "sql": "SELECT nope FROM nowhere"}) for row in rows))
+    assert main(["eval", "--policy", "predictions", "--predictions", str(predictions), "--data",
+                 str(bird_dir / "dev.json"), "--output", str(tmp_path / "eval")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "none of the 3 played episodes' final SQL ran (executes_rate 0): each scored 0; the error column of " \
+           "scores.jsonl says why" in out  # the fourth question's gold fails: it is not scored
+    predictions.write_text(json.dumps({"question_id": rows[0]["question_id"], "sql": "SELECT 1"}))  # one runs
+    assert main(["eval", "--policy", "predictions", "--predictions", str(predictions), "--data",
+                 str(bird_dir / "dev.json"), "--output", str(tmp_path / "eval2")]) == 0
+    assert "final SQL ran" not in capsys.readouterr().out

@@ -181,9 +181,12 @@ def unscored_notes(summary: dict, limit: int = 10) -> list[str]:
 
 def episode_notes(summary: dict) -> list[str]:
     """One line when episodes ended before their first turn, naming the prompt's length, the budget and
-    ``min_episode_tokens`` (empty otherwise)."""
+    ``min_episode_tokens``; one when no episode's final SQL ran (a clean-looking table of zeros is not a result)."""
+    played = summary.get("n_episodes", 0) - summary.get("no_turn_episodes", 0)
+    none_ran = [f"none of the {played} played episodes' final SQL ran (executes_rate 0): each scored 0; the error "
+                "column of scores.jsonl says why"] if played > 0 and summary.get("executes_rate") == 0 else []
     if not summary.get("no_turn_episodes"):
-        return []
+        return none_ran
     from t2s.env.episode import EpisodeConfig
     from t2s.env.record import no_turn_line
 
@@ -194,11 +197,11 @@ def episode_notes(summary: dict) -> list[str]:
         longest = summary.get("no_turn_longest_prompt", 0)
         prompts = f"prompts of up to {longest} tokens" if longest else "their prompts"
         return [f"{summary['no_turn_episodes']} of {summary.get('n_episodes', 0)} single-turn episodes were not "
-                f"played: {prompts} left no room in the episode token budget ({budget})"]
+                f"played: {prompts} left no room in the episode token budget ({budget})"] + none_ran
     return [no_turn_line(summary["no_turn_episodes"], summary.get("n_episodes", 0),
                          summary.get("no_turn_longest_prompt", 0),
                          config.get("episode_token_budget", defaults.episode_token_budget),
-                         config.get("min_episode_tokens", defaults.min_episode_tokens))]
+                         config.get("min_episode_tokens", defaults.min_episode_tokens))] + none_ran
 
 
 def _fmt(value, kind: str) -> str:
