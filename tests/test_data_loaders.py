@@ -142,6 +142,10 @@ def test_row_missing_fields_names_file_and_row(tmp_path):
     spider.write_text(json.dumps([{"query": "SELECT 1", "db_id": "x"}]))
     with pytest.raises(DataError, match=r"row 0 \(0-based\) is missing required field\(s\) 'question'"):
         load_rows("spider", spider, require_databases=False)
+    data.write_text(json.dumps([{"question": 123, "SQL": ["SELECT 1"], "db_id": "x"}]))  # there, but not text
+    with pytest.raises(DataError, match=r"row 0 \(0-based\) 'question' holds int, not text; 'SQL' holds list, not "
+                                        "text"):
+        load_rows("bird", data, require_databases=False)
 
 
 def test_not_a_list_and_missing_file(tmp_path):

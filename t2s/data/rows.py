@@ -179,10 +179,13 @@ def _is_single_json_object(text: str) -> bool:
 
 def _require(record: dict, fields: Iterable[str], path, position: int) -> None:
     """Raise naming the file and row when a required field is missing or not a non-empty string."""
-    missing = [f for f in fields if not isinstance(record.get(f), str) or not record.get(f).strip()]
-    if missing:
-        names = ", ".join(repr(f) for f in missing)
-        raise DataError(f"Error: {path}: row {position} (0-based) is missing required field(s) {names}")
+    values = {f: record.get(f) for f in fields}
+    missing = [repr(f) for f, v in values.items() if v is None or (isinstance(v, str) and not v.strip())]
+    wrong = [f"{f!r} holds {type(v).__name__}, not text" for f, v in values.items()
+             if v is not None and not isinstance(v, str)]
+    if missing or wrong:
+        said = ([f"is missing required field(s) {', '.join(missing)}"] if missing else []) + wrong
+        raise DataError(f"Error: {path}: row {position} (0-based) {'; '.join(said)}")
 
 
 def refuse_duplicate_ids(rows: Iterable[dict], where) -> list[str]:
