@@ -176,7 +176,9 @@ BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(  # each level 
                                           ("- just\n- a list\n", "must be a YAML mapping"),
                                           (BILLION_LAUGHS, "nests deeper than a setting's value may"),
                                           ("a: " + "[" * 50_000 + "]" * 50_000 + "\n", "nests too deeply"),
-                                          ("a: " + "[1, " * 3 + "1" + "]" * 3 + "\n", "nests deeper than")])
+                                          ("a: " + "[1, " * 3 + "1" + "]" * 3 + "\n", "nests deeper than"),
+                                          ("learning_rate: 1.0e-5\nmax_steps: 2\nlearning_rate: 1.0\n",
+                                           "at line 3 column 1: 'learning_rate' is set a second time")])
 def test_malformed_recipe_yaml(tmp_path, capsys, text, needle):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(text)

@@ -332,9 +332,20 @@ def check_recipe_yaml(path) -> None:
     """ConfigError naming the file and line when a recipe is not a YAML mapping of settings."""
     import yaml
 
+    class UniqueKeys(yaml.SafeLoader):  # a setting written twice is a mistake that PyYAML resolves silently
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if isinstance(key, str) and key in seen:
+                    raise yaml.constructor.ConstructorError(None, None, f"{key!r} is set a second time",
+                                                            key_node.start_mark)
+                seen.add(key if isinstance(key, str) else None)
+            return super().construct_mapping(node, deep=deep)
+
     try:
         with open(path, encoding="utf-8") as handle:
-            document = yaml.safe_load(handle)
+            document = yaml.load(handle, Loader=UniqueKeys)  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
