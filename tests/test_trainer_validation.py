@@ -429,3 +429,16 @@ def test_an_output_dir_that_is_a_file_fails_when_the_config_is_built(tmp_path):
     with pytest.raises(ConfigError, match="^Error: output_dir .*taken is a file, not a folder"):
         make_config(tmp_path / "taken")
     assert (tmp_path / "taken").read_text() == "keep me"
+
+
+def test_an_output_dir_that_holds_an_eval_fails_when_the_config_is_built(demo_dir, tmp_path):
+    from t2s.commands import main
+
+    assert main(["eval", "--policy", "gold", "--data", str(demo_dir), "--n", "2", "--output", str(tmp_path / "ev"),
+                 "--quiet"]) == 0
+    before = sorted(p.name for p in (tmp_path / "ev").rglob("*"))
+    with pytest.raises(ConfigError, match=f"^Error: output_dir {tmp_path / 'ev'} holds an eval's results; choose "
+                                          "another folder"):
+        make_config(tmp_path / "ev")
+    assert sorted(p.name for p in (tmp_path / "ev").rglob("*")) == before
+    make_config(tmp_path / "fresh")  # an empty or new folder is taken

@@ -113,6 +113,9 @@ def validate_training_config(args, reward_names=None) -> None:
     """
     if args.output_dir and os.path.isfile(args.output_dir):
         raise ConfigError(f"Error: output_dir {args.output_dir} is a file, not a folder.")
+    if args.output_dir and os.path.isdir(args.output_dir) and any(  # an eval's mode folders (t2s.evaluation)
+            os.path.isfile(os.path.join(entry.path, "eval_config.json")) for entry in os.scandir(args.output_dir)):
+        raise ConfigError(f"Error: output_dir {args.output_dir} holds an eval's results; choose another folder.")
     if args.rollout_backend not in ROLLOUT_BACKENDS:
         raise ConfigError(f"Error: rollout_backend {args.rollout_backend!r} is unknown; use one of "
                           f"{', '.join(ROLLOUT_BACKENDS)}.")
