@@ -9,6 +9,7 @@ that is a file), ``UnicodeDecodeError`` and YAML syntax errors. Each becomes one
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sys
 
@@ -82,26 +83,31 @@ def _yaml_error(exc: BaseException) -> bool:
     return yaml is not None and isinstance(exc, yaml.YAMLError)
 
 
-def _symlink_loop(exc: BaseException) -> bool:
-    """pathlib's ``resolve()`` on a path that loops (Python 3.11-3.12: a RuntimeError; later ones raise OSError)."""
-    return type(exc) is RuntimeError and str(exc).startswith("Symlink loop")
+def _symlink_loop(exc: BaseException) -> str | None:
+    """The path where pathlib's ``resolve()`` met a loop of symbolic links (Python 3.10-3.12 raise RuntimeError
+    ``Symlink loop from '...'``, later ones OSError ELOOP), else None."""
+    if type(exc) is RuntimeError and str(exc).startswith("Symlink loop from "):
+        return str(exc).removeprefix("Symlink loop from ").strip("'\"")
+    if isinstance(exc, OSError) and exc.errno == errno.ELOOP:
+        return str(exc.filename)
+    return None
 
 
 def user_facing(exc: BaseException) -> bool:
     """True for the failures :func:`error_line` reports as one line (anything else is a bug and keeps its traceback)."""
-    return isinstance(exc, (T2SError, OSError, UnicodeDecodeError)) or _yaml_error(exc) or _symlink_loop(exc)
+    return isinstance(exc, (T2SError, OSError, UnicodeDecodeError)) or _yaml_error(exc) or bool(_symlink_loop(exc))
 
 
 def error_line(exc: BaseException) -> str:
     """One ``Error: ...`` line describing ``exc``, safe on a terminal (``t2s.ui.console.safe_text``)."""
-    if isinstance(exc, OSError) and not isinstance(exc, T2SError):
+    if _symlink_loop(exc):
+        text = f"a path is a loop of symbolic links: {_symlink_loop(exc)}"
+    elif isinstance(exc, OSError) and not isinstance(exc, T2SError):
         text = _os_error_text(exc)
     elif isinstance(exc, UnicodeDecodeError):
         text = f"a file is not UTF-8 text ({exc.reason} at byte {exc.start})"
     elif _yaml_error(exc):
         text = f"not valid YAML: {exc}"
-    elif _symlink_loop(exc):
-        text = f"a path is a loop of symbolic links ({str(exc)[len('Symlink loop '):]})"
     else:
         text = str(exc) or type(exc).__name__
     from t2s.ui.console import safe_text

@@ -69,6 +69,7 @@ def run_folder_lock(folder, command: str | None = None):
     folder = output_folder(folder)
     path = folder / LOCK_NAME
     while True:
+        folder.mkdir(parents=True, exist_ok=True)  # again: a run refused before any work removes the folder it made
         handle = open(path, "a+", encoding="utf-8")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -132,6 +132,9 @@ def test_a_password_in_a_connection_string_is_never_shown(demo_dir, tmp_path, ca
     assert main(_eval(demo_dir, tmp_path / "out", "--engine", "postgres", "--dsn", dsn)) == 1
     line = _one_error_line(capsys)
     assert "S3cretPW" not in line and "password=***" in line
+    named = tmp_path / "passwords.sqlite"  # a file's name, not a connection string
+    assert main(["ask", "--db", str(named), "--replay", str(tmp_path / "none.jsonl"), "how many?"]) == 1
+    assert _one_error_line(capsys) == f"Error: database file not found: {named}"
 
 
 def test_eval_and_score_never_write_into_each_others_folders(demo_dir, tmp_path, capsys):
@@ -146,15 +149,22 @@ def test_eval_and_score_never_write_into_each_others_folders(demo_dir, tmp_path,
     kept = {folder: (folder / "summary.json").read_text() for folder in (evaluated, scored)}
     assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output", str(evaluated)]) == 1
     assert _one_error_line(capsys).startswith(f"Error: {evaluated} holds an eval (modes full), whose")
+    mode_folder = evaluated / "full"
+    kept[mode_folder] = (mode_folder / "scores.jsonl").read_text()
+    assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output", str(mode_folder)]) == 1
+    assert _one_error_line(capsys).startswith(f"Error: {mode_folder} holds an eval's episodes, whose files")
     assert main(_eval(demo_dir, scored)) == 1
     assert _one_error_line(capsys).startswith(f"Error: {scored} holds a score run (scores.jsonl at the top)")
-    assert {folder: (folder / "summary.json").read_text() for folder in kept} == kept
+    assert {folder: (folder / "summary.json").read_text() for folder in (evaluated, scored)} == \
+        {folder: kept[folder] for folder in (evaluated, scored)}
+    assert (mode_folder / "scores.jsonl").read_text() == kept[mode_folder]
+    assert not (mode_folder / "summary.json").exists()
 
 
 @pytest.mark.parametrize("model", ["./no/such/model", "/no/such/model", "~/no/such/model", "a/b/c"])
 def test_a_model_folder_that_is_not_there_is_named_and_no_output_folder_is_left(demo_dir, tmp_path, capsys, model):
     assert main(_eval(demo_dir, tmp_path / "out", "--policy", "model", "--model", model)) == 1
-    assert _one_error_line(capsys) == f"Error: model or tokenizer folder not found: {model}"
+    assert _one_error_line(capsys).startswith(f"Error: model or tokenizer folder not found: {model} (")
     assert not (tmp_path / "out").exists()  # the run made it, and left it empty: it is gone again
 
 
@@ -162,21 +172,28 @@ def test_a_symlink_loop_is_one_line(demo_dir, tmp_path, capsys):
     loop = tmp_path / "dbs"
     loop.symlink_to(loop)  # a link to itself: resolving it never ends
     assert main(_eval(demo_dir, tmp_path / "out", "--db-root", str(loop))) == 1
-    assert _one_error_line(capsys) == f"Error: a path is a loop of symbolic links (from {str(loop)!r})"
+    assert _one_error_line(capsys) == f"Error: a path is a loop of symbolic links: {loop}"
     assert main(["export", "--checkpoint", str(loop), "--output", str(tmp_path / "export")]) == 1
     assert "a path is a loop of symbolic links" in _one_error_line(capsys)
     assert not (tmp_path / "export").exists()
+    from t2s.errors import error_line, user_facing
+
+    later = OSError(errno.ELOOP, "Too many levels of symbolic links", str(loop))  # what Python 3.13's resolve raises
+    assert user_facing(later) and error_line(later) == f"Error: a path is a loop of symbolic links: {loop}"
 
 
 BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(  # each level 9 times the last: 9**9 values
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
+WIDE_LAUGHS = "a: &a [" + ", ".join(["x"] * 30) + "]\n" + "".join(  # 30**5 values, 6 levels deep
+    f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 30)}]\n" for i in range(4))
 
 
 @pytest.mark.parametrize("text, needle", [("a: [1, 2\n", "not valid YAML at line 2"),
                                           ("- just\n- a list\n", "must be a YAML mapping"),
-                                          (BILLION_LAUGHS, "nests deeper than a setting's value may"),
+                                          (BILLION_LAUGHS, "nests deeper than 8 levels"),
+                                          (WIDE_LAUGHS, "expands to over 100,000 values (YAML aliases?)"),
                                           ("a: " + "[" * 50_000 + "]" * 50_000 + "\n", "nests too deeply"),
-                                          ("a: " + "[1, " * 3 + "1" + "]" * 3 + "\n", "nests deeper than"),
+                                          ("a: " + "[1, " * 9 + "1" + "]" * 9 + "\n", "nests deeper than 8 levels"),
                                           ("learning_rate: 1.0e-5\nmax_steps: 2\nlearning_rate: 1.0\n",
                                            "at line 3 column 1: 'learning_rate' is set a second time")])
 def test_malformed_recipe_yaml(tmp_path, capsys, text, needle):

@@ -203,6 +203,10 @@ def test_make_demo_writes_over_the_demo_but_never_over_a_users_questions(tmp_pat
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("Error:") and "not the demo's" in line and "choose another folder" in line
     assert (mine / "dev.json").read_text() == theirs and not (mine / "dev_databases").exists()
+    (mine / "dev.json").write_text('[{"question_id": 0, "db_id": "cycling_club", "quest')  # cut off: unreadable
+    assert main(["data", "make-demo", "--output", str(mine)]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "is there but not a JSON list of questions" in line and "remove it, or choose another folder" in line
 
 
 @pytest.mark.parametrize("argv, written", [

@@ -78,7 +78,7 @@ def test_asks_unseeded_default_stays_unseeded():
 
 
 @pytest.mark.parametrize("url", ["notaurl", "localhost:8000", "ftp://host:21", "http://", "http://host:port",
-                                 "http://[::1", "https://host:0"])
+                                 "http://[::1", "https://host:0", "me:s3cret@host:8000"])
 def test_an_endpoint_that_is_not_a_server_url_is_refused_at_once(url, demo_dir, tmp_path, capsys):
     from t2s.commands import main
     from t2s.evaluation.config import EndpointConfig
@@ -87,6 +87,7 @@ def test_an_endpoint_that_is_not_a_server_url_is_refused_at_once(url, demo_dir, 
         EndpointConfig(urls=("http://127.0.0.1:9", url))
     code = main(["eval", "--policy", "endpoint", "--endpoint", url, "--tokenizer", str(tmp_path), "--data",
                  str(demo_dir), "--output", str(tmp_path / "out"), "--quiet"])
+    shown = url if "@" not in url else "...@host:8000"  # never the user name and token before an @
     assert code == 1 and capsys.readouterr().err.strip().splitlines() == [
-        f"Error: --endpoint {url!r} is not a server URL such as http://localhost:8000"]
+        f"Error: --endpoint {shown!r} is not a server URL such as http://localhost:8000"]
     assert EndpointConfig(urls=("http://127.0.0.1:9", "https://host.example/v1")).urls[1] == "https://host.example/v1"

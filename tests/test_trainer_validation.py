@@ -337,6 +337,7 @@ def test_a_recipe_value_it_cannot_read_is_one_line_without_the_usage_text(tmp_pa
 
 @pytest.mark.parametrize("line, message", [
     ("mode: bogus", "mode 'bogus' is unknown; use one of full, withheld."),
+    ("mode: FULL", "mode 'FULL' is unknown; use one of full, withheld."),
     ("dataset_kind: nope", "dataset_kind 'nope' is unknown; use one of bird, spider, sqale, synsql, json, auto."),
 ])
 def test_a_setting_outside_its_choices_is_refused_when_the_recipe_is_read(tmp_path, line, message):
@@ -442,3 +443,16 @@ def test_an_output_dir_that_holds_an_eval_fails_when_the_config_is_built(demo_di
         make_config(tmp_path / "ev")
     assert sorted(p.name for p in (tmp_path / "ev").rglob("*")) == before
     make_config(tmp_path / "fresh")  # an empty or new folder is taken
+
+
+def test_a_recipe_may_merge_anchors_and_nest_a_mapping_as_deepspeed_configs_do(tmp_path):
+    from t2s.training.configs import parse_recipe
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((REPO_ROOT / "recipes" / "smoke.yaml").read_text() + (
+        "model_init_kwargs: &m {low_cpu_mem_usage: true}\n"
+        "gradient_checkpointing_kwargs: {<<: *m, use_reentrant: false}\n"  # a merged key, then one of its own
+        "lr_scheduler_kwargs: {a: {b: {c: {d: 1}}}}\n"))  # four levels, as zero_optimization.offload_param.device
+    _, training_args, _ = parse_recipe(["--config", str(recipe)])
+    assert training_args.model_init_kwargs == {"low_cpu_mem_usage": True}
+    assert training_args.gradient_checkpointing_kwargs == {"low_cpu_mem_usage": True, "use_reentrant": False}

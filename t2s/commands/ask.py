@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         path = Path(args.db).expanduser()
         if not path.is_file():
-            if "password" in args.db:  # a key-value connection string, which --db does not take: never echo it
+            if "password=" in args.db:  # a key-value connection string, which --db does not take: never echo it
                 from t2s.env.databases.postgres_engine import redact
 
                 raise EvalError("Error: --db takes a database file or a postgresql:// URL, not a key-value "

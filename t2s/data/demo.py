@@ -812,9 +812,12 @@ def question_records(db_path: Path, database: DemoDatabase, first_id: int) -> li
 
 
 def _write_text(path: Path, text: str) -> None:
+    """Written whole or not at all (a run killed midway leaves the last file, not half of one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8", newline="") as handle:
+    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(staged, "w", encoding="utf-8", newline="") as handle:
         handle.write(text)
+    os.replace(staged, path)
 
 
 class NotTheDemos(ValueError):
@@ -822,10 +825,16 @@ class NotTheDemos(ValueError):
 
 
 def _check_only_demo_questions(data_file: Path) -> None:
+    """NotTheDemos when ``data_file`` exists outside the project's own demo folder and is not a demo's dev.json."""
+    from t2s.settings import DEMO_DIR
+
+    if not data_file.is_file() or data_file.parent.resolve() == DEMO_DIR.resolve():  # the project's own: rewritten
+        return
     try:
-        rows = json.loads(data_file.read_text(encoding="utf-8")) if data_file.is_file() else []
+        rows = json.loads(data_file.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
-        rows = None
+        raise NotTheDemos(f"Error: {data_file} is there but not a JSON list of questions; make-demo writes over no "
+                          "file it cannot read: remove it, or choose another folder") from None
     ours = {database.db_id for database in DATABASES}
     if not isinstance(rows, list) or any(not isinstance(r, dict) or r.get("db_id") not in ours for r in rows):
         raise NotTheDemos(f"Error: {data_file} holds questions that are not the demo's; writing the demo there would "

@@ -69,8 +69,9 @@ class EndpointConfig:
                 usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
             except ValueError:  # a port that is no number, a broken IPv6 address
                 usable = False
-            if not usable:
-                raise EvalError(f"Error: --endpoint {url!r} is not a server URL such as http://localhost:8000")
+            if not usable:  # shown without what precedes an @: a user name and token
+                shown = url if "@" not in url else "...@" + url.rsplit("@", 1)[1]
+                raise EvalError(f"Error: --endpoint {shown!r} is not a server URL such as http://localhost:8000")
 
     @property
     def url(self) -> str | None:

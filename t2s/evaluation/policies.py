@@ -34,7 +34,8 @@ def load_tokenizer(name: str | None, required: bool, chat_template: str | None =
         return None
     local = name.startswith(("/", ".", "~")) or name.count("/") > 1  # a hub id is "name" or "owner/name"
     if required and local and not Path(name).expanduser().exists():
-        raise EvalError(f"Error: model or tokenizer folder not found: {name}")
+        raise EvalError(f"Error: model or tokenizer folder not found: {name} (an endpoint's served name is read as a "
+                        "local folder: pass --tokenizer with one, or use --endpoint-mode chat)")
     from transformers import AutoTokenizer
 
     from t2s.env.chat_format import ChatFormatError, apply_chat_template_file, chat_format

@@ -63,11 +63,14 @@ def check_eval_layout(folder) -> None:
 
 
 def check_score_folder(folder) -> None:
-    """Refuse an eval's folder as ``score --output``: the score's summary.json would replace the eval's."""
+    """Refuse an eval's folder, or one of its mode folders, as ``score --output``: the score would replace the eval's
+    summary.json or scores.jsonl."""
+    folder = Path(folder)
     modes = eval_modes(folder)
-    if modes:
-        raise RunFolderError(f"Error: {folder} holds an eval (modes {', '.join(modes)}), whose summary.json a score "
-                             "would replace; choose another --output")
+    if modes or (folder / EVAL_CONFIG).is_file() or (folder / EPISODES).is_file():
+        held = f"an eval (modes {', '.join(modes)})" if modes else "an eval's episodes"
+        raise RunFolderError(f"Error: {folder} holds {held}, whose files a score would replace; choose another "
+                             "--output")
 
 
 def earlier_summaries(folder, modes: list[str]) -> dict[str, dict]:

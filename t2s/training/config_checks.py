@@ -50,7 +50,7 @@ def check_choices(args) -> None:
 
     for name, allowed in (("dataset_kind", (*KINDS, "json", "auto")), ("mode", ("full", "withheld"))):
         value = getattr(args, name, None)
-        if value is not None and str(value).lower() not in allowed:
+        if value is not None and value not in allowed:  # exactly: the loaders and prompts compare them so
             raise ConfigError(f"Error: {name} {value!r} is unknown; use one of {', '.join(allowed)}.")
 
 

@@ -328,6 +328,9 @@ def parse_with(parser, argv: list[str] | None):
         raise ConfigError(f"Error: recipe {recipe} has settings t2s does not know: {', '.join(named)}") from None
 
 
+MAX_RECIPE_DEPTH = 8
+
+
 def check_recipe_yaml(path) -> None:
     """ConfigError naming the file and line when a recipe is not a YAML mapping of settings."""
     import yaml
@@ -336,6 +339,8 @@ def check_recipe_yaml(path) -> None:
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor`: merged keys may be overridden
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 if isinstance(key, str) and key in seen:
                     raise yaml.constructor.ConstructorError(None, None, f"{key!r} is set a second time",
@@ -361,8 +366,8 @@ def check_recipe_yaml(path) -> None:
     while stack:
         value, depth = stack.pop()
         seen += 1
-        if depth > 3 or seen > 100_000:
-            raise ConfigError(f"Error: recipe {path} " + ("nests deeper than a setting's value may (a mapping or list "
-                              "of values)" if depth > 3 else "expands to over 100,000 values (YAML aliases?)"))
+        if depth > MAX_RECIPE_DEPTH or seen > 100_000:  # a setting's value: a mapping or list (DeepSpeed's nest 4)
+            raise ConfigError(f"Error: recipe {path} " + (f"nests deeper than {MAX_RECIPE_DEPTH} levels" if depth >
+                              MAX_RECIPE_DEPTH else "expands to over 100,000 values (YAML aliases?)"))
         items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
         stack += [(item, depth + 1) for item in items]
