@@ -367,3 +367,19 @@ def test_a_pools_server_sessions_end_with_its_threads(request):
     finally:
         if was_enabled:
             gc.enable()
+
+
+def test_a_database_whose_descriptions_cannot_be_copied_is_left_out_with_a_readable_reason(tmp_path, demo_dir):
+    pytest.importorskip("duckdb")
+    import shutil
+
+    from t2s.data.convert import convert
+
+    folder = tmp_path / "data"
+    shutil.copytree(demo_dir, folder)
+    data = folder / "questions.json"  # not dev.json: the conversion writes that one beside it
+    data.write_text((folder / "dev.json").read_text())
+    report = convert(data, "duckdb", folder, db_root=folder / "dev_databases")  # each description onto itself
+    errors = {db: info.get("error") for db, info in report["databases"].items()}
+    assert errors == {db: f"could not copy {db}'s database_description files" for db in errors} and errors
+    assert report["kept"] == 0 and report["reasons"] == {"database_not_converted": report["questions"]}

@@ -197,6 +197,9 @@ def convert(data, engine: str, output, *, dsn: str | None = None, db_root=None, 
             progress(f"copying {db_id} to {engine}")
         try:
             db_reports[db_id] = convert_database(path, db_id, engine, output, dsn)
+        except shutil.Error:  # copytree's, whose text is a list of every file's (source, destination, reason)
+            db_reports[db_id] = {"error": f"could not copy {db_id}'s database_description files"}
+            continue
         except Exception as exc:  # noqa: BLE001 - one database failing leaves out its questions, with the reason
             db_reports[db_id] = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"}
             continue
