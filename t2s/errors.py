@@ -2,8 +2,8 @@
 
 Commands raise :class:`T2SError` (or a subclass) for bad input they can name. ``t2s.commands.main`` also maps the
 failures no command should let through as a traceback: ``OSError`` (a missing, read-only or full disk; an output path
-that is a file), ``UnicodeDecodeError`` and YAML syntax errors. Each becomes one line on stderr and exit status 1
-(2 for a :class:`UsageError`).
+that is a file), ``UnicodeDecodeError``, YAML syntax errors and a path that loops through symbolic links. Each becomes
+one line on stderr and exit status 1 (2 for a :class:`UsageError`).
 """
 
 from __future__ import annotations
