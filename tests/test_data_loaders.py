@@ -364,3 +364,15 @@ def test_evidence_that_is_not_text_is_left_out_as_bird_files_leave_it(tmp_path):
     (tmp_path / "dev.json").write_text(json.dumps(bird))
     for path in (tmp_path / "rows.json", tmp_path / "dev.json"):
         assert [row["evidence"] for row in load_json_rows(path, require_databases=False)] == ["", "", "hint"]
+
+
+def test_a_lone_surrogate_in_a_question_becomes_a_replacement_character_the_tokenizer_encodes(tmp_path,
+                                                                                               tiny_tokenizer):
+    data = tmp_path / "dev.json"
+    data.write_text('[{"question_id": 1, "db_id": "x", "question": "how many \\udcff\\ud800?", "evidence": '
+                    '"a \\udcfe", "SQL": "SELECT 1"}, {"question_id": 2, "db_id": "x", "question": "caf\\u00e9 '
+                    '\\ud83d\\ude00", "SQL": "SELECT 1"}]')  # valid UTF-8 JSON; its escapes name lone surrogates
+    first, second = load_rows("bird", data, require_databases=False)
+    assert first["question"] == "how many \ufffd\ufffd?" and first["evidence"] == "a \ufffd"
+    assert second["question"] == "café 😀"  # a surrogate pair is one character, kept
+    assert tiny_tokenizer(first["question"] + first["evidence"])["input_ids"]

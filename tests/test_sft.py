@@ -300,3 +300,19 @@ def test_a_near_miss_weight_out_of_range_is_one_error_line(weight):
         sft.build_examples(args, [], None, EpisodeConfig())
     assert str(excinfo.value) == f"Error: near_misses must be >= 0 and near_miss_weight from 0 to 100.0 (got 1 and " \
                                  f"{weight})."
+
+
+def test_a_row_whose_database_does_not_open_is_left_out_of_the_warm_start_and_counted(rows, tiny_tokenizer, tmp_path):
+    corrupt = tmp_path / "broken" / "broken.sqlite"
+    corrupt.parent.mkdir()
+    corrupt.write_bytes(b"not a database " * 100)
+    chosen = rows[:3]
+    broken = dict(chosen[0], db_id="broken", db_path=str(corrupt), question_id="broken-1")
+    counts: dict = {}
+    examples = sft.gold_examples([broken, *chosen], tiny_tokenizer, EXPLORE, "explore", counts)
+    assert counts["unreadable_database"] == 1 and counts["gold"] == len(examples) > 0
+    assert "broken-1" not in {e["question_id"] for e in examples}
+    near: dict = {}
+    sft.near_miss_examples([broken, dict(broken, question_id="broken-2", gold_sql="SELECT 2")], tiny_tokenizer,
+                           EXPLORE, "explore", 1, 0, near)  # every pair on the broken database: none played
+    assert near["near_misses"] == 0

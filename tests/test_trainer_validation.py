@@ -456,3 +456,25 @@ def test_a_recipe_may_merge_anchors_and_nest_a_mapping_as_deepspeed_configs_do(t
     _, training_args, _ = parse_recipe(["--config", str(recipe)])
     assert training_args.model_init_kwargs == {"low_cpu_mem_usage": True}
     assert training_args.gradient_checkpointing_kwargs == {"low_cpu_mem_usage": True, "use_reentrant": False}
+
+
+def test_fewer_rows_than_one_generation_batch_samples_is_refused(demo_dir, tmp_path):
+    """TRL's sampler yields whole batches of questions only: with fewer rows the trainer stops at step 0 and would
+    write an untrained model after a clean-looking run."""
+    import json
+
+    from t2s.training.configs import T2SScriptArguments
+    from t2s.training.pipeline import load_training_rows
+
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(json.loads((demo_dir / "dev.json").read_text())[:1]))
+    (tmp_path / "dev_databases").symlink_to(demo_dir / "dev_databases")
+    script = T2SScriptArguments(dataset_kind="bird", dataset_path=str(data), gold_hygiene=False)
+    config = make_config(tmp_path / "run")  # 8 rollouts a device, 4 a group: 2 questions a generation batch
+    with pytest.raises(ConfigError, match=r"^Error: 1 training rows left after filtering, fewer than the 2 questions "
+                                          r"one generation batch samples \(generation_batch_size 8 / num_generations "
+                                          r"4\), so no step would run"):
+        load_training_rows(script, config)
+    data.write_text(json.dumps(json.loads((demo_dir / "dev.json").read_text())[:2]))
+    rows, counts = load_training_rows(script, config)
+    assert len(rows) == counts["kept"] == 2

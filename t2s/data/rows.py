@@ -71,11 +71,12 @@ def make_row(
     schema_id: str | None = None,
     difficulty: str | None = None,
 ) -> dict:
-    """One row in the common shape (every key present, plain strings or None)."""
+    """One row in the common shape (every key present, plain strings or None). A lone surrogate in the question or
+    evidence (JSON's ``"\\udcff"``, which no tokenizer encodes) becomes U+FFFD."""
     return {
         "question_id": str(question_id),
-        "question": question,
-        "evidence": evidence or "",
+        "question": well_formed(question),
+        "evidence": well_formed(evidence or ""),
         "gold_sql": gold_sql,
         "db_id": db_id,
         "db_path": db_path,
@@ -83,6 +84,17 @@ def make_row(
         "difficulty": difficulty,
         "source": source,
     }
+
+
+def well_formed(text):
+    """``text`` with each lone surrogate as U+FFFD (anything not a str as it is)."""
+    if not isinstance(text, str) or text.isascii():
+        return text
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:  # in a str every surrogate is a lone one (json joins the pairs)
+        return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
 
 
 def read_text_file(path: str | Path, what: str = "data file") -> str:

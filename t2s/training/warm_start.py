@@ -133,8 +133,23 @@ def _equivalent(trace) -> bool:
     return bool(trace.outcome is not None and trace.outcome.executes and trace.outcome.equivalent)
 
 
+def _policies(pairs, style: str, episode_config, counts: dict) -> tuple[list[dict], list]:
+    """The rows and answer policies of those (row, sql) pairs whose database opens; the others are counted
+    (``unreadable_database``), as GRPO's rollout leaves such a row out, not the run."""
+    from t2s.env.databases.opening import DatabaseOpenError
+
+    rows, policies = [], []
+    for row, sql in pairs:
+        try:
+            policies.append(answer_policy(row, sql, style, episode_config))
+            rows.append(row)
+        except DatabaseOpenError:
+            counts["unreadable_database"] = counts.get("unreadable_database", 0) + 1
+    return rows, policies
+
+
 def gold_examples(rows, tokenizer, episode_config, style: str, counts: dict) -> list[dict]:
-    policies = [answer_policy(row, row["gold_sql"], style, episode_config) for row in rows]
+    rows, policies = _policies([(row, row["gold_sql"]) for row in rows], style, episode_config, counts)
     traces = play(rows, policies, tokenizer, episode_config)
     kept = [example(t, "gold") for t in traces if _equivalent(t)]
     counts["gold"] = len(kept)
@@ -154,10 +169,11 @@ def near_miss_examples(rows, tokenizer, episode_config, style: str, per_question
         others = sorted({r["gold_sql"] for r in by_db[row["db_id"]] if r["gold_sql"] != row["gold_sql"]})
         rng.shuffle(others)
         pairs += [(row, sql) for sql in others[: 2 * per_question]]  # spares for those that turn out equivalent
-    traces = play([row for row, _ in pairs], [answer_policy(row, sql, style, episode_config) for row, sql in pairs],
-                  tokenizer, episode_config)
+    near_counts: dict = {}  # a database that does not open was counted once already, for its gold
+    played, policies = _policies(pairs, style, episode_config, near_counts)
+    traces = play(played, policies, tokenizer, episode_config)
     kept, per_row = [], {}
-    for (row, _), trace in zip(pairs, traces, strict=True):
+    for row, trace in zip(played, traces, strict=True):
         key = str(row["question_id"])
         runnable_wrong = trace.outcome is not None and trace.outcome.executes and not trace.outcome.equivalent
         if runnable_wrong and per_row.get(key, 0) < per_question:
