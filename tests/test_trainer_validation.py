@@ -458,14 +458,21 @@ def test_a_recipe_may_merge_anchors_and_nest_a_mapping_as_deepspeed_configs_do(t
     assert training_args.gradient_checkpointing_kwargs == {"low_cpu_mem_usage": True, "use_reentrant": False}
 
 
-def test_fewer_rows_than_one_generation_batch_samples_is_refused(demo_dir, tmp_path):
+def test_fewer_rows_than_one_generation_batch_samples_is_refused(demo_dir, tiny_model_dir, tmp_path, monkeypatch):
     """TRL's sampler yields whole batches of questions only: with fewer rows the trainer stops at step 0 and would
-    write an untrained model after a clean-looking run."""
+    write an untrained model after a clean-looking run. Refused before the model loads."""
     import json
 
-    from t2s.training.configs import T2SScriptArguments
-    from t2s.training.pipeline import load_training_rows
+    from trl import ModelConfig
 
+    import t2s.training.trainer as trainer_module
+    from t2s.training.configs import T2SScriptArguments
+    from t2s.training.pipeline import build_trainer as build_from_recipe
+
+    def no_model(*args, **kwargs):
+        raise AssertionError("the trainer was built")
+
+    monkeypatch.setattr(trainer_module, "Text2SQLGRPOTrainer", no_model)
     data = tmp_path / "dev.json"
     data.write_text(json.dumps(json.loads((demo_dir / "dev.json").read_text())[:1]))
     (tmp_path / "dev_databases").symlink_to(demo_dir / "dev_databases")
@@ -474,7 +481,7 @@ def test_fewer_rows_than_one_generation_batch_samples_is_refused(demo_dir, tmp_p
     with pytest.raises(ConfigError, match=r"^Error: 1 training rows left after filtering, fewer than the 2 questions "
                                           r"one generation batch samples \(generation_batch_size 8 / num_generations "
                                           r"4\), so no step would run"):
-        load_training_rows(script, config)
+        build_from_recipe(script, config, ModelConfig(model_name_or_path=str(tiny_model_dir)))
     data.write_text(json.dumps(json.loads((demo_dir / "dev.json").read_text())[:2]))
-    rows, counts = load_training_rows(script, config)
-    assert len(rows) == counts["kept"] == 2
+    with pytest.raises(AssertionError, match="the trainer was built"):  # two rows: on to the trainer
+        build_from_recipe(script, config, ModelConfig(model_name_or_path=str(tiny_model_dir)))

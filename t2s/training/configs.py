@@ -345,7 +345,8 @@ def check_recipe_yaml(path) -> None:
                 if isinstance(key, str) and key in seen:
                     raise yaml.constructor.ConstructorError(None, None, f"{key!r} is set a second time",
                                                             key_node.start_mark)
-                seen.add(key if isinstance(key, str) else None)
+                if isinstance(key, str):
+                    seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
     try:

@@ -138,11 +138,6 @@ def load_training_rows(script_args, training_args, tokenizer=None) -> tuple[list
     counts["kept"] = len(rows)
     if not rows:
         raise ConfigError(f"Error: no training rows left after filtering ({counts}).")
-    batch, group = getattr(training_args, "generation_batch_size", None), training_args.num_generations
-    if batch and len(rows) < batch // group:  # TRL's sampler yields only whole batches of questions: no step would run
-        raise ConfigError(f"Error: {len(rows)} training rows left after filtering, fewer than the {batch // group} "
-                          f"questions one generation batch samples (generation_batch_size {batch} / num_generations "
-                          f"{group}), so no step would run ({counts}).")
     return rows, counts
 
 
@@ -220,6 +215,11 @@ def build_trainer(script_args, training_args, model_args, *, callbacks=None):
                                     trust_remote_code=training_args.trust_remote_code)
     rows, counts = load_training_rows(script_args, training_args, tokenizer)
     log.info("training rows: %s", counts)
+    batch, group = training_args.generation_batch_size, training_args.num_generations
+    if len(rows) < batch // group:  # TRL's sampler yields only whole batches of questions: no step would run
+        raise ConfigError(f"Error: {len(rows)} training rows left after filtering, fewer than the {batch // group} "
+                          f"questions one generation batch samples (generation_batch_size {batch} / num_generations "
+                          f"{group}), so no step would run ({counts}).")
     init_kwargs = dict(training_args.model_init_kwargs or {})
     for key in ("dtype", "attn_implementation"):
         value = getattr(model_args, key, None)
