@@ -68,6 +68,10 @@ DUCKDB_ATTACKS = WRITES + COMMON_OTHERS + [
     "SELECT printf('%1000000000d', 1)",
     "SELECT len(x) FROM (SELECT unnest(generate_series(1, 1000000000)) AS x)",
     "SELECT bitstring('1', 1000000000)",
+    "SELECT len(x) FROM query('SELECT range(300000000) AS x')",  # 8 s past its deadline and 5 GB, unrefused
+    "SELECT * FROM QUERY_TABLE('clubs')",
+    "SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT range(300000000)'))",
+    "SELECT length(" + "regexp_replace(" * 8 + "'x'" + ", '', 'xxxxxxxxxx', 'g')" * 8 + ")",  # 17 s, 1 GB
 ]
 POSTGRES_ATTACKS = WRITES + COMMON_OTHERS + [
     "COPY clubs TO '{tmp}/out.csv'",
@@ -101,6 +105,9 @@ POSTGRES_ATTACKS = WRITES + COMMON_OTHERS + [
     "SELECT lpad('x', 500000000)",
     "SELECT format('%500000000s', 'x')",
     "SELECT * FROM other_db.public.clubs",
+    "SELECT 16385::regclass, 10::regrole",  # a cast runs the type's input function: catalog names
+    "SELECT CAST('pg_authid' AS regclass)",
+    "SELECT * FROM XMLTABLE('/a' PASSING '<a>pg_authid</a>' COLUMNS x regclass PATH '.')",
 ]
 RUNAWAYS = [
     "WITH RECURSIVE r(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM r) SELECT count(*) FROM r",
@@ -169,12 +176,36 @@ def test_duckdb_attacks_change_nothing_and_create_no_file(duckdb_target, tmp_pat
     assert not (tmp_path / "other.duckdb").exists()
 
 
-def test_duckdb_caps_rows_and_bytes(duckdb_target):
+def test_duckdb_caps_rows_and_bytes(duckdb_target, monkeypatch):
+    import dataclasses
+
+    from t2s.env.databases import limits
+
     ref, _ = duckdb_target
     shown = databases.run_tool_query(ref, "SELECT a.ride_id FROM rides a, rides b, rides c, rides d", max_rows=5)
     assert len(shown.rows) == 5 and shown.more and shown.seconds < 5
     big = databases.run_scoring_query(ref, "SELECT a.ride_id, b.ride_id FROM rides a, rides b, rides c", timeout=5)
     assert big.over_cap or big.timed_out
+    # rows of long values: a tool query stops after the row that passes its byte cap
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, tool_max_bytes=100_000))
+    long = "hex(" * 14 + "club_name" + ")" * 14  # 2**14 times a club's name: over 100,000 characters
+    wide = databases.run_tool_query(ref, f"WITH m AS (SELECT {long} AS x FROM clubs) SELECT x, x FROM m", max_rows=5)
+    assert wide.ok and len(wide.rows) == 1 and wide.more and wide.over_cap, (wide.error, len(wide.rows))
+    assert len(wide.rows[0][0]) > 100_000
+
+
+def test_postgres_casts_to_ordinary_types_pass_the_guard():
+    """Casts to numbers, text, dates, booleans and arrays of them (what converted gold SQL writes) pass; a cast to a
+    type whose input function reads the catalog, or to a type of the user's own, is refused (needs no server)."""
+    from t2s.env.databases.postgres_guard import check
+
+    ordinary = ("SELECT CAST(a AS REAL), b::text, c::varchar(3), d::timestamp with time zone, e::int[], "
+                "CAST(f AS NUMERIC(10, 2)), g::date, h::boolean, i::double precision, j::bigint, CAST(k AS DECIMAL), "
+                "l::jsonb, CAST(m AS CHAR(2)), n::interval, o::smallint FROM t")
+    assert check(ordinary) is None
+    assert check("SELECT 16385::regclass") == ("the type regclass", False)
+    assert check("SELECT CAST(x AS public.mood) FROM t") == ("the type public.mood", False)
+    assert check("SELECT x::mood FROM t") == ("the type mood", False)
 
 
 def _pg_snapshot(dsn) -> dict:

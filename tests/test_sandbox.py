@@ -287,6 +287,18 @@ ROW_BOUND_ATTACKS = [
     "SELECT " + ", ".join(["x"] * 100)
     + " FROM (SELECT instr(hex(zeroblob(49000 + a - a)), hex(zeroblob(20000)) || 'x') AS x FROM t)",
 ]
+# Values built without naming a function that builds long ones: doubled with `||` in a recursive query, or
+# aggregated with `json_group_array`, to near the length limit; then 32 LIKEs (26 s past a 5 s deadline before such
+# statements were capped like the others), or nested `upper` calls (12 s and 3.4 GB).
+_LONG_LIKE = " + ".join([f"(s LIKE '%{'a' * 497}b')"] * 32)
+_DOUBLED = ("WITH RECURSIVE r(n, s) AS (SELECT 1, 'aaa' UNION ALL SELECT n + 1, s || s FROM r WHERE n < 19), "
+            "long(s) AS (SELECT substr(s, 1, 999999) FROM r WHERE n = 19) ")
+ROW_BOUND_ATTACKS += [
+    _DOUBLED + f"SELECT {_LONG_LIKE} FROM long",
+    _DOUBLED + "SELECT " + ", ".join(["length(" + "upper(" * 15 + "s" + ")" * 16] * 500) + " FROM long",
+    f"SELECT {_LONG_LIKE} FROM (SELECT json_group_array('{'a' * 1000}') AS s FROM (WITH RECURSIVE r(n) AS (SELECT 1 "
+    "UNION ALL SELECT n + 1 FROM r WHERE n < 990) SELECT n FROM r))",
+]
 
 
 @pytest.mark.parametrize("path", ["tool", "scoring"])
@@ -320,6 +332,33 @@ def test_heavy_calls_are_counted_in_the_compiled_program(db):
     too_long = "SELECT 1" + " " * LIMITS.max_sql_length
     assert run_tool_query(ref, too_long, max_rows=2).error == (
         f"Error: the SQL is longer than {LIMITS.max_sql_length} characters")
+
+
+# 50 columns of one 80,000-character value: 4 MB a row, 800 MB in all (a materialised CTE computes it once a row)
+WIDE_ROWS = ("WITH m AS MATERIALIZED (SELECT hex(zeroblob(40000 + a - a)) AS x FROM t) SELECT "
+             + ", ".join(["x"] * 50) + " FROM m")
+
+
+def test_wide_rows_of_long_values_stop_at_the_byte_caps(db, monkeypatch):
+    """A read stops after the row that passes its byte cap: a tool query's (it had none) and a scoring result's (which
+    was checked only every 16 rows at least, 64 MB here); the tool says the result was too large to read further."""
+    import dataclasses
+
+    from t2s.env.databases import limits
+    from t2s.env.tools import Toolbox
+
+    monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(LIMITS, tool_max_bytes=100_000,
+                                                              scoring_max_bytes=2 ** 20))
+    ref = benchmark_db(db)
+    tool = run_tool_query(ref, WIDE_ROWS, max_rows=5)
+    assert tool.ok and len(tool.rows) == 1 and tool.more and tool.over_cap
+    scoring = run_scoring_query(ref, WIDE_ROWS, timeout=10)
+    assert scoring.ok and len(scoring.rows) == 1 and scoring.over_cap
+    two_columns = WIDE_ROWS.replace(", ".join(["x"] * 50), "x, x")  # 160,000 bytes a row: shown in full
+    text = Toolbox(ref).call("run_query", {"sql": two_columns}).text
+    assert text.endswith("... (showing the first 1 rows; the result is too large to read further)"), text[-300:]
+    narrow = run_tool_query(ref, "SELECT a, b FROM t ORDER BY a", max_rows=5)
+    assert narrow.rows == [(i, f"row{i}") for i in range(5)] and narrow.more and not narrow.over_cap
 
 
 def test_million_row_results_are_bounded(db):

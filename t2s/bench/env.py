@@ -137,8 +137,8 @@ class _LoggingCursor:
 class _Recorder:
     """Notes, per episode, every statement given to ``executing.execute`` and the fetch calls made on it.
 
-    A full read (scoring) goes through ``results.fetch_all``, which is handed a logging cursor to note its batches. A
-    tool query reads its rows with the one ``fetchmany(max_rows + 1)`` its arguments imply, and is replayed so.
+    Every read (a tool query's rows, a scoring result) goes through ``results.fetch_all``, which is handed a logging
+    cursor to note its batches, and is replayed so.
     """
 
     def __init__(self):

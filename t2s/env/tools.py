@@ -307,7 +307,8 @@ class Toolbox:
         raw = self._query(f"SELECT * FROM {quote_identifier(table, self.engine)} LIMIT {limit}", limit, timeout)
         if raw.error is not None:
             return self._failed(raw)
-        return Outcome(note + format_table(raw.columns, raw.rows))
+        cut = f"\n... (showing {len(raw.rows)} rows; the rows are too large to read further)" if raw.over_cap else ""
+        return Outcome(note + format_table(raw.columns, raw.rows) + cut)
 
     def _distinct_values(self, tool, args, timeout) -> Outcome:
         table = self._table(args["table_name"])
@@ -322,7 +323,9 @@ class Toolbox:
         if raw.error is not None:
             return self._failed(raw)
         text = note + format_table(raw.columns, raw.rows)
-        if raw.more:
+        if raw.over_cap:
+            text += f"\n... (showing the {len(raw.rows)} most frequent values; they are too large to read further)"
+        elif raw.more:
             text += f"\n... (showing the {limit} most frequent values; more exist)"
         return Outcome(text)
 
@@ -334,7 +337,9 @@ class Toolbox:
         if raw.error is not None:
             return self._failed(raw, sql)
         text = format_table(raw.columns, raw.rows)
-        if raw.more:
+        if raw.over_cap:
+            text += f"\n... (showing the first {len(raw.rows)} rows; the result is too large to read further)"
+        elif raw.more:
             text += f"\n... (showing first {QUERY_ROWS} rows; more rows exist)"
         return Outcome(text, sql=sql)
 

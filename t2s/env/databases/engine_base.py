@@ -19,7 +19,7 @@ import decimal
 import json
 import re
 
-from t2s.env.databases.results import QueryResult, fetch_all
+from t2s.env.databases.results import QueryResult, fetch_all, tool_caps
 
 ENGINES = ("sqlite", "duckdb", "postgres")
 ENGINE_NAMES = {"sqlite": "SQLite", "duckdb": "DuckDB", "postgres": "PostgreSQL"}  # the SQL dialect, in words
@@ -74,13 +74,11 @@ def normalise_rows(rows) -> list[tuple]:
 
 
 def fetch_capped(cursor, max_rows, max_cells, max_bytes) -> tuple[list, bool, bool]:
-    """(rows, more, over_cap), normalised: ``fetchmany(max_rows + 1)`` for a tool query, else the batches of
-    ``results.fetch_all`` that stop past ``max_cells`` cells or about ``max_bytes`` bytes."""
+    """(rows, more, over_cap), normalised, as ``results.fetch_all`` reads them: a tool query's ``max_rows`` under
+    ``results.tool_caps``, else stopping past ``max_cells`` cells or about ``max_bytes`` bytes."""
     if max_rows is not None:
-        max_rows = max(0, int(max_rows))
-        rows = normalise_rows(cursor.fetchmany(max_rows + 1))
-        return rows[:max_rows], len(rows) > max_rows, False
-    return fetch_all(cursor, max_cells, max_bytes, normalise_rows)
+        max_rows, max_cells, max_bytes = tool_caps(max_rows)
+    return fetch_all(cursor, max_cells, max_bytes, normalise_rows, max_rows=max_rows)
 
 
 class EngineConnection:

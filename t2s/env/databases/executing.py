@@ -61,8 +61,9 @@ def execute(
 ) -> QueryResult:
     """Run one statement under the sandbox and a wall-clock deadline. Never raises.
 
-    ``max_rows`` bounds the fetch (``fetchmany(max_rows + 1)``, then ``more`` tells whether rows were left);
-    ``None`` fetches everything, stopping with ``over_cap`` past ``max_cells`` cells or about ``max_bytes`` bytes.
+    ``max_rows`` bounds the fetch (one more row is read, and ``more`` tells whether rows were left), under
+    ``LIMITS.tool_max_bytes`` (``over_cap`` when that stopped it); ``None`` fetches everything, stopping with
+    ``over_cap`` past ``max_cells`` cells or about ``max_bytes`` bytes.
     """
     started = _clock()
     if not isinstance(sql, str) or not sql or sql.isspace():

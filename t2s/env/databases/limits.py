@@ -18,8 +18,9 @@ class Limits:
     scoring_max_timeout: float = 30.0  # ... capped here; also the deadline for computing a gold result
     scoring_max_cells: int = 500_000  # a scoring result larger than this is `over_cap`
     scoring_max_bytes: int = 64 * 1024 * 1024  # approximate text/blob bytes of a scoring result before `over_cap`
+    tool_max_bytes: int = 16 * 1024 * 1024  # ... of a tool result (the model sees 200 characters a cell)
     max_value_length: int = 1_000_000  # SQLITE_LIMIT_LENGTH: longest string, blob or row
-    amplified_max_length: int = 100_000  # ... in a statement that names a function able to build long values (rowcost)
+    amplified_max_length: int = 100_000  # ... in a statement that can build long values (rowcost)
     max_sql_length: int = 100_000  # SQLITE_LIMIT_SQL_LENGTH: longest statement, in bytes (real ones are below 2,000)
     max_like_pattern: int = 500  # SQLITE_LIMIT_LIKE_PATTERN_LENGTH: longest LIKE/GLOB pattern (real ones: below 200)
     max_heavy_calls: int = 32  # calls to functions that build or scan long values, in one statement's program (rowcost)

@@ -10,7 +10,10 @@ first. A statement runs only when all of these hold:
   ``dblink``, ``set_config``, ``query_to_xml``, ``pg_terminate_backend`` and any function of the user's own are refused;
   so are ``repeat``, ``lpad``, ``rpad`` and ``format``, which build values as long as their argument says;
 * it reads no system catalog (``pg_catalog``, ``information_schema``, ``pg_toast``, or a ``pg_*`` relation), where
-  a powerful role could read password hashes or settings.
+  a powerful role could read password hashes or settings;
+* every type it names (a cast, ``XMLTABLE``'s columns) is on :data:`ALLOWED_TYPES`: a cast runs the type's input
+  function, which no function check sees. So ``16385::regclass`` and ``10::regrole`` (catalog names) and casts to
+  types of the user's own are refused.
 
 :mod:`t2s.env.databases.postgres_engine` then runs it inside ``BEGIN READ ONLY ... ROLLBACK`` as a cursor
 (``DECLARE ... CURSOR FOR``), under a local ``statement_timeout``.
@@ -39,6 +42,12 @@ json_extract_path json_extract_path_text jsonb_extract_path jsonb_extract_path_t
 jsonb_array_length json_typeof jsonb_typeof to_json to_jsonb row_to_json json_build_object jsonb_build_object
 json_build_array jsonb_build_array json_each json_each_text jsonb_each jsonb_each_text json_array_elements
 jsonb_array_elements json_array_elements_text jsonb_array_elements_text
+""".split())
+# the types a statement may name (as PostgreSQL's parser spells them: ``integer`` is ``int4``, ``double precision``
+# ``float8``), arrays of them included
+ALLOWED_TYPES = frozenset("""
+bool int2 int4 int8 float4 float8 numeric money text varchar bpchar char name date time timetz timestamp timestamptz
+interval json jsonb bytea uuid bit varbit
 """.split())
 SYSTEM_SCHEMAS = frozenset({"pg_catalog", "information_schema", "pg_toast"})
 _WRITE_STATEMENTS = {"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt", "TruncateStmt", "CopyStmt"}
@@ -114,6 +123,10 @@ def _walk(node) -> tuple[str, bool] | None:
                 refusal = _relation(value)
                 if refusal:
                     return refusal
+            elif key == "typeName" and isinstance(value, dict):
+                refusal = _type(value)
+                if refusal:
+                    return refusal
             if isinstance(value, (dict, list)):
                 stack.append(value)
     return None
@@ -130,6 +143,15 @@ def _function(call: dict) -> tuple[str, bool] | None:
     if schema == "pg_catalog" and name in ALLOWED_FUNCTIONS:
         return None
     return f"function {'.'.join(names) or '?'}()", False
+
+
+def _type(type_name: dict) -> tuple[str, bool] | None:
+    names = _names(type_name.get("names"))
+    name = names[-1].lower() if names else ""
+    schema = names[-2].lower() if len(names) > 1 else "pg_catalog"
+    if schema == "pg_catalog" and name in ALLOWED_TYPES:
+        return None
+    return f"the type {'.'.join(names) or '?'}", False
 
 
 def _relation(relation: dict) -> tuple[str, bool] | None:

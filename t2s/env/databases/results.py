@@ -1,5 +1,5 @@
-"""What running one statement gives back, whatever the engine (:class:`QueryResult`), and reading its rows: a bounded
-``fetchmany`` for tool queries, batches under the scoring caps otherwise."""
+"""What running one statement gives back, whatever the engine (:class:`QueryResult`), and reading its rows in batches
+under caps: a tool query's rows and bytes, a scoring result's cells and bytes."""
 
 from __future__ import annotations
 
@@ -31,10 +31,13 @@ def cell_bytes(rows) -> int:
     return len(marshal.dumps(rows))
 
 
-def fetch_all(cursor, max_cells, max_bytes, convert=None) -> tuple[list, bool, bool]:
-    """(rows, more, over_cap) of a full read, in batches, stopping past ``max_cells`` cells or about ``max_bytes``.
+def fetch_all(cursor, max_cells, max_bytes, convert=None, max_rows=None) -> tuple[list, bool, bool]:
+    """(rows, more, over_cap) of a read in batches: at most ``max_rows`` rows (one more is read to learn whether more
+    exist), stopping with ``over_cap`` past ``max_cells`` cells or about ``max_bytes`` bytes. A batch never holds more
+    rows than the bytes still allowed could take at the longest value (``LIMITS.max_value_length``) a cell, and at
+    least one: so a result of wide rows of long values stops after the row that passes the cap, not 16 rows later.
     ``convert`` maps each batch first (other engines' values as sqlite3's: ``engine_base.normalise_rows``)."""
-    if max_cells is None and max_bytes is None:
+    if max_cells is None and max_bytes is None and max_rows is None:
         rows = cursor.fetchall()
         return (rows if convert is None else convert(rows)), False, False
     width = max(1, len(cursor.description or ()))
@@ -43,14 +46,18 @@ def fetch_all(cursor, max_cells, max_bytes, convert=None) -> tuple[list, bool, b
     size = 0
     while True:
         batch_size = batch_rows
-        if max_bytes is not None:  # a batch can never hold much more than the bytes still allowed
-            batch_size = min(batch_rows, max(16, (max_bytes - size) // (width * max_value)))
+        if max_rows is not None:
+            batch_size = min(batch_size, max_rows + 1 - len(rows))
+        if max_bytes is not None:
+            batch_size = min(batch_size, max(1, (max_bytes - size) // (width * max_value)))
         batch = cursor.fetchmany(batch_size)
         if convert is not None:
             batch = convert(batch)
         if not batch:
             return rows, False, False
         rows.extend(batch)
+        if max_rows is not None and len(rows) > max_rows:
+            return rows[:max_rows], True, False
         if max_cells is not None and len(rows) * width > max_cells:
             return rows[: max_cells // width], True, True
         if max_bytes is not None:
@@ -61,13 +68,21 @@ def fetch_all(cursor, max_cells, max_bytes, convert=None) -> tuple[list, bool, b
             return rows, False, False
 
 
+def tool_caps(max_rows) -> tuple[int, None, int]:
+    """(max_rows, max_cells, max_bytes) of a tool query's read: its rows (a whole number, at least 0), no cell cap,
+    and ``LIMITS.tool_max_bytes``."""
+    if type(max_rows) is not int or max_rows < 0:
+        max_rows = max(0, int(max_rows))
+    return max_rows, None, limits.LIMITS.tool_max_bytes
+
+
 _first = operator.itemgetter(0)  # a column's name in cursor.description
 
 
 def run_statement(conn, sql, max_rows, max_cells, max_bytes) -> QueryResult:
     """One statement's columns and rows; a statement without a result has no columns (raises what SQLite raises).
 
-    With ``max_rows`` (a tool query) one ``fetchmany(max_rows + 1)`` reads the rows; else ``fetch_all`` reads them all.
+    ``fetch_all`` reads the rows: with ``max_rows`` (a tool query) that many, under ``LIMITS.tool_max_bytes``.
     """
     cursor = conn.execute(sql)
     description = cursor.description
@@ -76,13 +91,7 @@ def run_statement(conn, sql, max_rows, max_cells, max_bytes) -> QueryResult:
         return QueryResult()
     columns = list(map(_first, description))
     if max_rows is not None:
-        if type(max_rows) is not int or max_rows < 0:
-            max_rows = max(0, int(max_rows))
-        rows = cursor.fetchmany(max_rows + 1)
-        cursor.close()
-        if len(rows) > max_rows:
-            return QueryResult(columns, rows[:max_rows], more=True)
-        return QueryResult(columns, rows)
-    rows, more, over_cap = fetch_all(cursor, max_cells, max_bytes)
+        max_rows, max_cells, max_bytes = tool_caps(max_rows)
+    rows, more, over_cap = fetch_all(cursor, max_cells, max_bytes, max_rows=max_rows)
     cursor.close()
     return QueryResult(columns, rows, more, over_cap=over_cap)

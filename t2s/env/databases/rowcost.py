@@ -7,8 +7,10 @@ the length limit would run far past any deadline. So the work of a row is bounde
 * ``instr`` and ``replace`` are linear (:mod:`t2s.env.databases.functions`; SQLite's compare at every position, seconds
   for one call on two long values), and every function of ours stops a statement that is past its deadline;
 * statements are at most ``max_sql_length`` characters and LIKE/GLOB patterns at most ``max_like_pattern`` (``LIMITS``);
-* a statement that names a function able to build long values (``AMPLIFIERS``) runs with values capped at
-  ``amplified_max_length`` instead of ``max_value_length``;
+* a statement that can build long values runs with values capped at ``amplified_max_length`` instead of
+  ``max_value_length``: one that names a function able to (``AMPLIFIERS``), or concatenates (``||``, ``string_agg``,
+  the ``json_`` builders: ``BUILDERS``), since a recursive query doubling a value with ``||`` reaches the length limit
+  in 19 steps, and 32 LIKEs over a value of a million characters ran 26 s past a 5 s deadline;
 * a statement that names a function that builds or scans long values (``HEAVY_FUNCTIONS``) is compiled with
   ``EXPLAIN`` first, and refused when its program calls them more than ``max_heavy_calls`` times (a subquery's
   expressions copied into its outer query count at each copy).
@@ -27,11 +29,16 @@ AMPLIFIERS = ("zeroblob", "randomblob", "hex", "quote", "printf", "format", "cha
               "replace")
 HEAVY_FUNCTIONS = frozenset(AMPLIFIERS + ("concat_ws", "instr", "like", "glob"))
 _NAMES = tuple(sorted(HEAVY_FUNCTIONS - {"concat_ws"}))  # every name in HEAVY_FUNCTIONS contains one of these
+# text that concatenates: the operator, the aggregate's other name (``group_concat`` is found by "concat"), and the
+# JSON functions that build arrays and objects (``json_array``, ``json_group_array``, ``jsonb_set``, ...)
+BUILDERS = ("||", "string_agg", "json_", "jsonb_")
+_CAPPED = AMPLIFIERS + BUILDERS
 
 
 def names_amplifier(lowered_sql: str) -> bool:
-    """Whether the (lowercased) SQL text names a function able to build long values (a superset: any substring)."""
-    return any(name in lowered_sql for name in AMPLIFIERS)
+    """Whether the (lowercased) SQL text names a function able to build long values or concatenates (a superset:
+    any substring)."""
+    return any(name in lowered_sql for name in _CAPPED)
 
 
 def heavy_calls(conn: sqlite3.Connection, sql: str, lowered_sql: str) -> Counter:
