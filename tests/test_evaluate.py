@@ -246,6 +246,41 @@ def test_resume_refuses_changed_config(demo_dir, tmp_path, capsys):
     assert (out / "full" / "episodes.jsonl").read_text() == before
 
 
+def test_resume_refuses_databases_that_changed(demo_dir, tmp_path, monkeypatch, capsys):
+    """A database the questions read that changed since the run started (rebuilt, re-downloaded) is a different
+    configuration: its earlier episodes were scored on other data. A folder from before evals recorded the databases'
+    hash resumes, and vouches for none."""
+    import shutil
+    import sqlite3
+
+    from t2s.commands import main
+    from t2s.env.databases import close_thread_connections, hashing
+
+    data = tmp_path / "data"
+    shutil.copytree(demo_dir, data)
+    out = tmp_path / "out"
+    argv = ["eval", "--policy", "gold", "--data", str(data), "--n", "3", "--output", str(out), "--quiet"]
+    assert main(argv) == 0
+    before = (out / "full" / "episodes.jsonl").read_text()
+    assert main(argv) == 0 and (out / "full" / "episodes.jsonl").read_text() == before  # unchanged: resumes
+    close_thread_connections()
+    for path in (data / "dev_databases").glob("*/*.sqlite"):
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE added_later (x)")
+        conn.close()
+    monkeypatch.setattr(hashing, "_immutable_hashes", {})  # a new process hashes the files afresh
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("Error:") and "different configuration (changed: databases_sha256)" in err[-1]
+    assert (out / "full" / "episodes.jsonl").read_text() == before
+    config = json.loads((out / "full" / "eval_config.json").read_text())
+    del config["databases_sha256"]
+    (out / "full" / "eval_config.json").write_text(json.dumps(config))
+    assert main(argv) == 0 and (out / "full" / "episodes.jsonl").read_text() == before
+    assert "databases_sha256" not in json.loads((out / "full" / "eval_config.json").read_text())
+
+
 def test_one_meaning_of_comparable_and_old_folders_resume(demo_dir, tmp_path, capsys):
     """eval_config.json's "comparable" is what the console prints; a folder written when the training-token-stream
     flag was called "comparable" still resumes."""

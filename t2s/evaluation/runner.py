@@ -144,7 +144,8 @@ def resume_config(config: dict) -> dict:
 
 def check_resume_config(folder: Path, config: dict) -> None:
     """Write ``eval_config.json``, or refuse when the folder holds results of another configuration. A folder written
-    before evals recorded ``weights_sha256`` resumes, and ``config`` then loses that key: it vouches for no weights."""
+    before evals recorded ``weights_sha256`` (or ``databases_sha256``) resumes, and ``config`` then loses that key: it
+    vouches for no weights (databases)."""
     path = folder / EVAL_CONFIG
     wanted = resume_config(config)
     if path.is_file():
@@ -153,9 +154,10 @@ def check_resume_config(folder: Path, config: dict) -> None:
         except (ValueError, AttributeError, TypeError):  # cut off or edited: its results cannot be matched to a config
             raise EvalError(f"Error: {path} is unreadable; move {folder} away to start over, or choose another "
                             "--output") from None
-        if "weights_sha256" not in old:  # written before evals recorded their weights: its earlier episodes ran
-            wanted.pop("weights_sha256", None)  # weights nobody recorded, so the folder vouches for none
-            config.pop("weights_sha256", None)
+        for key in ("weights_sha256", "databases_sha256"):
+            if key not in old:  # written before evals recorded it: its earlier episodes ran on weights (databases)
+                wanted.pop(key, None)  # nobody recorded, so the folder vouches for none
+                config.pop(key, None)
         if old != wanted:
             changed = sorted(k for k in set(old) | set(wanted) if old.get(k) != wanted.get(k))
             raise EvalError(
@@ -243,6 +245,7 @@ def build_config(run: EvalConfig, mode: str, runner: Runner, data_file: Path, se
         "sqlite_version": sqlite3.sqlite_version,
         "data_file": str(data_file.resolve()),
         "data_sha256": file_checksum(data_file),
+        "databases_sha256": databases_fingerprint(selected),
         "data": data_label(selected, data_file),
         "questions": len(selected),
         "skip_missing_dbs": bool(run.skip_missing_dbs),
@@ -263,6 +266,22 @@ def build_config(run: EvalConfig, mode: str, runner: Runner, data_file: Path, se
         config["database_engine"] = policy.engine
     config["comparable"] = not published_differences(config)
     return config
+
+
+def databases_fingerprint(selected: list[dict]) -> str:
+    """SHA-256 over the content hash of every database the selected questions read (``database_hash``: a file's
+    bytes, hashed once per process and cached, as scoring hashes them for its gold results), so that a run resumed on
+    databases that changed since is refused."""
+    from t2s.env.databases import database_hash
+    from t2s.env.databases.opening import DatabaseOpenError, ref_from_row
+
+    hashes = set()
+    for row in selected:
+        try:
+            hashes.add((str(row.get("db_id")), database_hash(ref_from_row(row))))
+        except (ValueError, OSError, DatabaseOpenError) as exc:  # recorded as unreadable: playing it says why
+            hashes.add((str(row.get("db_id")), f"unreadable: {type(exc).__name__}"))
+    return hashlib.sha256(json.dumps(sorted(hashes)).encode()).hexdigest()
 
 
 def evaluate(config: EvalConfig) -> dict[str, dict]:
