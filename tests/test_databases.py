@@ -227,6 +227,49 @@ def test_wal_databases_are_read_without_writing_beside_them(tmp_path, files):
     assert _folder_state(folder) == before
 
 
+def test_reading_never_removes_the_wal_of_a_writer_with_an_open_transaction(tmp_path):
+    """Another program's open transaction has spilled frames into an otherwise checkpointed ``-wal``: reading the file
+    through it leaves it in place, so that the commit lands (a connection opened in place deleted it on close, as the
+    file's last: the transaction's rows were lost)."""
+    path = tmp_path / "live.sqlite"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("PRAGMA journal_mode = WAL")
+    writer.execute("CREATE TABLE t (a, b)")
+    writer.execute("INSERT INTO t VALUES (0, 'committed')")
+    writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    writer.execute("PRAGMA cache_size = 5")  # the open transaction spills its pages into the -wal
+    writer.execute("BEGIN")
+    writer.executemany("INSERT INTO t VALUES (?, ?)", [(i, "x" * 200) for i in range(1, 3001)])
+    wal = tmp_path / "live.sqlite-wal"
+    assert wal.stat().st_size > 0
+    ref = user_db(path)
+    assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=1).rows == [(1,)]  # what is committed
+    databases.close_thread_connections()
+    assert wal.is_file()
+    writer.execute("COMMIT")
+    writer.close()
+    with sqlite3.connect(path) as fresh:
+        assert fresh.execute("SELECT count(*) FROM t").fetchone() == (3001,)
+    fresh.close()
+
+
+def test_a_damaged_wal_is_left_as_it_was(tmp_path):
+    """A ``-wal`` holding no valid frame (damaged) beside a rollback-mode file: read, closed, still there unchanged."""
+    import random
+
+    path = _make_db(tmp_path / "d.sqlite", rows=3)
+    wal = tmp_path / "d.sqlite-wal"
+    wal.write_bytes(random.Random(0).randbytes(5000))
+    before = _folder_state(tmp_path)
+    for ref in (user_db(path), benchmark_db(path)):
+        assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=1).rows == [(3,)]
+        snapshot = getattr(tool_connection(ref), "snapshot", None)  # removes the private copy it reads
+        copy = Path(snapshot.peek()[2][0]) if snapshot is not None else None
+        databases.close_thread_connections()
+        assert _folder_state(tmp_path) == before
+        assert copy is not None and copy != tmp_path and not copy.exists()
+
+
 def test_tool_fetch_is_bounded_and_reports_more(tmp_path):
     ref = benchmark_db(_make_db(tmp_path / "f.sqlite", rows=10))
     exact = run_tool_query(ref, "SELECT a FROM t ORDER BY a", max_rows=10)

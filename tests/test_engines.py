@@ -335,6 +335,46 @@ def test_converted_questions_keep_the_source_ids_after_a_drop(tmp_path, demo_dir
     assert len(converted) == 3 and all(source[qid] == question for qid, question in converted.items())
 
 
+def test_convert_reads_a_wal_database_without_touching_its_folder(tmp_path, demo_dir):
+    """A source file in WAL mode whose last rows are only in its ``-wal``: copied with those rows, and its folder keeps
+    exactly its files and bytes (a plain ``mode=ro`` reader created ``-shm`` and ``-wal`` files, and deleted a ``-wal``
+    with no valid frame)."""
+    pytest.importorskip("duckdb")
+    import shutil
+    import sqlite3
+
+    from t2s.data.convert import convert
+    from t2s.env.databases import file_checksum
+
+    [first] = json.loads((demo_dir / "dev.json").read_text())[:1]
+    data = tmp_path / "src"
+    folder = data / "dev_databases" / first["db_id"]
+    shutil.copytree(demo_dir / "dev_databases" / first["db_id"], folder)
+    (data / "dev.json").write_text(json.dumps([first]))
+    path = folder / f"{first['db_id']}.sqlite"
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("PRAGMA journal_mode = WAL")
+    writer.execute("PRAGMA wal_autocheckpoint = 0")
+    writer.execute("CREATE TABLE only_in_the_wal (x)")
+    writer.execute("INSERT INTO only_in_the_wal VALUES (7)")
+    shutil.copy(path, tmp_path / "kept")
+    shutil.copy(str(path) + "-wal", tmp_path / "kept-wal")
+    writer.close()  # its close checkpoints and removes the -wal: put both files back as they were, as after a crash
+    shutil.copy(tmp_path / "kept", path)
+    shutil.copy(tmp_path / "kept-wal", str(path) + "-wal")
+    (folder / f"{path.name}-shm").unlink(missing_ok=True)
+    before = {p.name: file_checksum(p) for p in folder.iterdir() if p.is_file()}
+    assert f"{path.name}-wal" in before and f"{path.name}-shm" not in before
+    report = convert(data / "dev.json", "duckdb", tmp_path / "out")
+    assert report["kept"] == 1
+    assert {p.name: file_checksum(p) for p in folder.iterdir() if p.is_file()} == before
+    import duckdb
+
+    copied = tmp_path / "out" / "dev_databases" / first["db_id"] / f"{first['db_id']}.duckdb"
+    with duckdb.connect(str(copied), read_only=True) as conn:
+        assert conn.execute("SELECT x FROM only_in_the_wal").fetchall() == [(7,)]
+
+
 def test_a_pools_server_sessions_end_with_its_threads(request):
     """A training run starts a thread pool per rollout: each worker's PostgreSQL sessions end when the worker does,
     so steps never pile sessions up against the server's ``max_connections``."""

@@ -98,11 +98,26 @@ def _no_nul(value):
     return value.replace("\x00", "") if isinstance(value, str) and "\x00" in value else value
 
 
+class _Source(sqlite3.Connection):
+    """The database being copied (a subclass, so that a copy read through its ``-wal`` can hang its folder on it)."""
+
+
+def _open_source(sqlite_path: Path, db_id: str) -> sqlite3.Connection:
+    """The source file opened as the sandbox opens a benchmark file (``databases.open_file``): nothing is created,
+    written or removed beside it, its ``-wal`` included (raises DataError when it cannot be opened)."""
+    from t2s.env.databases.opening import DatabaseOpenError, DatabaseRef, open_file
+
+    try:
+        return open_file(DatabaseRef(db_id, path=str(sqlite_path.resolve())), _Source)
+    except DatabaseOpenError as exc:
+        raise DataError(f"Error: {db_id}: {str(exc).removeprefix('Error: ')}") from None
+
+
 def convert_database(sqlite_path: Path, db_id: str, engine: str, output: Path, dsn: str | None) -> dict:
     """Copy one SQLite database; returns what was copied and what was left out (``notes``)."""
     from t2s.env.schema import read_descriptions
 
-    source = sqlite3.connect(sqlite_path.resolve().as_uri() + "?mode=ro", uri=True)
+    source = _open_source(sqlite_path, db_id)
     source.text_factory = lambda data: data.decode("utf-8", "replace")
     try:
         tables = engine_copy.read_source(source)

@@ -6,10 +6,13 @@ syntax). Connections are in autocommit mode. How a file opens depends on what li
 * a **hot journal** (``-journal``, not empty, header not zeroed): a writer stopped in the middle of a transaction
   and the file is half-written. It is not opened; :func:`database_problem` says why. (``immutable=1`` would read the
   half-written file as whole; ``mode=ro`` cannot roll the journal back.)
-* a **WAL with frames** (``-wal``, not empty): the latest data is partly in the WAL. It opens ``mode=ro`` on the
+* a **WAL with frames** (``-wal``, not empty): the latest data is partly in the WAL. The ``-wal`` and then the file
+  are copied into a private temporary folder, removed with the connection, and the copy opens ``mode=ro`` on the
   ``unix-none`` VFS with ``PRAGMA locking_mode=EXCLUSIVE`` set before the first read, so SQLite reads through the WAL
-  with its index in private memory: no ``-shm`` or ``-wal`` is created or written, as a plain ``mode=ro`` reader
-  would.
+  with its index in private memory. Opened in place, a connection that closes as the file's last (``unix-none``
+  takes no locks, so it always is) checkpoints and deletes the ``-wal`` when it holds no valid frame: a damaged WAL,
+  or the frames another program's open transaction had written there, which its commit then lost. A plain
+  ``mode=ro`` reader would create ``-shm`` and ``-wal`` files.
 * otherwise a **benchmark file**, or any file whose header says WAL mode (its WAL is empty or absent), opens
   ``immutable=1``: nothing is locked or created. A **user's file** (``ask --db``) in rollback mode opens ``mode=ro``,
   with SQLite's usual locking, which creates nothing either.
@@ -23,7 +26,9 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import sqlite3
+import weakref
 from pathlib import Path
 from typing import NamedTuple
 
@@ -199,8 +204,10 @@ def open_file(ref: DatabaseRef, factory: type[sqlite3.Connection]) -> sqlite3.Co
     if problem:
         raise DatabaseOpenError(f"Error: {problem}")
     through_wal = _wal_has_frames(path)
+    snapshot = None
     if through_wal:
-        uri = Path(path).resolve().as_uri() + "?mode=ro&vfs=unix-none"
+        snapshot, copy = _private_copy(path)
+        uri = Path(copy).as_uri() + "?mode=ro&vfs=unix-none"
     else:
         uri = database_uri(path, ref.immutable or _is_wal(path))
     try:
@@ -216,5 +223,27 @@ def open_file(ref: DatabaseRef, factory: type[sqlite3.Connection]) -> sqlite3.Co
             conn.execute("PRAGMA locking_mode = EXCLUSIVE")
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # fails now on a file that is not SQLite
     except sqlite3.Error as exc:
+        if snapshot is not None:
+            shutil.rmtree(snapshot, ignore_errors=True)
         raise DatabaseOpenError(f"Error: cannot open database {path}: {exc}") from None
+    if snapshot is not None:  # the copy goes when the connection does (or at exit)
+        conn.snapshot = weakref.finalize(conn, shutil.rmtree, snapshot, True)
     return conn
+
+
+def _private_copy(path: str) -> tuple[str, str]:
+    """(a temporary folder, the path in it) of a copy of ``path`` and its ``-wal``: the ``-wal`` first, so that a
+    checkpoint by a writer between the two copies leaves frames at least as new as the file's pages. Raises
+    DatabaseOpenError when the copy cannot be made (a full disk)."""
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="t2s-wal-")
+    copy = os.path.join(folder, "db.sqlite")
+    try:
+        shutil.copyfile(path + _WAL_SUFFIX, copy + _WAL_SUFFIX)
+        shutil.copyfile(path, copy)
+    except OSError as exc:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise DatabaseOpenError(f"Error: cannot read {path} through its -wal file: copying them to a temporary "
+                                f"folder failed ({exc.strerror or exc})") from None
+    return folder, copy

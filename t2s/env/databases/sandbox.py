@@ -61,6 +61,7 @@ class SandboxConnection(sqlite3.Connection):
     udf_error: str | None = None  # a clear reason raised inside our own SQL functions
     label: str = ""
     file_state: tuple | None = None  # a file read without locks: its state when opened (opening.unlocked_state)
+    snapshot = None  # a file read through its -wal: the temporary folder holding the copy read (opening.open_file)
 
     def _progress(self) -> int:
         return deadlines.progress_check(self)
