@@ -14,11 +14,14 @@ with one clear ``Error:`` line (the evaluator keeps the finished results).
 
 from __future__ import annotations
 
+import json
+
 import httpx
 
 from t2s.backends.base import SamplingSettings
-from t2s.backends.http_retry import RequestFailed, normalise_base_url, send, timeouts
+from t2s.backends.http_retry import RequestFailed, normalise_base_url, request, send, timeouts
 from t2s.env.protocol import THINK_CLOSE
+from t2s.env import turns
 from t2s.env.turns import split_thinking
 
 
@@ -52,13 +55,13 @@ class ChatEndpointClient:
         timeout = timeouts(self.request_timeout)
         with httpx.Client(timeout=timeout, headers=self.headers) as client:
             try:
-                response = send(lambda: client.request(method, url, json=payload), retries=self.retries,
-                                backoff=self.backoff, timeout=timeout)
+                response = send(lambda: request(client, method, url, payload, self.request_timeout),
+                                retries=self.retries, backoff=self.backoff, timeout=timeout)
             except RequestFailed as exc:
                 raise EndpointError(f"Error: {url} {exc}", unreachable=exc.retryable) from None
         try:
             return response.json()
-        except ValueError:
+        except (ValueError, RecursionError):
             raise EndpointError(f"Error: {url} answered 200 with a body that is not JSON") from None
 
     def model_name(self) -> str:
@@ -66,9 +69,12 @@ class ChatEndpointClient:
         if not self.model:
             body = self._call("GET", "/v1/models")
             try:
-                self.model = body["data"][0]["id"]
+                name = body["data"][0]["id"]
             except (KeyError, IndexError, TypeError):
+                name = None
+            if not isinstance(name, str) or not name.strip():
                 raise EndpointError(f"Error: {self.base_url}/v1/models lists no model") from None
+            self.model = turns.valid_text(name)
         return self.model
 
     def request_body(self, messages: list[dict], max_tokens: int, sampling: SamplingSettings, seed=None,
@@ -108,10 +114,23 @@ class ChatEndpointClient:
         return message, choice.get("finish_reason") or "stop", answer.get("usage") or {}
 
 
+def message_text(value) -> str:
+    """A message field as text: a string (lone surrogates as U+FFFD), the text parts of OpenAI's list of content
+    parts, "" for none, and anything else as its JSON (a number where text belongs is what the server said, shown)."""
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        parts = [part.get("text") if isinstance(part, dict) else part for part in value]
+        return "".join(turns.valid_text(part) for part in parts if isinstance(part, str))
+    if not isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False, default=str)
+    return turns.valid_text(value)
+
+
 def assistant_text(message: dict, enable_thinking: bool = True) -> str:
     """The turn as the exec_plan parser reads it: ``thinking</think>body`` when the server split the reasoning off."""
-    content = message.get("content") or ""
-    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    content = message_text(message.get("content"))
+    reasoning = message_text(message.get("reasoning_content") or message.get("reasoning"))
     if reasoning:
         return f"{reasoning.strip()}\n{THINK_CLOSE}\n\n{content.lstrip()}"
     return content

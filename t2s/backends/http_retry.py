@@ -4,16 +4,26 @@ An attempt is retried when it cannot connect, times out, breaks off mid-answer (
 meets a status in ``RETRY_STATUSES``; the wait before retry ``i`` (1-based) is ``backoff * 2 ** (i - 1)`` seconds.
 Any other status is final at once. ``send`` (synchronous) and ``asend`` (asyncio) return the first 200 response or
 raise ``RequestFailed``, whose ``reason`` says how the last attempt failed and ``attempts`` how many were made.
+
+An attempt made by ``request``/``arequest`` reads its answer as it streams in: it times out once the whole answer
+has taken longer than the request timeout (httpx's own timeouts bound each read, so a server sending a byte a second
+would never time out), and it stops, without retrying, at ``MAX_ANSWER_BYTES``.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Awaitable, Callable
 
 import httpx
 import tenacity
 
 RETRY_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # far above any completion's answer (a turn's tokens, ids and logprobs)
+
+
+class AnswerTooLarge(Exception):
+    """An answer longer than ``MAX_ANSWER_BYTES`` (final: not retried)."""
 
 
 class StatusError(Exception):
@@ -48,6 +58,47 @@ def timeouts(request_timeout: float, connect_timeout: float | None = None) -> ht
     return httpx.Timeout(request_timeout, connect=request_timeout if connect_timeout is None else connect_timeout)
 
 
+def _too_slow(response: httpx.Response, seconds: float) -> httpx.ReadTimeout:
+    return httpx.ReadTimeout(f"the answer took longer than {seconds:g} s", request=response.request)
+
+
+def _answer(response: httpx.Response, body: bytes) -> httpx.Response:
+    """A response holding ``body`` (already decoded, so without the headers that say how it was sent)."""
+    headers = {key: value for key, value in response.headers.items()
+               if key.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
+    return httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
+
+
+def request(client: httpx.Client, method: str, url: str, payload, seconds: float) -> httpx.Response:
+    """One attempt: the whole answer within ``seconds``, at most ``MAX_ANSWER_BYTES``."""
+    deadline = time.monotonic() + seconds
+    with client.stream(method, url, json=payload) as response:
+        chunks, size = [], 0
+        for chunk in response.iter_bytes():
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise AnswerTooLarge(f"its answer is longer than {MAX_ANSWER_BYTES:,} bytes")
+            if time.monotonic() > deadline:
+                raise _too_slow(response, seconds)
+            chunks.append(chunk)
+    return _answer(response, b"".join(chunks))
+
+
+async def arequest(client: httpx.AsyncClient, method: str, url: str, payload, seconds: float) -> httpx.Response:
+    """``request`` for an asyncio client."""
+    deadline = time.monotonic() + seconds
+    async with client.stream(method, url, json=payload) as response:
+        chunks, size = [], 0
+        async for chunk in response.aiter_bytes():
+            size += len(chunk)
+            if size > MAX_ANSWER_BYTES:
+                raise AnswerTooLarge(f"its answer is longer than {MAX_ANSWER_BYTES:,} bytes")
+            if time.monotonic() > deadline:
+                raise _too_slow(response, seconds)
+            chunks.append(chunk)
+    return _answer(response, b"".join(chunks))
+
+
 def _retried(exc: BaseException) -> bool:
     if isinstance(exc, StatusError):
         return exc.response.status_code in RETRY_STATUSES
@@ -59,6 +110,8 @@ def _reason(exc: BaseException, timeout: httpx.Timeout) -> str:
         return f"answered {exc.response.status_code}: {exc.response.text[:300]}"
     if isinstance(exc, httpx.ConnectTimeout):
         return f"connection failed (timed out after {timeout.connect:g} s)"
+    if isinstance(exc, AnswerTooLarge):
+        return str(exc)
     if isinstance(exc, httpx.TimeoutException):
         return f"timed out after {timeout.read:g} s"
     if isinstance(exc, httpx.ConnectError):
@@ -93,7 +146,7 @@ def send(attempt: Callable[[], httpx.Response], *, retries: int, backoff: float,
 
     try:
         return tenacity.Retrying(**_policy(retries, backoff, on_retry))(once)
-    except (StatusError, httpx.RequestError) as exc:
+    except (StatusError, httpx.RequestError, AnswerTooLarge) as exc:
         raise RequestFailed(_reason(exc, timeout), count[0], _retried(exc)) from None
 
 
@@ -108,5 +161,5 @@ async def asend(attempt: Callable[[], Awaitable[httpx.Response]], *, retries: in
 
     try:
         return await tenacity.AsyncRetrying(**_policy(retries, backoff, on_retry))(once)
-    except (StatusError, httpx.RequestError) as exc:
+    except (StatusError, httpx.RequestError, AnswerTooLarge) as exc:
         raise RequestFailed(_reason(exc, timeout), count[0], _retried(exc)) from None

@@ -19,7 +19,7 @@ import json
 
 from t2s.env import turns
 from t2s.backends.base import SamplingSettings
-from t2s.backends.chat_endpoint import ChatEndpointClient, ChatEndpointPolicy, assistant_text
+from t2s.backends.chat_endpoint import ChatEndpointClient, ChatEndpointPolicy, assistant_text, message_text
 from t2s.env.native_calls import NOT_RUN, Observation
 from t2s.env.turns import ParsedTurn, ToolCall
 
@@ -42,18 +42,21 @@ def read_message(message: dict, enable_thinking: bool = True) -> tuple[ParsedTur
         function = raw.get("function") if isinstance(raw, dict) else None
         function = function if isinstance(function, dict) else {}
         name = function.get("name")
-        name = name if isinstance(name, str) else str(name)
+        name = turns.valid_text(name if isinstance(name, str) else str(name))
         arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            arguments = turns.valid_text(arguments)
         args = arguments
         if isinstance(arguments, str):
-            try:
-                args = json.loads(arguments) if arguments.strip() else {}
+            try:  # decoded text holds no lone surrogate (a "\\ud800" escape) and nests at most MAX_JSON_DEPTH deep
+                args = turns.tame_value(json.loads(arguments)) if arguments.strip() else {}
             except (ValueError, RecursionError):
                 kinds.append("bad_json")  # the tool gets the text and answers with an argument error
         elif arguments is None:
             args, arguments = {}, "{}"
         else:
-            arguments = json.dumps(arguments, ensure_ascii=False)
+            args = turns.tame_value(arguments)
+            arguments = json.dumps(args, ensure_ascii=False)
         calls.append(ToolCall(name.strip(), args))
         call_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else f"call_{index}"
         history.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
@@ -98,8 +101,7 @@ class ToolsEndpointPolicy(ChatEndpointPolicy):
                                                           tools=episode.tools)
         self.finish_reasons.append(finish)
         parsed, calls = read_message(message, self.client.enable_thinking)
-        content = message.get("content")
-        assistant = {"role": "assistant", "content": content if isinstance(content, str) else ""}
+        assistant = {"role": "assistant", "content": message_text(message.get("content"))}
         if calls:
             assistant["tool_calls"] = calls
         self.assistant_messages.append(assistant)

@@ -21,7 +21,7 @@ from typing import Sequence
 import httpx
 
 from t2s.backends.base import SamplingSettings, TurnOutput, engine_turn, stop_token_ids
-from t2s.backends.http_retry import RequestFailed, asend, normalise_base_url, timeouts
+from t2s.backends.http_retry import RequestFailed, arequest, asend, normalise_base_url, timeouts
 
 
 
@@ -60,6 +60,7 @@ class VLLMServerBackend:
         self.base_url = normalise_base_url(base_url)
         self.model = model
         self.stop_token_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(tokenizer)
+        self.vocab_size = len(tokenizer) if tokenizer is not None else 2 ** 31  # ids at or past it are refused
         self.max_concurrency = max_concurrency
         self.timeout = timeouts(request_timeout, connect_timeout)
         self.retries = retries
@@ -103,7 +104,7 @@ class VLLMServerBackend:
         async def attempt() -> httpx.Response:
             async with self._semaphore:
                 self.requests_sent += 1
-                return await client.request(method, path, json=payload)
+                return await arequest(client, method, path, payload, self.timeout.read)
 
         def count_retry() -> None:
             self.retries_done += 1
@@ -112,13 +113,16 @@ class VLLMServerBackend:
                                timeout=self.timeout, on_retry=count_retry)
         try:
             return response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON (nested past the interpreter's limit included)
             return response.text
 
     async def aserved_model(self, *, retries: int | None = None) -> dict:
         """The served model's ``GET /v1/models`` entry: the named model's, else the first listed."""
         entries = (await self._send("GET", "/v1/models", retries=retries))["data"]
-        return next((entry for entry in entries if entry.get("id") == self.model), entries[0])
+        entry = next((entry for entry in entries if entry.get("id") == self.model), entries[0])
+        if not isinstance(entry.get("id"), str) or not entry["id"].strip():  # a TypeError, as for a list of no models
+            raise TypeError(f"the model's id is {entry.get('id')!r}, not a name")
+        return entry
 
     async def amodel_name(self) -> str:
         """The served model's name: the one given, else the first of ``GET /v1/models``."""
@@ -166,7 +170,9 @@ class VLLMServerBackend:
             except (KeyError, IndexError, TypeError, AttributeError, StopIteration):
                 raise RuntimeError(f"Error: {self.base_url}/v1/models does not list a model") from None
         length = entry.get("max_model_len") if isinstance(entry, dict) else None
-        return int(length) if isinstance(length, (int, float)) and not isinstance(length, bool) else None
+        if isinstance(length, bool) or not isinstance(length, (int, float)) or not 0 < length < 2 ** 63:
+            return None  # not a length (NaN and infinity fail the comparison): reported as none
+        return int(length)
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def request_body(self, model: str, prompt_ids, max_tokens: int, sampling: SamplingSettings, seed=None) -> dict:
@@ -206,26 +212,29 @@ class VLLMServerBackend:
         except RequestFailed as exc:
             raise RequestFailed(f"could not read the model name from {self.base_url}/v1/models: {exc.reason}",
                                 exc.attempts, exc.retryable) from None
-        except (KeyError, IndexError, TypeError) as exc:
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
             return TurnOutput.failed(f"could not read the model name from {self.base_url}/v1/models: {exc}")
         body = self.request_body(model, prompt_ids, max_tokens, sampling, seed)
         answer = await self._send("POST", "/v1/completions", body)
         try:
             return self.parse_choice(answer["choices"][0], max_tokens)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             return TurnOutput.failed(f"unreadable completion from {self.base_url}: {exc!r}")
 
     def parse_choice(self, choice: dict, max_tokens: int) -> TurnOutput:
-        """Token ids (``token_ids``, else the ``token_id:N`` strings) and ``token_logprobs`` of one choice."""
+        """Token ids (``token_ids``, else the ``token_id:N`` strings) and ``token_logprobs`` of one choice; a ValueError
+        for ids that are not whole numbers in the tokenizer's range (the decode would fail or read another token)."""
         logprobs = choice.get("logprobs") or {}
         ids = choice.get("token_ids")
         if ids is None:
             ids = [int(str(t).split(":", 1)[1]) for t in logprobs.get("tokens", [])]
+        if not isinstance(ids, list) or any(type(t) is not int or not 0 <= t < self.vocab_size for t in ids):
+            raise ValueError(f"the completion's token ids are not the tokenizer's (0 to {self.vocab_size - 1})")
         values = logprobs.get("token_logprobs")
         if values is None or len(values) != len(ids):
             raise ValueError("the completion has no per-token logprobs (the request asks for logprobs: 0)")
         values = [float(v) if v is not None else 0.0 for v in values]
-        return engine_turn([int(t) for t in ids], values, choice.get("finish_reason"), max_tokens, self.stop_token_ids)
+        return engine_turn(ids, values, choice.get("finish_reason"), max_tokens, self.stop_token_ids)
 
     def generate(
         self,

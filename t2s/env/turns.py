@@ -138,7 +138,7 @@ def parse_turn(text: str, expect_think: bool = True) -> ParsedTurn:
         parsed = _parse_turn(text, expect_think)
         if parsed.calls and _needs_taming(parsed.body):
             for call in parsed.calls:
-                call.tool, call.args = _tame(call.tool), _tame(call.args)
+                call.tool, call.args = tame_value(call.tool), tame_value(call.args)
         return parsed
     except Exception as exc:  # noqa: BLE001 - whatever the text, a turn is read as a deviation, never an exception
         kinds = ["unreadable_turn"]
@@ -175,7 +175,7 @@ def valid_text(text: str) -> str:
         return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def _tame(value):
+def tame_value(value):
     """A decoded JSON value made safe to run, render and write: text valid, containers at most ``MAX_JSON_DEPTH``
     deep (deeper ones become ``TOO_DEEP``). Iterative, so no depth of input can exhaust the stack."""
     if isinstance(value, str):
