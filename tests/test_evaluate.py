@@ -8,6 +8,7 @@ import json
 import re
 import shutil
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -349,6 +350,7 @@ class ChatFake:
 
     def __init__(self, respond, port: int = 0):
         self.respond = respond
+        self.models = {"data": [{"id": "fake-model"}]}  # what GET /v1/models answers
         self.requests: list[dict] = []
         self.lock = threading.Lock()
         fake = self
@@ -367,7 +369,7 @@ class ChatFake:
 
             def do_GET(self):
                 if self.path == "/v1/models":
-                    self._send(200, {"data": [{"id": "fake-model"}]})
+                    self._send(200, fake.models)
                 else:
                     self._send(404, {"error": "not found"})
 
@@ -543,6 +545,50 @@ def test_endpoint_dying_midway_keeps_finished_results(demo_dir, tmp_path, capsys
         assert len(fake.requests) == 12  # only the 6 missing questions ran
     lines = read_lines(tmp_path / "out" / "full")
     assert len({line["question_id"] for line in lines}) == len(lines) == 10
+
+
+def test_a_refused_episode_keeps_the_episodes_in_flight(demo_dir, tmp_path, capsys):
+    """One question's second turn is refused (400, final) while three others are in flight: the run stops with one
+    Error: line, and the three episodes that finish after the refusal are kept (they were played, then dropped)."""
+    from t2s.commands import main
+
+    gold = gold_by_question(demo_dir)
+    healthy = good_agent(gold)
+    refused, victim, lock = threading.Event(), [], threading.Lock()
+
+    def respond(body):
+        with lock:  # the first question to reach its second turn is the one refused
+            if not victim and sum(m["role"] == "assistant" for m in body["messages"]):
+                victim.append(question_of(body))
+        if victim and question_of(body) == victim[0]:
+            refused.set()
+            return 400, {"error": "refused"}
+        if refused.wait(10):  # the others answer once the refusal is in
+            time.sleep(0.2)
+        return healthy(body)
+
+    argv = ["eval", "--policy", "endpoint", "--endpoint-mode", "chat", "--data", str(demo_dir), "--n", "4", "--seed",
+            "0", "--concurrency", "4", "--retries", "0", "--output", str(tmp_path / "out"), "--quiet"]
+    with ChatFake(respond) as fake:
+        assert main([*argv, "--endpoint", fake.url]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("Error:") and "400" in err
+    kept = read_lines(tmp_path / "out" / "full")
+    assert len(kept) == 3 and all(line["official"] == 1 for line in kept), [line["question"] for line in kept]
+
+
+def test_a_chat_server_too_short_for_the_episode_budget_is_refused_at_start(demo_dir, tmp_path, capsys):
+    """Its late turns would each be refused, so the run could never finish: refused before any episode."""
+    from t2s.commands import main
+
+    with ChatFake(good_agent(gold_by_question(demo_dir))) as fake:
+        fake.models = {"data": [{"id": "fake-model", "max_model_len": 2048}]}
+        code = main(["eval", "--policy", "endpoint", "--endpoint-mode", "chat", "--endpoint", fake.url, "--data",
+                     str(demo_dir), "--n", "2", "--episode-token-budget", "4096", "--output", str(tmp_path / "out"),
+                     "--quiet"])
+        assert code == 1 and not fake.requests
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("Error:") and "max_model_len 2048, below episode_token_budget 4096" in err[-1]
 
 
 # ------------------------------------------------------------------------------------------------ the tiny model

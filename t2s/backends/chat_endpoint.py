@@ -77,6 +77,18 @@ class ChatEndpointClient:
             self.model = turns.valid_text(name)
         return self.model
 
+    def served_max_model_len(self) -> int | None:
+        """The ``max_model_len`` that ``GET /v1/models`` states for the served model (vLLM's servers state one), or
+        None where it states none or cannot be read."""
+        from t2s.backends.vllm_server import model_length
+
+        try:
+            entries = self._call("GET", "/v1/models")["data"]
+            entry = next((e for e in entries if isinstance(e, dict) and e.get("id") == self.model), None)
+        except (EndpointError, KeyError, TypeError):
+            return None
+        return model_length(entry)
+
     def request_body(self, messages: list[dict], max_tokens: int, sampling: SamplingSettings, seed=None,
                      tools: list[dict] | None = None) -> dict:
         body = {

@@ -35,6 +35,15 @@ def context_error(base_url: str, max_model_len: int | None, episode_token_budget
             f"{episode_token_budget} or more (make serve MAX_MODEL_LEN=...).")
 
 
+def model_length(entry) -> int | None:
+    """The ``max_model_len`` of a ``/v1/models`` entry, or None where it states none that is a length (a string,
+    NaN or infinity, a number below 1)."""
+    length = entry.get("max_model_len") if isinstance(entry, dict) else None
+    if isinstance(length, bool) or not isinstance(length, (int, float)) or not 0 < length < 2 ** 63:
+        return None  # NaN fails the comparison too
+    return int(length)
+
+
 class VLLMServerBackend:
     """An httpx client for a vLLM server's completions endpoint; usable from any event loop, one at a time."""
 
@@ -169,10 +178,7 @@ class VLLMServerBackend:
                 time.sleep(poll)
             except (KeyError, IndexError, TypeError, AttributeError, StopIteration):
                 raise RuntimeError(f"Error: {self.base_url}/v1/models does not list a model") from None
-        length = entry.get("max_model_len") if isinstance(entry, dict) else None
-        if isinstance(length, bool) or not isinstance(length, (int, float)) or not 0 < length < 2 ** 63:
-            return None  # not a length (NaN and infinity fail the comparison): reported as none
-        return int(length)
+        return model_length(entry)
 
     # ---- requests ----------------------------------------------------------------------------------------------
     def request_body(self, model: str, prompt_ids, max_tokens: int, sampling: SamplingSettings, seed=None) -> dict:

@@ -195,7 +195,7 @@ def _endpoint_policy(args, policy, row: dict, config, db):
 
     sampling, endpoint = policy.sampling, policy.endpoint
     try:
-        client = endpoint_client(endpoint, config.enable_thinking)
+        client = endpoint_client(endpoint, config.enable_thinking, config.episode_token_budget)
         if endpoint.mode == "completions":
             tokenizer = load_tokenizer(policy.tokenizer or client.model, required=True,
                                        chat_template=policy.chat_template)

@@ -88,11 +88,14 @@ def model_context_length(model: str) -> int | None:
     return value if isinstance(value, int) and value > 0 else None
 
 
-def endpoint_client(endpoint, enable_thinking: bool):
+def endpoint_client(endpoint, enable_thinking: bool, episode_token_budget: int | None = None):
     """A chat client for ``endpoint`` (an ``EndpointConfig``) whose served model name is known (fails fast, after
-    retries); several servers make one ``ChatClientPool``, which must all serve the same model."""
+    retries); several servers make one ``ChatClientPool``, which must all serve the same model. With
+    ``episode_token_budget``, a server that states a ``max_model_len`` below it is refused here, before any episode
+    (its late turns would each be refused, so that resuming the run could never finish it)."""
     from t2s.backends.chat_endpoint import ChatEndpointClient, EndpointError
     from t2s.backends.server_pool import ChatClientPool
+    from t2s.backends.vllm_server import context_error
 
     clients = [ChatEndpointClient(
         url, model=endpoint.served_model, api_key=endpoint.api_key, request_timeout=endpoint.request_timeout,
@@ -105,6 +108,10 @@ def endpoint_client(endpoint, enable_thinking: bool):
     if len(set(names.values())) > 1:
         served = ", ".join(f"{url} serves {name}" for url, name in names.items())
         raise EvalError(f"Error: the servers serve different models ({served}); name one with --served-model")
+    for client in clients if episode_token_budget else ():
+        problem = context_error(client.base_url, client.served_max_model_len(), episode_token_budget)
+        if problem is not None:
+            raise EvalError(problem)
     return clients[0] if len(clients) == 1 else ChatClientPool(clients)
 
 
@@ -175,7 +182,8 @@ class Runner:
 
     def _setup_endpoint(self) -> None:
         config, endpoint = self.config, self.config.endpoint
-        self.chat_client = endpoint_client(endpoint, config.episode.enable_thinking)
+        self.chat_client = endpoint_client(endpoint, config.episode.enable_thinking,
+                                           config.episode.episode_token_budget)
         served = self.chat_client.model
         self.tokenizer = load_tokenizer(config.tokenizer or config.model or served,
                                         required=endpoint.mode == "completions", chat_template=config.chat_template)
@@ -271,6 +279,11 @@ class Runner:
             except BaseException:
                 for future in pending:
                     future.cancel()
+                running = {future: job for future, job in pending.items() if not future.cancelled()}
+                wait(running)  # as leaving the pool would: the episodes in flight finish, and are kept
+                for future, (row, sample) in running.items():
+                    if future.exception() is None:
+                        emit(row, sample, future.result(), scored=True)
                 raise
 
     def _scored(self, make_record, row, sample, mode) -> dict:  # make_record: (row, sample, mode) -> EpisodeRecord
