@@ -189,3 +189,63 @@ def test_tables_in_reading_order_put_the_outer_from_and_joins_first():
         assert set(tables_in_reading_order(sql)) == tables_in_sql(sql)
     for broken in ("SELEC * FORM", "", None, 42):
         assert tables_in_reading_order(broken) == []
+
+
+def test_views_odd_tables_and_unicode_case_read_as_sqlite_reads_them(tmp_path):
+    """A view is listed and described like a table; a table whose columns cannot be read (a name too long for the
+    statement the pragma builds) is listed with its DDL and leaves every other table readable (one such table made
+    every schema tool fail, and the prompt say "(no tables)"); a name is matched exactly first, then with SQLite's
+    ASCII-only case folding (a table named with a Kelvin sign answered for ``key``)."""
+    from t2s.env import databases
+    from t2s.env.tools import Toolbox
+
+    path = tmp_path / "odd.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE base (x INTEGER); INSERT INTO base VALUES (1);
+        CREATE VIEW v AS SELECT x AS one FROM base;
+        CREATE TABLE key (k TEXT); INSERT INTO key VALUES ('real');
+        CREATE TABLE "\u212aey" (fake TEXT); INSERT INTO "\u212aey" VALUES ('decoy');
+        CREATE TABLE "Éa" (upper_e TEXT); CREATE TABLE "éa" (lower_e TEXT);
+    """)
+    conn.execute(f'CREATE TABLE "{"n" * 100_000}" (a)')
+    conn.commit()
+    conn.close()
+    box = Toolbox(databases.user_db(path))
+    listed = box.call("list_tables", {}).text.splitlines()
+    assert listed[:6] == ["base", "v", "key", "\u212aey", "Éa", "éa"] and listed[6].startswith("nnnn")
+    assert listed[-1].startswith("... [output cut:")
+    assert box.call("describe_table", {"table_name": "v"}).text == "CREATE VIEW v AS SELECT x AS one FROM base"
+    assert box.call("sample_rows", {"table_name": "v"}).text == "one\n1"
+    assert box.call("describe_table", {"table_name": "key"}).text == "CREATE TABLE key (k TEXT)"
+    assert box.call("sample_rows", {"table_name": "KEY"}).text == "k\nreal"  # ASCII case folds
+    assert box.call("sample_rows", {"table_name": "\u212aey"}).text == "fake\ndecoy"
+    assert "lower_e" in box.call("describe_table", {"table_name": "éa"}).text
+    assert "upper_e" in box.call("describe_table", {"table_name": "Éa"}).text
+    assert "upper_e" in box.call("describe_table", {"table_name": "ÉA"}).text  # A folds to a; É stays É
+
+
+def test_a_cut_observation_counts_the_characters_it_does_not_show(tmp_path):
+    """The marker of a long tool result counts what was cut from the result (it was cut twice: by the tool, then
+    with its label line, and the second marker counted only the label's characters)."""
+    import re
+
+    from t2s.env import databases
+    from t2s.env.protocol import OBSERVATION_CHAR_CAP, cap_text, render_observation
+    from t2s.env.tools import Toolbox
+
+    path = tmp_path / "many.sqlite"
+    conn = sqlite3.connect(path)
+    conn.executescript("".join(f"CREATE TABLE table_number_{i} (x);" for i in range(2000)))
+    conn.close()
+    full = "\n".join(f"table_number_{i}" for i in range(2000))
+    result = Toolbox(databases.user_db(path)).call("list_tables", {})
+    shown = render_observation([result], "")
+    assert len(shown) <= OBSERVATION_CHAR_CAP and shown.count("[output cut:") == 1
+    [count] = re.findall(r"\[output cut: (\d+) more characters not shown\]", shown)
+    kept = result.text[: result.text.index("\n... [output cut:")]
+    assert full.startswith(kept) and int(count) == len(full) - len(kept)
+    for size in (101, 150, 5000, 123_456):
+        text = "x" * size
+        cut = cap_text(text, 100)
+        assert len(cut) == 100 and int(re.findall(r"(\d+) more", cut)[0]) == size - cut.index("\n")

@@ -155,8 +155,13 @@ def cap_text(text: str, limit: int = OBSERVATION_CHAR_CAP) -> str:
     """Cut ``text`` to ``limit`` characters with a visible marker."""
     if len(text) <= limit:
         return text
-    marker = f"\n... [output cut: {len(text) - limit} more characters not shown]"
-    return text[: max(0, limit - len(marker))] + marker
+    cut = len(text) - limit
+    while True:  # the count is of the characters not shown, the marker's own length taken into account
+        marker = f"\n... [output cut: {cut} more characters not shown]"
+        kept = max(0, limit - len(marker))
+        if len(text) - kept == cut:
+            return text[:kept] + marker
+        cut = len(text) - kept
 
 
 def render_observation(results, tail: str) -> str:

@@ -10,6 +10,7 @@ import csv
 import difflib
 import functools
 import io
+import sqlite3
 import threading
 from collections import deque
 from pathlib import Path
@@ -66,12 +67,16 @@ class Schema:
         self.comments = comments or {}  # {table: {column: text}}: the catalog's column comments (DuckDB, PostgreSQL)
         self._ddl = ddl
         self._columns = columns
-        self._by_lower = {name.lower(): name for name in self.tables}
-        self._column_by_lower: dict[str, dict[str, str]] = {}  # table -> {lowercased column: first column so named}
+        self._by_lower: dict[str, str] = {}  # SQL's folding: ASCII letters only (a Kelvin sign is not a k)
+        for name in self.tables:
+            self._by_lower.setdefault(ascii_lower(name), name)
+        self._column_by_lower: dict[str, dict[str, str]] = {}  # table -> {folded column: first column so named}
+        self._column_names: dict[str, set[str]] = {}
         for table, table_columns in columns.items():
             by_lower = self._column_by_lower[table] = {}
+            self._column_names[table] = {column for column, _ in table_columns}
             for column, _ in table_columns:
-                by_lower.setdefault(column.lower(), column)
+                by_lower.setdefault(ascii_lower(column), column)
         self._fks = list(dict.fromkeys(fks))  # (src_table, src_col, dst_table, dst_col), declaration order
         self._edges: dict[str, list[tuple[str, str]]] = {name: [] for name in self.tables}
         q = functools.partial(quote_identifier, engine=engine)
@@ -84,23 +89,33 @@ class Schema:
     def from_connection(cls, conn) -> Schema:
         """Read the schema through a (sandboxed) connection."""
         rows = conn.execute(
-            "SELECT name, sql FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' "
-            "ORDER BY rowid"
+            "SELECT name, sql FROM sqlite_master WHERE type IN ('table', 'view') "
+            "AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' ORDER BY rowid"
         ).fetchall()
         tables = [name for name, _ in rows]
         ddl = {name: one_line_ddl(sql or "") for name, sql in rows}
         columns: dict[str, list[tuple[str, str]]] = {}
         primary_keys: dict[str, list[str]] = {}
-        for name in tables:
-            info = conn.execute(f"PRAGMA table_info({_quoted_literal(name)})").fetchall()
+        for name in tables:  # the name bound as a parameter: a name of any length is never SQL text
+            try:
+                info = conn.execute("SELECT * FROM pragma_table_info(?)", (name,)).fetchall()
+            except (sqlite3.Error, MemoryError):  # a virtual table whose module is missing or refused, a view of a
+                info = []  # missing table, a name too long for the statement the pragma builds (sqlite3 says
+                # MemoryError for SQLITE_TOOBIG): listed with its DDL and no columns; every other table is still read
             columns[name] = [(row[1], row[2] or "") for row in info]
             primary_keys[name] = [row[1] for row in sorted((r for r in info if r[5]), key=lambda r: r[5])]
-        by_lower = {name.lower(): name for name in tables}
+        by_lower: dict[str, str] = {}
+        for name in tables:
+            by_lower.setdefault(ascii_lower(name), name)
         fks = []
         for name in tables:
-            for row in conn.execute(f"PRAGMA foreign_key_list({_quoted_literal(name)})").fetchall():
+            try:
+                keys = conn.execute("SELECT * FROM pragma_foreign_key_list(?)", (name,)).fetchall()
+            except (sqlite3.Error, MemoryError):
+                keys = []
+            for row in keys:
                 _, seq, parent, src_col, dst_col = row[:5]
-                parent_name = by_lower.get(str(parent).lower(), parent)
+                parent_name = parent if parent in columns else by_lower.get(ascii_lower(str(parent)), parent)
                 src_col = _match_column(columns[name], src_col)
                 if dst_col is None:  # references the parent's primary key implicitly
                     parent_pk = primary_keys.get(parent_name, [])
@@ -116,16 +131,21 @@ class Schema:
         """The table's real name, matched case-insensitively (surrounding quotes ignored), or None."""
         if not isinstance(name, str):
             return None
-        found = self._by_lower.get(name.lower())
+        if name in self._edges:  # its exact name first: two names may fold to one
+            return name
+        found = self._by_lower.get(ascii_lower(name))
         if found is None and len(name) >= 2 and name[0] + name[-1] in ('""', "``", "[]", "''"):
-            found = self._by_lower.get(name[1:-1].lower())
+            inner = name[1:-1]
+            found = inner if inner in self._edges else self._by_lower.get(ascii_lower(inner))
         return found
 
     def resolve_column(self, table: str, name) -> str | None:
         real = self.resolve_table(table)
         if real is None or not isinstance(name, str):
             return None
-        return self._column_by_lower[real].get(name.lower())
+        if name in self._column_names[real]:
+            return name
+        return self._column_by_lower[real].get(ascii_lower(name))
 
     def closest_tables(self, name, n: int = 3) -> list[str]:
         return _closest(str(name), self.tables, n)
@@ -186,14 +206,21 @@ class Schema:
         return None
 
 
-def _quoted_literal(name: str) -> str:
-    return "'" + name.replace("'", "''") + "'"
+_ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
+
+
+def ascii_lower(name: str) -> str:
+    """``name`` with its ASCII letters lowercased and nothing else: how SQLite folds the case of identifiers."""
+    return name.translate(_ASCII_LOWER)
 
 
 def _match_column(columns: list[tuple[str, str]], name) -> str:
     if name is None:
         return name
-    return next((col for col, _ in columns if col.lower() == str(name).lower()), str(name))
+    name = str(name)
+    if any(col == name for col, _ in columns):
+        return name
+    return next((col for col, _ in columns if ascii_lower(col) == ascii_lower(name)), name)
 
 
 def _closest(name: str, options: list[str], n: int) -> list[str]:

@@ -220,8 +220,9 @@ class Toolbox:
             sql = args.get("sql") if role != "other" and isinstance(args, dict) else None  # the SQL as sent, if text
             outcome = Outcome(text, error=True, sql=sql if isinstance(sql, str) else None)
         text = outcome.text
-        if len(text) > OBSERVATION_CHAR_CAP:
-            text = cap_text(text, OBSERVATION_CHAR_CAP)
+        room = OBSERVATION_CHAR_CAP - len(label) - 3  # its "[label]" line: a lone result is never cut again there
+        if len(text) > room:
+            text = cap_text(text, max(room, OBSERVATION_CHAR_CAP // 2))
         return ToolResult(tool=name, label=label, text=text, error=outcome.error, write_attempt=outcome.write_attempt,
                           seconds=time.perf_counter() - started, sql=outcome.sql, role=role)
 
