@@ -58,45 +58,48 @@ def timeouts(request_timeout: float, connect_timeout: float | None = None) -> ht
     return httpx.Timeout(request_timeout, connect=request_timeout if connect_timeout is None else connect_timeout)
 
 
-def _too_slow(response: httpx.Response, seconds: float) -> httpx.ReadTimeout:
-    return httpx.ReadTimeout(f"the answer took longer than {seconds:g} s", request=response.request)
+class _Answer:
+    """An answer read as it streams in, within ``seconds`` of its request and at most ``MAX_ANSWER_BYTES`` long."""
 
+    def __init__(self, response: httpx.Response, seconds: float):
+        self.response, self.seconds = response, seconds
+        self.deadline = time.monotonic() + seconds
+        self.chunks: list[bytes] = []
+        self.size = 0
 
-def _answer(response: httpx.Response, body: bytes) -> httpx.Response:
-    """A response holding ``body`` (already decoded, so without the headers that say how it was sent)."""
-    headers = {key: value for key, value in response.headers.items()
-               if key.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
-    return httpx.Response(response.status_code, headers=headers, content=body, request=response.request)
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > MAX_ANSWER_BYTES:
+            raise AnswerTooLarge(f"its answer is longer than {MAX_ANSWER_BYTES:,} bytes")
+        if time.monotonic() > self.deadline:
+            raise httpx.ReadTimeout(f"the answer took longer than {self.seconds:g} s", request=self.response.request)
+        self.chunks.append(chunk)
+
+    def whole(self) -> httpx.Response:
+        """A response holding the body (already decoded, so without the headers that say how it was sent)."""
+        response = self.response
+        headers = {key: value for key, value in response.headers.items()
+                   if key.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
+        return httpx.Response(response.status_code, headers=headers, content=b"".join(self.chunks),
+                              request=response.request)
 
 
 def request(client: httpx.Client, method: str, url: str, payload, seconds: float) -> httpx.Response:
     """One attempt: the whole answer within ``seconds``, at most ``MAX_ANSWER_BYTES``."""
-    deadline = time.monotonic() + seconds
     with client.stream(method, url, json=payload) as response:
-        chunks, size = [], 0
+        answer = _Answer(response, seconds)
         for chunk in response.iter_bytes():
-            size += len(chunk)
-            if size > MAX_ANSWER_BYTES:
-                raise AnswerTooLarge(f"its answer is longer than {MAX_ANSWER_BYTES:,} bytes")
-            if time.monotonic() > deadline:
-                raise _too_slow(response, seconds)
-            chunks.append(chunk)
-    return _answer(response, b"".join(chunks))
+            answer.add(chunk)
+    return answer.whole()
 
 
 async def arequest(client: httpx.AsyncClient, method: str, url: str, payload, seconds: float) -> httpx.Response:
     """``request`` for an asyncio client."""
-    deadline = time.monotonic() + seconds
     async with client.stream(method, url, json=payload) as response:
-        chunks, size = [], 0
+        answer = _Answer(response, seconds)
         async for chunk in response.aiter_bytes():
-            size += len(chunk)
-            if size > MAX_ANSWER_BYTES:
-                raise AnswerTooLarge(f"its answer is longer than {MAX_ANSWER_BYTES:,} bytes")
-            if time.monotonic() > deadline:
-                raise _too_slow(response, seconds)
-            chunks.append(chunk)
-    return _answer(response, b"".join(chunks))
+            answer.add(chunk)
+    return answer.whole()
 
 
 def _retried(exc: BaseException) -> bool:

@@ -136,22 +136,22 @@ def _names(parts) -> list[str]:
     return [str((part.get("String") or {}).get("sval", "")) for part in parts or [] if isinstance(part, dict)]
 
 
-def _function(call: dict) -> tuple[str, bool] | None:
-    names = _names(call.get("funcname"))
+def _allowed(parts, allowed: frozenset) -> tuple[bool, str]:
+    """(whether a parsed name, bare or in ``pg_catalog``, is in ``allowed``; the name as written)."""
+    names = _names(parts)
     name = names[-1].lower() if names else ""
     schema = names[-2].lower() if len(names) > 1 else "pg_catalog"
-    if schema == "pg_catalog" and name in ALLOWED_FUNCTIONS:
-        return None
-    return f"function {'.'.join(names) or '?'}()", False
+    return schema == "pg_catalog" and name in allowed, ".".join(names) or "?"
+
+
+def _function(call: dict) -> tuple[str, bool] | None:
+    allowed, written = _allowed(call.get("funcname"), ALLOWED_FUNCTIONS)
+    return None if allowed else (f"function {written}()", False)
 
 
 def _type(type_name: dict) -> tuple[str, bool] | None:
-    names = _names(type_name.get("names"))
-    name = names[-1].lower() if names else ""
-    schema = names[-2].lower() if len(names) > 1 else "pg_catalog"
-    if schema == "pg_catalog" and name in ALLOWED_TYPES:
-        return None
-    return f"the type {'.'.join(names) or '?'}", False
+    allowed, written = _allowed(type_name.get("names"), ALLOWED_TYPES)
+    return None if allowed else (f"the type {written}", False)
 
 
 def _relation(relation: dict) -> tuple[str, bool] | None:
