@@ -557,12 +557,14 @@ def test_a_refused_episode_keeps_the_episodes_in_flight(demo_dir, tmp_path, caps
     refused, victim, lock = threading.Event(), [], threading.Lock()
 
     def respond(body):
-        with lock:  # the first question to reach its second turn is the one refused
-            if not victim and sum(m["role"] == "assistant" for m in body["messages"]):
+        with lock:  # the first question asked is the one refused, at its second turn
+            if not victim:
                 victim.append(question_of(body))
-        if victim and question_of(body) == victim[0]:
-            refused.set()
-            return 400, {"error": "refused"}
+        if question_of(body) == victim[0]:
+            if sum(m["role"] == "assistant" for m in body["messages"]):
+                refused.set()
+                return 400, {"error": "refused"}
+            return healthy(body)
         if refused.wait(10):  # the others answer once the refusal is in
             time.sleep(0.2)
         return healthy(body)

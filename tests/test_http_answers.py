@@ -175,22 +175,28 @@ MODEL_LIST = {"data": [{"id": "fake-model", "max_model_len": 4096}]}
     {"choices": [{"token_ids": [10 ** 30], "logprobs": {"token_logprobs": [0.0]}}]},
     {"choices": [{"token_ids": [-5], "logprobs": {"token_logprobs": [0.0]}}]},
     {"choices": [{"token_ids": [1.5], "logprobs": {"token_logprobs": [0.0]}}]},
-    {"choices": [{"token_ids": [50], "logprobs": {"token_logprobs": [0.0]}}]},  # past the vocabulary of 50
+    {"choices": [{"token_ids": [2 ** 31], "logprobs": {"token_logprobs": [0.0]}}]},
 ], ids=["choices-text", "choice-list", "choice-number", "logprobs-list", "id-huge", "id-negative", "id-fraction",
-        "id-past-vocabulary"])
+        "id-past-32-bits"])
 def test_a_completion_of_the_wrong_shape_is_a_failed_turn(answers, completion):
     from t2s.backends.base import SamplingSettings
 
-    class Vocabulary:  # a tokenizer of 50 tokens, as far as the backend asks
-        eos_token_id = 0
-
-        def __len__(self):
-            return 50
-
     server = answers(MODEL_LIST, completion)
-    backend = VLLMServerBackend(server.url, Vocabulary(), stop_ids=[0], request_timeout=5.0, retries=0)
+    backend = VLLMServerBackend(server.url, stop_ids=[0], request_timeout=5.0, retries=0)
     [turn] = backend.generate([[1, 2, 3]], [4], SamplingSettings())
     assert turn.finish_reason == "error" and turn.error.startswith("Error: unreadable completion"), turn
+
+
+def test_an_id_in_a_padded_vocabulary_is_kept(answers):
+    """A model's embedding may be padded past its tokenizer (Qwen's), and the server may sample an id there: the turn
+    keeps it, as training would."""
+    from t2s.backends.base import SamplingSettings
+
+    server = answers(MODEL_LIST, {"choices": [{"token_ids": [151_700, 0], "finish_reason": "stop",
+                                               "logprobs": {"token_logprobs": [-9.0, -0.1]}}]})
+    backend = VLLMServerBackend(server.url, stop_ids=[0], request_timeout=5.0, retries=0)
+    [turn] = backend.generate([[1, 2, 3]], [4], SamplingSettings())
+    assert turn.finish_reason == "stop" and turn.token_ids == [151_700, 0], turn
 
 
 @pytest.mark.parametrize("length", [1e400, float("nan"), -3, True, "4096"])

@@ -334,6 +334,25 @@ def test_heavy_calls_are_counted_in_the_compiled_program(db):
         f"Error: the SQL is longer than {LIMITS.max_sql_length} characters")
 
 
+def test_a_statement_that_concatenates_still_reads_every_stored_value(tmp_path):
+    """Capping what a concatenating statement builds must not cap what it reads: SQLite applies the length limit to
+    the values read too, so gold SQL with ``||`` or ``json_extract`` failed on a 150,000-character cell."""
+    path = tmp_path / "long.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE posts (name TEXT, body TEXT, meta_json TEXT)")
+    conn.execute("INSERT INTO posts VALUES ('a', ?, '{\"k\": 1}')", ("y" * 150_000,))
+    conn.commit()
+    conn.close()
+    ref = benchmark_db(path)
+    for sql in ("SELECT name || 'x', length(body) FROM posts WHERE body LIKE '%y%'",
+                "SELECT *, name || '' FROM posts", "SELECT json_extract(meta_json, '$.k'), length(body) FROM posts"):
+        result = run_scoring_query(ref, sql, timeout=5)
+        assert result.ok and len(result.rows) == 1, (sql, result.error)
+    doubled = ("WITH RECURSIVE r(n, s) AS (SELECT 1, body FROM posts UNION ALL SELECT n + 1, s || s FROM r "
+               "WHERE n < 8) SELECT length(s) FROM r")  # what it builds is still capped, at the longest stored cell
+    assert "too big" in run_tool_query(ref, doubled, max_rows=10).error
+
+
 # 50 columns of one 80,000-character value: 4 MB a row, 800 MB in all (a materialised CTE computes it once a row)
 WIDE_ROWS = ("WITH m AS MATERIALIZED (SELECT hex(zeroblob(40000 + a - a)) AS x FROM t) SELECT "
              + ", ".join(["x"] * 50) + " FROM m")

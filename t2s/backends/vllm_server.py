@@ -69,7 +69,9 @@ class VLLMServerBackend:
         self.base_url = normalise_base_url(base_url)
         self.model = model
         self.stop_token_ids = list(stop_ids) if stop_ids is not None else stop_token_ids(tokenizer)
-        self.vocab_size = len(tokenizer) if tokenizer is not None else 2 ** 31  # ids at or past it are refused
+        # an id is a whole number below 2**31 (a tokenizer's decode fails past its 32-bit range). Not checked against
+        # len(tokenizer): a model's embedding may be padded past it (Qwen's), and vLLM may sample an id there
+        self.max_token_id = 2 ** 31 - 1
         self.max_concurrency = max_concurrency
         self.timeout = timeouts(request_timeout, connect_timeout)
         self.retries = retries
@@ -229,13 +231,13 @@ class VLLMServerBackend:
 
     def parse_choice(self, choice: dict, max_tokens: int) -> TurnOutput:
         """Token ids (``token_ids``, else the ``token_id:N`` strings) and ``token_logprobs`` of one choice; a ValueError
-        for ids that are not whole numbers in the tokenizer's range (the decode would fail or read another token)."""
+        for ids that are not whole numbers from 0 to ``max_token_id`` (the decode would fail, or read another token)."""
         logprobs = choice.get("logprobs") or {}
         ids = choice.get("token_ids")
         if ids is None:
             ids = [int(str(t).split(":", 1)[1]) for t in logprobs.get("tokens", [])]
-        if not isinstance(ids, list) or any(type(t) is not int or not 0 <= t < self.vocab_size for t in ids):
-            raise ValueError(f"the completion's token ids are not the tokenizer's (0 to {self.vocab_size - 1})")
+        if not isinstance(ids, list) or any(type(t) is not int or not 0 <= t <= self.max_token_id for t in ids):
+            raise ValueError(f"the completion's token ids are not whole numbers from 0 to {self.max_token_id}")
         values = logprobs.get("token_logprobs")
         if values is None or len(values) != len(ids):
             raise ValueError("the completion has no per-token logprobs (the request asks for logprobs: 0)")

@@ -13,6 +13,7 @@ the collector's full passes are rare. Left alone, each step would add a connecti
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 
@@ -72,6 +73,11 @@ def _open_connection(ref: DatabaseRef, purpose: str, key: tuple) -> SandboxConne
             state = unlocked_state(ref)
             conn = open_file(ref, SandboxConnection)
             conn.file_state = state
+            try:
+                stat = os.stat(ref.path)
+                conn.stored_key = (ref.path, stat.st_size, stat.st_mtime_ns, state)
+            except OSError:  # gone since it opened: what it stores is read again for this connection
+                conn.stored_key = None
         else:
             raise DatabaseOpenError(f"Error: database {ref.db_id!r} has neither a file nor a registered payload")
         conns[key] = apply_sandbox(conn, f"{purpose}:{ref.db_id}")

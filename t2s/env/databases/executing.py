@@ -89,11 +89,12 @@ def execute(
     lowered = sql.lower()
     amplified = rowcost.names_amplifier(lowered)
     try:
+        cap = rowcost.value_cap(conn, lowered) if amplified else None  # before the deadline: once per file
         conn.timed_out = conn.write_denied = False
         conn.denied = conn.udf_error = None
         deadlines.start_watching(conn, ticket)
         if amplified:  # values this statement builds stay short enough for one row's work to stay small
-            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, bounds.amplified_max_length)
+            conn.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, cap)
         refusal = rowcost.too_heavy(rowcost.heavy_calls(conn, sql, lowered))
         if refusal is not None:
             result = QueryResult(error=refusal)

@@ -207,6 +207,8 @@ def open_file(ref: DatabaseRef, factory: type[sqlite3.Connection]) -> sqlite3.Co
     snapshot = None
     if through_wal:
         snapshot, copy = _private_copy(path)
+        through_wal = copy is not None  # else the -wal went (checkpointed) between the look and the copy
+    if through_wal:
         uri = Path(copy).as_uri() + "?mode=ro&vfs=unix-none"
     else:
         uri = database_uri(path, ref.immutable or _is_wal(path))
@@ -231,16 +233,20 @@ def open_file(ref: DatabaseRef, factory: type[sqlite3.Connection]) -> sqlite3.Co
     return conn
 
 
-def _private_copy(path: str) -> tuple[str, str]:
+def _private_copy(path: str) -> tuple[str | None, str | None]:
     """(a temporary folder, the path in it) of a copy of ``path`` and its ``-wal``: the ``-wal`` first, so that a
-    checkpoint by a writer between the two copies leaves frames at least as new as the file's pages. Raises
-    DatabaseOpenError when the copy cannot be made (a full disk)."""
+    checkpoint by a writer between the two copies leaves frames at least as new as the file's pages; (None, None) when
+    the ``-wal`` is gone by then. Raises DatabaseOpenError when the copy cannot be made (a full disk)."""
     import tempfile
 
     folder = tempfile.mkdtemp(prefix="t2s-wal-")
     copy = os.path.join(folder, "db.sqlite")
     try:
-        shutil.copyfile(path + _WAL_SUFFIX, copy + _WAL_SUFFIX)
+        try:
+            shutil.copyfile(path + _WAL_SUFFIX, copy + _WAL_SUFFIX)
+        except FileNotFoundError:
+            shutil.rmtree(folder, ignore_errors=True)
+            return None, None
         shutil.copyfile(path, copy)
     except OSError as exc:
         shutil.rmtree(folder, ignore_errors=True)

@@ -10,7 +10,10 @@ the length limit would run far past any deadline. So the work of a row is bounde
 * a statement that can build long values runs with values capped at ``amplified_max_length`` instead of
   ``max_value_length``: one that names a function able to (``AMPLIFIERS``), or concatenates (``||``, ``string_agg``,
   the ``json_`` builders: ``BUILDERS``), since a recursive query doubling a value with ``||`` reaches the length limit
-  in 19 steps, and 32 LIKEs over a value of a million characters ran 26 s past a 5 s deadline;
+  in 19 steps, and 32 LIKEs over a value of a million characters ran 26 s past a 5 s deadline. SQLite applies the cap
+  to the values a statement reads as well, so a statement that only concatenates is capped at the database's longest
+  stored record instead where that is longer (:func:`value_cap`: ``dbstat``'s largest cell, once per file): it still
+  reads every value the database holds;
 * a statement that names a function that builds or scans long values (``HEAVY_FUNCTIONS``) is compiled with
   ``EXPLAIN`` first, and refused when its program calls them more than ``max_heavy_calls`` times (a subquery's
   expressions copied into its outer query count at each copy).
@@ -39,6 +42,29 @@ def names_amplifier(lowered_sql: str) -> bool:
     """Whether the (lowercased) SQL text names a function able to build long values or concatenates (a superset:
     any substring)."""
     return any(name in lowered_sql for name in _CAPPED)
+
+
+_longest_stored: dict[tuple, int] = {}  # (path, size, mtime) of a database file -> its largest cell, in bytes
+
+
+def value_cap(conn: sqlite3.Connection, lowered_sql: str) -> int:
+    """The value cap of a statement that ``names_amplifier``: ``amplified_max_length``; for one that only concatenates,
+    raised to the database's largest stored cell (never above ``max_value_length``), so that it reads every value."""
+    bounds = limits.LIMITS
+    if any(name in lowered_sql for name in AMPLIFIERS):
+        return bounds.amplified_max_length
+    key = getattr(conn, "stored_key", None)
+    longest = _longest_stored.get(key) if key is not None else None
+    if longest is None:
+        try:  # every page's largest cell: a record at least as long as any value it holds
+            longest = int(conn.execute("SELECT max(mx_payload) FROM dbstat").fetchone()[0] or 0)
+        except (sqlite3.Error, TypeError, ValueError):  # no dbstat in this SQLite: any stored value may be that long
+            longest = bounds.max_value_length
+        finally:  # what reading it noted is no part of the statement
+            conn.denied, conn.denied_internal, conn.write_denied = None, False, False
+        if key is not None:
+            _longest_stored[key] = longest
+    return min(bounds.max_value_length, max(bounds.amplified_max_length, longest))
 
 
 def heavy_calls(conn: sqlite3.Connection, sql: str, lowered_sql: str) -> Counter:
