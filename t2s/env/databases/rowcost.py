@@ -54,7 +54,7 @@ def value_cap(conn: sqlite3.Connection, lowered_sql: str) -> int:
     if any(name in lowered_sql for name in AMPLIFIERS):
         return bounds.amplified_max_length
     key = getattr(conn, "stored_key", None)
-    longest = _longest_stored.get(key) if key is not None else None
+    longest = _longest_stored.get(key) if key is not None else getattr(conn, "longest_stored", None)
     if longest is None:
         try:  # every page's largest cell: a record at least as long as any value it holds
             longest = int(conn.execute("SELECT max(mx_payload) FROM dbstat").fetchone()[0] or 0)
@@ -64,6 +64,8 @@ def value_cap(conn: sqlite3.Connection, lowered_sql: str) -> int:
             conn.denied, conn.denied_internal, conn.write_denied = None, False, False
         if key is not None:
             _longest_stored[key] = longest
+        else:  # an in-memory copy (a row-payload database): known to this connection only
+            conn.longest_stored = longest
     return min(bounds.max_value_length, max(bounds.amplified_max_length, longest))
 
 

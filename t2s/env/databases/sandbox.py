@@ -63,6 +63,7 @@ class SandboxConnection(sqlite3.Connection):
     file_state: tuple | None = None  # a file read without locks: its state when opened (opening.unlocked_state)
     snapshot = None  # a file read through its -wal: the temporary folder holding the copy read (opening.open_file)
     stored_key = None  # a file's (path, size, mtime, state): the key of what rowcost.value_cap learns of it
+    longest_stored = None  # what rowcost.value_cap learned of a database that has no stored_key
 
     def _progress(self) -> int:
         return deadlines.progress_check(self)
