@@ -66,6 +66,20 @@ def test_the_page_data_reads_back_whatever_the_text(demo_dir, tmp_path):
     assert data["episodes"][0]["turns"][0]["observation"] == hostile
 
 
+def test_bidi_overrides_show_as_escapes_on_the_page():
+    """A right-to-left override in model text would reverse what follows it on the page (a SQL shown backwards):
+    the page holds none raw, and its data reads back with a visible escape, as the terminal shows it."""
+    from t2s.evaluation.report_html import render_page
+
+    spoof = "SELECT 1 -- \u202e;elbat PORD"
+    page = render_page({"title": "t", "episodes": [{"question": spoof, "question_id": 1}],
+                        "details": [json.dumps({"turns": [{"assistant": spoof}]}, ensure_ascii=False)]})
+    assert "\u202e" not in page
+    data = page_data(page)
+    shown = "SELECT 1 -- \\u202e;elbat PORD"
+    assert data["episodes"][0]["question"] == shown and data["episodes"][0]["turns"][0]["assistant"] == shown
+
+
 REPORT_LINE = re.compile(r"report: episodes=(\d+) episodes_mb=([\d.]+) write_s=([\d.]+) size_mb=([\d.]+) "
                          r"list_s=([\d.]+|nan) open_s=([\d.]+|nan)")
 

@@ -104,12 +104,23 @@ def _embedded_png(path: Path) -> str | None:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+def _shown(json_text: str) -> str:
+    """JSON text whose strings read back with each character a terminal never shows raw (``console.UNSAFE``: bidi
+    overrides, which would reverse the text after them on the page, C1 controls) as a visible ``\\u202e``."""
+    from t2s.ui.console import UNSAFE
+
+    return UNSAFE.sub(lambda match: f"\\\\u{ord(match.group()):04x}", json_text)
+
+
 def render_page(data: dict) -> str:
     """The HTML page of ``data`` (title, summaries, plot, episodes, pairs)."""
     import html
 
+    if isinstance(data.get("details"), list):  # JSON texts of their own: their strings are shown the same way
+        data = {**data, "details": [_shown(text) if isinstance(text, str) else text for text in data["details"]]}
     # inside <script>, "</" would end the block and "<!--" would change how it ends: both written as JSON escapes
     payload = json.dumps(data, ensure_ascii=False, default=str).replace("</", "<\\/").replace("<!--", "<\\u0021--")
+    payload = _shown(payload)
     title = json.dumps(data.get("title") or PAGE_TITLE)[1:-1].replace("<", "&lt;")
     links = "; ".join(f"<code>{html.escape(name)}</code> {html.escape(what)}" for name, what in HASH_PARAMETERS)
     return (_TEMPLATE.replace("__TITLE__", title).replace("__STYLE__", _STYLE).replace("__SCRIPT__", _SCRIPT)
