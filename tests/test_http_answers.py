@@ -61,6 +61,15 @@ def trickle(connection, stopped):
         time.sleep(0.1)
 
 
+def trickled_headers(connection, stopped):
+    """The status line and headers a byte every 0.1 s, for as long as the client listens."""
+    for byte in b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Padding: " + b"x" * 10_000:
+        if stopped.is_set():
+            return
+        connection.sendall(bytes([byte]))
+        time.sleep(0.1)
+
+
 def whole(body: bytes):
     def answer(connection, stopped):
         connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
@@ -101,8 +110,9 @@ def _ends_within(call, seconds: float):
     return outcome[0], time.monotonic() - started
 
 
-def test_a_trickled_answer_times_out_at_the_request_timeout(server):
-    slow = server(trickle)
+@pytest.mark.parametrize("answer", [trickle, trickled_headers], ids=["body", "headers"])
+def test_a_trickled_answer_times_out_at_the_request_timeout(server, answer):
+    slow = server(answer)
     chat = ChatEndpointClient(slow.url, request_timeout=1.0, retries=0)
     error, took = _ends_within(chat.model_name, 10)
     assert isinstance(error, EndpointError) and "timed out after 1 s" in str(error) and took < 5, (error, took)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
-
 from t2s.backends.base import SamplingSettings
 from t2s.backends.http_retry import RequestFailed, normalise_base_url, request, send, timeouts
 from t2s.env.protocol import THINK_CLOSE
@@ -53,12 +51,12 @@ class ChatEndpointClient:
         """The JSON answer of one request, retried by the policy of ``http_retry``; ``EndpointError`` otherwise."""
         url = self.base_url + path
         timeout = timeouts(self.request_timeout)
-        with httpx.Client(timeout=timeout, headers=self.headers) as client:
-            try:
-                response = send(lambda: request(client, method, url, payload, self.request_timeout),
-                                retries=self.retries, backoff=self.backoff, timeout=timeout)
-            except RequestFailed as exc:
-                raise EndpointError(f"Error: {url} {exc}", unreachable=exc.retryable) from None
+        try:
+            response = send(lambda: request(method, url, payload, self.request_timeout, timeout=timeout,
+                                            headers=self.headers), retries=self.retries, backoff=self.backoff,
+                            timeout=timeout)
+        except RequestFailed as exc:
+            raise EndpointError(f"Error: {url} {exc}", unreachable=exc.retryable) from None
         try:
             return response.json()
         except (ValueError, RecursionError):

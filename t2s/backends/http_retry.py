@@ -5,13 +5,16 @@ meets a status in ``RETRY_STATUSES``; the wait before retry ``i`` (1-based) is `
 Any other status is final at once. ``send`` (synchronous) and ``asend`` (asyncio) return the first 200 response or
 raise ``RequestFailed``, whose ``reason`` says how the last attempt failed and ``attempts`` how many were made.
 
-An attempt made by ``request``/``arequest`` reads its answer as it streams in: it times out once the whole answer
-has taken longer than the request timeout (httpx's own timeouts bound each read, so a server sending a byte a second
-would never time out), and it stops, without retrying, at ``MAX_ANSWER_BYTES``.
+An attempt made by ``request``/``arequest`` times out once the whole request, headers and body, has taken longer
+than the request timeout (httpx's own timeouts bound each read, so a server sending a byte a second would never time
+out), and reads its answer as it streams in, stopping without a retry at ``MAX_ANSWER_BYTES``. ``request`` runs the
+attempt on an asyncio client of its own, since only a coroutine can be stopped in the middle of a read.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from typing import Awaitable, Callable
 
@@ -84,22 +87,38 @@ class _Answer:
                               request=response.request)
 
 
-def request(client: httpx.Client, method: str, url: str, payload, seconds: float) -> httpx.Response:
-    """One attempt: the whole answer within ``seconds``, at most ``MAX_ANSWER_BYTES``."""
-    with client.stream(method, url, json=payload) as response:
-        answer = _Answer(response, seconds)
-        for chunk in response.iter_bytes():
-            answer.add(chunk)
-    return answer.whole()
+def request(method: str, url: str, payload, seconds: float, *, timeout: httpx.Timeout,
+            headers: dict) -> httpx.Response:
+    """One attempt from synchronous code: ``arequest`` on a client and event loop of its own."""
+
+    async def attempt() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=timeout, headers=headers, verify=_tls()) as client:
+            return await arequest(client, method, url, payload, seconds)
+
+    return asyncio.run(attempt())
+
+
+@functools.cache
+def _tls():
+    """One TLS context, httpx's default, for every client ``request`` makes (building one reads the certificate store:
+    most of the cost of a client)."""
+    return httpx.create_ssl_context()
 
 
 async def arequest(client: httpx.AsyncClient, method: str, url: str, payload, seconds: float) -> httpx.Response:
-    """``request`` for an asyncio client."""
-    async with client.stream(method, url, json=payload) as response:
-        answer = _Answer(response, seconds)
-        async for chunk in response.aiter_bytes():
-            answer.add(chunk)
-    return answer.whole()
+    """One attempt: the whole answer, headers included, within ``seconds``, at most ``MAX_ANSWER_BYTES``."""
+
+    async def read() -> httpx.Response:
+        async with client.stream(method, url, json=payload) as response:
+            answer = _Answer(response, seconds)
+            async for chunk in response.aiter_bytes():
+                answer.add(chunk)
+        return answer.whole()
+
+    try:
+        return await asyncio.wait_for(read(), seconds)
+    except asyncio.TimeoutError:
+        raise httpx.ReadTimeout(f"the answer took longer than {seconds:g} s") from None
 
 
 def _retried(exc: BaseException) -> bool:
