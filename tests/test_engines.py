@@ -423,3 +423,21 @@ def test_a_database_whose_descriptions_cannot_be_copied_is_left_out_with_a_reada
     errors = {db: info.get("error") for db, info in report["databases"].items()}
     assert errors == {db: f"could not copy {db}'s database_description files" for db in errors} and errors
     assert report["kept"] == 0 and report["reasons"] == {"database_not_converted": report["questions"]}
+
+
+def test_a_duckdb_files_views_are_listed_and_described(tmp_path):
+    """As on SQLite and PostgreSQL: a view is listed (after the tables), described by its DDL, and read."""
+    duckdb = pytest.importorskip("duckdb")
+    from t2s.env.tools import Toolbox
+
+    path = tmp_path / "views.duckdb"
+    with duckdb.connect(str(path)) as conn:
+        conn.execute("CREATE TABLE base (x INTEGER)")
+        conn.execute("INSERT INTO base VALUES (1)")
+        conn.execute("CREATE VIEW doubled AS SELECT x * 2 AS two FROM base")
+        conn.execute("CREATE TABLE later (y INTEGER)")
+    box = Toolbox(databases.user_db(str(path)))
+    assert box.call("list_tables", {}).text.splitlines() == ["base", "later", "doubled"]
+    assert box.call("describe_table", {"table_name": "doubled"}).text.startswith("CREATE VIEW doubled AS SELECT")
+    assert box.call("sample_rows", {"table_name": "doubled"}).text == "two\n2"
+    databases.close_thread_connections()

@@ -136,10 +136,11 @@ class DuckDBConnection(EngineConnection):
     def read_catalog(self) -> Catalog:
         cursor = self.conn.cursor()
         try:
-            rows = cursor.execute(
-                "SELECT table_name, sql FROM duckdb_tables() WHERE NOT internal AND NOT temporary "
-                "AND schema_name = current_schema() ORDER BY table_oid"
-            ).fetchall()
+            rows = [(name, sql) for name, sql, _, _ in cursor.execute(  # the tables, then the views
+                "SELECT table_name, sql, 0, table_oid FROM duckdb_tables() WHERE NOT internal AND NOT temporary "
+                "AND schema_name = current_schema() UNION ALL SELECT view_name, sql, 1, view_oid FROM duckdb_views() "
+                "WHERE NOT internal AND NOT temporary AND schema_name = current_schema() ORDER BY 3, 4"
+            ).fetchall()]
             tables = [name for name, _ in rows]
             ddl = {name: " ".join((sql or "").split()).rstrip(";") for name, sql in rows}
             columns: dict[str, list[tuple[str, str]]] = {name: [] for name in tables}
