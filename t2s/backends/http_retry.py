@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from typing import Awaitable, Callable
 
 import httpx
@@ -61,32 +60,6 @@ def timeouts(request_timeout: float, connect_timeout: float | None = None) -> ht
     return httpx.Timeout(request_timeout, connect=request_timeout if connect_timeout is None else connect_timeout)
 
 
-class _Answer:
-    """An answer read as it streams in, within ``seconds`` of its request and at most ``MAX_ANSWER_BYTES`` long."""
-
-    def __init__(self, response: httpx.Response, seconds: float):
-        self.response, self.seconds = response, seconds
-        self.deadline = time.monotonic() + seconds
-        self.chunks: list[bytes] = []
-        self.size = 0
-
-    def add(self, chunk: bytes) -> None:
-        self.size += len(chunk)
-        if self.size > MAX_ANSWER_BYTES:
-            raise AnswerTooLarge(f"its answer is longer than {MAX_ANSWER_BYTES:,} bytes")
-        if time.monotonic() > self.deadline:
-            raise httpx.ReadTimeout(f"the answer took longer than {self.seconds:g} s", request=self.response.request)
-        self.chunks.append(chunk)
-
-    def whole(self) -> httpx.Response:
-        """A response holding the body (already decoded, so without the headers that say how it was sent)."""
-        response = self.response
-        headers = {key: value for key, value in response.headers.items()
-                   if key.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
-        return httpx.Response(response.status_code, headers=headers, content=b"".join(self.chunks),
-                              request=response.request)
-
-
 def request(method: str, url: str, payload, seconds: float, *, timeout: httpx.Timeout,
             headers: dict) -> httpx.Response:
     """One attempt from synchronous code: ``arequest`` on a client and event loop of its own."""
@@ -109,11 +82,18 @@ async def arequest(client: httpx.AsyncClient, method: str, url: str, payload, se
     """One attempt: the whole answer, headers included, within ``seconds``, at most ``MAX_ANSWER_BYTES``."""
 
     async def read() -> httpx.Response:
+        chunks, size = [], 0
         async with client.stream(method, url, json=payload) as response:
-            answer = _Answer(response, seconds)
             async for chunk in response.aiter_bytes():
-                answer.add(chunk)
-        return answer.whole()
+                size += len(chunk)
+                if size > MAX_ANSWER_BYTES:
+                    raise AnswerTooLarge(f"its answer is longer than {MAX_ANSWER_BYTES:,} bytes")
+                chunks.append(chunk)
+        # the body is decoded already: without the headers that say how it was sent
+        headers = {key: value for key, value in response.headers.items()
+                   if key.lower() not in ("content-encoding", "content-length", "transfer-encoding")}
+        return httpx.Response(response.status_code, headers=headers, content=b"".join(chunks),
+                              request=response.request)
 
     try:
         return await asyncio.wait_for(read(), seconds)
