@@ -103,7 +103,9 @@ def test_resume_from_checkpoint_latest_picks_the_newest_checkpoint(tmp_path):
     for step in (2, 10, 4):
         _write_complete_checkpoint(tmp_path / f"checkpoint-{step}", step)
     assert resume_checkpoint(make_config(tmp_path, resume_from_checkpoint="latest")).endswith("checkpoint-10")
-    assert resume_checkpoint(make_config(tmp_path)) is None
+    with pytest.raises(ConfigError, match=r"holds a training run \(checkpoint-10, checkpoint-4, checkpoint-2\)"):
+        resume_checkpoint(make_config(tmp_path))  # a fresh run would write over them
+    assert resume_checkpoint(make_config(tmp_path / "fresh")) is None
     with pytest.raises(ConfigError, match="not found"):
         resume_checkpoint(make_config(tmp_path, resume_from_checkpoint=str(tmp_path / "checkpoint-99")))
     with pytest.raises(ConfigError, match="no checkpoint"):

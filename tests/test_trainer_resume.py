@@ -79,7 +79,7 @@ def test_latest_passes_over_an_incomplete_newest_checkpoint_with_one_warning(run
 
 
 @pytest.mark.parametrize("damage", ["no trainer_state", "cut weights"])
-def test_training_resumes_from_the_complete_checkpoint(tiny_model_dir, run_copy, damage):
+def test_training_resumes_from_the_complete_checkpoint(tiny_model_dir, finished_run, run_copy, damage):
     output, betas = run_copy
     DAMAGE[damage][0](output / "checkpoint-3")
     args_checkpoint = resume_checkpoint(make_config(output, resume_from_checkpoint="latest"))
@@ -87,6 +87,37 @@ def test_training_resumes_from_the_complete_checkpoint(tiny_model_dir, run_copy,
     trainer.train(resume_from_checkpoint=args_checkpoint)
     assert trainer.state.global_step == 3 and len(runner.seen) == 1  # step 3 trained again, steps 1-2 restored
     assert _betas(trainer) == pytest.approx(betas, rel=1e-9)
+    # metrics.jsonl holds each step once: the lines the first run wrote after checkpoint-2 gave way to the resumed ones
+    assert _logged_steps(output) == _logged_steps(finished_run[0]) and _logged_steps(output).count(3) == 2
+
+
+def _logged_steps(output) -> list[int]:
+    return [json.loads(line)["step"] for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_fresh_run_starts_its_metrics_file_afresh_and_train_refuses_a_used_folder(tiny_model_dir, run_copy,
+                                                                                       capsys):
+    from t2s.commands import main
+
+    output, _ = run_copy
+    with (output / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": 7, "loss": 0.')  # a line a crash cut off
+    (output / "train_summary.json").write_text("{}")  # as `train` writes at the end of a run
+    for name in ("checkpoint-1", "checkpoint-2", "checkpoint-3", "train_summary.json"):
+        with pytest.raises(ConfigError, match="already holds a training run"):
+            resume_checkpoint(make_config(output))  # what `train` checks before it loads anything
+        shutil.rmtree(output / name) if (output / name).is_dir() else (output / name).unlink(missing_ok=True)
+    assert resume_checkpoint(make_config(output)) is None  # a metrics file alone is no run to lose
+    trainer, _ = build_trainer(tiny_model_dir, output, max_steps=1, **RUN)
+    trainer.train()
+    assert _logged_steps(output) == [1, 1]  # the step and the run's summary line, nothing of the earlier run
+    capsys.readouterr()
+    code = main(["train", "--config", str(RECIPES_DIR / "smoke.yaml"), "--model_name_or_path", str(tiny_model_dir),
+                 "--output_dir", str(output)])  # the run above left checkpoint-1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"Error: {output} already holds a training run (checkpoint-1)"), err
+    assert "--resume_from_checkpoint latest" in err[0]
 
 
 def test_only_incomplete_checkpoints_is_one_error_line(run_copy, tiny_model_dir, capsys):

@@ -179,6 +179,14 @@ def checkpoints_newest_first(output_dir: str | os.PathLike) -> list[Path]:
     return [path for _, path in sorted(found, reverse=True)]
 
 
+def previous_run(output_dir: str | os.PathLike) -> list[str]:
+    """What in ``output_dir`` a finished or interrupted training run left: its ``checkpoint-N`` folders (newest first)
+    and ``train_summary.json``. A fresh run there would write over those checkpoints (and a ``save_total_limit`` would
+    delete the older run's), so ``train`` refuses one unless it resumes."""
+    held = [path.name for path in checkpoints_newest_first(output_dir)]
+    return held + ["train_summary.json"] * os.path.isfile(os.path.join(output_dir, "train_summary.json"))
+
+
 def newest_complete_checkpoint(output_dir: str | os.PathLike, *, model_only: bool = False
                                ) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest complete checkpoint in ``output_dir`` (or None), and the newer incomplete ones with their problem."""

@@ -239,23 +239,24 @@ def resume_checkpoint(training_args) -> str | None:
 
     ``latest`` passes over newer incomplete checkpoints (``t2s.training.checkpoints.checkpoint_problem``, e.g. a save
     cut off by a crash) with one warning naming them and the one chosen; a named folder that is incomplete is a
-    ConfigError.
-    """
-    from t2s.training.checkpoints import checkpoint_problem, newest_complete_checkpoint
+    ConfigError, and so is a fresh run into an output_dir that holds a run (``checkpoints.previous_run``)."""
+    from t2s.training.checkpoints import checkpoint_problem, newest_complete_checkpoint, previous_run
     from t2s.training.configs import ConfigError
 
-    value = training_args.resume_from_checkpoint
+    value, output_dir = training_args.resume_from_checkpoint, training_args.output_dir
     if value in (None, "", False):
+        if held := previous_run(output_dir):  # a fresh run would write over them
+            raise ConfigError(f"Error: {output_dir} already holds a training run ({', '.join(held[:3])}): continue it "
+                              "with --resume_from_checkpoint latest, or start afresh in another --output_dir.")
         return None
     model_only = bool(getattr(training_args, "save_only_model", False))
     if str(value).lower() in ("latest", "last", "true"):
-        found, skipped = newest_complete_checkpoint(training_args.output_dir, model_only=model_only)
+        found, skipped = newest_complete_checkpoint(output_dir, model_only=model_only)
         passed_over = "; ".join(f"{folder} ({problem})" for folder, problem in skipped)
         if found is None and not skipped:
-            raise ConfigError(f"Error: no checkpoint to resume in {training_args.output_dir}.")
+            raise ConfigError(f"Error: no checkpoint to resume in {output_dir}.")
         if found is None:
-            raise ConfigError(f"Error: no complete checkpoint to resume in {training_args.output_dir}: incomplete "
-                              f"{passed_over}.")
+            raise ConfigError(f"Error: no complete checkpoint to resume in {output_dir}: incomplete {passed_over}.")
         if skipped and int(os.environ.get("RANK", "0")) == 0:
             log.warning("resuming from %s: passing over incomplete %s", found, passed_over)
         return str(found)

@@ -113,7 +113,11 @@ METRICS_FILE = "metrics.jsonl"
 
 def metrics_file():
     """A TrainerCallback that appends each logged step's metrics (every key TRL and t2s log) as one JSON line
-    ``{"step": N, ...}`` to ``output_dir/metrics.jsonl``, on the main process only."""
+    ``{"step": N, ...}`` to ``output_dir/metrics.jsonl``, on the main process only.
+
+    Before its first line the file keeps only what this run continues: a fresh run starts it afresh, a resumed one
+    keeps the lines up to its checkpoint's step, so the steps a crashed run logged after that checkpoint, which the
+    resumed run trains again, are not there twice (a line cut off by the crash goes too)."""
     import json
     import math
     import os
@@ -125,14 +129,41 @@ def metrics_file():
             return str(value)  # JSON has no NaN or infinity
         return value
 
+    def step_of(line: str):
+        try:
+            step = json.loads(line).get("step")
+        except (ValueError, AttributeError, RecursionError):  # a line cut off, or not ours
+            return None
+        return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+    def keep_until(path: str, last_step: int) -> None:
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                kept = [line for line in handle if (step := step_of(line)) is not None and step <= last_step]
+        except FileNotFoundError:
+            return
+        with open(path + ".tmp", "w", encoding="utf-8") as handle:
+            handle.writelines(line if line.endswith("\n") else line + "\n" for line in kept)
+        os.replace(path + ".tmp", path)
+
     class MetricsFile(TrainerCallback):
+        start: int | None = None  # the step this run started from: 0, or its checkpoint's when resumed
+        trimmed = False
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if self.start is None:  # HF has restored a resumed run's state by now, not yet at on_train_begin
+                self.start = state.global_step
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or not state.is_world_process_zero:
                 return
             os.makedirs(args.output_dir, exist_ok=True)
+            path = os.path.join(args.output_dir, METRICS_FILE)
+            if not self.trimmed:
+                keep_until(path, state.global_step if self.start is None else self.start)
+                self.trimmed = True
             line = {"step": state.global_step, **{key: plain(value) for key, value in logs.items()}}
-            with open(os.path.join(args.output_dir, METRICS_FILE), "a", encoding="utf-8") as handle:
+            with open(path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(line, default=str) + "\n")
 
     return MetricsFile()
-
