@@ -89,7 +89,7 @@ def test_a_server_killed_mid_eval_loses_no_episode(tiny_model_dir, tiny_tokenize
     assert len({line["question_id"] for line in lines}) == len(lines) == 12  # each written once
     assert {k: summary[k] for k in FIGURES} == {k: clean[k] for k in FIGURES}
     err = capsys.readouterr().err
-    assert err.count(f"Warning: the server at {doomed.base_url} stopped answering") == 1
+    assert err.count(f"Warning: the server at {doomed.base_url} is left out") == 1
 
 
 def test_with_every_server_gone_the_eval_fails_with_one_line(tiny_model_dir, demo_dir, tmp_path):
@@ -97,3 +97,34 @@ def test_with_every_server_gone_the_eval_fails_with_one_line(tiny_model_dir, dem
 
     with pytest.raises(EvalError, match="is the server running"):
         run(tiny_model_dir, demo_dir, tmp_path / "none", refused_url(), refused_url())
+
+
+@pytest.mark.parametrize("mode", ["completions", "tools"])
+def test_a_server_answering_nonsense_is_left_out_and_its_turns_go_to_the_other(tiny_model_dir, tiny_tokenizer,
+                                                                               demo_dir, tmp_path, capsys, mode):
+    """A 200 that is no answer (a proxy's page, another API) is the server's fault, as a refused connection is: the
+    turn goes to the other server, so the run scores as a clean one instead of failing those episodes (completions)
+    or stopping (tools)."""
+    from tests.test_tools_endpoint import gold_replies
+
+    gold = gold_by_question(demo_dir)
+    agent = CompletionsGoodAgent(tiny_tokenizer, gold)
+    reply = gold_replies(gold) if mode == "tools" else ("Thinking.", "The answer.")
+    extra = ["--dialect", "sibling"] if mode == "tools" else []
+    def served(server) -> int:
+        return len(server.requests) + len(server.chat_requests)
+
+    with FakeVLLMServer(agent, chat_reply=reply) as one:
+        clean = run(tiny_model_dir, demo_dir, tmp_path / "clean", one.base_url, mode=mode, extra=extra)
+    with FakeVLLMServer(agent, chat_reply=reply, faults=["garbage"] * 1000) as bad, \
+            FakeVLLMServer(agent, chat_reply=reply) as good:
+        summary = run(tiny_model_dir, demo_dir, tmp_path / "mixed", bad.base_url, good.base_url, mode=mode,
+                      extra=extra)
+    # the nonsense server got the requests routed before its first answer, then none; the other played every turn
+    assert served(bad) >= 1 and served(good) == served(one)
+    lines = episodes(tmp_path / "mixed")
+    assert len({line["question_id"] for line in lines}) == len(lines) == 12
+    assert {k: summary[k] for k in FIGURES} == {k: clean[k] for k in FIGURES}
+    assert clean["execution_accuracy_official"] == 1.0
+    err = capsys.readouterr().err
+    assert err.count(f"Warning: the server at {bad.base_url} is left out") == 1, err

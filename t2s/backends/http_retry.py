@@ -49,6 +49,15 @@ class RequestFailed(Exception):
         self.retryable = retryable
 
 
+class UnusableAnswer(RequestFailed):
+    """The server answered 200 with something that is no answer (not the API's shape, token ids outside the
+    vocabulary). Never retried on that server, whose next answer would be the same; ``retryable``, since another server
+    of the model may answer it (``server_pool``)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason, 1, True)
+
+
 def normalise_base_url(url: str) -> str:
     """The server's root: ``http://host:port/v1/`` becomes ``http://host:port``."""
     url = url.rstrip("/")

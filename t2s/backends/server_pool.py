@@ -9,9 +9,11 @@
   flight: a chat request carries its whole history, so any server can take any turn.
 
 A server whose request still fails after its retries because it cannot be reached (refused connection, time-out, a
-5xx answer) is marked down and reported once on stderr, and the turn goes to another live server: the episode goes
-on there, so none is lost and none is played twice. A request the server refuses (a 400) is the turn's own failure,
-as with one server. When no server is left, the turn fails as a single server's would.
+5xx answer), or that answers 200 with something that is no answer (not the API's shape, token ids outside the
+vocabulary: a proxy's page, another model), is marked down and reported once on stderr, and the turn goes to another
+live server: the episode goes on there, so none is lost and none is played twice. A request the server refuses (a
+400) is the turn's own failure, as with one server. When no server is left, the turn fails as a single server's
+would.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def _say_down(url: str, reason: str, left: int) -> None:
     from t2s.ui.console import print_line
 
     where = f"its turns go to the {left} other server(s)" if left else "no server is left"
-    print_line(f"Warning: the server at {url} stopped answering ({reason}); {where}", stderr=True)
+    print_line(f"Warning: the server at {url} is left out ({reason}); {where}", stderr=True)
 
 
 class _Health:
@@ -91,7 +93,7 @@ class ServerPool:
     async def agenerate(
         self, prompt_ids: list[int], max_tokens: int, sampling: SamplingSettings, seed: int | None = None
     ) -> TurnOutput:
-        """One turn on the episode's server, or on another live one when that server stopped answering."""
+        """One turn on the episode's server, or on another live one when that server is down."""
         tried: set[int] = set()
         last = "no server was tried"
         while (index := self.health.pick(_EPISODE_SERVER.get(), tried)) is not None:
@@ -159,7 +161,7 @@ class ChatClientPool:
                 with self.health.taking(index):
                     return call(self.clients[index])
             except EndpointError as exc:
-                if not exc.unreachable:
+                if not exc.server_fault:
                     raise
                 last = exc
                 tried.add(index)

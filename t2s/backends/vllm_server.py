@@ -21,7 +21,7 @@ from typing import Sequence
 import httpx
 
 from t2s.backends.base import SamplingSettings, TurnOutput, engine_turn, stop_token_ids
-from t2s.backends.http_retry import RequestFailed, arequest, asend, normalise_base_url, timeouts
+from t2s.backends.http_retry import RequestFailed, UnusableAnswer, arequest, asend, normalise_base_url, timeouts
 
 
 
@@ -207,6 +207,8 @@ class VLLMServerBackend:
         """One turn; never raises for server trouble: after the retries it answers finish "error"."""
         try:
             return await self.arequest_turn(prompt_ids, max_tokens, sampling, seed)
+        except UnusableAnswer as exc:
+            return TurnOutput.failed(exc.reason)
         except RequestFailed as exc:
             return TurnOutput.failed(f"{self.base_url}/v1/completions {exc}")
 
@@ -214,20 +216,20 @@ class VLLMServerBackend:
         self, prompt_ids: list[int], max_tokens: int, sampling: SamplingSettings, seed: int | None = None
     ) -> TurnOutput:
         """One turn, raising ``RequestFailed`` when the server could not answer it after the retries (its
-        ``retryable`` is False when the server answered and refused); an unreadable answer is a failed turn."""
+        ``retryable`` is False when the server answered and refused), ``UnusableAnswer`` for an unreadable answer."""
         try:
             model = await self.amodel_name()
         except RequestFailed as exc:
             raise RequestFailed(f"could not read the model name from {self.base_url}/v1/models: {exc.reason}",
                                 exc.attempts, exc.retryable) from None
         except (KeyError, IndexError, TypeError, AttributeError) as exc:
-            return TurnOutput.failed(f"could not read the model name from {self.base_url}/v1/models: {exc}")
+            raise UnusableAnswer(f"could not read the model name from {self.base_url}/v1/models: {exc}") from None
         body = self.request_body(model, prompt_ids, max_tokens, sampling, seed)
         answer = await self._send("POST", "/v1/completions", body)
         try:
             return self.parse_choice(answer["choices"][0], max_tokens)
         except (KeyError, IndexError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            return TurnOutput.failed(f"unreadable completion from {self.base_url}: {exc!r}")
+            raise UnusableAnswer(f"unreadable completion from {self.base_url}: {exc!r}") from None
 
     def parse_choice(self, choice: dict, max_tokens: int) -> TurnOutput:
         """Token ids (``token_ids``, else the ``token_id:N`` strings) and ``token_logprobs`` of one choice; a ValueError
