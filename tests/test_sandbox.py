@@ -482,3 +482,40 @@ def test_connections_per_thread_and_purpose(db):
     assert tool.isolation_level is None
     assert tool.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED) == 0
     assert tool.getlimit(sqlite3.SQLITE_LIMIT_LENGTH) == LIMITS.max_value_length
+
+
+VIRTUAL_READS = {  # a read of an R*Tree or full-text table, and what it returns
+    "SELECT id FROM boxes WHERE min_x >= 0 AND max_x <= 20 ORDER BY id": [(1,), (2,)],
+    "SELECT count(*) FROM boxes": [(3,)],
+    "SELECT body FROM notes5 WHERE notes5 MATCH 'cheap' ORDER BY rowid": [("cheap flights",)],
+    "SELECT highlight(notes5, 0, '<', '>') FROM notes5 WHERE notes5 MATCH 'hotels'": [("<hotels> nearby",)],
+    "SELECT body FROM notes4 WHERE notes4 MATCH 'nearby'": [("hotels nearby",)],
+}
+VIRTUAL_WRITES = ["INSERT INTO boxes VALUES (9, 0, 1, 0, 1)", "UPDATE boxes SET min_x = 5", "DELETE FROM boxes",
+                  "INSERT INTO boxes_node VALUES (7, x'00')", "INSERT INTO notes5(notes5) VALUES ('optimize')",
+                  "INSERT INTO notes4 VALUES ('x')", "DELETE FROM notes5_data"]
+
+
+@pytest.mark.parametrize("ref_kind", ["benchmark", "user"])
+def test_virtual_tables_read_as_tables_and_refuse_writes(tmp_path, ref_kind):
+    """An R*Tree or full-text table prepares writes to its shadow tables when a connection first reads it: a plain
+    SELECT of one is a read, not a refused write attempt, and a write to it is still refused."""
+    path = tmp_path / "virtual.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE VIRTUAL TABLE boxes USING rtree(id, min_x, max_x, min_y, max_y)")
+        conn.executemany("INSERT INTO boxes VALUES (?, ?, ?, 0, 1)", [(1, 0, 10), (2, 5, 15), (3, 50, 60)])
+        conn.execute("CREATE VIRTUAL TABLE notes5 USING fts5(body)")
+        conn.execute("CREATE VIRTUAL TABLE notes4 USING fts4(body)")
+        for table in ("notes5", "notes4"):
+            conn.executemany(f"INSERT INTO {table} VALUES (?)", [("cheap flights",), ("hotels nearby",)])
+    conn.close()
+    before, listing = file_checksum(path), sorted(os.listdir(tmp_path))
+    ref = benchmark_db(path) if ref_kind == "benchmark" else user_db(path)
+    for sql, expected in VIRTUAL_READS.items():
+        for result in (run_tool_query(ref, sql, max_rows=5), run_scoring_query(ref, sql, timeout=5)):
+            assert result.ok and not result.write_attempt, (sql, result.error)
+            assert result.rows == expected, sql
+    for sql in VIRTUAL_WRITES:
+        result = run_tool_query(ref, sql, max_rows=5)
+        assert result.error and result.write_attempt, (sql, result.error)
+    assert file_checksum(path) == before and sorted(os.listdir(tmp_path)) == listing

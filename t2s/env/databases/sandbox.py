@@ -8,6 +8,12 @@
 * **Authorizer allowlist.** SELECT, READ, RECURSIVE, functions other than ``load_extension``/``fts3_tokenizer``,
   read-only introspection PRAGMAs, and the ``UPDATE sqlite_master`` that SQLite issues (with no trigger context) to
   build eponymous virtual tables such as ``json_each``. Everything else is denied, transactions included.
+* **Virtual tables, connected first.** An R*Tree or full-text table prepares its own statements, writes to its shadow
+  tables among them, when a connection first reads it, and the authorizer cannot tell those from a query's own, so a
+  plain SELECT of one would be refused as a write. Each virtual table the file declares is read once (``LIMIT 0``)
+  before the authorizer is set; a query's writes to it are still refused, since its INSERT, UPDATE or DELETE is the
+  query's own. FTS5 also prepares ``PRAGMA data_version`` (a read-only counter) at every query, so that PRAGMA is
+  allowed.
 * **Deadlines.** The progress handler is the backstop of :mod:`t2s.env.databases.deadlines`.
 """
 
@@ -26,9 +32,10 @@ from t2s.env.databases.functions import (
 )
 
 _SCHEMA_TABLES = frozenset({"sqlite_master", "sqlite_schema", "sqlite_temp_master", "sqlite_temp_schema"})
-_READ_ONLY_PRAGMAS = frozenset(
-    {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list"}
+_READ_ONLY_PRAGMAS = frozenset(  # and data_version, a counter FTS5 prepares and reads at every query of its tables
+    {"table_info", "table_xinfo", "index_list", "index_info", "index_xinfo", "foreign_key_list", "data_version"}
 )
+MAX_VIRTUAL_TABLES = 256  # connected before the authorizer; a read of any further one is refused as before
 _DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer"})
 
 # Authorizer action codes whose denial is a write attempt (PRAGMA and UPDATE are decided case by case).
@@ -158,6 +165,24 @@ def apply_sandbox(conn: SandboxConnection, label: str) -> SandboxConnection:
     conn.create_function("instr", 2, conn._instr, deterministic=True)
     conn.create_function("replace", 3, conn._replace, deterministic=True)
     conn.execute("PRAGMA query_only = ON")
+    _connect_virtual_tables(conn)
     conn.set_authorizer(conn._authorize)
     conn.set_progress_handler(conn._progress, bounds.progress_interval)
     return conn
+
+
+def _connect_virtual_tables(conn: SandboxConnection) -> None:
+    """Read each virtual table the file declares once, before the authorizer is set (module docstring); one that
+    cannot be read (a module this SQLite lacks, a damaged table) is left for the query that names it to report."""
+    try:
+        names = [row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%' LIMIT ?",
+            (MAX_VIRTUAL_TABLES,))]
+    except sqlite3.Error:
+        return
+    for name in names:
+        if isinstance(name, str):
+            try:
+                conn.execute('SELECT 1 FROM "{}" LIMIT 0'.format(name.replace('"', '""'))).fetchall()
+            except (sqlite3.Error, ValueError, MemoryError):
+                continue
