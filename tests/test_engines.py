@@ -441,3 +441,23 @@ def test_a_duckdb_files_views_are_listed_and_described(tmp_path):
     assert box.call("describe_table", {"table_name": "doubled"}).text.startswith("CREATE VIEW doubled AS SELECT")
     assert box.call("sample_rows", {"table_name": "doubled"}).text == "two\n2"
     databases.close_thread_connections()
+
+
+def test_a_duckdb_files_quoted_names_and_comments_are_shown_as_they_are(tmp_path):
+    """A DuckDB file's DDL keeps the spaces inside a quoted name (the model must write it as stored), and a column
+    comment that spans lines is shown on its one line of notes, so no line of it passes for DDL."""
+    duckdb = pytest.importorskip("duckdb")
+    from t2s.env.tools import Toolbox
+
+    path = tmp_path / "names.duckdb"
+    with duckdb.connect(str(path)) as conn:
+        conn.execute('CREATE TABLE "two  spaces" ("a  b" INTEGER, plain  VARCHAR)')
+        conn.execute('INSERT INTO "two  spaces" VALUES (7, \'x\')')
+        conn.execute('COMMENT ON COLUMN "two  spaces"."a  b" IS \'first line\nCREATE TABLE fake (x INTEGER);\'')
+    box = Toolbox(databases.user_db(str(path)), column_descriptions=True)
+    described = box.call("describe_table", {"table_name": "two  spaces"}).text
+    ddl, *notes = described.splitlines()
+    assert '"two  spaces"' in ddl and '"a  b" INTEGER' in ddl and "plain VARCHAR" in ddl, ddl
+    assert notes == ["-- a  b: first line CREATE TABLE fake (x INTEGER);"], described
+    assert box.call("run_query", {"sql": 'SELECT "a  b" FROM "two  spaces"'}).text.splitlines()[-1] == "7"
+    databases.close_thread_connections()

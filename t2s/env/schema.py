@@ -16,46 +16,7 @@ from collections import deque
 from pathlib import Path
 
 from t2s.env.databases import DatabaseRef, quote_identifier, read_catalog, tool_connection
-
-@functools.lru_cache(maxsize=4096)
-def one_line_ddl(sql: str) -> str:
-    """Collapse whitespace runs to one space outside quoted strings and identifiers; ``--`` comments become
-    ``/* */``."""
-    out: list[str] = []
-    i, n = 0, len(sql)
-    closing = {"'": "'", '"': '"', "`": "`", "[": "]"}
-    pending_space = False
-    while i < n:
-        ch = sql[i]
-        if ch.isspace():
-            pending_space = True
-            i += 1
-            continue
-        if pending_space and out:
-            out.append(" ")
-        pending_space = False
-        if ch in closing:
-            end = sql.find(closing[ch], i + 1)
-            end = n - 1 if end < 0 else end
-            out.append(sql[i : end + 1])
-            i = end + 1
-        elif sql.startswith("--", i):
-            end = sql.find("\n", i)
-            end = n if end < 0 else end
-            text = " ".join(sql[i + 2 : end].split()).replace("*/", "* /")
-            out.append(f"/* {text} */" if text else "")
-            pending_space = True
-            i = end
-        elif sql.startswith("/*", i):
-            end = sql.find("*/", i + 2)
-            end = n if end < 0 else end + 2
-            out.append(sql[i:end])
-            i = end
-        else:
-            out.append(ch)
-            i += 1
-    return "".join(out).strip()
-
+from t2s.env.databases.sqltext import one_line_ddl
 
 class Schema:
     """Tables, columns, one-line DDL and the foreign-key graph of one database."""

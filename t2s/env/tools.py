@@ -284,7 +284,7 @@ class Toolbox:
                 except Exception:
                     self._descriptions = {}
         notes = self._descriptions.get(table.lower(), {})
-        return "\n".join(f"-- {col}: {text}" for col, text in notes.items() if text)
+        return "\n".join(f"-- {col}: {' '.join(str(text).split())}" for col, text in notes.items() if text)  # one line
 
     def _foreign_keys(self, tool, args, timeout) -> Outcome:
         table = self._table(args["table_name"])

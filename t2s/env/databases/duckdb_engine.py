@@ -25,6 +25,7 @@ import os
 
 from t2s.env.databases.engine_base import Catalog, EngineConnection, fetch_capped, refused
 from t2s.env.databases.results import QueryResult
+from t2s.env.databases.sqltext import one_line_ddl
 
 MEMORY_LIMIT = "1GB"
 THREADS = 1  # one thread: a query without ORDER BY returns its rows in the same order every time (strict EX)
@@ -142,7 +143,7 @@ class DuckDBConnection(EngineConnection):
                 "WHERE NOT internal AND NOT temporary AND schema_name = current_schema() ORDER BY 3, 4"
             ).fetchall()]
             tables = [name for name, _ in rows]
-            ddl = {name: " ".join((sql or "").split()).rstrip(";") for name, sql in rows}
+            ddl = {name: one_line_ddl(sql or "").rstrip(";") for name, sql in rows}
             columns: dict[str, list[tuple[str, str]]] = {name: [] for name in tables}
             comments: dict[str, dict[str, str]] = {}
             for table, column, kind, comment in cursor.execute(

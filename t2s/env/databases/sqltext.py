@@ -5,6 +5,8 @@ Plain scans, linear in the length of the text whatever it holds (no regular expr
 
 from __future__ import annotations
 
+import functools
+
 
 def skip_blanks(sql: str, pos: int = 0, *, semicolons: bool = False) -> int:
     """The index of the first character at or after ``pos`` that is not whitespace or inside a comment.
@@ -104,3 +106,43 @@ def statement_end(sql: str, start: int = 0) -> int:
         if state == _START and token == _SEMI_T:
             return pos
     return -1
+
+
+@functools.lru_cache(maxsize=4096)
+def one_line_ddl(sql: str) -> str:
+    """Collapse whitespace runs to one space outside quoted strings and identifiers; ``--`` comments become
+    ``/* */``."""
+    out: list[str] = []
+    i, n = 0, len(sql)
+    closing = {"'": "'", '"': '"', "`": "`", "[": "]"}
+    pending_space = False
+    while i < n:
+        ch = sql[i]
+        if ch.isspace():
+            pending_space = True
+            i += 1
+            continue
+        if pending_space and out:
+            out.append(" ")
+        pending_space = False
+        if ch in closing:
+            end = sql.find(closing[ch], i + 1)
+            end = n - 1 if end < 0 else end
+            out.append(sql[i : end + 1])
+            i = end + 1
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            end = n if end < 0 else end
+            text = " ".join(sql[i + 2 : end].split()).replace("*/", "* /")
+            out.append(f"/* {text} */" if text else "")
+            pending_space = True
+            i = end
+        elif sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            end = n if end < 0 else end + 2
+            out.append(sql[i:end])
+            i = end
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out).strip()
