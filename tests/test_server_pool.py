@@ -128,3 +128,41 @@ def test_a_server_answering_nonsense_is_left_out_and_its_turns_go_to_the_other(t
     assert clean["execution_accuracy_official"] == 1.0
     err = capsys.readouterr().err
     assert err.count(f"Warning: the server at {bad.base_url} is left out") == 1, err
+
+
+def test_one_request_no_server_answers_usably_fails_alone_and_takes_no_server_down():
+    """An unusable answer moves the turn to another server; a server is left out only after three in a row. So a
+    request that every server answers with nonsense fails on its own, and the next is played as usual."""
+    from t2s.backends.base import SamplingSettings, TurnOutput
+    from t2s.backends.http_retry import UnusableAnswer
+    from t2s.backends.server_pool import UNUSABLE_IN_A_ROW, ServerPool
+
+    class Stub:
+        stop_token_ids = (0,)
+
+        def __init__(self, url, broken=()):
+            self.base_url, self.broken, self.seen = url, set(broken), []
+
+        async def arequest_turn(self, prompt_ids, max_tokens, sampling, seed=None):
+            self.seen.append(prompt_ids[0])
+            if prompt_ids[0] in self.broken or "always" in self.broken:
+                raise UnusableAnswer(f"unreadable completion from {self.base_url}")
+            return TurnOutput([5, 0], [-0.1, -0.2], "stop", 0)
+
+        async def aclose(self):
+            pass
+
+    reports = []
+    a, b = Stub("http://a", broken={666}), Stub("http://b", broken={666})
+    pool = ServerPool([a, b], report=lambda url, reason, left: reports.append(url))
+    odd, plain = pool.generate([[666], [1]], [4, 4], SamplingSettings())
+    assert odd.finish_reason == "error" and "no server answered this turn" in odd.error and plain.token_ids == [5, 0]
+    assert a.seen.count(666) == b.seen.count(666) == 1 and not reports and not pool.health.down
+
+    bad, good = Stub("http://bad", broken={"always"}), Stub("http://good")
+    pool = ServerPool([bad, good], report=lambda url, reason, left: reports.append((url, reason)))
+    turns = [pool.generate([[n]], [4], SamplingSettings())[0] for n in range(2 * UNUSABLE_IN_A_ROW)]
+    assert all(turn.token_ids == [5, 0] for turn in turns)  # every turn went on to the good server
+    assert len(bad.seen) == UNUSABLE_IN_A_ROW and len(good.seen) == len(turns)
+    (url, reason), = reports
+    assert url == "http://bad" and reason.startswith(f"{UNUSABLE_IN_A_ROW} unusable answers in a row")

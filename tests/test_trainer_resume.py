@@ -88,11 +88,16 @@ def test_training_resumes_from_the_complete_checkpoint(tiny_model_dir, finished_
     assert trainer.state.global_step == 3 and len(runner.seen) == 1  # step 3 trained again, steps 1-2 restored
     assert _betas(trainer) == pytest.approx(betas, rel=1e-9)
     # metrics.jsonl holds each step once: the lines the first run wrote after checkpoint-2 gave way to the resumed ones
-    assert _logged_steps(output) == _logged_steps(finished_run[0]) and _logged_steps(output).count(3) == 2
+    assert _logged_steps(output) == _logged_steps(finished_run[0]) == [1, 2, 3, 3]  # the last: the run's summary
+    assert ["train_runtime" in line for line in _logged(output)] == [False, False, False, True]
+
+
+def _logged(output) -> list[dict]:
+    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
 
 
 def _logged_steps(output) -> list[int]:
-    return [json.loads(line)["step"] for line in (output / "metrics.jsonl").read_text().splitlines()]
+    return [line["step"] for line in _logged(output)]
 
 
 def test_a_fresh_run_starts_its_metrics_file_afresh_and_train_refuses_a_used_folder(tiny_model_dir, run_copy,
@@ -101,11 +106,13 @@ def test_a_fresh_run_starts_its_metrics_file_afresh_and_train_refuses_a_used_fol
 
     output, _ = run_copy
     with (output / "metrics.jsonl").open("a") as handle:
-        handle.write('{"step": 7, "loss": 0.')  # a line a crash cut off
+        handle.write('{"step": 0, "eval_loss": 1.0}\n{"step": 7, "loss": 0.')  # a line a crash cut off
     (output / "train_summary.json").write_text("{}")  # as `train` writes at the end of a run
     for name in ("checkpoint-1", "checkpoint-2", "checkpoint-3", "train_summary.json"):
-        with pytest.raises(ConfigError, match="already holds a training run"):
+        with pytest.raises(ConfigError, match="already holds a training run") as refused:
             resume_checkpoint(make_config(output))  # what `train` checks before it loads anything
+        # resuming is offered only while a complete checkpoint is there to resume
+        assert ("--resume_from_checkpoint latest" in str(refused.value)) == (name != "train_summary.json")
         shutil.rmtree(output / name) if (output / name).is_dir() else (output / name).unlink(missing_ok=True)
     assert resume_checkpoint(make_config(output)) is None  # a metrics file alone is no run to lose
     trainer, _ = build_trainer(tiny_model_dir, output, max_steps=1, **RUN)

@@ -25,13 +25,13 @@ from t2s.env.turns import split_thinking
 
 class EndpointError(RuntimeError):
     """The endpoint could not be reached, kept failing or answered nonsense; the message begins with ``Error:``.
-    ``server_fault`` is True when the server did not answer (refused, timed out, 5xx after the retries) or answered
-    200 with something that is no answer, where another server of the model may do better; False when it answered and
-    refused the request."""
+    ``unreachable`` is True when the server did not answer (refused, timed out, 5xx after the retries); ``unusable``
+    when it answered 200 with something that is no answer. Neither, when it answered and refused the request."""
 
-    def __init__(self, message: str, *, server_fault: bool = False):
+    def __init__(self, message: str, *, unreachable: bool = False, unusable: bool = False):
         super().__init__(message)
-        self.server_fault = server_fault
+        self.unreachable = unreachable
+        self.unusable = unusable
 
 
 class ChatEndpointClient:
@@ -58,11 +58,11 @@ class ChatEndpointClient:
                                             headers=self.headers), retries=self.retries, backoff=self.backoff,
                             timeout=timeout)
         except RequestFailed as exc:
-            raise EndpointError(f"Error: {url} {exc}", server_fault=exc.retryable) from None
+            raise EndpointError(f"Error: {url} {exc}", unreachable=exc.retryable) from None
         try:
             return response.json()
         except (ValueError, RecursionError):
-            raise EndpointError(f"Error: {url} answered 200 with a body that is not JSON", server_fault=True) from None
+            raise EndpointError(f"Error: {url} answered 200 with a body that is not JSON", unusable=True) from None
 
     def model_name(self) -> str:
         """The served model: the one given, else the first of ``GET /v1/models``."""
@@ -73,7 +73,7 @@ class ChatEndpointClient:
             except (KeyError, IndexError, TypeError):
                 name = None
             if not isinstance(name, str) or not name.strip():
-                raise EndpointError(f"Error: {self.base_url}/v1/models lists no model", server_fault=True) from None
+                raise EndpointError(f"Error: {self.base_url}/v1/models lists no model", unusable=True) from None
             self.model = turns.valid_text(name)
         return self.model
 
@@ -121,10 +121,10 @@ class ChatEndpointClient:
             message = choice.get("message") or {}
         except (KeyError, IndexError, TypeError, AttributeError):
             raise EndpointError(f"Error: {self.base_url}/v1/chat/completions answered without choices",
-                                server_fault=True) from None
+                                unusable=True) from None
         if not isinstance(message, dict):
             raise EndpointError(f"Error: {self.base_url}/v1/chat/completions answered a message that is no object",
-                                server_fault=True)
+                                unusable=True)
         return message, choice.get("finish_reason") or "stop", answer.get("usage") or {}
 
 

@@ -50,9 +50,9 @@ class RequestFailed(Exception):
 
 
 class UnusableAnswer(RequestFailed):
-    """The server answered 200 with something that is no answer (not the API's shape, token ids outside the
-    vocabulary). Never retried on that server, whose next answer would be the same; ``retryable``, since another server
-    of the model may answer it (``server_pool``)."""
+    """The server answered 200 with something that is no answer (not the API's shape, token ids that are no token
+    ids). Not retried on that server; ``retryable``, since another server of the model may answer it (``server_pool``,
+    which takes a server out after a few in a row)."""
 
     def __init__(self, reason: str):
         super().__init__(reason, 1, True)

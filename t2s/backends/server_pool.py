@@ -9,11 +9,12 @@
   flight: a chat request carries its whole history, so any server can take any turn.
 
 A server whose request still fails after its retries because it cannot be reached (refused connection, time-out, a
-5xx answer), or that answers 200 with something that is no answer (not the API's shape, token ids outside the
-vocabulary: a proxy's page, another model), is marked down and reported once on stderr, and the turn goes to another
-live server: the episode goes on there, so none is lost and none is played twice. A request the server refuses (a
-400) is the turn's own failure, as with one server. When no server is left, the turn fails as a single server's
-would.
+5xx answer) is marked down and reported once on stderr, and the turn goes to another live server: the episode goes
+on there, so none is lost and none is played twice. A server that answers 200 with something that is no answer (not
+the API's shape, token ids that are no token ids: a proxy's page, another API) has that turn go to another server
+too, and is marked down after ``UNUSABLE_IN_A_ROW`` such answers in a row; a turn no server answers usably fails on
+its own, so one odd request never takes the servers down. A request the server refuses (a 400) is the turn's own
+failure, as with one server. When no server is left, the turn fails as a single server's would.
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ import threading
 from typing import Callable, Sequence
 
 from t2s.backends.base import SamplingSettings, TurnOutput
-from t2s.backends.http_retry import RequestFailed
+from t2s.backends.http_retry import RequestFailed, UnusableAnswer
 
 _EPISODE_SERVER: contextvars.ContextVar[int | None] = contextvars.ContextVar("t2s_episode_server", default=None)
+UNUSABLE_IN_A_ROW = 3  # unusable answers in a row that take a server out of the pool
 
 
 def _say_down(url: str, reason: str, left: int) -> None:
@@ -44,6 +46,7 @@ class _Health:
         self.urls = list(urls)
         self.down: dict[int, str] = {}  # server index -> why it was marked down
         self.in_flight = [0] * len(urls)
+        self.unusable = [0] * len(urls)  # unusable answers in a row
         self.report = report
         self.lock = threading.Lock()
 
@@ -64,6 +67,15 @@ class _Health:
         finally:
             with self.lock:
                 self.in_flight[index] -= 1
+
+    def answered(self, index: int, usable: bool, reason: str = "") -> None:
+        """Count a 200 answer of server ``index``: a usable one clears its count, the last of ``UNUSABLE_IN_A_ROW``
+        unusable ones in a row marks it down."""
+        with self.lock:
+            self.unusable[index] = 0 if usable else self.unusable[index] + 1
+            down = self.unusable[index] >= UNUSABLE_IN_A_ROW
+        if down:
+            self.mark_down(index, f"{UNUSABLE_IN_A_ROW} unusable answers in a row, the last: {reason}")
 
     def mark_down(self, index: int, reason: str) -> None:
         with self.lock:
@@ -95,19 +107,25 @@ class ServerPool:
     ) -> TurnOutput:
         """One turn on the episode's server, or on another live one when that server is down."""
         tried: set[int] = set()
-        last = "no server was tried"
+        last = "every server is down"
         while (index := self.health.pick(_EPISODE_SERVER.get(), tried)) is not None:
             _EPISODE_SERVER.set(index)
             try:
                 with self.health.taking(index):
-                    return await self.backends[index].arequest_turn(prompt_ids, max_tokens, sampling, seed)
+                    turn = await self.backends[index].arequest_turn(prompt_ids, max_tokens, sampling, seed)
+                self.health.answered(index, usable=True)
+                return turn
+            except UnusableAnswer as exc:
+                last = exc.reason
+                tried.add(index)
+                self.health.answered(index, usable=False, reason=exc.reason)
             except RequestFailed as exc:
                 last = f"{self.health.urls[index]}: {exc}"
                 if not exc.retryable:  # the server answers and refuses this request: the turn's own failure
                     return TurnOutput.failed(last)
                 tried.add(index)
                 self.health.mark_down(index, exc.reason)
-        return TurnOutput.failed(f"no server answered ({last})")
+        return TurnOutput.failed(f"no server answered this turn ({last})")
 
     def generate(self, prompts, max_tokens, sampling, seeds=None) -> list[TurnOutput]:
         """A batch as concurrent requests, each its own episode (for turn-synchronous callers)."""
@@ -159,13 +177,18 @@ class ChatClientPool:
         while (index := self.health.pick(None, tried)) is not None:
             try:
                 with self.health.taking(index):
-                    return call(self.clients[index])
+                    answer = call(self.clients[index])
+                self.health.answered(index, usable=True)
+                return answer
             except EndpointError as exc:
-                if not exc.server_fault:
+                if not (exc.unreachable or exc.unusable):
                     raise
                 last = exc
                 tried.add(index)
-                self.health.mark_down(index, str(exc).removeprefix("Error: "))
+                if exc.unusable:
+                    self.health.answered(index, usable=False, reason=str(exc).removeprefix("Error: "))
+                else:
+                    self.health.mark_down(index, str(exc).removeprefix("Error: "))
         raise EndpointError(f"Error: no server answered (the last: {str(last).removeprefix('Error: ')})")
 
     def complete(self, messages, max_tokens, sampling, seed=None):

@@ -179,14 +179,6 @@ def checkpoints_newest_first(output_dir: str | os.PathLike) -> list[Path]:
     return [path for _, path in sorted(found, reverse=True)]
 
 
-def previous_run(output_dir: str | os.PathLike) -> list[str]:
-    """What in ``output_dir`` a finished or interrupted training run left: its ``checkpoint-N`` folders (newest first)
-    and ``train_summary.json``. A fresh run there would write over those checkpoints (and a ``save_total_limit`` would
-    delete the older run's), so ``train`` refuses one unless it resumes."""
-    held = [path.name for path in checkpoints_newest_first(output_dir)]
-    return held + ["train_summary.json"] * os.path.isfile(os.path.join(output_dir, "train_summary.json"))
-
-
 def newest_complete_checkpoint(output_dir: str | os.PathLike, *, model_only: bool = False
                                ) -> tuple[Path | None, list[tuple[Path, str]]]:
     """The newest complete checkpoint in ``output_dir`` (or None), and the newer incomplete ones with their problem."""
@@ -257,3 +249,17 @@ def weights_fingerprint(folder) -> str | None:
     for path in files:
         digest.update(f"{path.name}\0{file_checksum(path)}\n".encode())
     return digest.hexdigest()
+
+
+def fresh_run_problem(output_dir: str | os.PathLike, *, model_only: bool = False) -> str | None:
+    """Why a fresh run (no ``resume_from_checkpoint``) cannot start in ``output_dir``, or None: the folder holds what
+    an earlier run left, its ``checkpoint-N`` folders or its ``train_summary.json`` (beside its final model). A fresh
+    run would write over those checkpoints, and a ``save_total_limit`` would delete the earlier run's."""
+    held = [path.name for path in checkpoints_newest_first(output_dir)]
+    held += ["train_summary.json"] * os.path.isfile(os.path.join(output_dir, "train_summary.json"))
+    if not held:
+        return None
+    resumable = newest_complete_checkpoint(output_dir, model_only=model_only)[0] is not None
+    return (f"Error: {output_dir} already holds a training run ({', '.join(held[:3])}): "
+            + "continue it with --resume_from_checkpoint latest, or " * resumable
+            + "start afresh in another --output_dir (or remove this one).")

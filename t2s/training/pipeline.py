@@ -239,17 +239,16 @@ def resume_checkpoint(training_args) -> str | None:
 
     ``latest`` passes over newer incomplete checkpoints (``t2s.training.checkpoints.checkpoint_problem``, e.g. a save
     cut off by a crash) with one warning naming them and the one chosen; a named folder that is incomplete is a
-    ConfigError, and so is a fresh run into an output_dir that holds a run (``checkpoints.previous_run``)."""
-    from t2s.training.checkpoints import checkpoint_problem, newest_complete_checkpoint, previous_run
+    ConfigError, and so is a fresh run into an output_dir that holds a run (``checkpoints.fresh_run_problem``)."""
+    from t2s.training.checkpoints import checkpoint_problem, fresh_run_problem, newest_complete_checkpoint
     from t2s.training.configs import ConfigError
 
     value, output_dir = training_args.resume_from_checkpoint, training_args.output_dir
-    if value in (None, "", False):
-        if held := previous_run(output_dir):  # a fresh run would write over them
-            raise ConfigError(f"Error: {output_dir} already holds a training run ({', '.join(held[:3])}): continue it "
-                              "with --resume_from_checkpoint latest, or start afresh in another --output_dir.")
-        return None
     model_only = bool(getattr(training_args, "save_only_model", False))
+    if value in (None, "", False):
+        if problem := fresh_run_problem(output_dir, model_only=model_only):
+            raise ConfigError(problem)
+        return None
     if str(value).lower() in ("latest", "last", "true"):
         found, skipped = newest_complete_checkpoint(output_dir, model_only=model_only)
         passed_over = "; ".join(f"{folder} ({problem})" for folder, problem in skipped)

@@ -113,11 +113,13 @@ METRICS_FILE = "metrics.jsonl"
 
 def metrics_file():
     """A TrainerCallback that appends each logged step's metrics (every key TRL and t2s log) as one JSON line
-    ``{"step": N, ...}`` to ``output_dir/metrics.jsonl``, on the main process only.
+    ``{"step": N, ...}`` to ``output_dir/metrics.jsonl``, on the main process only; the run's closing summary
+    (``train_runtime`` and the rest) is the last line, at the last step.
 
-    Before its first line the file keeps only what this run continues: a fresh run starts it afresh, a resumed one
-    keeps the lines up to its checkpoint's step, so the steps a crashed run logged after that checkpoint, which the
-    resumed run trains again, are not there twice (a line cut off by the crash goes too)."""
+    When the run starts (its first step or log, once HF has restored a resumed run's state) the file keeps only what
+    the run continues: a fresh run starts it afresh; a resumed one keeps the steps up to its checkpoint's, so the
+    steps a crashed run logged after that checkpoint, which the resumed run trains again, are not there twice, and an
+    earlier part's closing summary (or a line cut off by a crash) goes too."""
     import json
     import math
     import os
@@ -129,17 +131,18 @@ def metrics_file():
             return str(value)  # JSON has no NaN or infinity
         return value
 
-    def step_of(line: str):
+    def continued(line: str, start: int) -> bool:
         try:
-            step = json.loads(line).get("step")
+            entry = json.loads(line)
+            step = entry.get("step")
         except (ValueError, AttributeError, RecursionError):  # a line cut off, or not ours
-            return None
-        return step if isinstance(step, int) and not isinstance(step, bool) else None
+            return False
+        return type(step) is int and 0 < step <= start and "train_runtime" not in entry
 
-    def keep_until(path: str, last_step: int) -> None:
+    def keep_continued(path: str, start: int) -> None:
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
-                kept = [line for line in handle if (step := step_of(line)) is not None and step <= last_step]
+                kept = [line for line in handle if continued(line, start)]
         except FileNotFoundError:
             return
         with open(path + ".tmp", "w", encoding="utf-8") as handle:
@@ -147,21 +150,24 @@ def metrics_file():
         os.replace(path + ".tmp", path)
 
     class MetricsFile(TrainerCallback):
-        start: int | None = None  # the step this run started from: 0, or its checkpoint's when resumed
-        trimmed = False
+        started = False
+
+        def start(self, args, state) -> str:
+            path = os.path.join(args.output_dir, METRICS_FILE)
+            if not self.started:
+                self.started = True
+                keep_continued(path, state.global_step)  # 0, or the resumed checkpoint's step
+            return path
 
         def on_step_begin(self, args, state, control, **kwargs):
-            if self.start is None:  # HF has restored a resumed run's state by now, not yet at on_train_begin
-                self.start = state.global_step
+            if state.is_world_process_zero:
+                self.start(args, state)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if not logs or not state.is_world_process_zero:
                 return
             os.makedirs(args.output_dir, exist_ok=True)
-            path = os.path.join(args.output_dir, METRICS_FILE)
-            if not self.trimmed:
-                keep_until(path, state.global_step if self.start is None else self.start)
-                self.trimmed = True
+            path = self.start(args, state)
             line = {"step": state.global_step, **{key: plain(value) for key, value in logs.items()}}
             with open(path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(line, default=str) + "\n")
