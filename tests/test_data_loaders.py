@@ -148,6 +148,24 @@ def test_row_missing_fields_names_file_and_row(tmp_path):
         load_rows("bird", data, require_databases=False)
 
 
+@pytest.mark.parametrize("db_id", ["../victim", "/tmp/victim", "a/b", "..", "a\\b", "a\0b"])
+def test_a_db_id_that_is_a_path_is_refused_before_any_file_is_touched(tmp_path, db_id):
+    """A db_id names ``<db_root>/<db_id>/<db_id>.sqlite``; one holding a path would reach (and, through ``data
+    convert``, replace) files outside the data's folders."""
+    data = tmp_path / "dev.json"
+    rows = [{"question": "q", "SQL": "SELECT 1", "db_id": "ok"}, {"question": "q2", "SQL": "SELECT 2", "db_id": db_id}]
+    data.write_text(json.dumps(rows))
+    with pytest.raises(DataError, match=r"row 1 \(0-based\): db_id .* is a path, not the name of a database folder"):
+        load_rows("bird", data, require_databases=False)
+    common = tmp_path / "rows.json"
+    common.write_text(json.dumps([{"question": "q", "gold_sql": "SELECT 1", "db_id": db_id, "db_path": "x.sqlite"}]))
+    with pytest.raises(DataError, match=r"row 0 \(0-based\): db_id"):
+        load_json_rows(common)
+    common.write_text(json.dumps([{"question": "q", "gold_sql": "SELECT 1", "db_id": "ok", "db_path": 5}]))
+    with pytest.raises(DataError, match=r"row 0 \(0-based\) 'db_path' holds int, not text"):
+        load_json_rows(common)
+
+
 def test_not_a_list_and_missing_file(tmp_path):
     scalar = tmp_path / "dev.json"
     scalar.write_text("42")

@@ -313,6 +313,9 @@ def _load_common_rows(records, data_file, db_root, source, require_databases) ->
     rows = []
     for position, record in enumerate(records):
         _require(record, ("question", "gold_sql", "db_id"), data_file, position)
+        if not isinstance(record.get("db_path", ""), (str, type(None))):
+            raise DataError(f"Error: {data_file}: row {position} (0-based) 'db_path' holds "
+                            f"{type(record['db_path']).__name__}, not text")
         own_id = record.get("question_id")
         row = make_row(
             question_id=own_id if own_id is not None else f"{source or data_file.stem}:{position}",

@@ -198,6 +198,14 @@ def _require(record: dict, fields: Iterable[str], path, position: int) -> None:
     if missing or wrong:
         said = ([f"is missing required field(s) {', '.join(missing)}"] if missing else []) + wrong
         raise DataError(f"Error: {path}: row {position} (0-based) {'; '.join(said)}")
+    if "db_id" in values and not plain_name(values["db_id"]):  # it names <db_root>/<db_id>/<db_id>.sqlite
+        raise DataError(f"Error: {path}: row {position} (0-based): db_id {values['db_id']!r} is a path, not the name "
+                        "of a database folder")
+
+
+def plain_name(name: str) -> bool:
+    """Whether ``name`` can be one folder's name below a root: no separator, NUL or parent (``..``)."""
+    return name.strip() not in (".", "..") and not any(char in name for char in "/\\\0")
 
 
 def refuse_duplicate_ids(rows: Iterable[dict], where) -> list[str]:
