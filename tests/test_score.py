@@ -20,7 +20,7 @@ SEP = "\t----- bird -----\t"
 LINE_KEYS = {"question_id", "db_id", "difficulty", "official", "strict", "soft_f1", "error", "unscored"}
 SUMMARY_KEYS = {"n", "execution_accuracy_official", "strict", "soft_f1", "per_difficulty", "missing", "missing_ids",
                 "errors", "error_ids", "gold_failures", "gold_failure_ids", "skipped_missing_dbs", "missing_db_ids",
-                "skipped_unusable_dbs", "unusable_db_ids", "unusable_dbs"}
+                "skipped_unusable_dbs", "unusable_db_ids", "unusable_dbs", "repeated_question_ids"}
 SLOW_SQL = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 
 
@@ -155,6 +155,9 @@ def test_score_sql_prediction_timeout_and_over_cap(bird_dir, monkeypatch):
     ("[]\n", "holds no predictions ([])"),
     ('{"0": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested too deeply"),  # past Python's recursion limit
     ('{"question_id": 100, "sql": ' + "[" * 100_000 + "]" * 100_000 + "}\n{}", "line 1 is not valid JSON"),
+    ('{"question_id": 100, "SQL": "SELECT 1"}\n{"question_id": 101, "query": "SELECT 1"}\n',
+     "no entry has an 'sql' field (they have: SQL, query, question_id)"),  # not every question scored 0
+    ('{"\u00b2": "SELECT 1", "' + "9" * 5000 + '": "SELECT 1"}', "has a prediction"),  # "²" is no position
 ])
 def test_unreadable_predictions_fail_with_one_clear_line(bird_dir, tmp_path, capsys, content, needle):
     predictions = _write(tmp_path / "bad.json", content)
@@ -392,3 +395,28 @@ def test_an_eval_where_no_final_sql_ran_says_so_in_one_line(bird_dir, tmp_path, 
     assert main(["eval", "--policy", "predictions", "--predictions", str(predictions), "--data",
                  str(bird_dir / "dev.json"), "--output", str(tmp_path / "eval2")]) == 0
     assert "final SQL ran" not in capsys.readouterr().out
+
+
+def test_a_question_the_data_repeats_is_scored_and_counted_once_as_eval_counts_it(bird_dir, tmp_path, capsys):
+    """BIRD mini-dev repeats two questions word for word; BIRD's predictions are keyed by position, so each repeat
+    has its own entry. The question is scored once (one scores.jsonl line, which compare needs), n counts it once,
+    as eval does, and no prediction is called a duplicate."""
+    data = json.loads((bird_dir / "dev.json").read_text())[:3]  # without the question whose gold SQL fails
+    data.insert(2, dict(data[0]))  # position 2 repeats position 0
+    _write(bird_dir / "dev.json", data)
+    predictions = _write(tmp_path / "predict_dev.json", {str(i): row["SQL"] + SEP + "heroes"
+                                                         for i, row in enumerate(data)})
+    out = tmp_path / "out"
+    assert main(["score", "--data", str(bird_dir / "dev.json"), "--predictions", str(predictions), "--output",
+                 str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert [line["question_id"] for line in _lines(out)] == ["100", "101", "102"]
+    summary = _summary(out)
+    assert summary["n"] == 3 and summary["execution_accuracy_official"] == 1.0
+    assert summary["repeated_question_ids"] == ["100"]
+    assert json.loads((out / "problems.json").read_text())["duplicate_ids"] == []
+    assert "more than once" not in printed and "repeats questions word for word, each counted once: 100" in printed
+    evaluated = tmp_path / "eval"
+    assert main(["eval", "--policy", "gold", "--data", str(bird_dir / "dev.json"), "--output", str(evaluated),
+                 "--quiet"]) == 0
+    assert json.loads((evaluated / "summary.json").read_text())["modes"]["full"]["n"] == summary["n"]

@@ -6,6 +6,7 @@
   :func:`playable_rows` stops with an error naming the databases, or, with ``--skip-missing-dbs``, leaves their
   questions out and counts them (:func:`skipped_summary` writes the count into a summary). ``eval`` and ``score``
   follow it, so a figure's denominator never depends on what was predicted.
+- A question the data repeats word for word is played, scored and counted once (:func:`once_each`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ def select_rows(rows: list[dict], n: int | None, seed: int) -> list[dict]:
         return list(rows)
     positions = sorted(random.Random(seed).sample(range(len(rows)), n))
     return [rows[i] for i in positions]
+
+
+def once_each(rows, selected: list[dict]) -> tuple[list[dict], list[str]]:
+    """(``selected`` with each question once, the ids among them that the data repeats word for word): such a row
+    (``RowList.repeated_ids``; BIRD mini-dev has two) is played, scored and counted once, at its first position."""
+    unique: dict[str, dict] = {}
+    for row in selected:
+        unique.setdefault(row["question_id"], row)
+    repeated = sorted(set(unique) & set(getattr(rows, "repeated_ids", None) or ()))
+    return list(unique.values()), repeated
 
 
 def playable_rows(rows, selected: list[dict], *, skip_missing_dbs: bool, db_root=None) -> tuple[list[dict], dict]:
@@ -67,7 +78,8 @@ def playable_rows(rows, selected: list[dict], *, skip_missing_dbs: bool, db_root
 
 def skipped_summary(skipped: dict | None) -> dict:
     """The summary keys of :func:`playable_rows`' skipped questions: ``skipped_missing_dbs``, ``missing_db_ids``,
-    ``skipped_unusable_dbs``, ``unusable_db_ids`` and ``unusable_dbs`` (the reason for each)."""
+    ``skipped_unusable_dbs``, ``unusable_db_ids`` and ``unusable_dbs`` (the reason for each); and
+    ``repeated_question_ids`` (:func:`once_each`, under ``repeated_ids``)."""
     skipped = skipped or {}
     unusable = skipped.get("unusable_dbs") or {}
     return {
@@ -76,4 +88,5 @@ def skipped_summary(skipped: dict | None) -> dict:
         "skipped_unusable_dbs": int(skipped.get("unusable_questions", 0)),
         "unusable_db_ids": sorted(unusable),
         "unusable_dbs": dict(sorted(unusable.items())),
+        "repeated_question_ids": sorted(skipped.get("repeated_ids", [])),
     }

@@ -121,7 +121,6 @@ def summarise(lines: list[dict], *, config: dict, k: int = 1, vote_at_k: float |
     summary.update(skipped_summary(skipped))
     summary["gold_failures"] = len(gold_failure_ids)
     summary["gold_failure_ids"] = gold_failure_ids
-    summary["repeated_question_ids"] = sorted(skipped.get("repeated_ids", []))
     summary["config"] = config
     return summary
 

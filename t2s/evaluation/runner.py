@@ -29,7 +29,7 @@ from t2s.evaluation.config import EPISODE_OPTIONS, EvalConfig, PolicyConfig, rea
 from t2s.evaluation.report import published_differences
 from t2s.evaluation.run_folders import EPISODES, EVAL_CONFIG
 from t2s.evaluation.progress import Progress
-from t2s.evaluation.questions import playable_rows, select_rows
+from t2s.evaluation.questions import once_each, playable_rows, select_rows
 from t2s.run_lock import run_folder_lock
 
 PACKAGES = ("torch", "transformers", "trl", "vllm", "peft", "sqlglot")
@@ -192,11 +192,7 @@ def load_data(config: EvalConfig) -> tuple[list[dict], list[dict], dict, Path]:
         raise EvalError(f"Error: no questions in {data}")
     data_file = json_data_file(data)
     selected = select_rows(list(rows), config.n, config.policy.seed)
-    unique: dict[str, dict] = {}
-    for row in selected:  # a row repeated word for word (rows.repeated_ids) is played and counted once
-        unique.setdefault(row["question_id"], row)
-    repeated = sorted({row["question_id"] for row in selected} & set(rows.repeated_ids))
-    selected = list(unique.values())
+    selected, repeated = once_each(rows, selected)
     selected, skipped = playable_rows(rows, selected, skip_missing_dbs=config.skip_missing_dbs, db_root=config.db_root)
     skipped["repeated_ids"] = repeated
     return list(rows), selected, skipped, data_file

@@ -145,13 +145,17 @@ def _read(path, rows: list[dict]) -> Predictions:
     if document == {} or document == []:
         raise PredictionsError(f"Error: the predictions file {file} holds no predictions ({text.strip()})")
     if isinstance(document, dict) and "question_id" not in document:  # BIRD's predict_dev.json
+        positions: dict[str, int] = {}
         for key, value in document.items():
             digits = str(key).strip().lstrip("-")
-            position = int(key) if digits.isdigit() and len(digits) < 19 else None  # no row is further on
+            whole = digits.isascii() and digits.isdigit() and len(digits) < 19  # "²" is a digit, but no number
+            position = int(key) if whole else None  # and no row is further on than 19 digits
             if position is None or not 0 <= position < len(rows):
                 out.unknown_ids.append(str(key))
                 continue
             question_id = rows[position]["question_id"]
+            if positions.setdefault(question_id, position) != position:
+                continue  # a row the data repeats (word for word: loading refuses others) is scored once
             if question_id in out.sql:
                 out.duplicate_ids.append(question_id)
             out.sql[question_id], db_id = _split_bird(value)
@@ -165,6 +169,9 @@ def _read(path, rows: list[dict]) -> Predictions:
             records = parse_records(text, file)
         except DataError as exc:
             raise PredictionsError(str(exc)) from None
+    if not any("sql" in record for record in records):  # e.g. "SQL" or "query": every prediction would score 0
+        named = ", ".join(sorted({str(key) for record in records for key in record})[:8])
+        raise PredictionsError(f"Error: {file}: no entry has an 'sql' field (they have: {named})")
     for number, record in enumerate(records, start=1):
         if "question_id" not in record:
             raise PredictionsError(f"Error: {file}: entry {number} has no question_id")
@@ -306,14 +313,16 @@ def score_files(data, predictions_file, output, *, db_root=None, workers: int = 
     Returns {"summary", "problems", "lines", "predictions"}."""
     from t2s.data.loaders import load_json_rows
     from t2s.data.rows import DataError
-    from t2s.evaluation.questions import playable_rows
+    from t2s.evaluation.questions import once_each, playable_rows
     from t2s.evaluation.run_folders import check_score_folder
 
     check_score_folder(output)
     rows = load_json_rows(data, db_root, require_databases=False, engine=engine, dsn=dsn)
     if not rows:
         raise DataError(f"Error: no questions in {data}")
-    scored, skipped = playable_rows(rows, list(rows), skip_missing_dbs=skip_missing_dbs, db_root=db_root)
+    once, repeated = once_each(rows, list(rows))  # as eval counts them; positions still key BIRD's predictions
+    scored, skipped = playable_rows(rows, once, skip_missing_dbs=skip_missing_dbs, db_root=db_root)
+    skipped["repeated_ids"] = repeated
     predictions = read_predictions(predictions_file, list(rows), scored)
     with run_folder_lock(output) as out:
         lines = score_rows(scored, predictions, workers=workers, progress=progress)
