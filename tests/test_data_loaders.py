@@ -308,13 +308,29 @@ def test_sqale_folder_inline_and_configurable_columns(tmp_path):
     assert "utterance" in str(info.value) and "schema_id" in str(info.value)
 
 
-def test_sqale_bad_payload_and_missing_file(tmp_path):
+@pytest.mark.parametrize("content, reason", [
+    ("{not json", "the row payload is not valid JSON"),
+    ("[" * 100_000 + "]" * 100_000, "the row payload cannot be read: RecursionError"),  # past Python's nesting limit
+    ('{"a": 5}', "rows of table 'a' are not a list of objects"),
+    ("[1, 2]", "the row payload is list, expected a table -> rows map"),
+])
+def test_a_schema_with_a_bad_payload_leaves_its_questions_out_and_the_rest_load(tmp_path, caplog, content, reason):
+    """One broken schema does not stop the load: its questions are left out and counted, as a schema whose DDL
+    cannot be built is, and the warning names it and why."""
+    import logging
+
     queries, _ = write_sqale(tmp_path / "bad")
     schemas = tmp_path / "bad" / "broken_schemas.jsonl"
     schemas.write_text(json.dumps({"schema_id": "schema_nasty", "full_schema": "CREATE TABLE a (x);",
-                                   "schema_content": "{not json"}) + "\n")
-    with pytest.raises(DataError, match="schema schema_nasty: the row payload is not valid JSON"):
-        load_rows("sqale", queries, schemas=schemas, limit=1)
+                                   "schema_content": content}) + "\n" + json.dumps(
+        {"schema_id": "schema_empty", "full_schema": "CREATE TABLE lonely (id INTEGER, label TEXT);",
+         "schema_content": "{}"}) + "\n")
+    with caplog.at_level(logging.WARNING):
+        rows = load_rows("sqale", queries, schemas=schemas, limit=3)
+    assert [row["schema_id"] for row in rows] == ["schema_empty"]
+    assert rows.missing_databases["schema_nasty"] == 2
+    assert any("schema_nasty could not be built" in r.getMessage() and reason in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]
     with pytest.raises(DataError, match="file not found"):
         load_rows("sqale", tmp_path / "absent.parquet", schemas=schemas)
 

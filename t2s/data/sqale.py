@@ -122,6 +122,8 @@ def parse_payload(content: Any, where: str) -> dict[str, list[dict]]:
         except json.JSONDecodeError as exc:
             raise DataError(
                 f"Error: {where}: the row payload is not valid JSON: {exc.msg} (column {exc.colno})") from None
+        except (ValueError, RecursionError) as exc:  # an integer past Python's digit limit, nesting past its depth
+            raise DataError(f"Error: {where}: the row payload cannot be read: {type(exc).__name__}") from None
     if not isinstance(content, dict):
         raise DataError(f"Error: {where}: the row payload is {type(content).__name__}, expected a table -> rows map")
     payload = {}
@@ -234,8 +236,9 @@ def _ddl_id(ddl: str) -> str:
 def register_payloads(schemas: dict[str, tuple[str, Any]]) -> dict[str, str]:
     """Register each (DDL, payload) with ``databases.register_payload`` under its schema id.
 
-    A payload that is not a table -> rows map raises (naming the schema); a schema the database layer cannot build
-    (too large, or its id already registered with other DDL or rows) is returned in ``{schema_id: reason}`` instead.
+    A schema whose payload is not a table -> rows map, or that the database layer cannot build (too large, or its id
+    already registered with other DDL or rows), is returned in ``{schema_id: reason}``, its questions left out and
+    counted as the others' build failures are: one broken schema does not stop the load.
     """
     import sqlite3
 
@@ -243,9 +246,10 @@ def register_payloads(schemas: dict[str, tuple[str, Any]]) -> dict[str, str]:
 
     failed: dict[str, str] = {}
     for schema_id, (ddl, content) in schemas.items():
-        payload = parse_payload(content, f"schema {schema_id}")
         try:
-            databases.register_payload(schema_id, ddl, payload)
+            databases.register_payload(schema_id, ddl, parse_payload(content, f"schema {schema_id}"))
+        except DataError as exc:
+            failed[schema_id] = str(exc).removeprefix("Error: ")
         except (ValueError, sqlite3.Error, MemoryError) as exc:
             failed[schema_id] = str(exc)
     return failed
