@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import os
 import time
 
@@ -723,3 +724,36 @@ def test_only_the_tokenless_chat_template_warmup_failure_is_dropped_from_vllms_l
         logger.removeHandler(kept)
     assert [(r.getMessage(), str(r.exc_info[1]) if r.exc_info else None) for r in kept.records] == [
         ("Chat template warmup failed", "the template is broken"), ("another warning", None)]
+
+
+@pytest.mark.parametrize("config, dtype", [
+    ({"dtype": "bfloat16"}, "bfloat16"), ({"torch_dtype": "torch.float16"}, "float16"),
+    ({"text_config": {"dtype": "float32"}}, "float32"), ({"dtype": "float64"}, "auto"), ({"dtype": ["bf16"]}, "auto"),
+    ({"text_config": "x"}, "auto"), ([1, 2], "auto"), ("[" * 100_000 + "]" * 100_000, "auto"),
+])
+def test_a_checkpoints_dtype_is_one_an_engine_takes_or_auto(tmp_path, config, dtype):
+    """What config.json states reaches vLLM only where vLLM takes it; anything else (a list, a dtype vLLM has no
+    name for, a text_config that is no object) is ``auto``, never a traceback."""
+    from t2s.backends.vllm_engine import checkpoint_dtype
+
+    (tmp_path / "config.json").write_text(config if isinstance(config, str) else json.dumps(config))
+    assert checkpoint_dtype(tmp_path) == dtype
+
+
+@pytest.mark.parametrize("policy", ["model", "vllm"])
+def test_eval_refuses_a_model_folder_that_cannot_load_in_one_line(tiny_model_dir, demo_dir, tmp_path, capsys, policy):
+    import shutil
+
+    from t2s.commands import main
+    from tests.test_trainer_validation import BROKEN_MODELS
+
+    if policy == "vllm":
+        pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
+    for name, (damage, problem) in sorted(BROKEN_MODELS.items()):
+        model = tmp_path / name
+        shutil.copytree(tiny_model_dir, model)
+        damage(model)
+        code = main(["eval", "--policy", policy, "--model", str(model), "--data", str(demo_dir), "--n", "1",
+                     "--output", str(tmp_path / f"out-{name}"), "--quiet"])
+        err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error")]
+        assert code != 0 and err == [f"Error: cannot load the model {model}: {problem}"], (name, err)

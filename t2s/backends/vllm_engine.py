@@ -77,15 +77,19 @@ def engine_dtype(dtype: str) -> str:
 
 def checkpoint_dtype(model: str | os.PathLike | None) -> str:
     """The dtype a checkpoint folder's ``config.json`` states (``dtype``, else ``torch_dtype``, also in its
-    ``text_config``); ``auto`` when it states none or is not a folder (a hub id)."""
+    ``text_config``; ``torch.bfloat16`` read as ``bfloat16``); ``auto`` when it states none an engine takes
+    (``ENGINE_DTYPES``), or is not a folder (a hub id)."""
     try:
         data = json.loads((Path(model or "") / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return "auto"
-    for source in (data, data.get("text_config") or {}):
+    data = data if isinstance(data, dict) else {}
+    text_config = data.get("text_config")
+    for source in (data, text_config if isinstance(text_config, dict) else {}):
         for key in ("dtype", "torch_dtype"):
             if isinstance(source.get(key), str):
-                return source[key]
+                stated = source[key].removeprefix("torch.")
+                return stated if stated in ENGINE_DTYPES else "auto"
     return "auto"
 
 

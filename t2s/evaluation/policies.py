@@ -68,12 +68,23 @@ def model_backend(model: str, tokenizer_name: str | None = None, device: str | N
         from t2s.training.cpu_threads import configure_cpu_threads
 
         configure_cpu_threads(on_cpu=True)  # every usable core, one inter-op thread, quiet kernel fallbacks
+    check_model(model)
     tokenizer = load_tokenizer(tokenizer_name or model, required=True, chat_template=chat_template)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
     except Exception as exc:  # noqa: BLE001
         raise EvalError(f"Error: cannot load the model {model!r}: {exc}") from None
     return HFGenerateBackend(loaded, tokenizer, max_batch_size=max_batch_size), tokenizer, device
+
+
+def check_model(model) -> None:
+    """An EvalError naming a local model folder that cannot be loaded (``checkpoints.model_folder_problem``: not a
+    JSON config, weights missing or cut off), before any library reads it."""
+    from t2s.training.checkpoints import model_folder_problem
+
+    problem = model_folder_problem(model) if model else None
+    if problem:
+        raise EvalError(f"Error: cannot load the model {model}: {problem}")
 
 
 def model_context_length(model: str) -> int | None:
@@ -217,6 +228,7 @@ class Runner:
 
         import vllm
 
+        check_model(config.model)
         self.tokenizer = load_tokenizer(config.tokenizer or config.model, required=True,
                                         chat_template=config.chat_template)
         from t2s.backends.vllm_engine import checkpoint_dtype, cpu_engine_kwargs, engine_dtype, has_cuda, \
@@ -232,11 +244,15 @@ class Runner:
                             f"{context}")
         max_model_len = min(max_model_len, context or max_model_len)
         memory = {"gpu_memory_utilization": config.gpu_memory_utilization} if has_cuda() else {}
-        llm = LLM(
-            model=config.model, tokenizer=config.tokenizer or config.model, seed=config.seed, dtype=dtype,
-            enable_prefix_caching=True, max_model_len=max_model_len, **memory, **token_ids_only(),
-            **cpu_engine_kwargs(max_model_len),
-        )  # fmt: skip
+        try:
+            llm = LLM(
+                model=config.model, tokenizer=config.tokenizer or config.model, seed=config.seed, dtype=dtype,
+                enable_prefix_caching=True, max_model_len=max_model_len, **memory, **token_ids_only(),
+                **cpu_engine_kwargs(max_model_len),
+            )  # fmt: skip
+        except Exception as exc:  # noqa: BLE001 - a folder vLLM cannot load: its reason, in one line
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise EvalError(f"Error: vLLM cannot load the model {config.model!r}: {first}") from None
         self.backend = VLLMColocateBackend(llm, self.tokenizer)
         self.target = {"model": config.model, "engine": f"vllm {getattr(vllm, '__version__', 'unknown')}",
                        "dtype": dtype}
