@@ -388,3 +388,30 @@ def test_export_finds_a_recipe_as_train_does(tiny_model_dir, tmp_path, monkeypat
     assert (out / "system_prompt.txt").read_text() == read_system_prompt(RECIPES_DIR / "demo_system_prompt.txt") + "\n"
     with pytest.raises(ExportError, match="recipe file not found: recipes/nope.yaml"):
         export_model(tiny_model_dir, tmp_path / "export2", recipe="recipes/nope.yaml", verify=False)
+
+
+def _with_config(model, **changes):
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda m: _with_config(m, vocab_size=2000), "cannot load the model"),  # at odds with the weights
+    (lambda m: _with_config(m, vocab_size=-5), "cannot load the model"),
+    (lambda m: _with_config(m, dtype=["bfloat16"]), "cannot load the model"),
+    (lambda m: (m / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": 5})),
+     "records a base model that is not a name: 5; pass --base"),
+])
+def test_a_model_folder_the_libraries_refuse_is_one_error_line_and_no_folder(tiny_model_dir, tmp_path, capsys,
+                                                                               damage, problem):
+    import shutil
+
+    from t2s.commands import main
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_model_dir, checkpoint)
+    damage(checkpoint)
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "o"), "--no-verify"]) == 1
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith(("Error", "Traceback"))]
+    assert len(err) == 1 and err[0].startswith("Error: ") and problem in err[0], err
+    assert not (tmp_path / "o").exists()

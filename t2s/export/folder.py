@@ -91,7 +91,11 @@ def base_name(checkpoint: Path, base: str | None) -> str | None:
     """The base as given: ``--base``, else the base path or hub id a LoRA adapter recorded."""
     if base or not is_adapter(checkpoint):
         return base
-    return _read_json(checkpoint / "adapter_config.json").get("base_model_name_or_path") or None
+    recorded = _read_json(checkpoint / "adapter_config.json").get("base_model_name_or_path") or None
+    if recorded is not None and not isinstance(recorded, str):
+        raise ExportError(f"{checkpoint}/adapter_config.json records a base model that is not a name: {recorded!r}"
+                          "; pass --base")
+    return recorded
 
 
 def load_merged_model(checkpoint: Path, base: str | None):
@@ -267,8 +271,14 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
     if eval_dir:  # fails early: no summary, or an eval of other weights (this checkpoint, or an earlier export of it)
         earlier = weights_fingerprint(out) if exported_from(out) == source else None
         check_eval_of(eval_dir, {checkpoint: source, out: earlier})
-    model, base_dir = load_merged_model(checkpoint, base)
-    tokenizer = load_tokenizer(checkpoint, base_dir)
+    try:
+        model, base_dir = load_merged_model(checkpoint, base)
+        tokenizer = load_tokenizer(checkpoint, base_dir)
+    except ExportError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a folder the libraries refuse (a config at odds with its weights)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ExportError(f"cannot load the model {checkpoint}: {first}") from None
     out.mkdir(parents=True, exist_ok=True)  # once the model has loaded: a failed export leaves no folder
     stop_ids = stop_token_ids(tokenizer)
     from t2s.env.chat_format import chat_format
@@ -288,7 +298,9 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
         else:
             dtype = getattr(model.config, "dtype", None) or getattr(model.config, "torch_dtype", None)
             source_config = _read_json((base_dir or checkpoint) / "config.json")
-            target = source_config.get("dtype") or source_config.get("torch_dtype") or str(dtype or "float32")
+            stated = [source_config.get(key) for key in ("dtype", "torch_dtype")]
+            target = next((value for value in stated if isinstance(value, str) and value), None) or str(dtype
+                                                                                                      or "float32")
             tensors = {k: v.to(_torch_dtype(target)) for k, v in trained.items()}
             report = {"replaced": len(tensors), "carried_over": {}}
             config = json.loads((Path(tmp) / "config.json").read_text())
