@@ -7,11 +7,13 @@ in data order (``in_data_order``), and the one-line-per-episode lists of ``t2s s
 
 from __future__ import annotations
 
-import re
+import itertools
 from pathlib import Path
 
 from t2s.evaluation.run_folders import (EPISODES, RunFolderError, eval_modes, has_training_episodes, read_episodes,
                               read_training_episodes)
+
+ASCII_DIGITS = frozenset("0123456789")
 
 
 def run_episodes(path, modes: list[str] | None = None) -> list[dict]:
@@ -75,11 +77,18 @@ def flipped(lines_a: list[dict], lines_b: list[dict]) -> list[tuple[str, dict, d
     return out
 
 
+ID_NUMBER_DIGITS = 64  # a longer run of digits in an id is compared as text
+
+
 def id_order(question_id) -> tuple:
-    """Sort key of a question id in data order: its numbers compared as numbers (BIRD's ``2`` before ``10``,
-    ``spider_dev:9`` before ``spider_dev:17``), the rest as text."""
-    return tuple((0, int(part), "") if part.isdigit() else (1, 0, part)
-                 for part in re.split(r"(\d+)", str(question_id)) if part)
+    """Sort key of a question id in data order, for any id: its numbers (runs of ASCII digits, up to
+    ``ID_NUMBER_DIGITS``) compared as numbers (BIRD's ``2`` before ``10``, ``spider_dev:9`` before ``spider_dev:17``),
+    the rest as text after them (other digits, as ``²`` or ``٣``, are text too)."""
+    key = []
+    for digits, group in itertools.groupby(str(question_id), key=ASCII_DIGITS.__contains__):
+        part = "".join(group)
+        key.append((0, int(part), part) if digits and len(part) <= ID_NUMBER_DIGITS else (1, 0, part))
+    return tuple(key)
 
 
 def in_data_order(lines: list[dict]) -> list[dict]:

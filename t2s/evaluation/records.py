@@ -9,6 +9,7 @@ Result previews (``gold_result``, ``pred_result``) are ``{"columns", "rows", "mo
 from __future__ import annotations
 
 import json
+import math
 
 PREVIEW_ROWS = 10
 PREVIEW_CELL_CHARS = 200
@@ -89,13 +90,34 @@ def score_line(line: dict) -> dict:
 # ------------------------------------------------------------------------------------------------- reading lines back
 TEXT_KEYS = ("db_id", "mode", "final_sql", "final_sql_source", "submitted_sql", "stop_reason", "question", "evidence",
              "gold_sql", "difficulty", "error", "gold_error")
-NUMBER_KEYS = ("official", "strict", "soft_f1", "executes", "prompt_tokens")
+#: the numbers of a line, with the range each lies in: scores from 0 to 1 (official and strict are 0 or 1, Soft-F1 a
+#: fraction; a ``score`` run's too), ``executes`` a flag, ``prompt_tokens`` a count
+NUMBER_KEYS = {"official": (0, 1), "strict": (0, 1), "soft_f1": (0, 1), "executes": (0, 1),
+               "prompt_tokens": (0, None)}
+MAX_COUNT = 2**53  # past it a number is no count a run writes, and its mean would not fit a float
 TURN_TEXT_KEYS = ("assistant", "observation", "thinking")
 EVAL_LINE_KEYS = ("sample", "official")  # what a resumed eval reads of every line
 
 
 def _shown(value) -> str:
     return json.dumps(value, ensure_ascii=False)[:60]
+
+
+def _in_range(value, low=None, high=None) -> bool:
+    """``value`` is an int or a float, finite, within ``low`` .. ``high`` (either None: open) and ``MAX_COUNT``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return False
+    return -MAX_COUNT <= value <= MAX_COUNT and (low is None or value >= low) and (high is None or value <= high)
+
+
+def _call_problem(index: int, calls) -> str | None:
+    """A turn's ``calls`` as episodes write them: a list of ``{"tool": text, "args": any JSON}``."""
+    if not isinstance(calls, list):
+        return f"turn {index}'s 'calls' must be a list, got {_shown(calls)}"
+    for call in calls:
+        if not isinstance(call, dict) or not isinstance(call.get("tool"), (str, type(None))):
+            return f"turn {index}'s calls must be objects with a text 'tool', got {_shown(call)}"
+    return None
 
 
 def _turn_problem(turns) -> str | None:
@@ -107,8 +129,8 @@ def _turn_problem(turns) -> str | None:
         for key in TURN_TEXT_KEYS:
             if not isinstance(turn.get(key), (str, type(None))):
                 return f"turn {index}'s {key!r} must be text, got {_shown(turn[key])}"
-        if not isinstance(turn.get("calls", []), list):
-            return f"turn {index}'s 'calls' must be a list, got {_shown(turn['calls'])}"
+        if problem := _call_problem(index, turn.get("calls", [])):
+            return problem
     return None
 
 
@@ -127,7 +149,8 @@ def _preview_problem(key: str, preview) -> str | None:
 def line_problem(line, required: tuple[str, ...] = ()) -> str | None:
     """What would make ``line`` (a line of ``episodes.jsonl`` or ``scores.jsonl``) fail a reader, or None: its
     ``question_id`` and ``required`` keys (a resumed eval's: ``EVAL_LINE_KEYS``), and the other keys a reader uses,
-    where present, with the types ``eval`` writes (a training run's episodes have no ``sample`` or ``official``).
+    where present, with the types ``eval`` writes and numbers in their ranges (``NUMBER_KEYS``; NaN and infinities
+    are none) (a training run's episodes have a ``step`` and no ``sample`` or ``official``).
     Resume, ``show`` and ``compare --html`` refuse such a line with its file and number instead of failing deep
     inside."""
     if not isinstance(line, dict):
@@ -141,9 +164,14 @@ def line_problem(line, required: tuple[str, ...] = ()) -> str | None:
     sample = line.get("sample", 0)
     if isinstance(sample, bool) or not isinstance(sample, int) or sample < 0:
         return f"'sample' must be a whole number of 0 or more, got {_shown(sample)}"
-    for key in NUMBER_KEYS:
-        if not isinstance(line.get(key), (int, float, type(None))):
-            return f"{key!r} must be a number or null, got {_shown(line[key])}"
+    step = line.get("step", 0)
+    if isinstance(step, bool) or not isinstance(step, int) or not _in_range(step, 0):
+        return f"'step' must be a whole number of 0 or more, got {_shown(step)}"
+    for key, (low, high) in NUMBER_KEYS.items():
+        value = line.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or not _in_range(value, low, high)):
+            bounds = f"from {low} to {high}" if high is not None else f"of {low} or more"
+            return f"{key!r} must be a number {bounds}, or null, got {_shown(value)}"
     for key in TEXT_KEYS:
         if not isinstance(line.get(key), (str, type(None))):
             return f"{key!r} must be text or null, got {_shown(line[key])}"
@@ -153,7 +181,8 @@ def line_problem(line, required: tuple[str, ...] = ()) -> str | None:
     if not isinstance(counters, dict):
         return f"'counters' must be an object, got {_shown(counters)}"
     for key in COUNTER_KEYS:  # the counters readers add up; others are carried as they are
-        if not isinstance(counters.get(key), (int, float, type(None))):
-            return f"counter {key!r} must be a number, got {_shown(counters[key])}"
+        value = counters.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or not _in_range(value)):
+            return f"counter {key!r} must be a finite number, got {_shown(value)}"
     return _turn_problem(line.get("turns", [])) or _preview_problem("gold_result", line.get("gold_result")) or \
         _preview_problem("pred_result", line.get("pred_result"))

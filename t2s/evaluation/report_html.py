@@ -130,20 +130,38 @@ def render_page(data: dict) -> str:
 SAMPLE_SCORES = ("sample", "official", "strict", "soft_f1")
 
 
-def question_lines(path: Path, mode: str, votes: dict[str, dict]) -> list[dict]:
+def _episode_lines(path: Path, damaged: list[str]):
+    """The lines of an episodes file a reader can use (``records.line_problem``), read a line at a time; each other
+    line (not UTF-8, not JSON, not what eval writes, or cut off by a killed run) is left out and named in
+    ``damaged``."""
+    from t2s.evaluation.records import line_problem
+
+    with open(path, "rb") as handle:  # split on b"\n" only: U+2028 and \x85 are text inside a JSON string
+        for number, raw in enumerate(handle, 1):
+            if not raw.strip():
+                continue
+            try:
+                line = json.loads(raw.decode("utf-8"))
+            except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+                damaged.append(f"line {number}: not valid JSON")
+                continue
+            if problem := line_problem(line):
+                damaged.append(f"line {number}: {problem}")
+                continue
+            yield line
+
+
+def question_lines(path: Path, mode: str, votes: dict[str, dict], damaged: list[str] | None = None) -> list[dict]:
     """The page's lines of one mode's episodes file, read a line at a time: each question's first sample, with
-    ``samples`` (every sample's scores) and ``vote`` added when it has more than one sample or a vote."""
+    ``samples`` (every sample's scores) and ``vote`` added when it has more than one sample or a vote. A damaged line
+    is left out and named in ``damaged``."""
     firsts: dict[str, dict] = {}
     scores: dict[str, list[dict]] = {}
-    with open(path, encoding="utf-8") as handle:
-        for text in handle:
-            if not text.strip():
-                continue
-            line = json.loads(text)
-            key = str(line.get("question_id"))
-            scores.setdefault(key, []).append({name: line.get(name) for name in SAMPLE_SCORES})
-            if key not in firsts or int(line.get("sample") or 0) < int(firsts[key].get("sample") or 0):
-                firsts[key] = line
+    for line in _episode_lines(path, [] if damaged is None else damaged):
+        key = str(line.get("question_id"))
+        scores.setdefault(key, []).append({name: line.get(name) for name in SAMPLE_SCORES})
+        if key not in firsts or int(line.get("sample") or 0) < int(firsts[key].get("sample") or 0):
+            firsts[key] = line
     lines = []
     for key, line in firsts.items():
         line = {**line, "mode": line.get("mode") or mode}
@@ -155,10 +173,27 @@ def question_lines(path: Path, mode: str, votes: dict[str, dict]) -> list[dict]:
     return lines
 
 
+def _votes(path: Path) -> dict[str, dict]:
+    """{question id: vote} of a ``votes.jsonl``; a line that is not a vote of a question is left out."""
+    votes = {}
+    with open(path, "rb") as handle:
+        for raw in handle:
+            try:
+                vote = json.loads(raw.decode("utf-8"))
+            except (ValueError, RecursionError):  # not UTF-8, not JSON, blank
+                continue
+            if isinstance(vote, dict) and "question_id" in vote:
+                votes[str(vote["question_id"])] = vote
+    return votes
+
+
 def write_report(folder) -> Path:
-    """Write ``folder/report.html`` from an eval folder's summary.json, summary.png, episodes and votes."""
+    """Write ``folder/report.html`` from an eval folder's summary.json, summary.png, episodes and votes. A damaged
+    episode line (a hand edit, another tool's file) is left out of the page, and the lines left out of each file are
+    counted in one warning line on stderr."""
     from t2s.evaluation.browse import in_data_order
-    from t2s.evaluation.run_folders import EPISODES, VOTES, read_jsonl, read_summaries
+    from t2s.evaluation.run_folders import EPISODES, VOTES, read_summaries
+    from t2s.ui.console import print_line
 
     folder = Path(folder)
     summaries = read_summaries(folder)
@@ -167,8 +202,11 @@ def write_report(folder) -> Path:
         path = folder / mode / EPISODES
         if path.is_file():
             votes_path = folder / mode / VOTES
-            votes = {str(v["question_id"]): v for v in read_jsonl(votes_path)} if votes_path.is_file() else {}
-            lines += question_lines(path, mode, votes)
+            damaged: list[str] = []
+            lines += question_lines(path, mode, _votes(votes_path) if votes_path.is_file() else {}, damaged)
+            if damaged:
+                print_line(f"Warning: report.html leaves out {len(damaged)} damaged line(s) of {path} (first: "
+                           f"{damaged[0]})", stderr=True)
     episodes = in_data_order(lines)
     data = {"title": f"{PAGE_TITLE}: {folder.name}", "summaries": summaries,
             "plot": _embedded_png(folder / "summary.png"), "episodes": episodes, "details": _split_details(episodes)}

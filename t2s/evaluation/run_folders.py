@@ -42,9 +42,10 @@ def eval_modes(folder) -> list[str]:
     summary = folder / SUMMARY
     if summary.is_file():
         try:
-            order = list(json.loads(summary.read_text(encoding="utf-8")).get("modes") or {})
-        except (ValueError, AttributeError):
-            order = []
+            modes = json.loads(summary.read_text(encoding="utf-8")).get("modes")
+        except (ValueError, AttributeError, RecursionError):  # not JSON, or not an object: the folders' order
+            modes = None
+        order = list(modes) if isinstance(modes, dict) else []
         found = [m for m in order if m in found] + [m for m in found if m not in order]
     return found
 
@@ -92,7 +93,7 @@ def read_summaries(folder) -> dict[str, dict]:
         raise RunFolderError(f"Error: no {SUMMARY} in eval folder {folder}")
     try:
         modes = json.loads(path.read_text(encoding="utf-8")).get("modes")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         modes = None
     if not isinstance(modes, dict):
         raise RunFolderError(f"Error: {path} is not an eval summary (no \"modes\")")
@@ -151,7 +152,8 @@ def read_episodes(path) -> list[dict]:
 def read_training_episodes(path) -> list[dict]:
     """The episode records a training run logged with its completions (a run folder, its ``completions`` folder or
     one parquet file), each with ``step``, ``reward`` (and ``rewards`` by function), ``advantage``, ``tier``, ``f1``,
-    ``join`` and ``consensus``."""
+    ``join`` and ``consensus``. A file that is not parquet (cut off by a killed run, say), or a row whose episode a
+    reader would fail on, is a RunFolderError naming the file and the row."""
     import pandas as pd
 
     from t2s.scoring.rewards import REWARD_FUNCS
@@ -161,17 +163,43 @@ def read_training_episodes(path) -> list[dict]:
     files = [path] if path.is_file() else sorted(folder.glob("completions_*.parquet"))
     records = []
     for file in files:
-        table = pd.read_parquet(file)
+        try:
+            table = pd.read_parquet(file)
+        except Exception as exc:  # noqa: BLE001 - pyarrow's errors (ArrowInvalid, OSError, ...): one clear line
+            raise RunFolderError(f"Error: {file} cannot be read as parquet: {exc}") from None
         if "episode" not in table.columns:
             raise RunFolderError(f"Error: {file} holds no episode records (completions logged by another trainer)")
-        for row in table.to_dict("records"):
-            record = json.loads(row["episode"])
-            rewards = {name: row[name] for name in REWARD_FUNCS if name in row}
-            record.update(step=int(row.get("step") or 0), rewards=rewards, advantage=row.get("advantage"),
-                          reward=next(iter(rewards.values())) if len(rewards) == 1 else sum(rewards.values()))
-            record.update({key: row[key] for key in ("tier", "f1", "join", "consensus") if key in row})
-            records.append(record)
+        for number, row in enumerate(table.to_dict("records"), 1):
+            records.append(_training_record(row, REWARD_FUNCS, f"Error: {file} row {number}"))
     return records
+
+
+def _training_record(row: dict, reward_funcs, where: str) -> dict:
+    """The episode record of one completions row, with its step, rewards and scores; RunFolderError ``where: ...``."""
+    import numbers
+
+    from t2s.evaluation.records import line_problem
+
+    try:
+        record = json.loads(row["episode"])
+    except (ValueError, TypeError, RecursionError):
+        raise RunFolderError(f"{where}: 'episode' is not an episode record in JSON") from None
+    step = row.get("step")
+    step = 0 if step is None else step
+    if isinstance(step, float) and step.is_integer():
+        step = int(step)
+    if not isinstance(step, numbers.Integral) or isinstance(step, bool):
+        raise RunFolderError(f"{where}: 'step' must be a whole number, got {str(step)[:60]}")
+    rewards = {name: row[name] for name in reward_funcs if name in row}
+    if not all(isinstance(value, numbers.Real) and not isinstance(value, bool) for value in rewards.values()):
+        raise RunFolderError(f"{where}: the rewards must be numbers, got {str(rewards)[:60]}")
+    if isinstance(record, dict):
+        record.update(step=int(step), rewards=rewards, advantage=row.get("advantage"),
+                      reward=next(iter(rewards.values())) if len(rewards) == 1 else sum(rewards.values()))
+        record.update({key: row[key] for key in ("tier", "f1", "join", "consensus") if key in row})
+    if problem := line_problem(record):
+        raise RunFolderError(f"{where}: {problem}")
+    return record
 
 
 def has_training_episodes(path) -> bool:

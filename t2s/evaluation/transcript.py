@@ -25,7 +25,9 @@ def format_sql(sql: str | None) -> str:
         return sql.strip()
 
 
-def _call_text(call: dict) -> str:
+def _call_text(call) -> str:
+    if not isinstance(call, dict):  # not a call as episodes write them: shown as it is
+        return json.dumps(call, ensure_ascii=False, default=str)
     args = call.get("args")
     if isinstance(args, dict) and isinstance(args.get("sql"), str):
         rest = {k: v for k, v in args.items() if k != "sql"}
