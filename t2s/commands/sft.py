@@ -33,17 +33,19 @@ def warm_start_keys_help() -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from t2s.training.pipeline import free_finished_run, say_written, setup_error, start_command
+    from t2s.training.pipeline import free_finished_run, say_written, start_command
+    from t2s.training.startup import setup_error
     from t2s.training.warm_start import SUMMARY_FILE, build_sft_trainer, fit, parse_sft_recipe
 
     config_path = start_command(args.config)
     if config_path is None:  # a missing recipe file is bad input, as every other missing file
         return 1
+    model_args = None
     try:
         sft_args, config, model_args = parse_sft_recipe(["--config", str(config_path), *args.overrides])
         trainer, counts = build_sft_trainer(sft_args, config, model_args)
-    except (ValueError, OSError) as exc:  # ConfigError, TRL/transformers config errors, unreadable data
-        return setup_error(exc)
+    except (ValueError, OSError, RuntimeError) as exc:  # ConfigError, TRL/transformers config errors, unreadable
+        return setup_error(exc, getattr(model_args, "model_name_or_path", None))  # data, a model that cannot load
     log.info("warm-start trajectories: %s", counts)
     fit(trainer, counts)
     say_written(trainer, f"the warm-started model and tokenizer, {SUMMARY_FILE} ({counts['examples']} examples; "

@@ -33,7 +33,8 @@ def recipe_keys_help() -> str:
 
 def run(args: argparse.Namespace) -> int:
     from t2s.training.pipeline import (build_trainer, fit, free_finished_run, resume_checkpoint, say_written,
-                                       setup_error, start_command, use_step_printer)
+                                       start_command, use_step_printer)
+    from t2s.training.startup import setup_error
 
     config = start_command(args.config)
     if config is None:  # a missing recipe file is bad input, as every other missing file
@@ -41,12 +42,13 @@ def run(args: argparse.Namespace) -> int:
     from t2s.training.configs import parse_recipe
     from t2s.run_lock import rank_zero_lock
 
+    model_args = None
     try:
         script_args, training_args, model_args = parse_recipe(["--config", str(config), *args.overrides])
         checkpoint = resume_checkpoint(training_args)
         trainer, counts = build_trainer(script_args, training_args, model_args)
-    except (ValueError, OSError) as exc:  # ConfigError, TRL/transformers config errors, unreadable data
-        return setup_error(exc)
+    except (ValueError, OSError, RuntimeError) as exc:  # ConfigError, TRL/transformers config errors, unreadable
+        return setup_error(exc, getattr(model_args, "model_name_or_path", None))  # data, a model that cannot load
     use_step_printer(trainer)
     with rank_zero_lock(training_args.output_dir):  # one run per output_dir; a second stops with one Error: line
         fit(trainer, counts, checkpoint, recipe={"recipe": config.name, "overrides": list(args.overrides)})

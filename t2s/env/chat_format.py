@@ -7,8 +7,11 @@ probe conversations through the tokenizer's own template once and reads each of 
 
 - **end of turn**: the first special token the template writes after an assistant message's content;
 - **stop tokens**: the end of turn, then the tokenizer's ``eos_token`` and the generation config's ``eos_token_id``
-  (read from the tokenizer's folder), without any token that opens a turn in the template: a GGUF-converted
-  tokenizer can name ``<|im_start|>`` as its eos, and stopping there would be wrong. Such a disagreement is said once;
+  (read from the tokenizer's folder; an id that is not one of the tokenizer's is left out, as an eos the tokenizer
+  does not know), without any token that opens a turn in the template: a GGUF-converted tokenizer can name
+  ``<|im_start|>`` as its eos, and stopping there would be wrong. Such a disagreement is said once. A stop token past
+  the model's embedding (``vocab_size`` of the folder's ``config.json``, or of its ``text_config``) is refused: the
+  environment writes the end of turn into the token stream, and the model cannot read it;
 - **thinking**: whether the generation prompt ends in ``<think>\\n`` when rendered with ``enable_thinking=True``.
   Without a think block, thinking is off, said once;
 - **system role**: a template that refuses a system message gets the system prompt folded into the first user
@@ -20,13 +23,20 @@ probe conversations through the tokenizer's own template once and reads each of 
 
 A tokenizer with no chat template (a base model) gets a clear error naming the fix: ``--chat-template FILE`` or the
 recipe key ``chat_template``, read by :func:`apply_chat_template_file`.
+
+The folder's ``generation_config.json`` and ``config.json`` are read only when they are regular files of at most
+1 MiB and 16 MiB; anything else (a FIFO, a device, a larger file: no model's config is) is refused with a
+:class:`ChatFormatError` naming the file, unread. A file that is unreadable or not a JSON object counts as absent.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import stat
 import threading
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +45,8 @@ from t2s.errors import T2SError, read_text_file
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _SENTINEL = "\x00t2s-{}\x00"  # survives a template's trim; never in a rendered template
 _PROBE_USER, _PROBE_SYSTEM = "Which tables exist?", "You answer questions."
+_MAX_FOLDER_JSON = 1 << 20  # bytes of a model folder's generation_config.json (a few hundred)
+_MAX_MODEL_CONFIG = 16 << 20  # bytes of its config.json (kilobytes; a quantization config can list many modules)
 
 
 class ChatFormatError(T2SError, ValueError):
@@ -85,22 +97,25 @@ class ChatFormat:
         return config
 
 
-_CACHE: dict[tuple, ChatFormat] = {}
+_CACHE: dict[tuple, tuple] = {}  # key -> (the tokenizer, its format)
 _SAID: set[str] = set()
 _LOCK = threading.Lock()
 
 
 def chat_format(tokenizer) -> ChatFormat:
-    """The tokenizer's chat format, read from its template once (cached per tokenizer and template)."""
+    """The tokenizer's chat format, read from its template once (cached per tokenizer and template: an entry holds the
+    tokenizer weakly and serves only that object, never a later tokenizer that reuses a freed one's ``id``)."""
     template = getattr(tokenizer, "chat_template", None)
     key = (id(tokenizer), template if isinstance(template, str) else repr(template), len(tokenizer))
     with _LOCK:
-        found = _CACHE.get(key)
-    if found is not None:
+        ref, found = _CACHE.get(key, (None, None))
+    if found is not None and ref() is tokenizer:
         return found
     fmt = _read(tokenizer)
     with _LOCK:
-        _CACHE[key] = fmt
+        for stale in [k for k, (r, _) in _CACHE.items() if r() is None]:
+            del _CACHE[stale]
+        _CACHE[key] = (_ref(tokenizer), fmt)
         fresh = [note for note in fmt.notes if note not in _SAID]
         _SAID.update(fresh)
     if fresh:
@@ -109,6 +124,14 @@ def chat_format(tokenizer) -> ChatFormat:
         for note in fresh:
             print_line(f"note: {note}", stderr=True)
     return fmt
+
+
+def _ref(tokenizer):
+    """A weak reference to ``tokenizer``; a strong one where its type takes none (kept, so its id stays its own)."""
+    try:
+        return weakref.ref(tokenizer)
+    except TypeError:
+        return lambda: tokenizer
 
 
 def apply_chat_template_file(tokenizer, path: str | Path | None):
@@ -159,15 +182,60 @@ def _token_id(tokenizer, token: str | None) -> int | None:
     return tid if isinstance(tid, int) and tid != getattr(tokenizer, "unk_token_id", None) else None
 
 
-def _generation_eos(tokenizer) -> list[int]:
-    """``eos_token_id`` of ``generation_config.json`` beside the tokenizer (a local folder), as a list."""
-    folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+def _folder_json(tokenizer, file_name: str, limit: int = _MAX_FOLDER_JSON) -> dict:
+    """The JSON object in ``file_name`` beside the tokenizer (a local folder): ``{}`` when there is none (a hub id, a
+    dangling link), or it is unreadable or not a JSON object; a ChatFormatError, the file unread, when it is not a
+    regular file or is larger than ``limit`` bytes."""
+    name = str(getattr(tokenizer, "name_or_path", "") or "")
+    path = Path(name) / file_name
+    if not name or not os.path.exists(path):
+        return {}
     try:
-        value = json.loads((folder / "generation_config.json").read_text(encoding="utf-8")).get("eos_token_id")
-    except (OSError, ValueError, AttributeError):
-        return []
+        regular = path.is_file()  # stat, not open: opening a FIFO waits for a writer, a device may act on it
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY) if regular else None
+    except OSError:
+        return {}
+    if fd is not None:
+        with os.fdopen(fd, "rb") as handle:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)  # the file opened: it may have been replaced since
+            try:
+                data = handle.read(limit + 1) if regular else b""
+            except OSError:
+                return {}
+    if not regular:
+        raise ChatFormatError(f"Error: {file_name} of {name} is not a regular file; a model folder's {file_name} is "
+                              "a JSON file. Replace it or remove it")
+    if len(data) > limit:
+        raise ChatFormatError(f"Error: {file_name} of {name} is larger than {limit >> 20} MiB; a model "
+                              f"folder's {file_name} is a few kilobytes of JSON. Replace it or remove it")
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested past Python's limits
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _ids(value) -> list[int]:
     values = value if isinstance(value, list) else [value]
     return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def _generation_eos(tokenizer) -> list[int]:
+    """``eos_token_id`` of ``generation_config.json`` beside the tokenizer, as a list of the tokenizer's ids (an id
+    outside ``0..len(tokenizer)-1`` names no token: left out, as an eos the tokenizer does not know)."""
+    return [v for v in _ids(_folder_json(tokenizer, "generation_config.json").get("eos_token_id"))
+            if 0 <= v < len(tokenizer)]
+
+
+def _vocab_size(tokenizer) -> int | None:
+    """The model's embedding rows: ``vocab_size`` of ``config.json`` beside the tokenizer (or of its
+    ``text_config``); None where the folder names no positive number."""
+    config = _folder_json(tokenizer, "config.json", _MAX_MODEL_CONFIG)
+    text_config = config.get("text_config")
+    for value in (config.get("vocab_size"), text_config.get("vocab_size") if isinstance(text_config, dict) else None):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value if value > 0 else None
+    return None
 
 
 def _read(tokenizer) -> ChatFormat:
@@ -224,6 +292,14 @@ def _read(tokenizer) -> ChatFormat:
             continue
         stop_ids.append(tid)
         stop_tokens.append(token)
+    vocab_size = _vocab_size(tokenizer)
+    for token, tid in zip(stop_tokens, stop_ids):
+        if vocab_size is not None and tid >= vocab_size:
+            raise ChatFormatError(
+                f"Error: the stop token {token} of {name} (id {tid}) is past the model's embedding (config.json "
+                f"vocab_size {vocab_size}), so the model cannot read it when a turn ends with it. Resize the model's "
+                "embeddings to the tokenizer, or pass --chat-template FILE"
+            )
 
     heads, tails = {}, {}
     observation = _SENTINEL.format("observation")
@@ -231,10 +307,23 @@ def _read(tokenizer) -> ChatFormat:
         text = _render(tokenizer, lead + user + [{"role": "assistant", "content": answer},
                                                  {"role": "user", "content": observation}],
                        generation=True, thinking=think)
-        rest = text[text.index(answer) + len(answer):]
-        rest = rest[rest.index(end_of_turn) + len(end_of_turn):]
-        head, _, tail = rest.partition(observation)
-        heads[think], tails[think] = head, tail
+        when = f"with add_generation_prompt=True and enable_thinking={think}"
+        start = text.find(answer)
+        if start < 0:
+            raise ChatFormatError(f"Error: the chat template of {name} does not render an assistant message's content "
+                                  f"{when}; t2s renders every earlier turn as the template writes it. Pass "
+                                  "--chat-template FILE")
+        rest = text[start + len(answer):]
+        seen = rest.find(observation)
+        if seen < 0:
+            raise ChatFormatError(f"Error: the chat template of {name} does not render a user message's content after "
+                                  f"an assistant turn {when}. Pass --chat-template FILE")
+        end = rest.find(end_of_turn, 0, seen)
+        if end < 0:
+            raise ChatFormatError(f"Error: the chat template of {name} does not end an assistant turn with "
+                                  f"{end_of_turn} {when}, as it does without a generation prompt; t2s writes the "
+                                  "turns as the template does. Pass --chat-template FILE")
+        heads[think], tails[think] = rest[end + len(end_of_turn):seen], rest[seen + len(observation):]
     if not thinking:
         notes.append(f"the chat template of {name} opens no think block; turns are read without thinking")
 

@@ -433,17 +433,3 @@ def start_command(config: str) -> Path | None:
         print_line(f"Error: recipe {config} not found.", stderr=True)
         return None
     return path
-
-
-def setup_error(exc: Exception) -> int:
-    """A recipe, config or data error at start-up on stderr (a ConfigError as it is, any other as its first line,
-    prefixed ``Error:``); returns the exit code (2)."""
-    from t2s.training.configs import ConfigError
-    from t2s.ui.console import print_line
-
-    if isinstance(exc, ConfigError):
-        print_line(str(exc), stderr=True)
-        return 2
-    message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
-    print_line((message.splitlines() or [""])[0], stderr=True)
-    return 2

@@ -1,6 +1,7 @@
 """What the trainer checks and sets up before its first step, beyond the config (``validate_training_config``):
 the think block of the generation prompt, the chat template's stop tokens in the eos ids, the policy's load
-arguments, the reward functions, and the shape of what the rollout returns."""
+arguments, the reward functions, and the shape of what the rollout returns; and ``setup_error``, the one line
+``train`` and ``sft`` print when any of it, or the recipe, the data or the model, stops them."""
 
 from __future__ import annotations
 
@@ -105,3 +106,24 @@ def resolve_reward_funcs(names, args) -> list[Callable]:
         else:
             funcs.append(rewards.REWARD_FUNCS[name])
     return funcs
+
+
+def setup_error(exc: Exception, model: str | None = None) -> int:
+    """A recipe, config, data or model error at start-up on stderr (a ConfigError as it is, any other as its first
+    line, prefixed ``Error:``); returns the exit code (2). A RuntimeError is what torch and transformers raise on a
+    model folder they cannot load (``config.json``'s ``vocab_size`` negative, or not the weights' rows), named with
+    ``model``; a NotImplementedError (a bug), or a RuntimeError every command reports itself (a loop of symbolic
+    links: ``t2s.errors.user_facing``), is raised again."""
+    from t2s.errors import user_facing
+    from t2s.ui.console import print_line
+
+    if isinstance(exc, ConfigError):
+        print_line(str(exc), stderr=True)
+        return 2
+    if isinstance(exc, RuntimeError) and not isinstance(exc, (ValueError, OSError)):
+        if isinstance(exc, NotImplementedError) or user_facing(exc):
+            raise exc
+        exc = RuntimeError(f"Error: cannot load {model or 'the model'} or build the trainer on it: {exc}")
+    message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
+    print_line((message.splitlines() or [""])[0], stderr=True)
+    return 2
