@@ -193,3 +193,15 @@ def test_sft_on_a_negative_config_vocab_size_is_one_error_line(tiny_model_dir, d
     assert code == 2 and line.startswith(f"Error: cannot load {folder} or build the trainer on it: ")
     assert "negative dimension -5" in line
     assert not (tmp_path / "out" / "config.json").exists()
+
+
+def test_several_named_chat_templates_are_refused_naming_them(tiny_model_dir):
+    """transformers renders "tool_use" when a request declares tools and "default" otherwise: a format read from
+    one would not be what the other renders, so t2s asks for the one template to train and serve with."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    template = tokenizer.chat_template
+    tokenizer.chat_template = {"default": template, "tool_use": template}
+    with pytest.raises(ChatFormatError, match=r"several named chat templates \(default, tool_use\).*--chat-template"):
+        chat_format(tokenizer)

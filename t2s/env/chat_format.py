@@ -246,6 +246,14 @@ def _read(tokenizer) -> ChatFormat:
             "model's chat template. Pass --chat-template FILE (a Jinja chat template) or set chat_template: FILE in "
             "the recipe"
         )
+    if not isinstance(tokenizer.chat_template, str):  # named templates: transformers picks "tool_use" when a request
+        # declares tools and "default" otherwise, so a format read from one would not be what the other renders
+        named = ", ".join(map(str, tokenizer.chat_template)) if isinstance(tokenizer.chat_template, dict) else "?"
+        raise ChatFormatError(
+            f"Error: the tokenizer of {name} has several named chat templates ({named}); t2s renders every prompt "
+            "with one template. Pass --chat-template FILE (the one to train and serve with) or set chat_template: "
+            "FILE in the recipe"
+        )
     notes: list[str] = []
     tokens = _special_tokens(tokenizer)
     system = [{"role": "system", "content": _PROBE_SYSTEM}]
