@@ -73,14 +73,14 @@ def test_the_undamaged_copy_reads_as_the_tiny_model(tiny_model_dir, tmp_path):
     assert fmt.stop_tokens == ("<|im_end|>", "<|endoftext|>") and fmt.stop_ids == (2, 0)
 
 
-@pytest.mark.parametrize("eos", [-1, 2**63, [-1, 5, 2**63], [5, 10**6, -(2**70)]])
+@pytest.mark.parametrize("eos", [-1, 2**63, [-1, 781, 2**63], [781, 10**6, -(2**70)]])
 def test_generation_eos_ids_that_are_no_token_are_left_out(tiny_model_dir, tmp_path, eos):
     """An eos id outside ``0..len(tokenizer)-1`` names no token: left out as an eos the tokenizer does not know, the
-    others kept."""
+    others kept (781: the added token ``</tool_response>``)."""
     folder = _copy(tiny_model_dir, tmp_path)
     _edit_json(folder / "generation_config.json", eos_token_id=eos)
     fmt = _format(folder)
-    kept = (5,) if isinstance(eos, list) else ()
+    kept = (781,) if isinstance(eos, list) else ()
     assert fmt.stop_ids == (2, 0, *kept)
     assert fmt.stop_tokens[:2] == ("<|im_end|>", "<|endoftext|>") and len(fmt.stop_tokens) == 2 + len(kept)
 
@@ -124,11 +124,11 @@ def test_a_generation_config_that_is_no_regular_file_is_refused_unread(tiny_mode
 def test_a_generation_config_over_one_mib_is_refused(tiny_model_dir, tmp_path):
     folder = _copy(tiny_model_dir, tmp_path)
     config = folder / "generation_config.json"
-    config.write_text(json.dumps({"eos_token_id": 5}) + " " * (1 << 20))
+    config.write_text(json.dumps({"eos_token_id": 781}) + " " * (1 << 20))
     with pytest.raises(ChatFormatError, match=r"^Error: generation_config\.json of .* is larger than 1 MiB"):
         _format(folder)
-    config.write_text(json.dumps({"eos_token_id": 5}) + " " * ((1 << 20) - 100))  # just under: read
-    assert _format(folder).stop_ids == (2, 0, 5)
+    config.write_text(json.dumps({"eos_token_id": 781}) + " " * ((1 << 20) - 100))  # just under: read
+    assert _format(folder).stop_ids == (2, 0, 781)
 
 
 @pytest.mark.parametrize("where", ["top", "text_config"])
@@ -205,3 +205,14 @@ def test_several_named_chat_templates_are_refused_naming_them(tiny_model_dir):
     tokenizer.chat_template = {"default": template, "tool_use": template}
     with pytest.raises(ChatFormatError, match=r"several named chat templates \(default, tool_use\).*--chat-template"):
         chat_format(tokenizer)
+
+
+@pytest.mark.parametrize("eos, token", [(5, "'!'"), (4, "'</think>'")])
+def test_an_eos_that_is_text_or_a_think_tag_is_left_out_with_a_note(tiny_model_dir, tmp_path, eos, token):
+    """A generation config naming an ordinary token (``!``) or a think tag as its eos would stop every turn there:
+    the stop tokens stay the template's, and the note says why."""
+    folder = _copy(tiny_model_dir, tmp_path)
+    _edit_json(folder / "generation_config.json", eos_token_id=[2, eos])
+    fmt = _format(folder)
+    assert fmt.stop_ids == (2, 0) and fmt.stop_tokens == ("<|im_end|>", "<|endoftext|>")
+    assert any(f"names {token} as an eos token, but it is no special token" in note for note in fmt.notes), fmt.notes

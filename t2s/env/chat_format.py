@@ -8,10 +8,11 @@ probe conversations through the tokenizer's own template once and reads each of 
 - **end of turn**: the first special token the template writes after an assistant message's content;
 - **stop tokens**: the end of turn, then the tokenizer's ``eos_token`` and the generation config's ``eos_token_id``
   (read from the tokenizer's folder; an id that is not one of the tokenizer's is left out, as an eos the tokenizer
-  does not know), without any token that opens a turn in the template: a GGUF-converted tokenizer can name
-  ``<|im_start|>`` as its eos, and stopping there would be wrong. Such a disagreement is said once. A stop token past
-  the model's embedding (``vocab_size`` of the folder's ``config.json``, or of its ``text_config``) is refused: the
-  environment writes the end of turn into the token stream, and the model cannot read it;
+  does not know), without any token that opens a turn in the template (a GGUF-converted tokenizer can name
+  ``<|im_start|>`` as its eos, and stopping there would be wrong), and without one that is no special or added token,
+  or is a think tag (a ``)`` or a ``</think>`` would cut every turn short). Such a disagreement is said once. A stop
+  token past the model's embedding (``vocab_size`` of the folder's ``config.json``, or of its ``text_config``) is
+  refused: the environment writes the end of turn into the token stream, and the model cannot read it;
 - **thinking**: whether the generation prompt ends in ``<think>\\n`` when rendered with ``enable_thinking=True``.
   Without a think block, thinking is off, said once;
 - **system role**: a template that refuses a system message gets the system prompt folded into the first user
@@ -297,6 +298,10 @@ def _read(tokenizer) -> ChatFormat:
         if token in openers:
             notes.append(f"the tokenizer of {name} names {token} as its eos token, but its chat template opens turns "
                          f"with it; generation stops on {end_of_turn}, the template's end of turn")
+            continue
+        if token not in tokens or token in (THINK_OPEN, THINK_CLOSE):  # text a turn holds, or its thinking's tags
+            notes.append(f"the tokenizer of {name} names {token!r} as an eos token, but it is no special token that "
+                         f"ends a turn (stopping there would cut turns short); generation stops on {end_of_turn}")
             continue
         stop_ids.append(tid)
         stop_tokens.append(token)
