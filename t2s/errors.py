@@ -67,6 +67,12 @@ class ExportError(T2SError):
     """A problem with the inputs of an export (``t2s export``), reported as one ``Error:`` line."""
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of what ``exc`` says (its type's name when it says nothing): a library's message, which may go
+    on for a page, shown in one line."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 def _one_line(text: str) -> str:
     lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
     return " ".join(lines)

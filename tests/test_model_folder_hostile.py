@@ -174,7 +174,7 @@ def test_train_on_weights_that_do_not_match_config_vocab_size_is_one_error_line(
     code = main(["train", "--config", str(RECIPES_DIR / "smoke.yaml"), "--model_name_or_path", str(folder),
                  "--build_tiny_model", "false", "--output_dir", str(tmp_path / "out")])
     line = _one_error_line(capsys)
-    assert code == 2 and line.startswith(f"Error: cannot load {folder} or build the trainer on it: ")
+    assert code == 2 and line.startswith(f"Error: cannot load the model {folder}: ")
     assert ("negative dimension -5" if vocab_size < 0 else "ignore_mismatched_sizes") in line
     assert not list((tmp_path / "out").glob("checkpoint-*"))
 
@@ -190,7 +190,7 @@ def test_sft_on_a_negative_config_vocab_size_is_one_error_line(tiny_model_dir, d
                  "--rl_recipe", "recipes/demo.yaml", "--gold_style", "submit", "--dtype", "float32", "--bf16",
                  "false", "--use_cpu", "true", "--max_length", "4096", "--output_dir", str(tmp_path / "out")])
     line = _one_error_line(capsys)
-    assert code == 2 and line.startswith(f"Error: cannot load {folder} or build the trainer on it: ")
+    assert code == 2 and line.startswith(f"Error: cannot load the model {folder}: ")
     assert "negative dimension -5" in line
     assert not (tmp_path / "out" / "config.json").exists()
 
@@ -216,3 +216,21 @@ def test_an_eos_that_is_text_or_a_think_tag_is_left_out_with_a_note(tiny_model_d
     fmt = _format(folder)
     assert fmt.stop_ids == (2, 0) and fmt.stop_tokens == ("<|im_end|>", "<|endoftext|>")
     assert any(f"names {token} as an eos token, but it is no special token" in note for note in fmt.notes), fmt.notes
+
+
+def test_only_a_config_at_odds_with_its_weights_is_blamed_on_the_model():
+    """An out-of-memory error, a missing implementation or a bug raised while the weights load keeps its traceback:
+    only the errors of a config.json at odds with its weights become the one line naming the folder."""
+    import torch
+
+    from t2s.errors import ConfigError
+    from t2s.training.checkpoints import loading_model
+
+    with pytest.raises(ConfigError, match="^Error: cannot load the model m: Trying to create tensor with negative"):
+        with loading_model("m"):
+            raise RuntimeError("Trying to create tensor with negative dimension -5: [-5, 64]")
+    for error in (torch.OutOfMemoryError("CUDA out of memory"), NotImplementedError("no kernel"),
+                  RuntimeError("an unrelated failure")):
+        with pytest.raises(type(error)):
+            with loading_model("m"):
+                raise error

@@ -40,12 +40,11 @@ def run(args: argparse.Namespace) -> int:
     config_path = start_command(args.config)
     if config_path is None:  # a missing recipe file is bad input, as every other missing file
         return 1
-    model_args = None
     try:
         sft_args, config, model_args = parse_sft_recipe(["--config", str(config_path), *args.overrides])
         trainer, counts = build_sft_trainer(sft_args, config, model_args)
-    except (ValueError, OSError, RuntimeError) as exc:  # ConfigError, TRL/transformers config errors, unreadable
-        return setup_error(exc, getattr(model_args, "model_name_or_path", None))  # data, a model that cannot load
+    except (ValueError, OSError) as exc:  # ConfigError (a model folder that cannot load), TRL/transformers config
+        return setup_error(exc)  # errors, unreadable data
     log.info("warm-start trajectories: %s", counts)
     fit(trainer, counts)
     say_written(trainer, f"the warm-started model and tokenizer, {SUMMARY_FILE} ({counts['examples']} examples; "

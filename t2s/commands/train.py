@@ -42,13 +42,12 @@ def run(args: argparse.Namespace) -> int:
     from t2s.training.configs import parse_recipe
     from t2s.run_lock import rank_zero_lock
 
-    model_args = None
     try:
         script_args, training_args, model_args = parse_recipe(["--config", str(config), *args.overrides])
         checkpoint = resume_checkpoint(training_args)
         trainer, counts = build_trainer(script_args, training_args, model_args)
-    except (ValueError, OSError, RuntimeError) as exc:  # ConfigError, TRL/transformers config errors, unreadable
-        return setup_error(exc, getattr(model_args, "model_name_or_path", None))  # data, a model that cannot load
+    except (ValueError, OSError) as exc:  # ConfigError (a model folder that cannot load), TRL/transformers config
+        return setup_error(exc)  # errors, unreadable data
     use_step_printer(trainer)
     with rank_zero_lock(training_args.output_dir):  # one run per output_dir; a second stops with one Error: line
         fit(trainer, counts, checkpoint, recipe={"recipe": config.name, "overrides": list(args.overrides)})

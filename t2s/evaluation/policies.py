@@ -78,13 +78,15 @@ def model_backend(model: str, tokenizer_name: str | None = None, device: str | N
 
 
 def check_model(model) -> None:
-    """An EvalError naming a local model folder that cannot be loaded (``checkpoints.model_folder_problem``: not a
-    JSON config, weights missing or cut off), before any library reads it."""
-    from t2s.training.checkpoints import model_folder_problem
+    """``checkpoints.check_model_folder`` as an EvalError: a local model folder that cannot be loaded (not a JSON
+    config, weights missing or cut off), named before any library reads it."""
+    from t2s.errors import ConfigError
+    from t2s.training.checkpoints import check_model_folder
 
-    problem = model_folder_problem(model) if model else None
-    if problem:
-        raise EvalError(f"Error: cannot load the model {model}: {problem}")
+    try:
+        check_model_folder(model) if model else None
+    except ConfigError as exc:
+        raise EvalError(str(exc)) from None
 
 
 def model_context_length(model: str) -> int | None:
@@ -251,8 +253,9 @@ class Runner:
                 **cpu_engine_kwargs(max_model_len),
             )  # fmt: skip
         except Exception as exc:  # noqa: BLE001 - a folder vLLM cannot load: its reason, in one line
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise EvalError(f"Error: vLLM cannot load the model {config.model!r}: {first}") from None
+            from t2s.errors import first_line
+
+            raise EvalError(f"Error: vLLM cannot load the model {config.model}: {first_line(exc)}") from None
         self.backend = VLLMColocateBackend(llm, self.tokenizer)
         self.target = {"model": config.model, "engine": f"vllm {getattr(vllm, '__version__', 'unknown')}",
                        "dtype": dtype}

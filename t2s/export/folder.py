@@ -277,8 +277,9 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
     except ExportError:
         raise
     except Exception as exc:  # noqa: BLE001 - a folder the libraries refuse (a config at odds with its weights)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ExportError(f"cannot load the model {checkpoint}: {first}") from None
+        from t2s.errors import first_line
+
+        raise ExportError(f"cannot load the model {checkpoint}: {first_line(exc)}") from None
     out.mkdir(parents=True, exist_ok=True)  # once the model has loaded: a failed export leaves no folder
     stop_ids = stop_token_ids(tokenizer)
     from t2s.env.chat_format import chat_format

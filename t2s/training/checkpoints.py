@@ -17,6 +17,7 @@ The KL controller's β is saved beside each checkpoint (``t2s_kl_controller.json
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -139,6 +140,27 @@ def check_model_folder(model_path) -> None:
     problem = model_folder_problem(model_path)
     if problem:
         raise ConfigError(f"Error: cannot load the model {model_path}: {problem}")
+
+
+@contextlib.contextmanager
+def loading_model(model_path):
+    """Around loading the weights: what torch and transformers raise on a folder whose ``config.json`` does not fit
+    its weights (a RuntimeError: a ``vocab_size`` that is negative, or not the embedding's rows) becomes a ConfigError
+    naming the folder. Any other error (out of memory, a missing implementation, a bug) goes on as it is."""
+    from t2s.errors import ConfigError, first_line
+
+    try:
+        yield
+    except RuntimeError as exc:
+        if not _a_config_at_odds(exc):
+            raise
+        raise ConfigError(f"Error: cannot load the model {model_path}: {first_line(exc)}") from None
+
+
+def _a_config_at_odds(exc: RuntimeError) -> bool:
+    text = str(exc)
+    return type(exc) is RuntimeError and ("size mismatch" in text or "ignore_mismatched_sizes" in text
+                                          or "negative dimension" in text)
 
 
 def read_trainer_state(folder: str | os.PathLike) -> dict | None:

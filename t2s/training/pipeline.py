@@ -25,6 +25,7 @@ def load_chat_tokenizer(model_path, chat_template: str | None = None, **kwargs):
     from transformers import AutoTokenizer
 
     from t2s.env.chat_format import ChatFormatError, apply_chat_template_file, chat_format
+    from t2s.errors import first_line
     from t2s.training.configs import ConfigError
 
     try:
@@ -32,8 +33,7 @@ def load_chat_tokenizer(model_path, chat_template: str | None = None, **kwargs):
     except OSError:
         raise  # a hub id offline, a missing file: transformers' own message names it
     except Exception as exc:  # noqa: BLE001 - a tokenizer file that is not JSON, or not a tokenizer
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"Error: cannot load the tokenizer of {model_path}: {first} (in tokenizer.json or "
+        raise ConfigError(f"Error: cannot load the tokenizer of {model_path}: {first_line(exc)} (in tokenizer.json or "
                           "tokenizer_config.json?)") from None
     template = None
     if chat_template:

@@ -108,22 +108,14 @@ def resolve_reward_funcs(names, args) -> list[Callable]:
     return funcs
 
 
-def setup_error(exc: Exception, model: str | None = None) -> int:
+def setup_error(exc: Exception) -> int:
     """A recipe, config, data or model error at start-up on stderr (a ConfigError as it is, any other as its first
-    line, prefixed ``Error:``); returns the exit code (2). A RuntimeError is what torch and transformers raise on a
-    model folder they cannot load (``config.json``'s ``vocab_size`` negative, or not the weights' rows), named with
-    ``model``; a NotImplementedError (a bug), or a RuntimeError every command reports itself (a loop of symbolic
-    links: ``t2s.errors.user_facing``), is raised again."""
-    from t2s.errors import user_facing
+    line, prefixed ``Error:``); returns the exit code (2)."""
     from t2s.ui.console import print_line
 
     if isinstance(exc, ConfigError):
         print_line(str(exc), stderr=True)
         return 2
-    if isinstance(exc, RuntimeError) and not isinstance(exc, (ValueError, OSError)):
-        if isinstance(exc, NotImplementedError) or user_facing(exc):
-            raise exc
-        exc = RuntimeError(f"Error: cannot load {model or 'the model'} or build the trainer on it: {exc}")
     message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
     print_line((message.splitlines() or [""])[0], stderr=True)
     return 2

@@ -55,7 +55,7 @@ from t2s.backends.vllm_engine import checkpoint_dtype, vllm_environment
 from t2s.env.record import STOP_REASONS, no_turn_line
 from t2s.settings import match_umask
 from t2s.training.cpu_threads import score_labelled_positions_only
-from t2s.training.checkpoints import KL_STATE_FILE, restored_beta
+from t2s.training.checkpoints import KL_STATE_FILE, loading_model, restored_beta
 from t2s.training.configs import ConfigError
 from t2s.training.progress import metrics_file
 from t2s.training.engines import build_backend, check_server_context
@@ -120,7 +120,8 @@ class Text2SQLGRPOTrainer(GRPOTrainer):
         if isinstance(model, str):
             from trl.trainer.utils import create_model_from_path
 
-            model = create_model_from_path(model, **policy_init_kwargs(args))
+            with loading_model(model):  # a config.json at odds with its weights: one Error: line
+                model = create_model_from_path(model, **policy_init_kwargs(args))
         if not getattr(model.config, "_name_or_path", ""):
             raise ConfigError("Error: the model has no path (built from a config?): save it with save_pretrained and "
                               "pass the folder; the reference model and vLLM load it by path.")

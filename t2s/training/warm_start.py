@@ -293,7 +293,7 @@ def build_sft_trainer(sft_args: T2SSFTArguments, config, model_args, *, callback
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from t2s.training.checkpoints import check_model_folder
+    from t2s.training.checkpoints import check_model_folder, loading_model
     from t2s.training.pipeline import load_chat_tokenizer, load_training_rows
 
     script_args, rl_args = load_rl_recipe(sft_args)
@@ -316,8 +316,9 @@ def build_sft_trainer(sft_args: T2SSFTArguments, config, model_args, *, callback
     config.model_init_kwargs = init_kwargs or None
     dataset = Dataset.from_list([{"input_ids": e["input_ids"], "completion_mask": e["completion_mask"]}
                                  for e in examples])
-    trainer = SFTTrainer(model_path, args=config, train_dataset=dataset, processing_class=tokenizer,
-                         callbacks=callbacks)
+    with loading_model(model_path):  # a config.json at odds with its weights: one Error: line
+        trainer = SFTTrainer(model_path, args=config, train_dataset=dataset, processing_class=tokenizer,
+                             callbacks=callbacks)
     return trainer, counts
 
 
