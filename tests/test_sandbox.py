@@ -519,3 +519,30 @@ def test_virtual_tables_read_as_tables_and_refuse_writes(tmp_path, ref_kind):
         result = run_tool_query(ref, sql, max_rows=5)
         assert result.error and result.write_attempt, (sql, result.error)
     assert file_checksum(path) == before and sorted(os.listdir(tmp_path)) == listing
+
+
+def test_a_virtual_table_whose_shadow_is_a_slow_view_cannot_hold_a_connection_open(tmp_path):
+    """A file can put a view where an R*Tree's shadow table belongs; the view runs when the table connects, which a
+    connection does as it opens. That is bounded (``LIMITS.virtual_tables_timeout``): a query of another table runs,
+    and a query of the R*Tree itself ends by its own deadline or refusal; the file never changes."""
+    import time
+
+    path = tmp_path / "slow.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (a INTEGER)")
+        conn.execute("INSERT INTO t VALUES (7)")
+        conn.execute("CREATE VIRTUAL TABLE r USING rtree(id, x0, x1)")
+        conn.execute("DROP TABLE r_node")
+        conn.execute("CREATE VIEW r_node(nodeno, data) AS WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 "
+                     "FROM n WHERE x < 3000000000) SELECT 1, zeroblob(100) FROM n WHERE x = 3000000000")
+    conn.close()
+    before = file_checksum(path)
+    ref = benchmark_db(path)
+    began = time.monotonic()
+    result = run_tool_query(ref, "SELECT a FROM t", max_rows=5)
+    assert result.ok and result.rows == [(7,)], result.error
+    assert time.monotonic() - began < LIMITS.virtual_tables_timeout + 2 * MARGIN
+    began = time.monotonic()
+    assert run_tool_query(ref, "SELECT * FROM r", max_rows=5).error  # refused, or past its deadline
+    assert time.monotonic() - began < LIMITS.tool_timeout + MARGIN
+    assert file_checksum(path) == before

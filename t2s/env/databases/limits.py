@@ -28,6 +28,7 @@ class Limits:
     fetch_batch: int = 2048  # rows per fetchmany when a scoring result is fetched in full
     progress_interval: int = 1_000_000  # virtual-machine instructions between the progress handler's deadline checks
     watchdog_poll: float = 0.01  # seconds between the watchdog's deadline checks
+    virtual_tables_timeout: float = 1.0  # seconds, in all, for connecting a file's virtual tables as a connection opens
     payload_max_bytes: int = 256 * 1024 * 1024  # largest single row-payload database image
     payload_cache_bytes: int = 2 * 1024 * 1024 * 1024  # row-payload images plus per-thread copies, across all threads
     gold_cache_bytes: int = 512 * 1024 * 1024  # cached gold results (approximate size)

@@ -13,13 +13,14 @@
   plain SELECT of one would be refused as a write. Each virtual table the file declares is read once (``LIMIT 0``)
   before the authorizer is set; a query's writes to it are still refused, since its INSERT, UPDATE or DELETE is the
   query's own. FTS5 also prepares ``PRAGMA data_version`` (a read-only counter) at every query, so that PRAGMA is
-  allowed.
+  allowed. The reads are bounded in time (``LIMITS.virtual_tables_timeout``).
 * **Deadlines.** The progress handler is the backstop of :mod:`t2s.env.databases.deadlines`.
 """
 
 from __future__ import annotations
 
 import sqlite3
+import time
 
 from t2s.env.databases import deadlines, limits
 from t2s.env.databases.functions import (
@@ -172,8 +173,11 @@ def apply_sandbox(conn: SandboxConnection, label: str) -> SandboxConnection:
 
 
 def _connect_virtual_tables(conn: SandboxConnection) -> None:
-    """Read each virtual table the file declares once, before the authorizer is set (module docstring); one that
-    cannot be read (a module this SQLite lacks, a damaged table) is left for the query that names it to report."""
+    """Read each virtual table the file declares once, before the authorizer is set (module docstring), all within
+    ``LIMITS.virtual_tables_timeout`` seconds (a file can put a view where a table's shadow table belongs, and that
+    view runs when the table connects). One that cannot be read in time, or at all (a module this SQLite lacks, a
+    damaged table), is left for the query that names it, under that query's deadline and the authorizer."""
+    deadline = time.monotonic() + limits.LIMITS.virtual_tables_timeout
     try:
         names = [row[0] for row in conn.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL TABLE%' LIMIT ?",
@@ -181,8 +185,14 @@ def _connect_virtual_tables(conn: SandboxConnection) -> None:
     except sqlite3.Error:
         return
     for name in names:
-        if isinstance(name, str):
-            try:
-                conn.execute('SELECT 1 FROM "{}" LIMIT 0'.format(name.replace('"', '""'))).fetchall()
-            except (sqlite3.Error, ValueError, MemoryError):
-                continue
+        if not isinstance(name, str) or time.monotonic() >= deadline:
+            continue
+        ticket = [deadline]
+        deadlines.start_watching(conn, ticket)
+        try:
+            conn.execute('SELECT 1 FROM "{}" LIMIT 0'.format(name.replace('"', '""'))).fetchall()
+        except (sqlite3.Error, ValueError, MemoryError):
+            continue
+        finally:
+            deadlines.stop_watching(conn, ticket)
+    conn.timed_out = False
