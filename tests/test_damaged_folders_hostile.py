@@ -113,9 +113,10 @@ def test_a_line_a_reader_cannot_use_is_one_error_line(finished_run, demo_dir, tm
         return lines
 
     run, episodes = copy_with_lines(finished_run, tmp_path, change)
+    damaged = episodes.read_bytes()
     with pytest.raises(EvalError, match=f"^Error: {episodes} line 2: .*; move the file away to start over$"):
         evaluate(eval_config(eval_argv(demo_dir, run)))
-    assert json.loads(episodes.read_text().splitlines()[1]) is not None  # the file is kept as it was
+    assert episodes.read_bytes() == damaged  # the file is kept as it was
     for argv in (["show", str(episodes)], ["show", str(run)], ["show", str(run / "withheld"), "--id", "1"],
                  ["compare", str(finished_run / "withheld"), str(run / "withheld"), "--html", "--output",
                   str(tmp_path / "compared")]):

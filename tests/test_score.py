@@ -416,6 +416,10 @@ def test_a_question_the_data_repeats_is_scored_and_counted_once_as_eval_counts_i
     assert summary["repeated_question_ids"] == ["100"]
     assert json.loads((out / "problems.json").read_text())["duplicate_ids"] == []
     assert "more than once" not in printed and "repeats questions word for word, each counted once: 100" in printed
+    lines = _write(tmp_path / "p.jsonl", "\n".join(json.dumps({"question_id": row["question_id"], "sql": row["SQL"]})
+                                                    for row in data))  # a line per data row: 100 twice
+    again = score_files(bird_dir / "dev.json", lines, tmp_path / "jsonl", progress=False)
+    assert again["summary"]["n"] == 3 and again["problems"]["duplicate_ids"] == []
     evaluated = tmp_path / "eval"
     assert main(["eval", "--policy", "gold", "--data", str(bird_dir / "dev.json"), "--output", str(evaluated),
                  "--quiet"]) == 0

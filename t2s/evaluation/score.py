@@ -146,16 +146,14 @@ def _read(path, rows: list[dict]) -> Predictions:
         raise PredictionsError(f"Error: the predictions file {file} holds no predictions ({text.strip()})")
     if isinstance(document, dict) and "question_id" not in document:  # BIRD's predict_dev.json
         positions: dict[str, int] = {}
-        for key, value in document.items():
-            digits = str(key).strip().lstrip("-")
-            whole = digits.isascii() and digits.isdigit() and len(digits) < 19  # "²" is a digit, but no number
-            position = int(key) if whole else None  # and no row is further on than 19 digits
-            if position is None or not 0 <= position < len(rows):
+        for key, value in sorted(document.items(), key=lambda item: _position(item[0], len(rows)) or 0):
+            position = _position(key, len(rows))
+            if position is None:
                 out.unknown_ids.append(str(key))
                 continue
             question_id = rows[position]["question_id"]
             if positions.setdefault(question_id, position) != position:
-                continue  # a row the data repeats (word for word: loading refuses others) is scored once
+                continue  # a row the data repeats (word for word: loading refuses others): its first position counts
             if question_id in out.sql:
                 out.duplicate_ids.append(question_id)
             out.sql[question_id], db_id = _split_bird(value)
@@ -172,6 +170,8 @@ def _read(path, rows: list[dict]) -> Predictions:
     if not any("sql" in record for record in records):  # e.g. "SQL" or "query": every prediction would score 0
         named = ", ".join(sorted({str(key) for record in records for key in record})[:8])
         raise PredictionsError(f"Error: {file}: no entry has an 'sql' field (they have: {named})")
+    seen: set[str] = set()
+    repeated = {row["question_id"] for row in rows if row["question_id"] in seen or seen.add(row["question_id"])}
     for number, record in enumerate(records, start=1):
         if "question_id" not in record:
             raise PredictionsError(f"Error: {file}: entry {number} has no question_id")
@@ -180,6 +180,8 @@ def _read(path, rows: list[dict]) -> Predictions:
             out.unknown_ids.append(question_id)
             continue
         if question_id in out.sql:
+            if question_id in repeated:  # a line per data row: the data's repeat, its first line counts
+                continue
             out.duplicate_ids.append(question_id)
         sql, db_id = _split_bird(record.get("sql"))
         out.sql[question_id] = sql
@@ -187,6 +189,14 @@ def _read(path, rows: list[dict]) -> Predictions:
         if db_id is not None:
             out.db_ids[question_id] = str(db_id)
     return out
+
+
+def _position(key, count: int) -> int | None:
+    """A BIRD predictions key as a position among ``count`` rows, or None: ASCII digits only ("²" is a digit to
+    ``str.isdigit`` but no number), and no row is further on than 19 digits."""
+    digits = str(key).strip().lstrip("-")
+    position = int(key) if digits.isascii() and digits.isdigit() and len(digits) < 19 else None
+    return position if position is not None and 0 <= position < count else None
 
 
 def _unscored(line: dict, reason: str, error: str) -> dict:

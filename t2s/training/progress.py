@@ -137,7 +137,7 @@ def metrics_file():
             step = entry.get("step")
         except (ValueError, AttributeError, RecursionError):  # a line cut off, or not ours
             return False
-        return type(step) is int and 0 < step <= start and "train_runtime" not in entry
+        return type(step) is int and step <= start and start > 0 and "train_runtime" not in entry
 
     def keep_continued(path: str, start: int) -> None:
         try:
