@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import os
 import subprocess
 import sys
@@ -284,12 +285,27 @@ def test_a_missing_recipe_is_bad_input_exit_1(command, tmp_path):
 @pytest.mark.parametrize("overrides, message", [
     (dict(num_generations=0), "num_generations must be 2 or more (got 0)"),
     (dict(num_generations=None), "num_generations must be 2 or more (got None)"),
-    (dict(learning_rate=-1.0), "learning_rate must be above 0 (got -1.0)"),
-    (dict(temperature=-1.0), "temperature must be above 0 (got -1.0)"),
+    (dict(learning_rate=-1.0), "learning_rate must be a finite number above 0, got -1.0"),
+    (dict(temperature=-1.0), "temperature must be a finite number above 0, got -1.0"),
     (dict(top_p=5.0), "top_p must lie in (0, 1] (got 5.0)"),
-    (dict(max_turns=0), "max_turns must be a number above 0, got 0"),
-    (dict(max_tokens_per_turn=-3), "max_tokens_per_turn must be a number above 0, got -3"),
-    (dict(tool_timeout=0.0), "tool_timeout must be a number above 0, got 0.0"),
+    (dict(max_turns=0), "max_turns must be a finite number above 0, got 0"),
+    (dict(max_tokens_per_turn=-3), "max_tokens_per_turn must be a finite number above 0, got -3"),
+    (dict(tool_timeout=0.0), "tool_timeout must be a finite number above 0, got 0.0"),
+    # an infinity never ends a wait (a runaway query) or moves a controller; a 0 divides or waits for ever
+    (dict(tool_timeout=float("inf"), episode_tool_seconds=float("inf")), "tool_timeout must be a finite number above "
+                                                                          "0, got inf"),
+    (dict(learning_rate=float("inf")), "learning_rate must be a finite number above 0, got inf"),
+    (dict(kl_horizon=float("inf")), "kl_horizon must be a finite number above 0, got inf"),
+    (dict(loss_norm_constant=float("inf")), "loss_norm_constant must be a finite number above 0, got inf"),
+    (dict(num_iterations=0), "num_iterations must be a finite number above 0, got 0"),
+    (dict(rollout_concurrency=0), "rollout_concurrency must be a finite number above 0, got 0"),
+    (dict(per_device_train_batch_size=0), "per_device_train_batch_size must be a finite number above 0, got 0"),
+    (dict(epsilon=-1.0), "epsilon must be a finite number 0 or more, got -1.0"),
+    (dict(epsilon_high=float("nan")), "epsilon_high must be a finite number 0 or more, got nan"),
+    (dict(rollout_max_batch_size=-2), "rollout_max_batch_size must be a finite number 0 or more, got -2"),
+    (dict(reward_weights=[float("nan")]), "reward_weights must be finite numbers, got [nan]"),
+    (dict(importance_sampling_level="foo"), "importance_sampling_level 'foo' is unknown; use one of token, sequence"),
+    (dict(scale_rewards="foo"), "scale_rewards 'foo' is unknown; use one of group, batch, none"),
     (dict(max_steps=[1, 2]), "max_steps must be a number, got [1, 2]"),
     (dict(learning_rate="fast"), "learning_rate must be a number, got 'fast'"),
     (dict(max_turns=True), "max_turns must be a number, got True"),
@@ -304,6 +320,17 @@ def test_values_of_the_wrong_kind_or_out_of_range_fail_when_the_config_is_built(
     with pytest.raises(ConfigError) as excinfo:
         make_config(tmp_path, **overrides)
     assert _error(excinfo).startswith(f"Error: {message}")
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--engine", "oracle"], "engine 'oracle' is unknown; use one of sqlite, duckdb, postgres"),
+    (["--max_train_rows", "-1"], "max_train_rows must be 0 or more (None: all), got -1"),  # rows[:-1]: one row less
+])
+def test_a_script_setting_out_of_its_range_is_refused_when_the_recipe_is_read(flags, message):
+    from t2s.training.configs import parse_recipe
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        parse_recipe(["--config", str(REPO_ROOT / "recipes" / "smoke.yaml"), *flags])
 
 
 def test_every_episode_limit_eval_takes_is_checked_for_training_too():

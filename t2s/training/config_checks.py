@@ -2,7 +2,8 @@
 line (:class:`t2s.errors.ConfigError`) for the first problem, before any data or model loads.
 
 - values of the wrong kind (a list or text where a number belongs) and numbers out of range (``num_generations`` below
-  2, a learning rate, temperature or episode limit that is not positive, ``top_p`` outside (0, 1]);
+  2, a learning rate, temperature, size, timeout or episode limit that is not a finite number above 0, a clip range or
+  norm below 0, ``top_p`` outside (0, 1]);
 - names that must be known (rollout backend, sync mode, engine dtype, dialect, tool format, rewards);
 - settings that contradict the published loss or its sampling (top-k/top-p/min-p filters, TRL loss settings the t2s
   loss never reads, a group split across ranks, a KL controller out of range).
@@ -12,6 +13,7 @@ The checks that need the tokenizer or model (think block, eos ids) run in the tr
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import fields
 
@@ -24,6 +26,15 @@ SERVER_SYNC_MODES = ("nccl", "files")
 # an episode's limits, each a number above 0 (eval's options for them: t2s.evaluation.options.EPISODE_LIMITS)
 LIMIT_FIELDS = ("max_turns", "episode_token_budget", "max_tokens_per_turn", "min_episode_tokens", "forced_turn_reserve",
                 "max_calls_per_turn", "max_failed_queries", "tool_timeout", "episode_tool_seconds")
+# other numbers that must be finite and above 0 (a 0 divides, an infinity never ends a wait or moves a controller)
+POSITIVE_FIELDS = ("learning_rate", "temperature", "target_kl", "kl_horizon", "loss_norm_constant", "beta_max",
+                   "rollout_concurrency", "rollout_request_timeout", "num_iterations", "per_device_train_batch_size",
+                   "gradient_accumulation_steps", "steps_per_generation")
+# numbers that must be finite and 0 or more (None: unset, where the field allows it)
+NON_NEGATIVE_FIELDS = ("epsilon", "epsilon_high", "max_grad_norm", "weight_decay", "fallback_reward_scale",
+                       "rollout_max_batch_size", "dataloader_num_workers")
+KNOWN_VALUES = {"importance_sampling_level": ("token", "sequence"),  # TRL's own
+                "scale_rewards": ("group", "batch", "none", True, False)}
 LIST_SETTINGS = ("reward_names", "reward_weights", "difficulties")  # t2s's list settings a recipe may write as one item
 
 
@@ -48,10 +59,14 @@ def check_choices(args) -> None:
     has loaded and the data's gold SQL has run."""
     from t2s.data.loaders import KINDS
 
-    for name, allowed in (("dataset_kind", (*KINDS, "json", "auto")), ("mode", ("full", "withheld"))):
+    for name, allowed in (("dataset_kind", (*KINDS, "json", "auto")), ("mode", ("full", "withheld")),
+                          ("engine", ("sqlite", "duckdb", "postgres"))):
         value = getattr(args, name, None)
         if value is not None and value not in allowed:  # exactly: the loaders and prompts compare them so
             raise ConfigError(f"Error: {name} {value!r} is unknown; use one of {', '.join(allowed)}.")
+    rows = getattr(args, "max_train_rows", None)
+    if rows is not None and rows < 0:  # rows[:-1] would drop one row
+        raise ConfigError(f"Error: max_train_rows must be 0 or more (None: all), got {rows!r}")
 
 
 def check_groups_per_rank(args) -> None:
@@ -131,16 +146,24 @@ def validate_training_config(args, reward_names=None) -> None:
         tool_schemas.check_tool_format(args.tool_format)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    for name in LIMIT_FIELDS:
+    for name in (*LIMIT_FIELDS, *POSITIVE_FIELDS, *NON_NEGATIVE_FIELDS):
         value = getattr(args, name, 1)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise ConfigError(f"Error: {name} must be a number above 0, got {value!r}")
+        if value is None and name not in LIMIT_FIELDS + ("learning_rate", "temperature"):
+            continue
+        low = "0 or more" if name in NON_NEGATIVE_FIELDS else "above 0"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not (value >= 0 if name in NON_NEGATIVE_FIELDS else value > 0):
+            raise ConfigError(f"Error: {name} must be a finite number {low}, got {value!r}")
+    for name, known in KNOWN_VALUES.items():
+        if getattr(args, name, known[0]) not in known:
+            raise ConfigError(f"Error: {name} {getattr(args, name)!r} is unknown; use one of "
+                              f"{', '.join(map(str, known))}.")
+    if args.reward_weights is not None and not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w) for w in args.reward_weights):
+        raise ConfigError(f"Error: reward_weights must be finite numbers, got {args.reward_weights!r}")
     problem = args.episode_config().budget_problem() if hasattr(args, "episode_config") else None
     if problem:
         raise ConfigError(problem)
-    for name in ("learning_rate", "temperature"):
-        if not getattr(args, name) > 0:
-            raise ConfigError(f"Error: {name} must be above 0 (got {getattr(args, name)}).")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise ConfigError(f"Error: top_p must lie in (0, 1] (got {args.top_p}).")
     filters = _sampling_filters(args)
