@@ -22,13 +22,22 @@ class FileError(T2SError, ValueError):
     """A file the user named that cannot be used (unreadable, not UTF-8, empty)."""
 
 
+MAX_TEXT_FILE_BYTES = 4 << 20  # a system prompt or chat template is kilobytes
+
+
 def read_text_file(path, what: str) -> str:
     """The text of a file the user named (a system prompt, a chat template); a FileError names ``what`` it was
-    meant to be when it cannot be read or is empty."""
+    meant to be when it cannot be read, is empty, is no regular file (a FIFO would wait for a writer for ever) or is
+    larger than ``MAX_TEXT_FILE_BYTES``."""
     from pathlib import Path
 
+    path = Path(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        if path.exists() and not path.is_file():
+            raise FileError(f"Error: the {what} file {path} is not a regular file")
+        if path.exists() and path.stat().st_size > MAX_TEXT_FILE_BYTES:
+            raise FileError(f"Error: the {what} file {path} is larger than {MAX_TEXT_FILE_BYTES >> 20} MiB")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise FileError(f"Error: cannot read the {what} file {path}: {exc}") from None
     if not text.strip():

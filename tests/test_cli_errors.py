@@ -124,6 +124,30 @@ def test_an_empty_system_prompt_file_is_refused_by_eval_and_ask_as_by_train(demo
     assert code == 1 and _one_error_line(capsys) == f"Error: the system prompt file {prompt} is empty"
 
 
+@pytest.mark.parametrize("kind", ["fifo", "folder", "huge"])
+def test_a_prompt_or_template_file_that_is_no_regular_file_or_too_large_is_refused_unread(demo_dir, tmp_path, capsys,
+                                                                                          kind):
+    """A FIFO would wait for a writer for ever, and a folder or a file of many megabytes is no prompt: one line, read
+    by nothing (the test would hang on a FIFO that is opened)."""
+    import os
+
+    prompt = tmp_path / "prompt.txt"
+    if kind == "fifo":
+        os.mkfifo(prompt)
+    elif kind == "folder":
+        prompt.mkdir()
+    else:
+        prompt.write_text("x" * (5 << 20))
+    expected = "is larger than 4 MiB" if kind == "huge" else "is not a regular file"
+    if kind != "huge":  # eval reads the prompt as a data file: of any size
+        assert main(_eval(demo_dir, tmp_path / "out", "--system-prompt-file", str(prompt))) == 1
+        assert _one_error_line(capsys) == f"Error: system prompt file is not a regular file: {prompt}"
+    from t2s.errors import FileError, read_text_file
+
+    with pytest.raises(FileError, match=f"^Error: the chat template file {prompt} {expected}$"):
+        read_text_file(prompt, what="chat template")
+
+
 def test_a_password_in_a_connection_string_is_never_shown(demo_dir, tmp_path, capsys):
     dsn = "host=127.0.0.1 port=1 password=S3cretPW dbname=x"
     code = main(["ask", "--db", dsn, "--replay", str(tmp_path / "none.jsonl"), "how many?"])

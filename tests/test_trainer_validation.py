@@ -512,3 +512,24 @@ def test_fewer_rows_than_one_generation_batch_samples_is_refused(demo_dir, tiny_
     data.write_text(json.dumps(json.loads((demo_dir / "dev.json").read_text())[:2]))
     with pytest.raises(AssertionError, match="the trainer was built"):  # two rows: on to the trainer
         build_from_recipe(script, config, ModelConfig(model_name_or_path=str(tiny_model_dir)))
+
+
+@pytest.mark.parametrize("content", ['[{"id": 1}]', "[1, 2]", "5", '{"question_id": 1}\n[2]\n'])
+def test_a_pass_rate_file_of_another_shape_is_one_error_line(tmp_path, content):
+    """``pass_rate_file`` is what ``t2s data passrate`` writes; anything else (or a FIFO, which would wait for a
+    writer for ever) is refused before training, not a KeyError."""
+    import os
+
+    from t2s.data.rows import DataError
+    from t2s.training.pipeline import pass_rate_ids
+
+    kept = tmp_path / "kept.json"
+    kept.write_text(content)
+    with pytest.raises(DataError, match="^Error: "):
+        pass_rate_ids(kept)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="is not a regular file"):
+        pass_rate_ids(fifo)
+    kept.write_text('[{"question_id": 7}, {"question_id": "a"}]')
+    assert pass_rate_ids(kept) == {"7", "a"}

@@ -98,8 +98,11 @@ def well_formed(text):
 
 
 def read_text_file(path: str | Path, what: str = "data file") -> str:
-    """A file's UTF-8 text (a byte-order mark dropped); DataError naming ``what`` when it is absent or not UTF-8."""
+    """A file's UTF-8 text (a byte-order mark dropped); DataError naming ``what`` when it is absent, no regular file (a
+    FIFO would wait for a writer for ever) or not UTF-8."""
     path = Path(path)
+    if path.exists() and not path.is_file():
+        raise DataError(f"Error: {what} is not a regular file: {path}")
     if not path.is_file():
         raise DataError(f"Error: {what} not found: {path}")
     try:

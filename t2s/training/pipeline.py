@@ -143,15 +143,16 @@ def load_training_rows(script_args, training_args, tokenizer=None) -> tuple[list
 
 def pass_rate_ids(path: Path) -> set[str]:
     """Question ids kept by ``t2s data passrate`` (its JSON list of rows, or JSONL with question_id)."""
-    from t2s.data.rows import jsonl_values
+    from t2s.data.rows import DataError, jsonl_values, read_text_file
 
-    text = path.read_text(encoding="utf-8")
+    text = read_text_file(path, what="pass_rate_file")
     try:
         items = json.loads(text)
     except (ValueError, RecursionError):  # JSONL; a line that is not JSON is a DataError naming it
         items = [value for _, value in jsonl_values(text, path)]
-    if isinstance(items, dict):
-        items = [items]
+    items = [items] if isinstance(items, dict) else items
+    if not isinstance(items, list) or not all(isinstance(item, dict) and "question_id" in item for item in items):
+        raise DataError(f"Error: {path} is not what `t2s data passrate` writes: rows, each with a question_id")
     return {str(item["question_id"]) for item in items}
 
 
