@@ -346,6 +346,8 @@ def test_every_episode_limit_eval_takes_is_checked_for_training_too():
                             "'fast'"),
     ("learing_rate: 1.0e-4", "has settings t2s does not know: learing_rate (did you mean learning_rate?)"),
     ("max_steps: [1, 2]", "max_steps must be a number, got [1, 2]"),
+    ("output_dir: [a]", "output_dir must be text, got ['a']"),  # each a TypeError deep in a library before
+    ("5: 3", "has a setting whose name is not text: 5"),
 ])
 def test_a_recipe_value_it_cannot_read_is_one_line_without_the_usage_text(tmp_path, capsys, verb, line, message):
     from t2s.training.configs import parse_recipe
@@ -360,6 +362,26 @@ def test_a_recipe_value_it_cannot_read_is_one_line_without_the_usage_text(tmp_pa
         (parse_recipe if verb == "train" else parse_sft_recipe)(["--config", str(recipe)])
     assert message in _error(excinfo) and "\n" not in str(excinfo.value)
     assert capsys.readouterr().err == ""  # no usage text
+
+
+@pytest.mark.parametrize("line, message", [
+    ("dataset_path: 5", "dataset_path must be text, got 5"),
+    ("system_prompt_file: {a: 1}", "system_prompt_file must be text, got {'a': 1}"),
+    ("model_name_or_path: [a, b]", "model_name_or_path must be text, got ['a', 'b']"),
+    ("chat_template_kwargs: [1]", "chat_template_kwargs must be a mapping, got [1]"),
+    ("difficulties: [[simple]]", "difficulties must be a list of names, got [['simple']]"),
+])
+def test_a_text_or_mapping_setting_of_another_kind_is_one_line(tmp_path, line, message):
+    """Each was a TypeError deep in a library (a path joined, a mapping unpacked) or an unhashable name."""
+    from t2s.training.configs import parse_recipe
+
+    source = REPO_ROOT / "recipes" / "smoke.yaml"
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("".join(kept for kept in source.read_text().splitlines(keepends=True)
+                              if not kept.startswith(line.split(":")[0] + ":")) + line + "\n")
+    with pytest.raises(ConfigError) as excinfo:
+        parse_recipe(["--config", str(recipe)])
+    assert message in _error(excinfo)
 
 
 @pytest.mark.parametrize("line, message", [

@@ -46,12 +46,38 @@ def check_kinds(args) -> None:
         value = getattr(args, name, None)
         if isinstance(value, (str, int, float)):
             setattr(args, name, [value])
+    for name in ("reward_names", "difficulties"):
+        value = getattr(args, name, None)
+        if value is not None and not (isinstance(value, list) and all(isinstance(item, str) for item in value)):
+            raise ConfigError(f"Error: {name} must be a list of names, got {value!r}")
+    own = _own_settings(args)
+    if not isinstance(getattr(args, "chat_template_kwargs", None) or {}, dict):  # TRL's, annotated as text
+        raise ConfigError(f"Error: chat_template_kwargs must be a mapping, got {args.chat_template_kwargs!r}")
     for item in fields(args):
         default, value = item.default, getattr(args, item.name, None)
+        kind = item.type if isinstance(item.type, str) else getattr(item.type, "__name__", str(item.type))
+        if value is not None and item.name in own and kind in TEXT_KINDS and not isinstance(value, str):
+            raise ConfigError(f"Error: {item.name} must be text, got {value!r}")
+        if value is not None and item.name in own and kind.startswith("dict") and not isinstance(value, dict):
+            raise ConfigError(f"Error: {item.name} must be a mapping of settings, got {value!r}")
         if isinstance(default, bool) or not isinstance(default, (int, float)) or value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"Error: {item.name} must be a number, got {value!r}")
+
+
+TEXT_KINDS = ("str", "str | None")
+LIBRARY_SETTINGS = ("output_dir", "model_name_or_path")  # the libraries' text settings that t2s reads as paths
+
+
+def _own_settings(args) -> set[str]:
+    """The settings t2s declares (in its own config classes), and the libraries' that it reads itself: their kinds
+    are checked by their annotations (text, a mapping), which the libraries' other fields do not keep to."""
+    own = set(LIBRARY_SETTINGS)
+    for cls in type(args).__mro__:
+        if cls.__module__.startswith("t2s."):
+            own.update(vars(cls).get("__annotations__", {}))
+    return own
 
 
 def check_choices(args) -> None:

@@ -315,6 +315,10 @@ def parse_with(parser, argv: list[str] | None):
             check_kinds(settings)
             check_choices(settings)
         return parsed
+    except TypeError as exc:  # a library's own setting of the wrong kind, taken apart in its __post_init__
+        from t2s.errors import first_line
+
+        raise ConfigError(f"Error: {where}: a setting holds a value of the wrong kind ({first_line(exc)})") from None
     except ValueError as exc:
         if not str(exc).startswith("Unknown arguments from config file"):
             raise
@@ -363,6 +367,12 @@ def check_recipe_yaml(path) -> None:
         raise ConfigError(f"Error: recipe {path} nests too deeply to be a recipe") from None
     if not isinstance(document, dict):
         raise ConfigError(f"Error: recipe {path} must be a YAML mapping of settings, found {type(document).__name__}")
+    named = [key for key in document if not isinstance(key, str)]
+    if named:  # `5: 3` or `~: 3` names no setting
+        raise ConfigError(f"Error: recipe {path} has a setting whose name is not text: {named[0]!r}")
+    for key in ("output_dir", "model_name_or_path"):  # paths the libraries take apart before any check of ours
+        if not isinstance(document.get(key, ""), (str, type(None))):
+            raise ConfigError(f"Error: recipe {path}: {key} must be text, got {document[key]!r}")
     stack, seen = [(document, 0)], 0  # walked without recursion: aliases can make a small file a huge tree
     while stack:
         value, depth = stack.pop()
