@@ -351,3 +351,20 @@ def test_a_misspelt_option_is_named_with_its_closest_match(demo_dir, tmp_path, c
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"Error: t2s {argv[0]}: ") and named in err[0], err
     assert not (tmp_path / "OUT").exists()
+
+
+def test_eval_writes_its_results_apart_from_the_data_and_its_databases(demo_dir, tmp_path, capsys):
+    """An --output that is the data's own folder, or lies among the databases (where its mode folders would look like
+    more databases), is one line, and nothing is written there."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(demo_dir, data)
+    before = sorted(str(path.relative_to(data)) for path in data.rglob("*"))
+    for output, where in ((data, f"the data's own folder {data}"),
+                          (data / "dev_databases", f"inside the databases' folder {data / 'dev_databases'}"),
+                          (data / "dev_databases" / "x", f"inside the databases' folder {data / 'dev_databases'}")):
+        assert main(_eval(data, output)) == 1
+        assert _one_error_line(capsys) == f"Error: --output {output} is {where}; write the results to another folder"
+    assert sorted(str(path.relative_to(data)) for path in data.rglob("*")) == before
+    assert main(_eval(data, data / "runs" / "one")) == 0  # a folder of its own below the data's is fine

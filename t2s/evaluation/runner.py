@@ -280,6 +280,20 @@ def databases_fingerprint(selected: list[dict]) -> str:
     return hashlib.sha256(json.dumps(sorted(hashes)).encode()).hexdigest()
 
 
+def check_output_apart(output, data_file: Path, rows: list[dict]) -> None:
+    """An EvalError when ``output`` is the data file's own folder, or lies in the databases' folder of BIRD's layout
+    (``ROOT/<db_id>/<db_id>.sqlite``: its mode folders would sit among the databases, as more of them)."""
+    from t2s.env.databases import is_dsn
+
+    out = Path(output).expanduser().resolve()
+    files = [Path(row["db_path"]).resolve() for row in rows if row.get("db_path") and not is_dsn(row["db_path"])]
+    roots = {file.parent.parent for file in files if file.parent.name == file.stem}
+    inside = next((root for root in sorted(roots) if out == root or root in out.parents), None)
+    if inside is not None or out == Path(data_file).resolve().parent:
+        where = f"inside the databases' folder {inside}" if inside else f"the data's own folder {out}"
+        raise EvalError(f"Error: --output {output} is {where}; write the results to another folder")
+
+
 def evaluate(config: EvalConfig) -> dict[str, dict]:
     """Run every mode of ``config`` into ``config.output`` (layout: ``t2s.evaluation.run_folders``); returns
     {mode: summary}."""
@@ -289,6 +303,7 @@ def evaluate(config: EvalConfig) -> dict[str, dict]:
 
     modes = list(config.modes)
     all_rows, selected, skipped, data_file = load_data(config)
+    check_output_apart(config.output, data_file, selected)
     summaries: dict[str, dict] = {}
     with run_folder_lock(config.output) as root:
         check_eval_layout(root)
