@@ -27,6 +27,8 @@ BAD_ARGUMENTS = [
     (_eval("--max-tokens-per-turn", "-5"), "--max-tokens-per-turn"),
     (_eval("--workers", "0"), "--workers"),
     (_eval("--top-p", "1.5"), "--top-p"),
+    (_eval("--top-k", "-5"), "--top-k"),  # "0: off"; a negative one meant off too, silently
+    (["ask", "--db", "x.sqlite", "--replay", "t.jsonl", "--top-k", "-1", "q"], "--top-k"),
     (_eval("--temperature", "nan"), "--temperature"),
     (_eval("--policy", "vllm", "--dtype", "None"), "--dtype"),
     (_eval(output=""), "--output"),

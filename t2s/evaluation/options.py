@@ -18,7 +18,8 @@ def add_sampling_arguments(p) -> None:
     evaluated = PolicyConfig().sampling
     p.add_argument("--temperature", type=non_negative_float, default=evaluated.temperature, help="sampling temperature")
     p.add_argument("--top-p", type=unit_float, default=evaluated.top_p, help="nucleus sampling share")
-    p.add_argument("--top-k", type=int, default=evaluated.top_k, help="sample from the k likeliest tokens (0: off)")
+    p.add_argument("--top-k", type=non_negative_int, default=evaluated.top_k,
+                   help="sample from the k likeliest tokens (0: off)")
     p.add_argument("--enable-thinking", action=BooleanOptionalAction, default=PolicyConfig().episode.enable_thinking,
                    help="render prompts with thinking on (default: on)")
 
