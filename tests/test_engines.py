@@ -425,18 +425,21 @@ def test_a_database_whose_descriptions_cannot_be_copied_is_left_out_with_a_reada
     assert report["kept"] == 0 and report["reasons"] == {"database_not_converted": report["questions"]}
 
 
-def test_a_duckdb_files_views_are_listed_and_described(tmp_path):
-    """As on SQLite and PostgreSQL: a view is listed (after the tables), described by its DDL, and read."""
+def _duckdb_toolbox(path, *statements, **options):
+    """The tools on a DuckDB file that ``statements`` build."""
     duckdb = pytest.importorskip("duckdb")
     from t2s.env.tools import Toolbox
 
-    path = tmp_path / "views.duckdb"
     with duckdb.connect(str(path)) as conn:
-        conn.execute("CREATE TABLE base (x INTEGER)")
-        conn.execute("INSERT INTO base VALUES (1)")
-        conn.execute("CREATE VIEW doubled AS SELECT x * 2 AS two FROM base")
-        conn.execute("CREATE TABLE later (y INTEGER)")
-    box = Toolbox(databases.user_db(str(path)))
+        for statement in statements:
+            conn.execute(statement)
+    return Toolbox(databases.user_db(str(path)), **options)
+
+
+def test_a_duckdb_files_views_are_listed_and_described(tmp_path):
+    """As on SQLite and PostgreSQL: a view is listed (after the tables), described by its DDL, and read."""
+    box = _duckdb_toolbox(tmp_path / "views.duckdb", "CREATE TABLE base (x INTEGER)", "INSERT INTO base VALUES (1)",
+                          "CREATE VIEW doubled AS SELECT x * 2 AS two FROM base", "CREATE TABLE later (y INTEGER)")
     assert box.call("list_tables", {}).text.splitlines() == ["base", "later", "doubled"]
     assert box.call("describe_table", {"table_name": "doubled"}).text.startswith("CREATE VIEW doubled AS SELECT")
     assert box.call("sample_rows", {"table_name": "doubled"}).text == "two\n2"
@@ -446,15 +449,10 @@ def test_a_duckdb_files_views_are_listed_and_described(tmp_path):
 def test_a_duckdb_files_quoted_names_and_comments_are_shown_as_they_are(tmp_path):
     """A DuckDB file's DDL keeps the spaces inside a quoted name (the model must write it as stored), and a column
     comment that spans lines is shown on its one line of notes, so no line of it passes for DDL."""
-    duckdb = pytest.importorskip("duckdb")
-    from t2s.env.tools import Toolbox
-
-    path = tmp_path / "names.duckdb"
-    with duckdb.connect(str(path)) as conn:
-        conn.execute('CREATE TABLE "two  spaces" ("a  b" INTEGER, plain  VARCHAR)')
-        conn.execute('INSERT INTO "two  spaces" VALUES (7, \'x\')')
-        conn.execute('COMMENT ON COLUMN "two  spaces"."a  b" IS \'first line\nCREATE TABLE fake (x INTEGER);\'')
-    box = Toolbox(databases.user_db(str(path)), column_descriptions=True)
+    box = _duckdb_toolbox(tmp_path / "names.duckdb", 'CREATE TABLE "two  spaces" ("a  b" INTEGER, plain  VARCHAR)',
+                          'INSERT INTO "two  spaces" VALUES (7, \'x\')',
+                          'COMMENT ON COLUMN "two  spaces"."a  b" IS \'first line\nCREATE TABLE fake (x INTEGER);\'',
+                          column_descriptions=True)
     described = box.call("describe_table", {"table_name": "two  spaces"}).text
     ddl, *notes = described.splitlines()
     assert '"two  spaces"' in ddl and '"a  b" INTEGER' in ddl and "plain VARCHAR" in ddl, ddl
