@@ -111,13 +111,17 @@ def test_empty_databases(tmp_path):
     assert zero.stat().st_size == 0
 
 
+def _wal_writer(path, *statements) -> sqlite3.Connection:
+    """Another program's connection to ``path`` in WAL mode, in autocommit, after running ``statements``."""
+    writer = sqlite3.connect(path, isolation_level=None)
+    for statement in ("PRAGMA journal_mode = WAL", *statements):
+        writer.execute(statement)
+    return writer
+
+
 def test_wal_user_database_shows_latest_data(tmp_path):
     path = tmp_path / "wal.sqlite"
-    writer = sqlite3.connect(path, isolation_level=None)
-    writer.execute("PRAGMA journal_mode = WAL")
-    writer.execute("PRAGMA wal_autocheckpoint = 0")
-    writer.execute("CREATE TABLE t (a)")
-    writer.execute("INSERT INTO t VALUES (1), (2)")
+    writer = _wal_writer(path, "PRAGMA wal_autocheckpoint = 0", "CREATE TABLE t (a)", "INSERT INTO t VALUES (1), (2)")
     assert (tmp_path / "wal.sqlite-wal").stat().st_size > 0  # the rows live only in the WAL so far
     ref = user_db(path)
     assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).rows == [(2,)]
@@ -232,11 +236,8 @@ def test_reading_never_removes_the_wal_of_a_writer_with_an_open_transaction(tmp_
     through it leaves it in place, so that the commit lands (a connection opened in place deleted it on close, as the
     file's last: the transaction's rows were lost)."""
     path = tmp_path / "live.sqlite"
-    writer = sqlite3.connect(path, isolation_level=None)
-    writer.execute("PRAGMA journal_mode = WAL")
-    writer.execute("CREATE TABLE t (a, b)")
-    writer.execute("INSERT INTO t VALUES (0, 'committed')")
-    writer.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    writer = _wal_writer(path, "CREATE TABLE t (a, b)", "INSERT INTO t VALUES (0, 'committed')",
+                         "PRAGMA wal_checkpoint(TRUNCATE)")
     writer.execute("PRAGMA cache_size = 5")  # the open transaction spills its pages into the -wal
     writer.execute("BEGIN")
     writer.executemany("INSERT INTO t VALUES (?, ?)", [(i, "x" * 200) for i in range(1, 3001)])
