@@ -25,23 +25,29 @@ class FileError(T2SError, ValueError):
 MAX_TEXT_FILE_BYTES = 4 << 20  # a system prompt or chat template is kilobytes
 
 
-def read_text_file(path, what: str) -> str:
-    """The text of a file the user named (a system prompt, a chat template); a FileError names ``what`` it was
-    meant to be when it cannot be read, is empty, is no regular file (a FIFO would wait for a writer for ever) or is
-    larger than ``MAX_TEXT_FILE_BYTES``."""
+def read_text_file(path, what: str, *, error: type[T2SError] = FileError, max_bytes: int | None = MAX_TEXT_FILE_BYTES,
+                   allow_empty: bool = False) -> str:
+    """The UTF-8 text of a file the user named (a byte-order mark dropped), the one reader of such files: prompts and
+    chat templates as they are, data files through ``t2s.data.rows.read_text_file``. ``error`` (naming ``what``, e.g.
+    "system prompt file", and the path) when it is absent, no regular file (a FIFO would wait for a writer for ever),
+    larger than ``max_bytes``, unreadable, not UTF-8, or blank unless ``allow_empty``."""
     from pathlib import Path
 
     path = Path(path)
     try:
-        if path.exists() and not path.is_file():
-            raise FileError(f"Error: the {what} file {path} is not a regular file")
-        if path.exists() and path.stat().st_size > MAX_TEXT_FILE_BYTES:
-            raise FileError(f"Error: the {what} file {path} is larger than {MAX_TEXT_FILE_BYTES >> 20} MiB")
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise FileError(f"Error: cannot read the {what} file {path}: {exc}") from None
-    if not text.strip():
-        raise FileError(f"Error: the {what} file {path} is empty")
+        if not path.exists():
+            raise error(f"Error: {what} not found: {path}")
+        if not path.is_file():
+            raise error(f"Error: {what} is not a regular file: {path}")
+        if max_bytes is not None and path.stat().st_size > max_bytes:
+            raise error(f"Error: {what} is larger than {max_bytes >> 20} MiB: {path}")
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise error(f"Error: {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise error(f"Error: cannot read {what} {path}: {exc.strerror or exc}") from None
+    if not allow_empty and not text.strip():
+        raise error(f"Error: {what} is empty: {path}")
     return text
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import os
@@ -115,13 +116,13 @@ def test_an_empty_system_prompt_file_is_refused_by_eval_and_ask_as_by_train(demo
     prompt = tmp_path / "prompt.txt"
     prompt.write_text(" \n\t\n")
     assert main(_eval(demo_dir, tmp_path / "out", "--system-prompt-file", str(prompt))) == 1
-    assert _one_error_line(capsys) == f"Error: the system prompt file {prompt} is empty"
+    assert _one_error_line(capsys) == f"Error: system prompt file is empty: {prompt}"
     assert not (tmp_path / "out").exists()
     turns = tmp_path / "turns.jsonl"
     turns.write_text(json.dumps("SELECT 1") + "\n")
     db = demo_dir / "dev_databases" / "village_library" / "village_library.sqlite"
     code = main(["ask", "--db", str(db), "--replay", str(turns), "--system-prompt-file", str(prompt), "how many?"])
-    assert code == 1 and _one_error_line(capsys) == f"Error: the system prompt file {prompt} is empty"
+    assert code == 1 and _one_error_line(capsys) == f"Error: system prompt file is empty: {prompt}"
 
 
 @pytest.mark.parametrize("kind", ["fifo", "folder", "huge"])
@@ -139,13 +140,29 @@ def test_a_prompt_or_template_file_that_is_no_regular_file_or_too_large_is_refus
     else:
         prompt.write_text("x" * (5 << 20))
     expected = "is larger than 4 MiB" if kind == "huge" else "is not a regular file"
-    if kind != "huge":  # eval reads the prompt as a data file: of any size
-        assert main(_eval(demo_dir, tmp_path / "out", "--system-prompt-file", str(prompt))) == 1
-        assert _one_error_line(capsys) == f"Error: system prompt file is not a regular file: {prompt}"
+    assert main(_eval(demo_dir, tmp_path / "out", "--system-prompt-file", str(prompt))) == 1  # read as train reads it
+    assert _one_error_line(capsys) == f"Error: system prompt file {expected}: {prompt}"
+    assert not (tmp_path / "out").exists()
     from t2s.errors import FileError, read_text_file
 
-    with pytest.raises(FileError, match=f"^Error: the chat template file {prompt} {expected}$"):
-        read_text_file(prompt, what="chat template")
+    with pytest.raises(FileError, match=f"^Error: chat template file {expected}: {prompt}$"):
+        read_text_file(prompt, what="chat template file")
+
+
+def test_a_byte_order_mark_never_reaches_a_prompt_or_template(tmp_path, tiny_tokenizer):
+    """Windows editors save UTF-8 with a byte-order mark; U+FEFF is no whitespace, so it would open the system prompt
+    (or the chat template's output) of every episode."""
+    from t2s.env.chat_format import apply_chat_template_file
+    from t2s.env.protocol import system_prompt
+    from t2s.evaluation.config import read_system_prompt
+
+    prompt = tmp_path / "prompt.txt"
+    prompt.write_bytes("\ufeffYou write SQL.\n".encode())
+    assert system_prompt(path=prompt) == read_system_prompt(prompt) == "You write SQL."
+    template = tmp_path / "template.jinja"
+    template.write_bytes("\ufeff{% for m in messages %}{{ m['content'] }}{% endfor %}".encode())
+    tokenizer = apply_chat_template_file(copy.deepcopy(tiny_tokenizer), template)
+    assert not tokenizer.chat_template.startswith("\ufeff")
 
 
 def test_a_password_in_a_connection_string_is_never_shown(demo_dir, tmp_path, capsys):

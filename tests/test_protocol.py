@@ -38,7 +38,7 @@ def test_system_prompt_from_file(tmp_path):
     path = tmp_path / "prompt.txt"
     path.write_text("  Use the tools.\n")
     assert protocol.system_prompt(path=path) == "Use the tools."
-    with pytest.raises(ValueError, match="^Error: cannot read"):
+    with pytest.raises(ValueError, match="^Error: system prompt file not found: .*missing.txt$"):
         protocol.system_prompt(path=tmp_path / "missing.txt")
     (tmp_path / "empty.txt").write_text("\n")
     with pytest.raises(ValueError, match="^Error: .* empty"):

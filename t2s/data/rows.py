@@ -98,17 +98,11 @@ def well_formed(text):
 
 
 def read_text_file(path: str | Path, what: str = "data file") -> str:
-    """A file's UTF-8 text (a byte-order mark dropped); DataError naming ``what`` when it is absent, no regular file (a
-    FIFO would wait for a writer for ever) or not UTF-8."""
-    path = Path(path)
-    if path.exists() and not path.is_file():
-        raise DataError(f"Error: {what} is not a regular file: {path}")
-    if not path.is_file():
-        raise DataError(f"Error: {what} not found: {path}")
-    try:
-        return path.read_text(encoding="utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"Error: {path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    """A data file's UTF-8 text (``t2s.errors.read_text_file``, of any size, possibly blank): DataError naming
+    ``what`` when it is absent, no regular file or not UTF-8."""
+    from t2s.errors import read_text_file as read_user_file
+
+    return read_user_file(path, what, error=DataError, max_bytes=None, allow_empty=True)
 
 
 def read_records(path: str | Path) -> list[dict]:

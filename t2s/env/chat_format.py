@@ -139,7 +139,7 @@ def apply_chat_template_file(tokenizer, path: str | Path | None):
     """Give ``tokenizer`` the Jinja chat template in ``path`` (``--chat-template`` / recipe ``chat_template``)."""
     if not path:
         return tokenizer
-    text = read_text_file(path, "chat template")
+    text = read_text_file(path, "chat template file")
     tokenizer.chat_template = text
     return tokenizer
 

@@ -75,7 +75,7 @@ def system_prompt(dialect: str = "exec_plan", path: str | Path | None = None, to
     The published checkpoints are sensitive to the exact wording, which is not public: hence the file.
     """
     if path:
-        return read_text_file(path, "system prompt").strip()
+        return read_text_file(path, "system prompt file").strip()
     return default_system_prompt(dialect, tool_format, engine)
 
 

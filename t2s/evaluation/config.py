@@ -194,13 +194,8 @@ class EvalConfig:
 
 
 def read_system_prompt(path) -> str:
-    """The text of a ``--system-prompt-file`` (stripped); EvalError when it is absent, not UTF-8 or empty."""
-    from t2s.data.rows import DataError, read_text_file
+    """The text of a ``--system-prompt-file`` (stripped), read as train reads it (``t2s.errors.read_text_file``):
+    EvalError when it is absent, no regular file, over 4 MiB, not UTF-8 or blank."""
+    from t2s.errors import read_text_file
 
-    try:
-        text = read_text_file(path, what="system prompt file").strip()
-    except DataError as exc:
-        raise EvalError(str(exc)) from None
-    if not text:  # as train refuses it: an empty system prompt is a mistake, not a choice
-        raise EvalError(f"Error: the system prompt file {path} is empty")
-    return text
+    return read_text_file(path, "system prompt file", error=EvalError).strip()
