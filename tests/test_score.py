@@ -18,9 +18,9 @@ from t2s.evaluation.score import read_predictions, score_files
 
 SEP = "\t----- bird -----\t"
 LINE_KEYS = {"question_id", "db_id", "difficulty", "official", "strict", "soft_f1", "error", "unscored"}
-SUMMARY_KEYS = {"n", "execution_accuracy_official", "strict", "soft_f1", "per_difficulty", "missing", "missing_ids",
-                "errors", "error_ids", "gold_failures", "gold_failure_ids", "skipped_missing_dbs", "missing_db_ids",
-                "skipped_unusable_dbs", "unusable_db_ids", "unusable_dbs", "repeated_question_ids"}
+SUMMARY_KEYS = {"n", "questions", "execution_accuracy_official", "strict", "soft_f1", "per_difficulty", "missing",
+                "missing_ids", "errors", "error_ids", "gold_failures", "gold_failure_ids", "skipped_missing_dbs",
+                "missing_db_ids", "skipped_unusable_dbs", "unusable_db_ids", "unusable_dbs", "repeated_question_ids"}
 SLOW_SQL = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c"
 
 
@@ -85,7 +85,9 @@ def test_bird_format_with_every_kind_of_bad_prediction(bird_dir, tmp_path, capsy
     assert lines[3]["strict"] is None and lines[3]["soft_f1"] is None
     summary = _summary(out)
     assert set(summary) == SUMMARY_KEYS
-    assert summary["n"] == 4 and summary["execution_accuracy_official"] == pytest.approx(1 / 3)
+    # n counts the questions scored, as eval's summary does: the gold failure is in questions only
+    assert summary["n"] == 3 and summary["questions"] == 4
+    assert summary["execution_accuracy_official"] == pytest.approx(1 / 3)
     assert summary["missing"] == 1 and summary["missing_ids"] == ["102"]
     assert summary["errors"] == 0 and summary["error_ids"] == []
     assert summary["gold_failures"] == 1 and summary["gold_failure_ids"] == ["103"]
@@ -96,6 +98,10 @@ def test_bird_format_with_every_kind_of_bad_prediction(bird_dir, tmp_path, capsy
     assert problems["db_id_mismatches"] == [{"question_id": "101", "data": "heroes", "prediction": "other_db"}]
     assert "not in the data" in printed and "db_id other than the data's" in printed
     assert "their gold SQL fails" in printed and "failed or were blank" not in printed
+    evaluated = tmp_path / "eval"  # the same questions played by eval: the same n, the gold failure left out of both
+    assert main(["eval", "--policy", "gold", "--data", str(bird_dir / "dev.json"), "--output", str(evaluated),
+                 "--quiet"]) == 0
+    assert json.loads((evaluated / "summary.json").read_text())["modes"]["full"]["n"] == summary["n"]
     assert problems["gold_failure_ids"] == ["103"]
 
 
@@ -207,10 +213,12 @@ def _other_question_sql(records, key):
 
 def _counts_add_up(summary, lines):
     clean = [line for line in lines if line["error"] is None]
-    assert summary["n"] == len(lines) == summary["missing"] + summary["errors"] + summary["gold_failures"] + len(clean)
+    assert summary["questions"] == len(lines) == summary["n"] + summary["gold_failures"]
+    assert summary["n"] == summary["missing"] + summary["errors"] + len(clean)
     assert len(summary["missing_ids"]) == summary["missing"] and len(summary["error_ids"]) == summary["errors"]
     assert not set(summary["missing_ids"]) & set(summary["error_ids"])
-    assert sum(part["n"] for part in summary["per_difficulty"].values()) == summary["n"]
+    for key in ("n", "questions"):
+        assert sum(part[key] for part in summary["per_difficulty"].values()) == summary[key]
 
 
 def test_superhero_gold_scores_one_and_shifted_scores_near_zero(bird_superhero_dir, tmp_path):
@@ -301,7 +309,7 @@ def test_questions_on_a_missing_database_follow_evals_rule_whatever_was_predicte
         summaries[name] = _summary(tmp_path / name)
         assert [line["question_id"] for line in _lines(tmp_path / name)] == ["100", "101", "102", "103"]
     assert summaries["with"] == summaries["without"]  # the denominator does not depend on what was predicted
-    assert summaries["with"]["n"] == 4 and summaries["with"]["missing"] == 0
+    assert summaries["with"]["questions"] == 4 and summaries["with"]["missing"] == 0  # 103's gold fails: n is 3
     assert summaries["with"]["skipped_missing_dbs"] == 2 and summaries["with"]["missing_db_ids"] == ["gone"]
 
     eval_out = tmp_path / "eval"  # eval skips and counts the same questions
@@ -309,6 +317,7 @@ def test_questions_on_a_missing_database_follow_evals_rule_whatever_was_predicte
                  "--output", str(eval_out), "--quiet", "--skip-missing-dbs"]) == 0
     eval_summary = json.loads((eval_out / "summary.json").read_text())["modes"]["full"]
     assert eval_summary["skipped_missing_dbs"] == 2 and eval_summary["missing_db_ids"] == ["gone"]
+    assert eval_summary["n"] == summaries["with"]["n"] == 3
 
 
 def test_eval_and_score_print_the_same_warnings_for_one_predictions_file(bird_dir, tmp_path, capsys):

@@ -130,7 +130,8 @@ def test_score_does_not_blame_predictions_for_broken_databases_or_gold(demo_dir,
     assert summary["execution_accuracy_official"] == 1.0  # only the 3 scorable questions count
     assert summary["gold_failures"] == 1 and summary["gold_failure_ids"] == ["gold_fails"]
     broken_ids = sorted(r["question_id"] for r in records if r["db_id"] in BROKEN)
-    assert summary["n"] == len(records) - len(broken_ids) and summary["error_ids"] == []
+    assert summary["questions"] == len(records) - len(broken_ids) and summary["error_ids"] == []
+    assert summary["n"] == summary["questions"] - 1  # n: the questions scored, as eval counts them
     assert summary["skipped_unusable_dbs"] == len(broken_ids) == 8 and summary["unusable_db_ids"] == sorted(BROKEN)
     lines = {line["question_id"]: line for line in map(json.loads, (out / "scores.jsonl").read_text().splitlines())}
     assert not set(lines) & set(broken_ids)

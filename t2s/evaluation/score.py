@@ -7,11 +7,11 @@ Predictions come as BIRD's ``predict_dev.json`` (``{"<position>": "<SQL>\\t-----
 its result holds the problems found and their warning lines, which both commands print with :func:`print_warnings`.
 
 Writes ``DIR/scores.jsonl`` (one line per scored data row: question_id, db_id, difficulty, official, strict, soft_f1,
-error, unscored), ``DIR/summary.json`` (n, execution_accuracy_official, strict, soft_f1, per_difficulty, missing,
-missing_ids, errors, error_ids, gold_failures, gold_failure_ids, and eval's skipped_missing_dbs, missing_db_ids,
-skipped_unusable_dbs, unusable_db_ids, unusable_dbs) and ``DIR/problems.json`` (what was wrong with the input: ids
-not in the data, duplicated ids, db_ids that disagree with the data, questions that cannot be scored, missing and
-unreadable databases with the reason, questions whose gold SQL fails).
+error, unscored), ``DIR/summary.json`` (n, questions, execution_accuracy_official, strict, soft_f1, per_difficulty,
+missing, missing_ids, errors, error_ids, gold_failures, gold_failure_ids, and eval's skipped_missing_dbs,
+missing_db_ids, skipped_unusable_dbs, unusable_db_ids, unusable_dbs) and ``DIR/problems.json`` (what was wrong with the
+input: ids not in the data, duplicated ids, db_ids that disagree with the data, questions that cannot be scored, missing
+and unreadable databases with the reason, questions whose gold SQL fails).
 
 Counting rules:
 - a question whose database is missing or cannot be read follows eval's rule (``t2s.evaluation.questions``): the
@@ -21,8 +21,8 @@ Counting rules:
 - a prediction that is blank, not a string, fails, times out or goes over the scoring cap scores 0 and is listed in
   ``error_ids``;
 - a question whose gold SQL fails, times out or goes over the scoring cap has null metrics, is left out of the
-  averages (``n`` still counts it), says ``gold failed`` in ``unscored``, and is listed in ``gold_failure_ids``,
-  never blamed on the prediction;
+  averages and of ``n`` (the questions scored, as in eval's summary; ``questions`` counts every row scored or not),
+  says ``gold failed`` in ``unscored``, and is listed in ``gold_failure_ids``, never blamed on the prediction;
 - a prediction's db_id that disagrees with the data is reported; the data's database is used, as BIRD's script does.
 """
 
@@ -223,7 +223,7 @@ def score_row(row: dict, predictions: Predictions) -> dict:
 
 def _means(lines: list[dict]) -> dict:
     scored = [line for line in lines if line["official"] is not None]
-    out = {"n": len(lines)}
+    out = {"n": len(scored), "questions": len(lines)}
     for key in METRICS:
         out[SUMMARY_NAMES[key]] = sum(line[key] for line in scored) / len(scored) if scored else 0.0
     return out
@@ -278,21 +278,16 @@ def score_rows(rows: list[dict], predictions: Predictions, *, workers: int = 4, 
     return lines  # type: ignore[return-value]
 
 
-def score_table(summary: dict, lines: list[dict]):
+def score_table(summary: dict):
     from rich.table import Table
 
     table = Table(title="score")
     table.add_column("")
-    for name in ("n", "scored", "official EX", "strict", "Soft-F1"):
+    for name in ("questions", "scored (n)", "official EX", "strict", "Soft-F1"):
         table.add_column(name, justify="right")
-    scored: dict[str, int] = defaultdict(int)
-    for line in lines:
-        if line["official"] is not None:
-            scored[line["difficulty"] or "unknown"] += 1
-            scored["total"] += 1
     groups = list(summary["per_difficulty"].items()) if len(summary["per_difficulty"]) > 1 else []
     for name, part in [*groups, ("total", summary)]:
-        table.add_row(name, str(part["n"]), str(scored[name]), f"{part['execution_accuracy_official']:.4f}",
+        table.add_row(name, str(part["questions"]), str(part["n"]), f"{part['execution_accuracy_official']:.4f}",
                       f"{part['strict']:.4f}", f"{part['soft_f1']:.4f}")
     return table
 
