@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -80,7 +81,7 @@ def test_ask_readable_view_and_running_out_of_turns(tmp_path, wal_db):
 
 
 @pytest.mark.parametrize("case, code", [("missing_db", 1), ("not_a_db", 1), ("empty_db", 1), ("folder_db", 1),
-                                        ("missing_turns", 1), ("bad_turns", 1), ("no_policy", 2),
+                                        ("fifo_db", 1), ("missing_turns", 1), ("bad_turns", 1), ("no_policy", 2),
                                         ("empty_question", 2)])
 def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
     """Bad input (a database, turns file that is missing or broken) exits 1; bad usage exits 2 (docs/evaluation.md)."""
@@ -89,9 +90,11 @@ def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
     junk = tmp_path / "junk.sqlite"
     junk.write_text("not a database at all " * 100)
     (tmp_path / "empty.sqlite").write_bytes(b"")
+    os.mkfifo(tmp_path / "pipe.sqlite")  # opened, it would wait for a writer for ever
     args = {
         "empty_db": ["--db", tmp_path / "empty.sqlite", "--replay", good_turns],
         "folder_db": ["--db", tmp_path, "--replay", good_turns],
+        "fifo_db": ["--db", tmp_path / "pipe.sqlite", "--replay", good_turns],
         "missing_db": ["--db", tmp_path / "nope.sqlite", "--replay", good_turns],
         "not_a_db": ["--db", junk, "--replay", good_turns],
         "missing_turns": ["--db", path, "--replay", tmp_path / "absent.jsonl"],
@@ -107,6 +110,8 @@ def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
     expected = {
         "empty_db": f"Error: {tmp_path / 'empty.sqlite'} holds no tables (an empty file?): nothing to ask about",
         "folder_db": f"Error: {tmp_path} is a folder, not a database file",
+        "fifo_db": f"Error: {tmp_path / 'pipe.sqlite'} is not a regular file (a pipe or a device), not a database file",
+        "missing_db": f"Error: database file not found: {tmp_path / 'nope.sqlite'}",
     }
     if case in expected:
         assert out.stderr.strip() == expected[case]

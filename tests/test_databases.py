@@ -88,6 +88,9 @@ def test_missing_and_invalid_files_give_clear_errors(tmp_path):
     assert not (tmp_path / "nope.sqlite").exists()
     scoring = run_scoring_query(benchmark_db(tmp_path / "nope.sqlite"), "SELECT 1", timeout=1)
     assert scoring.error.startswith("Error: database file not found")
+    os.mkfifo(tmp_path / "pipe.sqlite")  # a path that is there but no file: said so, never opened (it would block)
+    piped = run_tool_query(benchmark_db(tmp_path / "pipe.sqlite"), "SELECT 1", max_rows=5)
+    assert piped.error == f"Error: database file is not a regular file: {tmp_path / 'pipe.sqlite'}"
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"this is not a database at all" * 100)
     result = run_tool_query(benchmark_db(junk), "SELECT 1", max_rows=5)

@@ -98,8 +98,10 @@ def run(args: argparse.Namespace) -> int:
 
                 raise EvalError("Error: --db takes a database file or a postgresql:// URL, not a key-value "
                                 f"connection string ({redact(args.db)})")
-            raise EvalError(f"Error: {args.db} is a folder, not a database file" if path.is_dir()
-                            else f"Error: database file not found: {args.db}")
+            if path.is_dir():
+                raise EvalError(f"Error: {args.db} is a folder, not a database file")
+            raise EvalError(f"Error: {args.db} is not a regular file (a pipe or a device), not a database file"
+                            if path.exists() else f"Error: database file not found: {args.db}")
         db = databases.user_db(path)
     tables = [("",)]
     try:

@@ -199,7 +199,8 @@ def open_file(ref: DatabaseRef, factory: type[sqlite3.Connection]) -> sqlite3.Co
     DatabaseOpenError; see the module's docstring for how each kind of file opens)."""
     path = ref.path
     if not os.path.isfile(path):
-        raise DatabaseOpenError(f"Error: database file not found: {path}")
+        raise DatabaseOpenError(f"Error: database file is not a regular file: {path}" if os.path.exists(path)
+                                else f"Error: database file not found: {path}")
     problem = database_problem(ref)
     if problem:
         raise DatabaseOpenError(f"Error: {problem}")
