@@ -91,6 +91,10 @@ def test_missing_and_invalid_files_give_clear_errors(tmp_path):
     os.mkfifo(tmp_path / "pipe.sqlite")  # a path that is there but no file: said so, never opened (it would block)
     piped = run_tool_query(benchmark_db(tmp_path / "pipe.sqlite"), "SELECT 1", max_rows=5)
     assert piped.error == f"Error: database file is not a regular file: {tmp_path / 'pipe.sqlite'}"
+    assert run_scoring_query(benchmark_db(tmp_path / "pipe.sqlite"), "SELECT 1", timeout=1).error == piped.error
+    os.mkfifo(tmp_path / "pipe.duckdb")
+    assert "database file is not a regular file" in run_tool_query(user_db(tmp_path / "pipe.duckdb"), "SELECT 1",
+                                                                    max_rows=5).error
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"this is not a database at all" * 100)
     result = run_tool_query(benchmark_db(junk), "SELECT 1", max_rows=5)
@@ -179,6 +183,27 @@ def test_a_half_written_database_is_reported_not_read(tmp_path):
     databases.close_thread_connections()
     assert _folder_state(folder) == before  # the journal is left for its owner to roll back
     assert databases.database_problem(benchmark_db(_make_db(tmp_path / "clean.sqlite"))) is None
+
+
+def test_pipes_beside_or_instead_of_a_database_are_never_opened(tmp_path):
+    """A FIFO opened for reading waits for a writer for ever: a database folder holding one (as the database, or as
+    its -journal or -wal) is looked at without blocking, and a pipe is never hashed as a database."""
+    path = _make_db(tmp_path / "db.sqlite", rows=3)
+    for side in ("-journal", "-wal"):
+        os.mkfifo(f"{path}{side}")
+        problem = f"{path}{side} beside the database is not a regular file (a pipe or a folder?): SQLite cannot " \
+                  "read past it"
+        assert databases.database_problem(benchmark_db(path)) == problem
+        for ref in (benchmark_db(path), user_db(path)):
+            assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).error == f"Error: {problem}"
+        os.remove(f"{path}{side}")
+    assert run_tool_query(user_db(path), "SELECT count(*) FROM t", max_rows=5).rows == [(3,)]
+    pipe = tmp_path / "pipe.sqlite"
+    os.mkfifo(pipe)
+    assert hashing.database_hash(DatabaseRef(db_id="pipe", path=str(pipe))).startswith("missing:")
+    assert gold_result(benchmark_db(pipe), "SELECT 1").error == f"Error: database file is not a regular file: {pipe}"
+    with pytest.raises(OSError, match="not a regular file"):
+        file_checksum(pipe)
 
 
 def _wal_database(folder: Path, shm: bool) -> Path:

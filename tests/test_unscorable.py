@@ -70,6 +70,26 @@ def test_the_probe_names_each_broken_database(demo_dir, tmp_path):
     assert "half-written" in problems["half_written"] and "hot journal" in problems["half_written"]
 
 
+def test_a_pipe_or_folder_in_a_databases_place_is_unreadable_not_missing_and_never_blocks(demo_dir, tmp_path, capsys):
+    """A FIFO opened for reading waits for a writer for ever; a folder is no database either. Both are named at
+    start-up as unreadable (not as missing, which would send the user looking for a file that is there)."""
+    data = _bird_with_broken_databases(demo_dir, tmp_path / "bird")
+    for db_id in ("not_sqlite", "truncated"):
+        os.remove(data / "dev_databases" / db_id / f"{db_id}.sqlite")
+    os.mkfifo(data / "dev_databases" / "not_sqlite" / "not_sqlite.sqlite")
+    (data / "dev_databases" / "truncated" / "truncated.sqlite").mkdir()
+    out = tmp_path / "out"
+    assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(out), "--quiet"]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("Error: 4 database(s) cannot be read") and "database(s) missing" not in line
+    for db_id in ("not_sqlite", "truncated"):
+        assert f"{db_id} (cannot read {data / 'dev_databases' / db_id / db_id}.sqlite: not a regular file)" in line
+    assert main(["eval", "--policy", "gold", "--data", str(data), "--output", str(out), "--quiet",
+                 "--skip-missing-dbs"]) == 0
+    summary = json.loads((out / "summary.json").read_text())["modes"]["full"]
+    assert summary["skipped_unusable_dbs"] == 8 and summary["skipped_missing_dbs"] == 0
+
+
 def test_eval_refuses_unreadable_databases_then_skips_and_counts_them(demo_dir, tmp_path, capsys):
     data = _bird_with_broken_databases(demo_dir, tmp_path / "bird")
     out = tmp_path / "out"

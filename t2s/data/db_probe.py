@@ -23,8 +23,10 @@ _HEADER = b"SQLite format 3\x00"
 
 def _declared_size_problem(path: str) -> str | None:
     """Why the file is shorter than its header says, or None (also None when the header does not say)."""
+    from t2s.env.databases.opening import regular_file
+
     try:
-        with open(path, "rb") as handle:
+        with regular_file(path) as handle:
             header = handle.read(100)
         size = os.path.getsize(path)
     except OSError as exc:
@@ -94,14 +96,14 @@ def _probe_engine(ref) -> str | None:
 
 def database_problems(rows: Iterable[dict]) -> dict[str, str]:
     """db_id -> why its database cannot be used, over the distinct database files the rows name (absent files and
-    row-payload databases are left out)."""
+    row-payload databases are left out; a path that is no regular file, such as a pipe, is a problem)."""
     from t2s.env import databases
 
     problems: dict[str, str] = {}
     seen = set()
     for row in rows:
         path = row.get("db_path")
-        if not path or not (databases.is_dsn(path) or os.path.isfile(path)):
+        if not path or not (databases.is_dsn(path) or os.path.exists(path)):
             continue
         ref = databases.ref_from_row(row)
         if ref in seen:

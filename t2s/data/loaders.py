@@ -121,7 +121,7 @@ def _attach_databases(rows: list[dict], db_root: Path, data_file: Path, require_
         db_id = row["db_id"]
         file = database_file(db_root, db_id)
         if db_id not in present:
-            present[db_id] = file.is_file()
+            present[db_id] = file.exists()  # a pipe or folder there is unreadable: db_probe says so
         if not present[db_id]:
             missing[db_id] = missing.get(db_id, 0) + 1
         row["db_path"] = str(file)
@@ -280,7 +280,7 @@ def with_engine(rows: RowList, engine: str, dsn: str | None, require_databases: 
         for row in rows:
             if row.get("db_path"):
                 row["db_path"] = str(Path(row["db_path"]).with_suffix(".duckdb"))
-                found = present.setdefault(row["db_id"], Path(row["db_path"]).is_file())
+                found = present.setdefault(row["db_id"], Path(row["db_path"]).exists())
                 if not found:
                     missing[row["db_id"]] = missing.get(row["db_id"], 0) + 1
         where = rows.db_root

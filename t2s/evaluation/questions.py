@@ -50,7 +50,7 @@ def playable_rows(rows, selected: list[dict], *, skip_missing_dbs: bool, db_root
     from t2s.env.databases import is_dsn
 
     missing = {r["db_id"] for r in selected if r.get("db_path") and not is_dsn(r["db_path"])
-               and not Path(r["db_path"]).is_file()}
+               and not Path(r["db_path"]).exists()}  # a pipe or folder there is unreadable, below
     missing |= {r["db_id"] for r in selected if r["db_id"] in getattr(rows, "missing_databases", {})}
     skipped: dict = {"questions": 0, "db_ids": []}
     if missing:

@@ -55,7 +55,8 @@ def connect(path: str):
     import duckdb
 
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"database file not found: {path}")
+        raise FileNotFoundError(f"database file is not a regular file: {path}" if os.path.exists(path)
+                                else f"database file not found: {path}")
     return duckdb.connect(path, read_only=True, config=dict(CONFIG))
 
 

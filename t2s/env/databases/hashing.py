@@ -5,15 +5,16 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
+from stat import S_ISREG
 
-from t2s.env.databases.opening import DatabaseRef
+from t2s.env.databases.opening import DatabaseRef, regular_file
 from t2s.env.databases.payloads import _payloads
 
 
 def file_checksum(path) -> str:
-    """SHA-256 of a file's bytes (hex)."""
+    """SHA-256 of a regular file's bytes (hex); OSError for anything else (``opening.regular_file``)."""
     digest = hashlib.sha256()
-    with open(path, "rb") as handle:
+    with regular_file(path) as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
@@ -52,6 +53,8 @@ def _file_hash(ref: DatabaseRef) -> str:
     try:
         stat = os.stat(ref.path)
     except OSError:
+        return f"missing:{ref.path}"
+    if not S_ISREG(stat.st_mode):  # no database: opening it says so (a FIFO read here would block for ever)
         return f"missing:{ref.path}"
     wal_path = ref.path + "-wal"
     try:

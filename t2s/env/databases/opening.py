@@ -24,8 +24,11 @@ checkpoints while a statement runs can still make that one statement read a mix 
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import functools
 import os
+import stat
 import shutil
 import sqlite3
 import weakref
@@ -53,11 +56,26 @@ class DatabaseOpenError(Exception):
 _JOURNAL_SUFFIX, _WAL_SUFFIX = "-journal", "-wal"
 
 
+@contextlib.contextmanager
+def regular_file(path):
+    """``path`` open for binary reading; OSError (EINVAL) unless it is a regular file, found without blocking: a FIFO
+    opened plainly waits for a writer for ever, and a device never ends."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            yield handle
+    finally:
+        os.close(fd)
+
+
 def _hot_journal(path: str) -> str | None:
     """The path of a hot rollback journal next to ``path``, or None (absent, empty or zeroed: a finished one)."""
     journal = path + _JOURNAL_SUFFIX
     try:
-        with open(journal, "rb") as handle:
+        with regular_file(journal) as handle:
             first = handle.read(1)
     except OSError:
         return None
@@ -76,6 +94,9 @@ def database_problem(ref: DatabaseRef) -> str | None:
     """Why a database file cannot be read as a whole (without ``Error:``), or None: a hot journal next to it."""
     if ref.path is None or ref.engine != "sqlite":
         return None
+    for side in (ref.path + _JOURNAL_SUFFIX, ref.path + _WAL_SUFFIX):  # SQLite would open a FIFO and wait for ever
+        if os.path.lexists(side) and not os.path.isfile(side):
+            return f"{side} beside the database is not a regular file (a pipe or a folder?): SQLite cannot read past it"
     journal = _hot_journal(ref.path)
     if journal is None:
         return None
@@ -86,7 +107,7 @@ def database_problem(ref: DatabaseRef) -> str | None:
 def _is_wal(path: str) -> bool:
     """True when the file header says WAL mode (read/write versions 2); False for anything unreadable."""
     try:
-        with open(path, "rb") as handle:
+        with regular_file(path) as handle:
             header = handle.read(20)
     except OSError:
         return False
@@ -107,7 +128,7 @@ def file_engine(path: str) -> str:
     if path.lower().endswith(_DUCKDB_SUFFIXES):
         return "duckdb"
     try:
-        with open(path, "rb") as handle:
+        with regular_file(path) as handle:
             header = handle.read(12)
     except OSError:
         return "sqlite"
