@@ -385,3 +385,30 @@ def test_eval_writes_its_results_apart_from_the_data_and_its_databases(demo_dir,
         assert _one_error_line(capsys) == f"Error: --output {output} is {where}; write the results to another folder"
     assert sorted(str(path.relative_to(data)) for path in data.rglob("*")) == before
     assert main(_eval(data, data / "runs" / "one")) == 0  # a folder of its own below the data's is fine
+
+
+def test_score_never_writes_over_what_it_reads(demo_dir, tmp_path, capsys):
+    """score's --output follows eval's rule (apart from the data and its databases), and none of the files it writes
+    may be the predictions file it reads: each case is one line, and every file is left as it was."""
+    import shutil
+
+    data = tmp_path / "data"
+    shutil.copytree(demo_dir, data)
+    rows = json.loads((data / "dev.json").read_text())[:3]
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    predictions = runs / "scores.jsonl"  # named as score's own output file
+    predictions.write_text("".join(json.dumps({"question_id": r["question_id"], "sql": r["SQL"]}) + "\n"
+                                   for r in rows))
+    before = {path: path.read_bytes() for path in [*data.rglob("*.json"), predictions]}
+    cases = ((runs, f"Error: --output {runs} would write scores.jsonl over {predictions}, which this run reads; "
+                    "write the results to another folder"),
+             (data, f"Error: --output {data} is the data's own folder {data}; write the results to another folder"))
+    for output, line in cases:
+        assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output", str(output),
+                     "--quiet"]) == 1
+        assert _one_error_line(capsys) == line
+    assert {path: path.read_bytes() for path in before} == before
+    assert not (runs / "summary.json").exists() and not (data / "summary.json").exists()
+    assert main(["score", "--data", str(data), "--predictions", str(predictions), "--output", str(runs / "s"),
+                 "--quiet"]) == 0

@@ -63,6 +63,32 @@ def check_eval_layout(folder) -> None:
                              "would replace; choose another --output")
 
 
+def check_output_apart(output, data_file: Path, rows: list[dict], inputs: tuple = ()) -> None:
+    """A RunFolderError when ``output`` (of ``eval`` or ``score``) is the data file's own folder, or lies in the
+    databases' folder of BIRD's layout (``ROOT/<db_id>/<db_id>.sqlite``: its folders would sit among the databases,
+    as more of them), or when a file it writes would replace ``inputs`` (the predictions file ``score`` reads)."""
+    import os
+
+    from t2s.env.databases import is_dsn
+
+    out = Path(output).expanduser().resolve()
+    files = [Path(row["db_path"]).resolve() for row in rows if row.get("db_path") and not is_dsn(row["db_path"])]
+    roots = {file.parent.parent for file in files if file.parent.name == file.stem}
+    inside = next((root for root in sorted(roots) if out == root or root in out.parents), None)
+    if inside is not None or out == Path(data_file).resolve().parent:
+        where = f"inside the databases' folder {inside}" if inside else f"the data's own folder {out}"
+        raise RunFolderError(f"Error: --output {output} is {where}; write the results to another folder")
+    for source in inputs:
+        for name in (SCORES, SUMMARY, "problems.json"):
+            try:
+                same = (out / name).is_file() and os.path.samefile(out / name, source)
+            except OSError:
+                same = False
+            if same:
+                raise RunFolderError(f"Error: --output {output} would write {name} over {source}, which this run "
+                                     "reads; write the results to another folder")
+
+
 def check_score_folder(folder) -> None:
     """Refuse an eval's folder, or one of its mode folders, as ``score --output``: the score would replace the eval's
     summary.json or scores.jsonl."""

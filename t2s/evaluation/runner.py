@@ -27,7 +27,7 @@ from t2s.env import single_turn
 from t2s.env.episode import EpisodeConfig
 from t2s.evaluation.config import EPISODE_OPTIONS, EvalConfig, PolicyConfig, read_system_prompt
 from t2s.evaluation.report import published_differences
-from t2s.evaluation.run_folders import EPISODES, EVAL_CONFIG
+from t2s.evaluation.run_folders import EPISODES, EVAL_CONFIG, check_output_apart
 from t2s.evaluation.progress import Progress
 from t2s.evaluation.questions import once_each, playable_rows, select_rows
 from t2s.run_lock import run_folder_lock
@@ -278,20 +278,6 @@ def databases_fingerprint(selected: list[dict]) -> str:
         except (ValueError, OSError, DatabaseOpenError) as exc:  # recorded as unreadable: playing it says why
             hashes.add((str(row.get("db_id")), f"unreadable: {type(exc).__name__}"))
     return hashlib.sha256(json.dumps(sorted(hashes)).encode()).hexdigest()
-
-
-def check_output_apart(output, data_file: Path, rows: list[dict]) -> None:
-    """An EvalError when ``output`` is the data file's own folder, or lies in the databases' folder of BIRD's layout
-    (``ROOT/<db_id>/<db_id>.sqlite``: its mode folders would sit among the databases, as more of them)."""
-    from t2s.env.databases import is_dsn
-
-    out = Path(output).expanduser().resolve()
-    files = [Path(row["db_path"]).resolve() for row in rows if row.get("db_path") and not is_dsn(row["db_path"])]
-    roots = {file.parent.parent for file in files if file.parent.name == file.stem}
-    inside = next((root for root in sorted(roots) if out == root or root in out.parents), None)
-    if inside is not None or out == Path(data_file).resolve().parent:
-        where = f"inside the databases' folder {inside}" if inside else f"the data's own folder {out}"
-        raise EvalError(f"Error: --output {output} is {where}; write the results to another folder")
 
 
 def evaluate(config: EvalConfig) -> dict[str, dict]:

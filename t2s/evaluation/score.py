@@ -319,12 +319,14 @@ def score_files(data, predictions_file, output, *, db_root=None, workers: int = 
     from t2s.data.loaders import load_json_rows
     from t2s.data.rows import DataError
     from t2s.evaluation.questions import once_each, playable_rows
-    from t2s.evaluation.run_folders import check_score_folder
+    from t2s.data.loaders import json_data_file
+    from t2s.evaluation.run_folders import check_output_apart, check_score_folder
 
     check_score_folder(output)
     rows = load_json_rows(data, db_root, require_databases=False, engine=engine, dsn=dsn)
     if not rows:
         raise DataError(f"Error: no questions in {data}")
+    check_output_apart(output, json_data_file(data), rows, inputs=(predictions_file,))
     once, repeated = once_each(rows, list(rows))  # as eval counts them; positions still key BIRD's predictions
     scored, skipped = playable_rows(rows, once, skip_missing_dbs=skip_missing_dbs, db_root=db_root)
     skipped["repeated_ids"] = repeated
