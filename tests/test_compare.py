@@ -114,3 +114,38 @@ def test_unreadable_runs(tmp_path, capsys):
     assert capsys.readouterr().err.startswith("Error:")
     assert main(["compare", str(tmp_path / "nope"), str(bad)]) == 1
     assert "run not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("line, problem", [
+    ('{"question_id": "q0", "official": 1, "sample": 1e400}', "'sample' must be a whole number of 0 or more"),
+    ('{"question_id": "q0", "official": 1, "sample": NaN}', "'sample' must be a whole number of 0 or more"),
+    ('{"question_id": "q0", "official": NaN}', "'official' must be a number from 0 to 1"),
+    ('{"question_id": "q0", "official": Infinity}', "'official' must be a number from 0 to 1"),
+    ('{"question_id": "q0", "official": 0.5, "sample": -1}', "'sample' must be a whole number of 0 or more"),
+])
+def test_a_line_compare_would_misread_is_refused_as_show_refuses_it(tmp_path, capsys, line, problem):
+    """compare reads a run's lines with show's reader: an infinite or NaN sample once raised a traceback, and a NaN
+    or infinite score was counted as wrong or right."""
+    run = tmp_path / "run.jsonl"
+    run.write_text(line + "\n")
+    assert main(["compare", str(run), str(run)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"Error: {run} line 1: {problem}") and "Traceback" not in err
+    assert main(["show", str(run)]) == 1 and problem in capsys.readouterr().err
+
+
+def test_a_mode_folder_without_scores_and_a_cut_off_last_line(tmp_path, capsys):
+    """A mode folder holding no per-question file is one line, not a traceback; a last line cut off by a killed run is
+    left out as show leaves it out, while a complete last line without its newline is kept."""
+    (tmp_path / "m" / "full").mkdir(parents=True)
+    (tmp_path / "m" / "full" / "eval_config.json").write_text("{}")
+    run = _scores(tmp_path / "a", [1, 0, 1])
+    assert main(["compare", str(run), str(tmp_path / "m")]) == 1
+    assert capsys.readouterr().err.strip() == \
+        f"Error: {tmp_path / 'm' / 'full'} holds neither scores.jsonl nor episodes.jsonl"
+    cut = _scores(tmp_path / "cut", [1, 0, 1])
+    (cut / "scores.jsonl").write_text((cut / "scores.jsonl").read_text() + '{"question_id": "q3", "offi')
+    whole = tmp_path / "whole.jsonl"
+    whole.write_text((run / "scores.jsonl").read_text().rstrip("\n"))
+    for other in (cut, whole):
+        assert compare_runs(run, other)["n"] == 3

@@ -11,7 +11,6 @@ Questions that one run could not score (a null metric, e.g. a missing database) 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from t2s.errors import T2SError
@@ -35,38 +34,33 @@ def run_file(path) -> Path:
         folder = mode_folder(path)
     except RunFolderError as exc:
         raise CompareError(str(exc)) from None
-    return next(folder / name for name in RUN_FILES if (folder / name).is_file())
-
-
-def _typed(value, kind, file, number: int, key: str):
-    """``value`` as an int or float; a CompareError naming the file, line and key for a string, list or bool."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and value != int(value)):
-        raise CompareError(f"Error: {file}: line {number}: {key!r} must be a number, got {json.dumps(value)[:60]}")
-    return kind(value)
+    found = next((folder / name for name in RUN_FILES if (folder / name).is_file()), None)
+    if found is None:
+        raise CompareError(f"Error: {folder} holds neither {' nor '.join(RUN_FILES)}")
+    return found
 
 
 def read_run(path, metric: str = "official") -> dict[str, float | None]:
-    """question_id -> the metric of the lowest-numbered sample (normally sample 0); None when not scored."""
-    from t2s.data.rows import DataError, jsonl_values, read_text_file
+    """question_id -> the metric of the lowest-numbered sample (normally sample 0); None when not scored. The lines
+    are read as ``show`` and the report read them (``run_folders.read_episodes``: a last line cut off by a killed run
+    is left out, and a line a reader would fail on is one error naming it)."""
+    from t2s.evaluation.run_folders import RunFolderError, read_episodes
 
     file = run_file(path)
     chosen: dict[str, tuple[int, float | None]] = {}
     try:
-        lines = list(jsonl_values(read_text_file(file, what="run"), file))
-    except DataError as exc:
+        lines = read_episodes(file)
+    except RunFolderError as exc:
         raise CompareError(str(exc)) from None
-    for number, record in lines:
-        if not isinstance(record, dict) or "question_id" not in record:
-            raise CompareError(f"Error: {file}: line {number} has no question_id")
+    for record in lines:
+        question_id, sample = str(record["question_id"]), record.get("sample", 0)
         if metric not in record:
-            raise CompareError(f"Error: {file}: line {number} has no {metric!r} score")
-        question_id = str(record["question_id"])
-        sample = _typed(record.get("sample") or 0, int, file, number, "sample")
+            raise CompareError(f"Error: {file}: the line of question {question_id} has no {metric!r} score")
         if question_id in chosen and chosen[question_id][0] == sample:
             raise CompareError(f"Error: {file}: question {question_id} appears twice as sample {sample}")
         if question_id not in chosen or sample < chosen[question_id][0]:
             value = record[metric]
-            chosen[question_id] = (sample, None if value is None else _typed(value, float, file, number, metric))
+            chosen[question_id] = (sample, None if value is None else float(value))
     if not chosen:
         raise CompareError(f"Error: {file} holds no questions")
     return {question_id: value for question_id, (_, value) in chosen.items()}

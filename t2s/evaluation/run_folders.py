@@ -144,14 +144,18 @@ def mode_folder(path) -> Path:
 
 
 def _numbered_jsonl(path) -> list[tuple[int, object]]:
-    """(line number, value) of a JSONL file (a line cut off by a killed run is left out); RunFolderError otherwise."""
+    """(line number, value) of a JSONL file (a last line cut off by a killed run is left out: one without its newline
+    that is no JSON, since no part of an object is one); RunFolderError otherwise."""
     from t2s.data.rows import DataError, jsonl_values, read_text_file
 
     path = Path(path)
     try:
         text = read_text_file(path, what="run")
         if text and not text.endswith("\n"):
-            text = text[: text.rfind("\n") + 1]  # the last write was cut off
+            try:
+                json.loads(text[text.rfind("\n") + 1:])
+            except (ValueError, RecursionError):
+                text = text[: text.rfind("\n") + 1]  # the last write was cut off
         return list(jsonl_values(text, path))
     except DataError as exc:
         raise RunFolderError(str(exc)) from None
