@@ -139,3 +139,21 @@ def test_ask_through_a_tools_endpoint(demo_dir, tmp_path, capsys):
     assert record["final_sql"] == "SELECT 1"
     assert record["turns"][0]["calls"] == [{"tool": "submit", "args": {"sql": "SELECT 1"}}]
     assert [t["function"]["name"] for t in body["tools"]][-1] == "submit"
+
+
+def test_tools_mode_reads_a_call_as_completions_mode_reads_its_text():
+    """The same call, read from a server's tool_calls (tools mode) and from the turn's text (completions mode, as
+    vLLM's qwen3_xml parser reads it), gives the same tool name and arguments: a name with spaces around it is an
+    unknown tool in both, and arguments nested past MAX_JSON_DEPTH are cut the same way."""
+    from t2s.backends.tools_endpoint import read_message
+    from t2s.env.native_reader import parse_turn
+    from t2s.env.turns import MAX_JSON_DEPTH
+
+    deep = {"sql": "SELECT 1", "x": json.loads("[" * (MAX_JSON_DEPTH + 5) + "]" * (MAX_JSON_DEPTH + 5))}
+    for name, arguments in ((" submit ", {"sql": "SELECT 1"}), ("submit", deep)):
+        parsed, _ = read_message({"content": "", "reasoning_content": "r",
+                                  "tool_calls": [call(0, name, arguments)]})
+        body = json.dumps({"name": name, "arguments": arguments})
+        text = parse_turn(f"r</think>\n<tool_call>\n<function= >{body}</function>\n</tool_call>")
+        assert [(c.tool, c.args) for c in parsed.calls] == [(c.tool, c.args) for c in text.calls]
+        assert parsed.calls[0].tool == name

@@ -57,7 +57,7 @@ def read_message(message: dict, enable_thinking: bool = True) -> tuple[ParsedTur
         else:
             args = turns.tame_value(arguments)
             arguments = json.dumps(args, ensure_ascii=False)
-        calls.append(ToolCall(name.strip(), args))
+        calls.append(ToolCall(name, args))  # as sent: " submit " is an unknown tool here as in completions mode
         call_id = raw.get("id") if isinstance(raw, dict) and isinstance(raw.get("id"), str) else f"call_{index}"
         history.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
         shown.append(

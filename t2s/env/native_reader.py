@@ -11,7 +11,9 @@ the reverse), so ``parse_turn`` follows that parser's rule exactly, tested again
   opens; a value cut off before either is dropped (a ``submit`` cut inside its SQL submits nothing); one line break
   on each side is the template's and removed; an argument declared as an integer is one when ``int()`` reads it.
 
-It scans with ``str.find`` and bounded look-aheads only, in linear time, whatever the text.
+It scans with ``str.find`` and bounded look-aheads only, in linear time, whatever the text. One departure: arguments
+written as JSON are cut at ``turns.MAX_JSON_DEPTH`` levels (as tools mode cuts a server's), where the parser keeps any
+depth (or raises, past Python's recursion limit); no tool's argument nests that deep.
 """
 
 from __future__ import annotations
@@ -258,8 +260,8 @@ def _json_call(body: str) -> tuple[str, object] | None:
                     args = json.loads(args)
                 except (ValueError, RecursionError):
                     pass
-            return name, args
-    return name, {k: v for k, v in obj.items() if k != "name"}
+            return name, turns.tame_value(args)  # as tools mode takes a server's arguments: at most so deep
+    return name, turns.tame_value({k: v for k, v in obj.items() if k != "name"})
 
 
 def _named_in(body: str) -> str:
