@@ -410,3 +410,39 @@ def test_compare_html_rows_line_up_with_their_header_in_headless_chromium(demo_d
     status = _status(dom)
     assert status["errors"] == "" and status["shown"] == "2" and 'class="pair"' in dom
     assert status["columns"] == status["columns-aligned"] == "7", status
+
+
+def test_pairs_are_made_sample_by_sample_and_on_the_chosen_metric(demo_dir, tmp_path, capsys):
+    """show --sample S pairs A's sample S with B's sample S; a pair where no question is scored in both is one
+    error line (as compare says), not an empty list; compare --html lists the questions flipped on --metric."""
+    gold_eval(demo_dir, tmp_path / "a", n="4")
+    episodes = tmp_path / "a" / "full" / "episodes.jsonl"
+    first = [json.loads(line) for line in episodes.read_text().splitlines()]
+    twice = first + [{**r, "sample": 1, "official": 0, "strict": 0} for r in first]  # sample 1: every answer wrong
+    pair = {}
+    for name in ("k2a", "k2b"):
+        (tmp_path / name).mkdir()
+        pair[name] = tmp_path / name / "episodes.jsonl"
+        pair[name].write_text("".join(json.dumps(r) + "\n" for r in twice))
+    capsys.readouterr()
+    assert main(["show", str(pair["k2a"]), str(pair["k2b"]), "--sample", "1"]) == 0
+    assert "only_a 0, only_b 0" in " ".join(capsys.readouterr().out.split())
+    unscored = tmp_path / "unscored" / "episodes.jsonl"
+    unscored.parent.mkdir()
+    unscored.write_text("".join(json.dumps({**r, "official": None}) + "\n" for r in first))
+    assert main(["show", str(episodes), str(unscored)]) == 1
+    assert capsys.readouterr().err.strip() == f"Error: no question is scored in both {episodes} and {unscored} (as " \
+                                              "`compare` refuses them): nothing to pair"
+    strict_b = tmp_path / "strict_b" / "episodes.jsonl"  # B differs from A on strict only, on one question
+    strict_b.parent.mkdir()
+    strict_b.write_text("".join(json.dumps({**r, "strict": 0} if i == 0 else r) + "\n" for i, r in enumerate(first)))
+    out = tmp_path / "cmp"
+    assert main(["compare", str(episodes), str(strict_b), "--metric", "strict", "--output", str(out), "--html"]) == 0
+    assert json.loads((out / "compare.json").read_text())["only_a"] == 1
+    page = (out / "compare.html").read_text()
+    assert f'"question_id": {json.dumps(first[0]["question_id"])}' in page or \
+        f'"question_id":{json.dumps(first[0]["question_id"])}' in page
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a" / "full" / "scores.jsonl"), "--output",
+                 str(tmp_path / "cmp2"), "--html"]) == 1
+    assert "--html needs the episodes of each run" in capsys.readouterr().err
+    assert not (tmp_path / "cmp2").exists()  # said before anything was written

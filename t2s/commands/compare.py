@@ -40,7 +40,7 @@ def run(args) -> int:
     from rich.table import Table
 
     from t2s.errors import UsageError
-    from t2s.evaluation.compare import CompareError, compare_runs, write_html
+    from t2s.evaluation.compare import CompareError, compare_runs, flipped_episodes, write_html
 
     if args.html and not args.output:
         raise UsageError("Error: compare: --html writes compare.html into --output DIR; pass --output")
@@ -49,6 +49,9 @@ def run(args) -> int:
     from t2s.ui.console import console as make_console, print_table, safe_json
 
     report = compare_runs(args.run_a, args.run_b, args.metric)  # a CompareError is one Error: line in t2s.commands.main
+    if args.output and Path(args.output).is_file():  # what cannot be written is said before anything is printed
+        raise CompareError(f"Error: --output must be a folder; {args.output} is a file")
+    pairs = flipped_episodes(args.run_a, args.run_b, args.metric) if args.html else []
     console = make_console()
     console.print(f"A = {args.run_a}\nB = {args.run_b}", markup=False, highlight=False)
     table = Table(title=f"compare ({args.metric}): B against A")
@@ -65,13 +68,11 @@ def run(args) -> int:
     print(text)
     if args.output:
         out = Path(args.output)
-        if out.is_file():
-            raise CompareError(f"Error: --output must be a folder; {out} is a file")
         out.mkdir(parents=True, exist_ok=True)
         with writing(out / "compare.json"):
             (out / "compare.json").write_text(text + "\n", encoding="utf-8")
         written = [out / "compare.json"]
         if args.html:
-            written.append(write_html(args.run_a, args.run_b, report, out))
+            written.append(write_html(args.run_a, args.run_b, report, pairs, out))
         console.print("wrote " + ", ".join(map(str, written)), markup=False, highlight=False)
     return 0

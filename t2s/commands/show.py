@@ -52,10 +52,15 @@ def run(args) -> int:
                        "refuses them): evaluate both on the same data")
     check_filters(lines + lines_b, args.run if not args.run_b else f"{args.run} or {args.run_b}", ids=args.id,
                   db=args.db, tier=args.tier, sample=args.sample)
-    if args.sample is not None:
-        lines = [line for line in lines if int(line.get("sample") or 0) == args.sample]
+    if args.sample is not None:  # both runs' sample S, paired
+        lines, lines_b = ([line for line in run if int(line.get("sample") or 0) == args.sample]
+                          for run in (lines, lines_b))
     lines = in_data_order(lines)
     if args.run_b:
+        scored_b = {str(line["question_id"]) for line in lines_b if line.get("official") is not None}
+        if not any(line.get("official") is not None and str(line["question_id"]) in scored_b for line in lines):
+            raise T2SError(f"Error: no question is scored in both {args.run} and {args.run_b} (as `compare` refuses "
+                           "them): nothing to pair")
         pairs = flipped(lines, lines_b)
         pairs = [p for p in pairs if select([p[1]], **filters) or select([p[2]], **filters)]
         if args.id or len(pairs) == 1:

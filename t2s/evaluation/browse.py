@@ -58,8 +58,9 @@ def select(lines: list[dict], *, wrong=False, tier=None, db=None, ids=None) -> l
     ]  # fmt: skip
 
 
-def flipped(lines_a: list[dict], lines_b: list[dict]) -> list[tuple[str, dict, dict]]:
-    """(``only_a`` or ``only_b``, line A, line B) of each question scored in both whose official score differs."""
+def flipped(lines_a: list[dict], lines_b: list[dict], metric: str = "official") -> list[tuple[str, dict, dict]]:
+    """(``only_a`` or ``only_b``, line A, line B) of each question scored in both (its lowest-numbered sample) that
+    is right (``metric`` 1) in one run only, as ``compare`` counts them."""
     def first(lines):
         chosen: dict[str, dict] = {}
         for line in lines:
@@ -71,9 +72,10 @@ def flipped(lines_a: list[dict], lines_b: list[dict]) -> list[tuple[str, dict, d
     a, b = first(lines_a), first(lines_b)
     out = []
     for key in a:
-        if key in b and a[key].get("official") is not None and b[key].get("official") is not None:
-            if bool(a[key]["official"]) != bool(b[key]["official"]):
-                out.append(("only_a" if a[key]["official"] else "only_b", a[key], b[key]))
+        if key in b and a[key].get(metric) is not None and b[key].get(metric) is not None:
+            right_a, right_b = a[key][metric] >= 1, b[key][metric] >= 1
+            if right_a != right_b:
+                out.append(("only_a" if right_a else "only_b", a[key], b[key]))
     return out
 
 

@@ -101,22 +101,30 @@ def compare_runs(run_a, run_b, metric: str = "official") -> dict:
     }
 
 
-def write_html(run_a, run_b, report: dict, out: Path) -> Path:
-    """compare.html of the two runs' flipped questions (their episodes.jsonl)."""
-    from t2s.evaluation.report_html import write_compare_report
+def flipped_episodes(run_a, run_b, metric: str = "official") -> list[tuple[str, dict, dict]]:
+    """The questions that flipped on ``metric`` between the two runs, with both episodes (``browse.flipped``), read
+    from each run's episodes: the file named itself, or its folder's ``episodes.jsonl``. A CompareError when a run has
+    no episodes (a score folder, or a file of scores)."""
     from t2s.evaluation.run_folders import RunFolderError, read_episodes
     from t2s.evaluation.browse import flipped, in_data_order
 
     lines = []
     for run in (run_a, run_b):
         file = run_file(run)
-        episodes = file if file.name == EPISODES else file.with_name(EPISODES)
-        if not episodes.is_file():
-            raise CompareError(f"Error: --html needs the episodes of each run; {run} has no {EPISODES} (a score "
-                               "folder holds scores only)")
+        episodes = file if Path(run).is_file() else file.with_name(EPISODES)
         try:
-            lines.append(read_episodes(episodes))
+            read = read_episodes(episodes) if episodes.is_file() else []
         except RunFolderError as exc:
             raise CompareError(str(exc)) from None
-    pairs = flipped(in_data_order(lines[0]), lines[1])
+        if not episodes.is_file() or not all("turns" in line for line in read):
+            raise CompareError(f"Error: --html needs the episodes of each run; {run} holds no {EPISODES} (scores "
+                               "only)")
+        lines.append(read)
+    return flipped(in_data_order(lines[0]), lines[1], metric)
+
+
+def write_html(run_a, run_b, report: dict, pairs: list[tuple[str, dict, dict]], out: Path) -> Path:
+    """compare.html of the two runs' flipped questions (:func:`flipped_episodes`)."""
+    from t2s.evaluation.report_html import write_compare_report
+
     return write_compare_report(out / "compare.html", report, pairs, (str(run_a), str(run_b)))
