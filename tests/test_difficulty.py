@@ -121,3 +121,22 @@ def test_save_and_reuse_a_model(bird_minidev_file, tmp_path, capsys):
     assert model.report["folds"] == 3 and len(model.weights) == 3
     assert main(["data", "difficulty", "--data", str(bird_minidev_file), "--model", str(saved), "--folds", "0"]) == 0
     assert "500 rows estimated" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("evidence", [5, ["a"], {"x": 1}])
+def test_evidence_that_is_not_text_is_one_error_line(demo_dir, tmp_path, capsys, evidence):
+    rows = json.loads((demo_dir / "dev.json").read_text())[:3]
+    rows[1]["evidence"] = evidence
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(rows))
+    assert main(["data", "difficulty", "--data", str(data), "--output", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == f"Error: {data}: row 1 (0-based): the evidence must be text, got {type(evidence).__name__}"
+
+
+def test_make_demo_names_its_folder_as_data(tmp_path, capsys):
+    """The folder a user named is echoed with its control characters escaped, never as a terminal escape."""
+    out = tmp_path / "demo\x1b[31mRED"
+    assert main(["data", "make-demo", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "\x1b" not in printed and "\\x1b[31mRED" in printed and printed.startswith("Wrote ")

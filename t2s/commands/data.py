@@ -335,7 +335,11 @@ def _difficulty(args) -> int:
         if not sql.strip():
             raise data_rows.DataError(
                 f"Error: {data_file}: row {position} (0-based) has no SQL (`SQL`, `query` or `sql`)")
-        rows.append({"gold_sql": sql, "evidence": record.get("evidence") or record.get("external_knowledge") or "",
+        evidence = record.get("evidence") or record.get("external_knowledge") or ""
+        if not isinstance(evidence, str):
+            raise data_rows.DataError(f"Error: {data_file}: row {position} (0-based): the evidence must be text, got "
+                                      f"{type(evidence).__name__}")
+        rows.append({"gold_sql": sql, "evidence": evidence,
                      "difficulty": loaders.synsql_difficulty(record.get("sql_complexity"))
                      or data_rows._difficulty(record.get("difficulty"))})
     model = None
@@ -441,10 +445,10 @@ def _make_demo(args) -> int:
     try:
         records = demo.write_demo(output)
     except demo.NotTheDemos as exc:
-        print(error_line(exc), file=sys.stderr)
+        print_line(error_line(exc), stderr=True)
         return 1
     except (OSError, sqlite3.Error, RuntimeError) as exc:
-        print(f"Error: could not write the demo data to {output}: {exc}", file=sys.stderr)
+        print_line(f"Error: could not write the demo data to {output}: {exc}", stderr=True)
         return 1
-    print(f"Wrote {len(records)} questions over {len({r['db_id'] for r in records})} databases to {output}")
+    print_line(f"Wrote {len(records)} questions over {len({r['db_id'] for r in records})} databases to {output}")
     return 0
