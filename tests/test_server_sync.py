@@ -23,9 +23,10 @@ def test_each_sync_pushes_once_and_counts_a_version():
     assert pushes == [0, 1] and sync.version == 2
 
 
-def test_a_rank_without_the_servers_version_stops_the_run():
+def test_a_rank_out_of_step_with_the_main_process_stops_the_run():
     pushes = []
     sync = ServerSync(generation(main=False, rank=1), lambda: pushes.append(1))
-    with pytest.raises(RuntimeError, match="rank 1 is at weight version 1 but the server holds version None"):
+    out_of_step = "rank 1 has taken part in 1 weight pushes but the main process in None: the ranks are out of step"
+    with pytest.raises(RuntimeError, match=out_of_step):
         sync()
     assert pushes == [1]  # the push ran (every rank walks the weights) before the check

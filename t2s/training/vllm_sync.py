@@ -143,8 +143,8 @@ class ServerSync:
         main = self.generation.accelerator.is_main_process
         [served] = broadcast_object_list([self.version if main else None], from_process=0)
         if served != self.version:
-            raise RuntimeError(f"rank {self.generation.accelerator.process_index} is at weight version "
-                               f"{self.version} but the server holds version {served}")
+            raise RuntimeError(f"rank {self.generation.accelerator.process_index} has taken part in {self.version} "
+                               f"weight pushes but the main process in {served}: the ranks are out of step")
 
 
 def reload_through_files(generation, folder) -> None:
