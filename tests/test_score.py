@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sqlite3
 
 import pytest
@@ -93,6 +94,10 @@ def test_bird_format_with_every_kind_of_bad_prediction(bird_dir, tmp_path, capsy
     assert summary["gold_failures"] == 1 and summary["gold_failure_ids"] == ["103"]
     assert summary["per_difficulty"]["simple"]["n"] == 2
     assert summary["per_difficulty"]["simple"]["execution_accuracy_official"] == 0.5
+    # a group where nothing could be scored has no average (not an accuracy of 0), and the table says so
+    assert summary["per_difficulty"]["challenging"] == {"n": 0, "questions": 1, "execution_accuracy_official": None,
+                                                         "strict": None, "soft_f1": None}
+    assert re.search(r"challenging\W+1\W+0\W+-\W+-\W+-", printed), printed
     problems = json.loads((out / "problems.json").read_text())
     assert sorted(problems["unknown_ids"]) == ["7", "x"]
     assert problems["db_id_mismatches"] == [{"question_id": "101", "data": "heroes", "prediction": "other_db"}]

@@ -225,7 +225,7 @@ def _means(lines: list[dict]) -> dict:
     scored = [line for line in lines if line["official"] is not None]
     out = {"n": len(scored), "questions": len(lines)}
     for key in METRICS:
-        out[SUMMARY_NAMES[key]] = sum(line[key] for line in scored) / len(scored) if scored else 0.0
+        out[SUMMARY_NAMES[key]] = sum(line[key] for line in scored) / len(scored) if scored else None  # no average
     return out
 
 
@@ -287,8 +287,9 @@ def score_table(summary: dict):
         table.add_column(name, justify="right")
     groups = list(summary["per_difficulty"].items()) if len(summary["per_difficulty"]) > 1 else []
     for name, part in [*groups, ("total", summary)]:
-        table.add_row(name, str(part["questions"]), str(part["n"]), f"{part['execution_accuracy_official']:.4f}",
-                      f"{part['strict']:.4f}", f"{part['soft_f1']:.4f}")
+        figures = [part[key] for key in ("execution_accuracy_official", "strict", "soft_f1")]
+        table.add_row(name, str(part["questions"]), str(part["n"]),
+                      *("-" if value is None else f"{value:.4f}" for value in figures))
     return table
 
 
