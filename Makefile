@@ -129,7 +129,7 @@ VLLM_CPU_SERVE_ARGS := --no-enable-chunked-prefill --max-num-batched-tokens $(MA
 VLLM_ENV := VLLM_SERVER_DEV_MODE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 $(if $(HAS_CUDA),,VLLM_HOST_IP=127.0.0.1 VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1})
 
 serve: install-vllm
-	$(VLLM_ENV) $(PY) -m vllm.entrypoints.launchers.api_server.entry --model $(MODEL) --host $(HOST) --port $(PORT) \
+	$(VLLM_ENV) $(PY) -m vllm.entrypoints.launchers.api_server.entry --model "$(MODEL)" --host $(HOST) --port $(PORT) \
 		--dtype $(DTYPE) $(if $(HAS_CUDA),--weight-transfer-config '{"backend":"nccl"}',$(VLLM_CPU_SERVE_ARGS)) \
 		--logprobs-mode processed_logprobs --max-logprobs -1 \
 		--enable-prefix-caching --max-model-len $(MAX_MODEL_LEN) $(SERVE_ARGS)

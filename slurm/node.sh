@@ -11,8 +11,9 @@
 #   T2S_HOSTS    one host per task, in rank order (default: the step's node list and tasks per node)
 #   T2S_JOB_DIR  a folder every node sees (shared filesystem): logs, the server weights, and the job's end markers
 #                (default: runs/slurm-$SLURM_JOB_ID)
-#   SERVER_PORT (8000), MAIN_PORT (29500), GPUS_PER_NODE (the GPUs nvidia-smi lists; 0 on a CPU machine: one
-#   process per machine), T2S_SERVER_WAIT (seconds the trainers wait for the server, 1800)
+#   SERVER_PORT (8000), MAIN_PORT (29500), GPUS_PER_NODE (the GPUs Slurm gave the node, SLURM_GPUS_ON_NODE, else
+#   those CUDA_VISIBLE_DEVICES names, else those nvidia-smi lists; 0 on a CPU machine: one process per machine),
+#   T2S_SERVER_WAIT (seconds the trainers wait for the server, 1800)
 #
 # The trainers start only once the server answers /health. The job ends as a whole: the server's task exits 1 when
 # its server dies or a trainer fails, a trainer's exits 1 when the server dies or never answers, and the first
@@ -21,8 +22,11 @@
 set -uo pipefail
 
 RECIPE=${1:?usage: node.sh RECIPE [ACCELERATE_CONFIG] [TRAIN FLAGS...]}
-ACCELERATE=${2:-multi_gpu}
-shift $(( $# >= 2 ? 2 : 1 ))
+shift
+ACCELERATE=multi_gpu
+if [ $# -ge 1 ] && [ "${1#-}" = "$1" ]; then  # a second word that is no flag names the accelerate config
+    ACCELERATE=$1; shift
+fi
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 
@@ -44,11 +48,25 @@ JOB_DIR=${T2S_JOB_DIR:-runs/slurm-${SLURM_JOB_ID:-local}}
 SERVER_PORT=${SERVER_PORT:-8000}
 MAIN_PORT=${MAIN_PORT:-29500}
 SERVER_URL="http://${HOSTS[0]}:${SERVER_PORT}"
-if [ -z "${GPUS_PER_NODE:-}" ]; then
-    GPUS_PER_NODE=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU' || true)
+if [ -z "${GPUS_PER_NODE:-}" ]; then  # nvidia-smi sees every GPU of the node, whatever the job was given
+    if [ -n "${SLURM_GPUS_ON_NODE:-}" ]; then
+        GPUS_PER_NODE=$SLURM_GPUS_ON_NODE
+    elif [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+        GPUS_PER_NODE=$(tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | grep -c .)
+    else
+        GPUS_PER_NODE=$(nvidia-smi --list-gpus 2>/dev/null | grep -c '^GPU' || true)
+    fi
 fi
+# the other nodes are reached directly, never through a cluster's HTTP proxy
+export no_proxy="${no_proxy:+$no_proxy,}$(IFS=,; echo "${HOSTS[*]}"),127.0.0.1,localhost" NO_PROXY
+NO_PROXY=$no_proxy
 mkdir -p "$JOB_DIR"
+# markers older than this file are an earlier job's (a rerun into the same T2S_JOB_DIR); made where the markers are,
+# so that both times come from one clock (a shared filesystem's)
+STARTED=$(mktemp "$JOB_DIR/.started.XXXXXX")
+trap 'rm -f "$STARTED"' EXIT
 fail() { echo "Error: $*" >&2; exit 1; }
+marked() { [ -f "$JOB_DIR/$1" ] && [ "$JOB_DIR/$1" -nt "$STARTED" ]; }
 [ "$MACHINES" -ge 1 ] || fail "a job needs at least 2 tasks: one for the vLLM server and one per training machine"
 [ -f "recipes/$RECIPE.yaml" ] || fail "no recipe recipes/$RECIPE.yaml"
 [ -f "accelerate_configs/$ACCELERATE.yaml" ] || fail "no accelerate config accelerate_configs/$ACCELERATE.yaml"
@@ -60,16 +78,19 @@ if [ "$RANK" -eq 0 ]; then
     for flag in "$@"; do  # a --model_name_or_path among the train flags is the model served too
         [ "${take:-}" = 1 ] && MODEL=$flag && take=0
         [ "$flag" = --model_name_or_path ] && take=1
+        case $flag in --model_name_or_path=*) MODEL=${flag#*=} ;; esac
     done
+    rm -f "$JOB_DIR/done" "$JOB_DIR/failed" "$JOB_DIR/server-died"  # an earlier job's markers
     LOG="$JOB_DIR/server.log"
     setsid make --no-print-directory -o install-vllm serve MODEL="$MODEL" HOST=0.0.0.0 PORT="$SERVER_PORT" \
         SERVE_ARGS="${SERVE_ARGS:-}" > "$LOG" 2>&1 &
     SERVER=$!
-    trap 'kill -- -$SERVER 2>/dev/null' EXIT
+    # the server's process group; or the process itself, when this task ends before setsid has made the group
+    trap 'kill -- -$SERVER 2>/dev/null || kill $SERVER 2>/dev/null; rm -f "$STARTED"' EXIT
     echo "t2s: the vLLM server for $MODEL starts on ${HOSTS[0]}:$SERVER_PORT (log: $LOG)"
     while :; do
-        [ -f "$JOB_DIR/done" ] && exit 0
-        [ -f "$JOB_DIR/failed" ] && fail "a training machine failed ($(cat "$JOB_DIR/failed")); the server stops"
+        marked done && exit 0
+        marked failed && fail "a training machine failed ($(cat "$JOB_DIR/failed")); the server stops"
         kill -0 "$SERVER" 2>/dev/null || { touch "$JOB_DIR/server-died"; fail "the vLLM server on ${HOSTS[0]} exited; see $LOG"; }
         sleep 2
     done
@@ -78,11 +99,12 @@ fi
 # -------------------------------------------------------------------- one training machine
 MACHINE=$(( RANK - 1 ))
 WAIT=${T2S_SERVER_WAIT:-1800}
-for (( waited = 0; ; waited += 2 )); do
+DEADLINE=$(( SECONDS + WAIT ))
+while :; do
     "$PY" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/health", timeout=2)' \
         "$SERVER_URL" 2>/dev/null && break
-    [ -f "$JOB_DIR/server-died" ] && fail "the vLLM server on ${HOSTS[0]} exited before it answered"
-    [ "$waited" -ge "$WAIT" ] && fail "the vLLM server at $SERVER_URL did not answer /health within $WAIT s"
+    marked server-died && fail "the vLLM server on ${HOSTS[0]} exited before it answered"
+    [ "$SECONDS" -ge "$DEADLINE" ] && fail "the vLLM server at $SERVER_URL did not answer /health within $WAIT s"
     sleep 2
 done
 if [ "$GPUS_PER_NODE" -gt 0 ]; then

@@ -319,7 +319,7 @@ def _find_data_files(folder: Path, depth: int = 3) -> list[Path]:
 
 
 def _difficulty(args) -> int:
-    from t2s.data import difficulty, loaders
+    from t2s.data import difficulty
     from t2s.data import rows as data_rows
 
     console = _console()
@@ -329,19 +329,7 @@ def _difficulty(args) -> int:
     records = data_rows.read_records(data_file)
     if not records:
         raise data_rows.DataError(f"Error: no questions in {args.data}")
-    rows = []
-    for position, record in enumerate(records):
-        sql = difficulty._sql_of(record)
-        if not sql.strip():
-            raise data_rows.DataError(
-                f"Error: {data_file}: row {position} (0-based) has no SQL (`SQL`, `query` or `sql`)")
-        evidence = record.get("evidence") or record.get("external_knowledge") or ""
-        if not isinstance(evidence, str):
-            raise data_rows.DataError(f"Error: {data_file}: row {position} (0-based): the evidence must be text, got "
-                                      f"{type(evidence).__name__}")
-        rows.append({"gold_sql": sql, "evidence": evidence,
-                     "difficulty": loaders.synsql_difficulty(record.get("sql_complexity"))
-                     or data_rows._difficulty(record.get("difficulty"))})
+    rows = difficulty.labelled_rows(records, data_file)
     model = None
     if args.model:
         model = difficulty.read_model(args.model)

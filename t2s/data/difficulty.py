@@ -382,6 +382,26 @@ def estimate(rows: Sequence[dict], model: DifficultyModel | None = None) -> list
     return model.predict(vectors) if vectors else []
 
 
+def labelled_rows(records: list, data_file) -> list[dict]:
+    """The rows ``data difficulty`` estimates or calibrates on (gold SQL, evidence, the data's own label): a DataError
+    naming the row for one without SQL, or whose evidence is not text."""
+    from t2s.data.loaders import synsql_difficulty
+    from t2s.data.rows import DataError, _difficulty
+
+    rows = []
+    for position, record in enumerate(records):
+        sql = _sql_of(record)
+        where = f"Error: {data_file}: row {position} (0-based)"
+        if not sql.strip():
+            raise DataError(f"{where} has no SQL (`SQL`, `query` or `sql`)")
+        evidence = record.get("evidence") or record.get("external_knowledge") or ""
+        if not isinstance(evidence, str):
+            raise DataError(f"{where}: the evidence must be text, got {type(evidence).__name__}")
+        label = synsql_difficulty(record.get("sql_complexity")) or _difficulty(record.get("difficulty"))
+        rows.append({"gold_sql": sql, "evidence": evidence, "difficulty": label})
+    return rows
+
+
 def _sql_of(row: dict) -> str:
     for name in ("gold_sql", "SQL", "query", "sql"):
         if isinstance(row.get(name), str):
