@@ -442,7 +442,11 @@ def test_pairs_are_made_sample_by_sample_and_on_the_chosen_metric(demo_dir, tmp_
     page = (out / "compare.html").read_text()
     assert f'"question_id": {json.dumps(first[0]["question_id"])}' in page or \
         f'"question_id":{json.dumps(first[0]["question_id"])}' in page
-    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a" / "full" / "scores.jsonl"), "--output",
-                 str(tmp_path / "cmp2"), "--html"]) == 1
+    scores = tmp_path / "a" / "full" / "scores.jsonl"  # named: its mode folder's episodes are beside it
+    assert main(["compare", str(scores), str(scores), "--output", str(tmp_path / "cmp3"), "--html"]) == 0
+    alone = tmp_path / "alone.jsonl"  # a file of scores under another name, beside no episodes of its own
+    alone.write_text(scores.read_text())
+    (tmp_path / "episodes.jsonl").write_text(episodes.read_text())  # an unrelated file beside it is not read
+    assert main(["compare", str(tmp_path / "a"), str(alone), "--output", str(tmp_path / "cmp2"), "--html"]) == 1
     assert "--html needs the episodes of each run" in capsys.readouterr().err
     assert not (tmp_path / "cmp2").exists()  # said before anything was written

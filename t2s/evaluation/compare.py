@@ -103,15 +103,15 @@ def compare_runs(run_a, run_b, metric: str = "official") -> dict:
 
 def flipped_episodes(run_a, run_b, metric: str = "official") -> list[tuple[str, dict, dict]]:
     """The questions that flipped on ``metric`` between the two runs, with both episodes (``browse.flipped``), read
-    from each run's episodes: the file named itself, or its folder's ``episodes.jsonl``. A CompareError when a run has
-    no episodes (a score folder, or a file of scores)."""
+    from each run's episodes: the file named itself, or the ``episodes.jsonl`` beside its (mode) folder's
+    ``scores.jsonl``. A CompareError when a run has no episodes (a score folder, or a file of scores)."""
     from t2s.evaluation.run_folders import RunFolderError, read_episodes
     from t2s.evaluation.browse import flipped, in_data_order
 
     lines = []
     for run in (run_a, run_b):
         file = run_file(run)
-        episodes = file if Path(run).is_file() else file.with_name(EPISODES)
+        episodes = file if Path(run).is_file() and file.name != SCORES else file.with_name(EPISODES)
         try:
             read = read_episodes(episodes) if episodes.is_file() else []
         except RunFolderError as exc:
