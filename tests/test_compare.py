@@ -10,7 +10,7 @@ from t2s.commands import main
 from t2s.evaluation.compare import compare_runs
 from t2s.scoring.metrics import mcnemar_exact
 
-REPORT_KEYS = {"n", "acc_a", "acc_b", "delta", "ci_low", "ci_high", "mcnemar_p", "only_a", "only_b"}
+REPORT_KEYS = {"n", "acc_a", "acc_b", "delta", "ci_low", "ci_high", "mcnemar_p", "only_a", "only_b", "not_scored"}
 
 
 def _scores(path, values, key="official", extra=None):

@@ -64,6 +64,13 @@ def test_the_page_data_reads_back_whatever_the_text(demo_dir, tmp_path):
     data = page_data(page)
     assert data["title"] == data["episodes"][0]["question"] == hostile
     assert data["episodes"][0]["turns"][0]["observation"] == hostile
+    import html
+    import re
+
+    named = 'runs/résultats "A" & B\u202e'  # a run's name, as the page's title and heading show it: as written
+    page = render_page({"title": named, "episodes": []})
+    shown = html.escape('runs/résultats "A" & B\\u202e')
+    assert re.search("<title>(.*)</title>", page).group(1) == shown and f'<h1 id="title">{shown}</h1>' in page
 
 
 def test_bidi_overrides_show_as_escapes_on_the_page():

@@ -427,6 +427,9 @@ def test_pairs_are_made_sample_by_sample_and_on_the_chosen_metric(demo_dir, tmp_
     capsys.readouterr()
     assert main(["show", str(pair["k2a"]), str(pair["k2b"]), "--sample", "1"]) == 0
     assert "only_a 0, only_b 0" in " ".join(capsys.readouterr().out.split())
+    named = str(first[0]["question_id"])  # named, but not flipped: said so, not an empty output
+    assert main(["show", str(pair["k2a"]), str(pair["k2b"]), "--id", named]) == 0
+    assert " ".join(capsys.readouterr().out.split()).startswith(f"{named}: not flipped between A = {pair['k2a']}")
     unscored = tmp_path / "unscored" / "episodes.jsonl"
     unscored.parent.mkdir()
     unscored.write_text("".join(json.dumps({**r, "official": None}) + "\n" for r in first))
@@ -450,3 +453,16 @@ def test_pairs_are_made_sample_by_sample_and_on_the_chosen_metric(demo_dir, tmp_
     assert main(["compare", str(tmp_path / "a"), str(alone), "--output", str(tmp_path / "cmp2"), "--html"]) == 1
     assert "--html needs the episodes of each run" in capsys.readouterr().err
     assert not (tmp_path / "cmp2").exists()  # said before anything was written
+
+
+def test_a_line_break_in_an_id_or_database_stays_in_its_row(demo_dir, tmp_path, capsys):
+    """Ids and db_ids are untrusted text: a line break in one would start a row of its own in show's list."""
+    gold_eval(demo_dir, tmp_path / "a", n="2")
+    episodes = tmp_path / "a" / "full" / "episodes.jsonl"
+    first = lines_of(episodes)
+    episodes.write_text("".join(json.dumps({**r, "question_id": f"{r['question_id']}\nfake",
+                                            "db_id": "a\nb"} if i == 0 else r) + "\n" for i, r in enumerate(first)))
+    capsys.readouterr()
+    assert main(["show", str(tmp_path / "a")]) == 0
+    rows = [row for row in table_rows(capsys.readouterr().out) if any(row)]
+    assert len(rows) == 2 and rows[0][0].startswith(f"{first[0]['question_id']} fake") and "a b" in rows[0]

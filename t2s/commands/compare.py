@@ -64,7 +64,7 @@ def run(args) -> int:
     print_table(console, table)
     if report["not_scored"]:
         console.print(f"{report['not_scored']} questions are not scored in one or both runs and were left out")
-    text = safe_json({k: v for k, v in report.items() if k != "not_scored"}, indent=2)
+    text = safe_json(report, indent=2)  # compare.json holds what compare.html holds
     print(text)
     if args.output:
         out = Path(args.output)

@@ -35,7 +35,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from t2s.ui.console import console as make_console
+    from t2s.ui.console import console as make_console, print_line
     from t2s.evaluation.browse import (check_filters, flipped, in_data_order, print_list, print_pairs, run_episodes,
                                        select)
     from t2s.evaluation.transcript import print_transcript
@@ -63,6 +63,9 @@ def run(args) -> int:
                            "them): nothing to pair")
         pairs = flipped(lines, lines_b)
         pairs = [p for p in pairs if select([p[1]], **filters) or select([p[2]], **filters)]
+        if args.id and not pairs:  # named, but the same in both runs: said, not an empty output
+            print_line(f"{', '.join(args.id)}: not flipped between A = {args.run} and B = {args.run_b} (the same "
+                       "score in both, or not scored in one); show each run alone to read it")
         if args.id or len(pairs) == 1:
             for label, line_a, line_b in pairs:
                 for name, line in (("A", line_a), ("B", line_b)):

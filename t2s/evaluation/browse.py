@@ -127,13 +127,16 @@ def _summary_row(line: dict) -> dict[str, str]:
     score = line.get("official")
     if score is None and line.get("tier") is not None:
         score = f"{line['tier']} {line.get('reward', '')}".strip()
-    question = " ".join(str(line.get("question") or "").split())
+    def one_line(value) -> str:  # a line break in any field would start a row of its own
+        return " ".join(str(value).split())
+
+    question = one_line(line.get("question") or "")
     if len(question) > QUESTION_WIDTH:
         question = question[: QUESTION_WIDTH - 1] + "…"
     counters = line.get("counters") or {}
-    return {"id": str(line.get("question_id")), "sample/step": str(line.get("sample") or line.get("step") or 0),
-            "mode": str(line.get("mode") or ""), "db": str(line.get("db_id") or ""),
-            "difficulty": str(line.get("difficulty") or ""), "question": question,
+    return {"id": one_line(line.get("question_id")), "sample/step": str(line.get("sample") or line.get("step") or 0),
+            "mode": one_line(line.get("mode") or ""), "db": one_line(line.get("db_id") or ""),
+            "difficulty": one_line(line.get("difficulty") or ""), "question": question,
             "score": "-" if score is None else str(score), "turns": str(counters.get("turns", "")),
             "final SQL": str(line.get("final_sql_source") or "")}
 

@@ -121,7 +121,9 @@ def render_page(data: dict) -> str:
     # inside <script>, "</" would end the block and "<!--" would change how it ends: both written as JSON escapes
     payload = json.dumps(data, ensure_ascii=False, default=str).replace("</", "<\\/").replace("<!--", "<\\u0021--")
     payload = _shown(payload)
-    title = json.dumps(data.get("title") or PAGE_TITLE)[1:-1].replace("<", "&lt;")
+    from t2s.ui.console import safe_text
+
+    title = html.escape(safe_text(data.get("title") or PAGE_TITLE))  # as text, its unsafe characters as escapes
     links = "; ".join(f"<code>{html.escape(name)}</code> {html.escape(what)}" for name, what in HASH_PARAMETERS)
     return (_TEMPLATE.replace("__TITLE__", title).replace("__STYLE__", _STYLE).replace("__SCRIPT__", _SCRIPT)
             .replace("__LINKS__", links).replace("__DATA__", payload))
