@@ -249,8 +249,8 @@ def test_malformed_recipe_yaml(tmp_path, capsys, text, needle):
 @pytest.mark.parametrize("record, needle", [
     ({"question_id": "1", "official": "yes"}, "'official' must be a number"),
     ({"question_id": "1", "official": [1]}, "'official' must be a number"),
-    ({"question_id": "1", "official": 1, "sample": "first"}, "'sample' must be a number"),
-    ({"question_id": "1", "official": 1, "sample": 0.5}, "'sample' must be a number"),
+    ({"question_id": "1", "official": 1, "sample": "first"}, "'sample' must be a whole number of 0 or more"),
+    ({"question_id": "1", "official": 1, "sample": 0.5}, "'sample' must be a whole number of 0 or more"),
 ])
 def test_wrong_types_in_a_compare_input(tmp_path, capsys, record, needle):
     good = tmp_path / "good.jsonl"
