@@ -25,6 +25,21 @@ class FileError(T2SError, ValueError):
 MAX_TEXT_FILE_BYTES = 4 << 20  # a system prompt or chat template is kilobytes
 
 
+def file_problem(path, what: str) -> str | None:
+    """Why ``path`` cannot be read as the file the user named (``what``: "database file", "system prompt file"), in
+    one phrase without ``Error:``, or None for a regular file. Found from the file's type, without opening it: a FIFO
+    opened plainly would wait for a writer for ever."""
+    if os.path.isfile(path):
+        return None
+    if os.path.isdir(path):
+        return f"{what} is a folder, not a file: {path}"
+    if os.path.lexists(path) and not os.path.exists(path):
+        return f"{what} is a symbolic link that leads nowhere (its target is missing, or it loops): {path}"
+    if os.path.lexists(path):
+        return f"{what} is not a regular file (a pipe or a device): {path}"
+    return f"{what} not found: {path}"
+
+
 def read_text_file(path, what: str, *, error: type[T2SError] = FileError, max_bytes: int | None = MAX_TEXT_FILE_BYTES,
                    allow_empty: bool = False) -> str:
     """The UTF-8 text of a file the user named (a byte-order mark dropped), the one reader of such files: prompts and
@@ -35,10 +50,9 @@ def read_text_file(path, what: str, *, error: type[T2SError] = FileError, max_by
 
     path = Path(path)
     try:
-        if not path.exists():
-            raise error(f"Error: {what} not found: {path}")
-        if not path.is_file():
-            raise error(f"Error: {what} is not a regular file: {path}")
+        problem = file_problem(path, what)
+        if problem:
+            raise error(f"Error: {problem}")
         if max_bytes is not None and path.stat().st_size > max_bytes:
             raise error(f"Error: {what} is larger than {max_bytes >> 20} MiB: {path}")
         text = path.read_text(encoding="utf-8-sig")

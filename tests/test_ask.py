@@ -109,8 +109,8 @@ def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
     assert not (tmp_path / "nope.sqlite").exists()
     expected = {
         "empty_db": f"Error: {tmp_path / 'empty.sqlite'} holds no tables (an empty file?): nothing to ask about",
-        "folder_db": f"Error: {tmp_path} is a folder, not a database file",
-        "fifo_db": f"Error: {tmp_path / 'pipe.sqlite'} is not a regular file (a pipe or a device), not a database file",
+        "folder_db": f"Error: database file is a folder, not a file: {tmp_path}",
+        "fifo_db": f"Error: database file is not a regular file (a pipe or a device): {tmp_path / 'pipe.sqlite'}",
         "missing_db": f"Error: database file not found: {tmp_path / 'nope.sqlite'}",
     }
     if case in expected:

@@ -90,7 +90,7 @@ def test_missing_and_invalid_files_give_clear_errors(tmp_path):
     assert scoring.error.startswith("Error: database file not found")
     os.mkfifo(tmp_path / "pipe.sqlite")  # a path that is there but no file: said so, never opened (it would block)
     piped = run_tool_query(benchmark_db(tmp_path / "pipe.sqlite"), "SELECT 1", max_rows=5)
-    assert piped.error == f"Error: database file is not a regular file: {tmp_path / 'pipe.sqlite'}"
+    assert piped.error == f"Error: database file is not a regular file (a pipe or a device): {tmp_path / 'pipe.sqlite'}"
     assert run_scoring_query(benchmark_db(tmp_path / "pipe.sqlite"), "SELECT 1", timeout=1).error == piped.error
     os.mkfifo(tmp_path / "pipe.duckdb")
     assert "database file is not a regular file" in run_tool_query(user_db(tmp_path / "pipe.duckdb"), "SELECT 1",
@@ -201,9 +201,34 @@ def test_pipes_beside_or_instead_of_a_database_are_never_opened(tmp_path):
     pipe = tmp_path / "pipe.sqlite"
     os.mkfifo(pipe)
     assert hashing.database_hash(DatabaseRef(db_id="pipe", path=str(pipe))).startswith("missing:")
-    assert gold_result(benchmark_db(pipe), "SELECT 1").error == f"Error: database file is not a regular file: {pipe}"
+    assert gold_result(benchmark_db(pipe), "SELECT 1").error == \
+        f"Error: database file is not a regular file (a pipe or a device): {pipe}"
     with pytest.raises(OSError, match="not a regular file"):
         file_checksum(pipe)
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "duckdb"])
+def test_a_folder_or_a_link_that_leads_nowhere_is_said_so_as_ask_and_every_tool_say_it(tmp_path, capsys, engine):
+    """One wording for a database path that is no file, from the tools, the scorer and ``ask`` alike: a folder, a
+    symbolic link whose target is gone, and one that loops are each named for what they are, never "not found"."""
+    from t2s.commands import main
+
+    folder = tmp_path / f"folder.{engine}"
+    folder.mkdir()
+    dangling, looping = tmp_path / f"gone.{engine}", tmp_path / f"loop.{engine}"
+    dangling.symlink_to(tmp_path / "absent")
+    looping.symlink_to(looping)
+    nowhere = "is a symbolic link that leads nowhere (its target is missing, or it loops)"
+    turns = tmp_path / "turns.jsonl"
+    turns.write_text(json.dumps('{"tool": "submit_sql", "args": {"sql": "SELECT 1"}}') + "\n")
+    for path, phrase in ((folder, "is a folder, not a file"), (dangling, nowhere), (looping, nowhere)):
+        expected = f"Error: database file {phrase}: {path}"
+        # the tools open the file the link leads to, and name it where it is missing
+        opened = f"Error: database file not found: {tmp_path / 'absent'}" if path == dangling else expected
+        assert run_tool_query(user_db(path), "SELECT 1", max_rows=5).error == opened
+        assert run_scoring_query(benchmark_db(path), "SELECT 1", timeout=1).error == opened
+        assert main(["ask", "a question", "--db", str(path), "--replay", str(turns)]) == 1
+        assert capsys.readouterr().err.strip() == expected
 
 
 def _wal_database(folder: Path, shm: bool) -> Path:

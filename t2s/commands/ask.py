@@ -74,7 +74,7 @@ def ask_row(question: str, evidence: str, db) -> dict:
 
 def run(args: argparse.Namespace) -> int:
     from t2s.env import databases
-    from t2s.errors import EvalError, UsageError
+    from t2s.errors import EvalError, UsageError, file_problem
     from t2s.evaluation.config import PolicyConfig
     from t2s.evaluation.records import result_preview
     from t2s.evaluation.transcript import print_heading
@@ -92,16 +92,14 @@ def run(args: argparse.Namespace) -> int:
         db = databases.user_db(args.db)
     else:
         path = Path(args.db).expanduser()
-        if not path.is_file():
+        problem = file_problem(path, "database file")
+        if problem:
             if "password=" in args.db:  # a key-value connection string, which --db does not take: never echo it
                 from t2s.env.databases.postgres_engine import redact
 
                 raise EvalError("Error: --db takes a database file or a postgresql:// URL, not a key-value "
                                 f"connection string ({redact(args.db)})")
-            if path.is_dir():
-                raise EvalError(f"Error: {args.db} is a folder, not a database file")
-            raise EvalError(f"Error: {args.db} is not a regular file (a pipe or a device), not a database file"
-                            if path.exists() else f"Error: database file not found: {args.db}")
+            raise EvalError(f"Error: {problem}")
         db = databases.user_db(path)
     tables = [("",)]
     try:

@@ -113,6 +113,8 @@ def _open_engine(ref: DatabaseRef, purpose: str) -> EngineConnection:
     except ImportError as exc:
         raise DatabaseOpenError(f"Error: the {ref.engine} engine needs the {exc.name} package "
                                 "(pip install -r requirements.txt)") from None
+    except FileNotFoundError as exc:  # no file at the path (DuckDB's check): said as every engine says it
+        raise DatabaseOpenError(f"Error: {exc}") from None
     except Exception as exc:  # noqa: BLE001 - whatever the driver raises: one Error: line
         where = ref.path
         if ref.engine == "postgres":

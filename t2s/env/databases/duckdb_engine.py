@@ -21,11 +21,11 @@ Layers, each tested (``tests/test_engines_sandbox.py``):
 from __future__ import annotations
 
 import json
-import os
 
 from t2s.env.databases.engine_base import Catalog, EngineConnection, fetch_capped, refused
 from t2s.env.databases.results import QueryResult
 from t2s.env.databases.sqltext import one_line_ddl
+from t2s.errors import file_problem
 
 MEMORY_LIMIT = "1GB"
 THREADS = 1  # one thread: a query without ORDER BY returns its rows in the same order every time (strict EX)
@@ -54,9 +54,9 @@ def connect(path: str):
     """A read-only DuckDB connection under the sandbox's configuration (raises what DuckDB raises)."""
     import duckdb
 
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"database file is not a regular file: {path}" if os.path.exists(path)
-                                else f"database file not found: {path}")
+    problem = file_problem(path, "database file")
+    if problem:
+        raise FileNotFoundError(problem)
     return duckdb.connect(path, read_only=True, config=dict(CONFIG))
 
 

@@ -35,6 +35,8 @@ import weakref
 from pathlib import Path
 from typing import NamedTuple
 
+from t2s.errors import file_problem
+
 
 class DatabaseRef(NamedTuple):
     """Which database a row or request means: plain, picklable, hashable; never a live handle.
@@ -161,12 +163,12 @@ def benchmark_db(path, db_id: str | None = None) -> DatabaseRef:
         return server_db(path, db_id)
     if isinstance(path, str) and os.path.isabs(path):
         return _absolute_benchmark_db(path, db_id)
-    return _absolute_benchmark_db.__wrapped__(str(Path(path).expanduser().resolve()), db_id)
+    return _absolute_benchmark_db.__wrapped__(_real_path(path), db_id)
 
 
 @functools.lru_cache(maxsize=4096)
 def _absolute_benchmark_db(path: str, db_id: str | None) -> DatabaseRef:
-    resolved = str(Path(path).resolve())
+    resolved = _real_path(path)
     name = db_id if db_id is not None else Path(resolved).stem
     if file_engine(resolved) == "duckdb":  # opened read-only; a benchmark file is taken never to change
         return DatabaseRef(db_id=name, path=resolved, immutable=True, engine="duckdb")
@@ -174,12 +176,18 @@ def _absolute_benchmark_db(path: str, db_id: str | None) -> DatabaseRef:
     return DatabaseRef(db_id=name, path=resolved, immutable=not changing)
 
 
+def _real_path(path) -> str:
+    """``path`` absolute, ``~`` expanded and links followed; a link that loops stays as it is (``Path.resolve``
+    raises RuntimeError on one), to be reported when the database is opened."""
+    return os.path.realpath(os.path.expanduser(path))
+
+
 def user_db(path) -> DatabaseRef:
     """A user's own file (``ask --db``): never ``immutable`` in rollback mode, so another program's commits show.
     A ``.duckdb`` file opens read-only in DuckDB; a ``postgresql://`` URL is a database on a server."""
     if is_dsn(path):
         return server_db(path)
-    resolved = str(Path(path).expanduser().resolve())
+    resolved = _real_path(path)
     return DatabaseRef(db_id=Path(resolved).stem, path=resolved, immutable=False, engine=file_engine(resolved))
 
 
@@ -219,9 +227,9 @@ def open_file(ref: DatabaseRef, factory: type[sqlite3.Connection]) -> sqlite3.Co
     """Open a database file read-only as a ``factory`` connection, creating nothing beside it (raises
     DatabaseOpenError; see the module's docstring for how each kind of file opens)."""
     path = ref.path
-    if not os.path.isfile(path):
-        raise DatabaseOpenError(f"Error: database file is not a regular file: {path}" if os.path.exists(path)
-                                else f"Error: database file not found: {path}")
+    problem = file_problem(path, "database file")
+    if problem:
+        raise DatabaseOpenError(f"Error: {problem}")
     problem = database_problem(ref)
     if problem:
         raise DatabaseOpenError(f"Error: {problem}")
