@@ -61,6 +61,7 @@ def test_gold_policy_scores_one_in_full_and_withheld(dataset, request, tmp_path,
         assert summary["format_deviation_rate"] == 0.0 and summary["forced_rate"] == 0.0
         assert summary["mean_turns"] > 3.0
         assert sum(block["n"] for block in summary["per_difficulty"].values()) == n_questions
+        assert list(summary["per_difficulty"]) == ["simple", "moderate", "challenging"]  # as score orders them
         assert summary["config"]["policy"] == "gold" and summary["config"]["mode"] == mode
         assert summary["config"]["comparable"] is False and summary["config"]["training_token_stream"] is False
         lines = read_lines(tmp_path / "out" / mode)

@@ -438,3 +438,21 @@ def test_a_question_the_data_repeats_is_scored_and_counted_once_as_eval_counts_i
     assert main(["eval", "--policy", "gold", "--data", str(bird_dir / "dev.json"), "--output", str(evaluated),
                  "--quiet"]) == 0
     assert json.loads((evaluated / "summary.json").read_text())["modes"]["full"]["n"] == summary["n"]
+
+
+def test_per_difficulty_comes_in_birds_order_with_averages_to_six_places_as_eval_writes_them(demo_dir, tmp_path):
+    """score's per_difficulty runs simple, moderate, challenging (as eval's does, not alphabetically), and its
+    averages are rounded to 6 places, as eval's are: the two summaries of one run's predictions read alike."""
+    records = json.loads((demo_dir / "dev.json").read_text())
+    wrong = {i for i, r in enumerate(records) if sum(x["difficulty"] == r["difficulty"] for x in records[:i]) % 3 == 0}
+    predictions = _bird_predictions(tmp_path / "p.json", records,
+                                    lambda i: "SELECT 1" if i in wrong else records[i]["SQL"])
+    summary = score_files(demo_dir / "dev.json", predictions, tmp_path / "out", progress=False)["summary"]
+    assert list(summary["per_difficulty"]) == ["simple", "moderate", "challenging"]
+    unrounded = 0
+    for name, block in [("all", summary), *summary["per_difficulty"].items()]:
+        group = [i for i, r in enumerate(records) if name in ("all", r["difficulty"])]
+        exact = sum(i not in wrong for i in group) / len(group)
+        unrounded += exact != round(exact, 6)
+        assert block["execution_accuracy_official"] == round(exact, 6), (name, block)
+    assert unrounded  # a group whose average the rounding changes (17/26, 8/12)

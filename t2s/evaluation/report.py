@@ -85,8 +85,14 @@ def stop_block(lines: list[dict]) -> dict:
             "no_turn_longest_prompt": max((int(line.get("prompt_tokens") or 0) for line in no_turn), default=0)}
 
 
-def _difficulty_key(difficulty) -> str:
-    return difficulty if difficulty else "unknown"
+def by_difficulty(lines: list[dict]) -> dict[str, list[dict]]:
+    """``lines`` grouped by their ``difficulty`` ("unknown" where it is empty), in BIRD's order (simple, moderate,
+    challenging), then any other names alphabetically: the order of ``per_difficulty`` in eval's and score's
+    summaries."""
+    groups: dict[str, list[dict]] = {}
+    for line in lines:
+        groups.setdefault(line.get("difficulty") or "unknown", []).append(line)
+    return {name: groups[name] for name in _ordered(groups)}
 
 
 def _ordered(keys) -> list[str]:
@@ -103,13 +109,11 @@ def summarise(lines: list[dict], *, config: dict, k: int = 1, vote_at_k: float |
     lines = [line for line in lines if line["official"] is not None]
     summary: dict = score_block(lines)
     summary.update(behaviour_block(lines))
-    by_difficulty: dict[str, list] = {}
     by_db: dict[str, list] = {}
     for line in lines:
-        by_difficulty.setdefault(_difficulty_key(line.get("difficulty")), []).append(line)
         by_db.setdefault(line.get("db_id") or "unknown", []).append(line)
     summary["per_difficulty"] = OrderedDict(
-        (d, {**score_block(by_difficulty[d]), **behaviour_block(by_difficulty[d])}) for d in _ordered(by_difficulty)
+        (name, {**score_block(group), **behaviour_block(group)}) for name, group in by_difficulty(lines).items()
     )
     summary["per_db"] = {db: score_block(by_db[db]) for db in sorted(by_db)}
     summary.update(stop_block(lines))

@@ -29,7 +29,6 @@ Counting rules:
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,19 +224,18 @@ def _means(lines: list[dict]) -> dict:
     scored = [line for line in lines if line["official"] is not None]
     out = {"n": len(scored), "questions": len(lines)}
     for key in METRICS:
-        out[SUMMARY_NAMES[key]] = sum(line[key] for line in scored) / len(scored) if scored else None  # no average
+        # None: no average of nothing; 6 places, as eval's summary
+        out[SUMMARY_NAMES[key]] = round(sum(line[key] for line in scored) / len(scored), 6) if scored else None
     return out
 
 
 def summarise(lines: list[dict], skipped: dict | None = None) -> dict:
     """summary.json from the scores.jsonl lines and the questions skipped (``questions.playable_rows``)."""
     from t2s.evaluation.questions import skipped_summary
+    from t2s.evaluation.report import by_difficulty
 
     summary = _means(lines)
-    by_difficulty: dict[str, list[dict]] = defaultdict(list)
-    for line in lines:
-        by_difficulty[line["difficulty"] or "unknown"].append(line)
-    summary["per_difficulty"] = {name: _means(group) for name, group in sorted(by_difficulty.items())}
+    summary["per_difficulty"] = {name: _means(group) for name, group in by_difficulty(lines).items()}
     missing = [line["question_id"] for line in lines if line["error"] == "Error: no prediction for this question"]
     missing_set = set(missing)
     gold = [line["question_id"] for line in lines if line.get("unscored") == "gold failed"]
