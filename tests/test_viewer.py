@@ -119,6 +119,12 @@ def test_compare_html_shows_the_questions_that_flipped(demo_dir, tmp_path, capsy
     assert [(e["flip"], str(e["question_id"]), e["other"]["final_sql"]) for e in data["episodes"]] == [
         ("only_a", wrong, "SELECT 1")]
     assert data["compare"]["only_a"] == 1 and "<script src" not in page and "http" not in page.split("<script")[0]
+    capsys.readouterr()
+    # the same folder again without --html: the page of the earlier comparison does not stay beside the new figures
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "a"), "--output", str(tmp_path / "cmp")]) == 0
+    assert not (tmp_path / "cmp" / "compare.html").exists()
+    assert json.loads((tmp_path / "cmp" / "compare.json").read_text())["only_a"] == 0
+    assert f"removed {tmp_path / 'cmp' / 'compare.html'}: it showed an earlier comparison" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------------------------------------------------ show

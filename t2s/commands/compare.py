@@ -75,4 +75,10 @@ def run(args) -> int:
         if args.html:
             written.append(write_html(args.run_a, args.run_b, report, pairs, out))
         console.print("wrote " + ", ".join(map(str, written)), markup=False, highlight=False)
+        stale = out / "compare.html"
+        if not args.html and stale.is_file():  # an earlier comparison's page would sit beside this one's figures
+            with writing(stale):
+                stale.unlink()
+            console.print(f"removed {stale}: it showed an earlier comparison (--html writes this one's)", markup=False,
+                          highlight=False)
     return 0
