@@ -229,6 +229,22 @@ def test_mcnemar_hand_values():
         mcnemar_exact(-1, 2)
 
 
+@pytest.mark.parametrize("b, c", [(3, 7), (50, 80), (900, 1100), (2000, 2300), (5000, 5000)])
+def test_mcnemar_past_the_exact_sums_limit_agrees_with_the_exact_sum(b, c, monkeypatch):
+    """Many discordant pairs (a large run's): the tail is summed in log space, within 1e-9 of the exact integer sum,
+    which a test of a few thousand pairs can afford (each binomial coefficient from math.comb)."""
+    from t2s.scoring import metrics
+
+    n = b + c
+    exact = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n)
+    assert mcnemar_exact(b, c) == exact  # the integer path, below the limit
+    monkeypatch.setattr(metrics, "EXACT_MCNEMAR_MAX_PAIRS", 0)
+    assert mcnemar_exact(b, c) == pytest.approx(exact, rel=1e-9)
+    monkeypatch.undo()
+    big = mcnemar_exact(490_000, 510_000)  # a million discordant pairs: the log path, a p-value far below 1e-9
+    assert 0.0 <= big < 1e-9 and mcnemar_exact(500_000, 500_000) == pytest.approx(1.0)
+
+
 def test_paired_bootstrap_is_seeded_and_covers_the_delta():
     rng = random.Random(3)
     a = [int(rng.random() < 0.5) for _ in range(300)]

@@ -152,6 +152,9 @@ def vote(candidates: Sequence) -> int | None:
     return best[0]
 
 
+EXACT_MCNEMAR_MAX_PAIRS = 20_000  # above this many discordant pairs, the tail is summed in log space
+
+
 def mcnemar_exact(b: int, c: int) -> float:
     """Exact two-sided McNemar p-value: a binomial(b + c, 1/2) test on the discordant counts ``b`` and ``c``."""
     if b < 0 or c < 0:
@@ -160,7 +163,15 @@ def mcnemar_exact(b: int, c: int) -> float:
     if n == 0:
         return 1.0
     k = min(b, c)
-    tail = sum(math.comb(n, i) for i in range(k + 1))
+    if n > EXACT_MCNEMAR_MAX_PAIRS:  # the tail's terms in log space: exact to float precision, in O(k)
+        log_terms = [math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) for i in range(k + 1)]
+        top = max(log_terms)
+        log_tail = top + math.log(math.fsum(math.exp(t - top) for t in log_terms))
+        return min(1.0, math.exp(math.log(2.0) + log_tail - n * math.log(2.0)))
+    term = tail = 1  # C(n, 0); each next binomial coefficient from the one before, in exact integers
+    for i in range(k):
+        term = term * (n - i) // (i + 1)
+        tail += term
     return min(1.0, 2 * tail / 2**n)
 
 
