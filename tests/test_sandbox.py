@@ -546,3 +546,41 @@ def test_a_virtual_table_whose_shadow_is_a_slow_view_cannot_hold_a_connection_op
     assert run_tool_query(ref, "SELECT * FROM r", max_rows=5).error  # refused, or past its deadline
     assert time.monotonic() - began < LIMITS.tool_timeout + MARGIN
     assert file_checksum(path) == before
+
+
+CTE_QUERIES = {  # real shapes, each measured at about its own length in tokens, and run
+    "plain": ("WITH n AS (SELECT a FROM t WHERE a < 3) SELECT count(*) FROM n", [(3,)]),
+    "columns_materialized": ("WITH n(k) AS MATERIALIZED (SELECT a FROM t), m AS NOT MATERIALIZED (SELECT k FROM n "
+                             "WHERE k < 2) SELECT count(*) FROM m, n WHERE m.k = n.k", [(2,)]),
+    "recursive": ("WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 50) SELECT max(i) FROM r",
+                  [(50,)]),
+    "nested": ('WITH "A" AS (SELECT a FROM t), b AS (WITH c AS (SELECT a FROM A) SELECT a FROM c UNION ALL '
+               "SELECT a FROM a) SELECT count(*) FROM b", [(400,)]),
+}
+
+
+@pytest.mark.parametrize("case", CTE_QUERIES)
+def test_real_cte_queries_are_measured_small_and_run(db, case):
+    from t2s.env.databases.sqltext import cte_expansion
+
+    sql, rows = CTE_QUERIES[case]
+    assert cte_expansion(sql, LIMITS.max_cte_expansion) < 20 * len(sql.split())
+    assert run_tool_query(benchmark_db(db), sql, max_rows=5).rows == rows
+
+
+def test_cte_expansion_counts_every_copy_of_a_chain():
+    """Each level of the chain doubles what SQLite compiles; quoted and bare names, a column list and a CTE inside
+    another's body are all followed."""
+    from t2s.bench.sandbox import cte_chain
+    from t2s.env.databases.sqltext import cte_expansion
+
+    small, deeper = cte_expansion(cte_chain(8), 10**9), cte_expansion(cte_chain(9), 10**9)
+    assert 1.9 < deeper / small < 2.1 and small > 2**8
+    assert cte_expansion(cte_chain(30), 1000) == 1001  # capped, never computed in full
+    # a body of 17 tokens past its "(": each use of its name, quoted or bare, in any case, adds 16 more; so does one
+    # inside another CTE's body, itself counted at each of its own uses
+    body = "(SELECT 1, 2, 3, 4, 5, 6, 7, 8)"
+    on_tables = cte_expansion(f'WITH x AS {body} SELECT * FROM "T", t', 10**9)
+    assert cte_expansion(f'WITH x AS {body} SELECT * FROM "X", x', 10**9) == on_tables + 2 * 16
+    nested = f"WITH x(v) AS {body}, y AS (WITH z AS (SELECT v FROM x) SELECT v FROM z) SELECT * FROM y"
+    assert cte_expansion(nested, 10**9) > cte_expansion(nested.replace("FROM x", "FROM t"), 10**9) + 3 * 16

@@ -17,6 +17,16 @@ TARGET_SECONDS = 2.0
 #: the deadline each statement runs under: far past the target, so a slow machine reports a time, not a timeout
 DEADLINE_SECONDS = 60.0
 
+def cte_chain(depth: int) -> str:
+    """Two CTEs a level, each naming both of the level below: the text grows linearly, the query SQLite compiles
+    (each reference a copy of its CTE) doubles at every level."""
+    levels = ["c0_0 AS (SELECT 1 AS x)", "c0_1 AS (SELECT 2 AS x)"]
+    for level in range(1, depth + 1):
+        below = f"SELECT x FROM c{level - 1}_0 UNION ALL SELECT x FROM c{level - 1}_1"
+        levels += [f"c{level}_0 AS ({below})", f"c{level}_1 AS ({below})"]
+    return "WITH " + ", ".join(levels) + f" SELECT count(*) FROM c{depth}_0"
+
+
 BLOWUPS = [
     "SELECT randomblob(2000000000)",
     "SELECT zeroblob(300000000)",
@@ -37,6 +47,7 @@ BLOWUPS = [
     "SELECT length(group_concat(a.y || b.y)) FROM big a, big b",
     "SELECT trim(hex(zeroblob(499999)), hex(zeroblob(250000)) || 'x')",
     "SELECT ltrim(replace(hex(zeroblob(499999)), '0', 'a'), replace(hex(zeroblob(250000)), '0', 'b') || 'a')",
+    cte_chain(21),  # 2 ** 21 copies to compile, 20 s past a 5 s deadline: none is checked while SQLite compiles
 ]
 
 
@@ -87,7 +98,8 @@ def run(*, only=None) -> int:
             if result.timed_out or (not may_succeed(sql) and not (result.error or "").startswith("Error:")):
                 wrong.append(sql)
             times.append(result.seconds)
-            table.add_row(f"{result.seconds:.3f}", ended, sql)
+            shown = sql if len(sql) <= 160 else f"{sql[:150]}... ({len(sql):,} characters)"
+            table.add_row(f"{result.seconds:.3f}", ended, shown)
     consoles.print_table(console, table)
     worst = max(times)
     for sql in wrong:

@@ -23,6 +23,9 @@ class Limits:
     amplified_max_length: int = 100_000  # ... in a statement that can build long values (rowcost)
     max_sql_length: int = 100_000  # SQLITE_LIMIT_SQL_LENGTH: longest statement, in bytes (real ones are below 2,000)
     max_like_pattern: int = 500  # SQLITE_LIMIT_LIKE_PATTERN_LENGTH: longest LIKE/GLOB pattern (real ones: below 200)
+    # tokens SQLite compiles once each CTE reference is a copy of its body (sqltext.cte_expansion); about 27 ns each
+    # on a 2-core machine, so 0.5 s of compiling, which no deadline interrupts (real statements: below 2,000)
+    max_cte_expansion: int = 20_000_000
     max_heavy_calls: int = 32  # calls to functions that build or scan long values, in one statement's program (rowcost)
     printf_max_width: int = 100_000  # largest width or precision the capped printf/format accepts
     fetch_batch: int = 2048  # rows per fetchmany when a scoring result is fetched in full

@@ -146,3 +146,73 @@ def one_line_ddl(sql: str) -> str:
             out.append(ch)
             i += 1
     return "".join(out).strip()
+
+
+_NAME_TOKENS = None  # sqlglot's token types that can name a table (set at first use: sqlglot is imported lazily)
+
+
+def cte_expansion(sql: str, cap: int) -> int:
+    """About how many tokens SQLite compiles for ``sql`` once every reference to a common table expression is
+    compiled as a copy of its body, as SQLite compiles it (capped at ``cap + 1``). A chain of CTEs that each name the
+    one before twice costs 2 ** depth copies while the text grows only linearly: 61,000 characters compiled for 48 s,
+    out of reach of the deadline, which SQLite never checks while it compiles.
+
+    Read from sqlglot's tokens (no parse, no recursion): a CTE is ``name [(columns)] AS [NOT] [MATERIALIZED] (body)``;
+    its cost is its body's tokens plus, for each name of an earlier-closing CTE in it, that CTE's cost less the name
+    itself. The statement's cost counts every such name in the whole text at its CTE's cost, which may count a name
+    twice (in a body and at its use), never less. Text sqlglot cannot read costs its length in tokens (0 when it
+    cannot be read at all: SQLite then refuses it)."""
+    global _NAME_TOKENS
+    from bisect import bisect_left, bisect_right
+
+    from sqlglot.dialects.sqlite import SQLite
+    from sqlglot.tokens import TokenType
+
+    if _NAME_TOKENS is None:
+        _NAME_TOKENS = frozenset({TokenType.VAR, TokenType.IDENTIFIER})
+    try:
+        tokens = SQLite().tokenize(sql)
+    except Exception:  # noqa: BLE001 - what sqlglot cannot read, SQLite reads or refuses on its own
+        return 0
+    if not any(t.token_type == TokenType.WITH for t in tokens):
+        return len(tokens)
+    closing, stack = {}, []  # the index of each ( and its )
+    for i, token in enumerate(tokens):
+        if token.token_type == TokenType.L_PAREN:
+            stack.append(i)
+        elif token.token_type == TokenType.R_PAREN and stack:
+            closing[stack.pop()] = i
+    definitions = []  # (end, start, name) of each CTE's body
+    for i, token in enumerate(tokens[:-2]):
+        if token.token_type not in _NAME_TOKENS:
+            continue
+        j = i + 1
+        if tokens[j].token_type == TokenType.L_PAREN:  # a column list
+            j = closing.get(j, len(tokens)) + 1
+        if j >= len(tokens) or tokens[j].token_type != TokenType.ALIAS:
+            continue
+        j += 1
+        while j < len(tokens) and tokens[j].text.lower() in ("not", "materialized"):
+            j += 1
+        if j < len(tokens) and tokens[j].token_type == TokenType.L_PAREN and j in closing:
+            definitions.append((closing[j], j, token.text.lower()))
+    names = {name for _, _, name in definitions}
+    uses: dict[str, list[int]] = {}  # where each CTE's name is used (its definition's own name included)
+    for i, token in enumerate(tokens):
+        if token.token_type in _NAME_TOKENS and token.text.lower() in names:
+            uses.setdefault(token.text.lower(), []).append(i)
+    cost: dict[str, int] = {}
+    for end, start, name in sorted(definitions):  # inner CTEs close before the bodies they sit in
+        body = end - start
+        for other, weight in cost.items():
+            places = uses[other]
+            body += (weight - 1) * (bisect_right(places, end) - bisect_left(places, start))
+            if body > cap:
+                break
+        cost[name] = min(body, cap + 1)
+    total = len(tokens)
+    for name, weight in cost.items():
+        total += (weight - 1) * len(uses[name])
+        if total > cap:
+            return cap + 1
+    return total
