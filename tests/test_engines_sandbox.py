@@ -72,6 +72,8 @@ DUCKDB_ATTACKS = WRITES + COMMON_OTHERS + [
     "SELECT * FROM QUERY_TABLE('clubs')",
     "SELECT * FROM json_execute_serialized_sql(json_serialize_sql('SELECT range(300000000)'))",
     "SELECT length(" + "regexp_replace(" * 8 + "'x'" + ", '', 'xxxxxxxxxx', 'g')" * 8 + ")",  # 17 s, 1 GB
+    # a built-in macro that calls generate_series and query_table: 9.6 s past its deadline and 7.9 GB, unrefused
+    "SELECT count(*) FROM histogram_values(clubs, club_id, bin_count := 1000000000, technique := 'equi-height')",
 ]
 POSTGRES_ATTACKS = WRITES + COMMON_OTHERS + [
     "COPY clubs TO '{tmp}/out.csv'",
@@ -174,6 +176,42 @@ def test_duckdb_attacks_change_nothing_and_create_no_file(duckdb_target, tmp_pat
     assert _listing(folder) == listing
     assert not (tmp_path / "out.csv").exists() and not (tmp_path / "export").exists()
     assert not (tmp_path / "other.duckdb").exists()
+
+
+def test_a_duckdb_files_own_views_and_macros_cannot_hide_a_denied_function(tmp_path):
+    """A user's file (``ask --db``) may define views and macros over ``range`` or ``repeat``: the statement names only
+    the view or macro, so each is refused by what its definition calls, through other views and macros as well
+    (each one ran 40 to 60 s past a 5 s deadline); views and macros that call nothing denied still run."""
+    import duckdb
+
+    path = tmp_path / "own.duckdb"
+    with duckdb.connect(str(path)) as conn:
+        conn.execute("""
+            CREATE TABLE t AS SELECT 1 AS id;
+            CREATE VIEW big AS SELECT "range"(300000000) AS r;
+            CREATE VIEW on_big AS SELECT count(*) AS n FROM big;
+            CREATE VIEW "Long" AS SELECT repeat('x', 900000000) AS r;
+            CREATE MACRO m(n) AS range(n);
+            CREATE MACRO through_m(n) AS len(m(n));
+            CREATE MACRO tm(n) AS TABLE SELECT * FROM range(n);
+            CREATE VIEW fine AS SELECT id, 'range(9)' AS text FROM t;
+            CREATE MACRO twice(n) AS n * 2;
+        """)
+    before = databases.file_checksum(path)
+    ref = databases.user_db(path)
+    refused = [("SELECT count(*) FROM big", "view big"), ("SELECT n FROM on_big", "view on_big"),
+               ('SELECT * FROM "long"', "view long"), ("SELECT len(m(300000000))", "function m()"),
+               ("SELECT through_m(300000000)", "function through_m()"), ("SELECT * FROM tm(5)", "function tm()")]
+    for sql, name in refused:
+        for result in (databases.run_tool_query(ref, sql, max_rows=5),
+                       databases.run_scoring_query(ref, sql, timeout=5)):
+            assert result.error and result.error.startswith(f"Error: not allowed in the read-only sandbox: {name}"), \
+                (sql, result)
+            assert not result.timed_out
+    fine = databases.run_tool_query(ref, "SELECT id, text, twice(id) FROM fine", max_rows=5)
+    assert fine.rows == [(1, "range(9)", 2)], fine
+    databases.close_thread_connections()
+    assert databases.file_checksum(path) == before
 
 
 def test_duckdb_caps_rows_and_bytes(duckdb_target, monkeypatch):

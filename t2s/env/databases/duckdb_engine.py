@@ -13,7 +13,9 @@ Layers, each tested (``tests/test_engines_sandbox.py``):
 * **Functions**: DuckDB's own parse of the statement (``json_serialize_sql``) must call none of
   :data:`DENIED_FUNCTIONS`, which build values as large as their arguments ask inside one call that no interrupt
   reaches (``range(1000000000)``, ``list_resize``, ``repeat``, ``lpad``, ``printf``, ``regexp_replace``...), nor any
-  that runs SQL given as a string (``query``, ``query_table``), where the calls inside would go unseen.
+  that runs SQL given as a string (``query``, ``query_table``), where the calls inside would go unseen; nor any macro
+  whose definition calls one (DuckDB's own ``histogram_values``, a file's own macros), nor read a view of the file
+  whose definition does, since the parse shows a macro or view only by its name.
 * **Deadlines**: the watchdog of :mod:`t2s.env.databases.deadlines` calls ``interrupt()`` on a statement past its
   deadline; fetching is capped in rows, cells and bytes (:func:`engine_base.fetch_capped`).
 """
@@ -78,13 +80,72 @@ def statement_refusal(sql: str) -> QueryResult | None:
     return refused(kind.replace("_", " "), write=kind in _WRITE_TYPES)
 
 
+def _names(text: str, *, calls_only: bool) -> set[str]:
+    """The lower-cased identifiers in ``text``, bare or double-quoted as DuckDB writes its definitions (``"range"(n)``),
+    only those followed by ``(`` with ``calls_only``: one linear scan. Text in single quotes is no name."""
+    found, i, end = set(), 0, len(text)
+    while i < end:
+        char = text[i]
+        if char == "'":  # a string literal ('' inside is an escaped quote: two literals read as one)
+            close = text.find("'", i + 1)
+            i = end if close < 0 else close + 1
+            continue
+        if char == '"':
+            close = text.find('"', i + 1)
+            name, i = text[i + 1:close if close >= 0 else end], end if close < 0 else close + 1
+        elif char.isalpha() or char == "_":
+            start = i
+            while i < end and (text[i].isalnum() or text[i] == "_"):
+                i += 1
+            name = text[start:i]
+        else:
+            i += 1
+            continue
+        after = i
+        while after < end and text[after].isspace():
+            after += 1
+        if not calls_only or (after < end and text[after] == "("):
+            found.add(name.lower())
+    return found
+
+
+def _reaching(definitions: list[tuple[str, str]], denied: set[str], *, calls_only: bool) -> set[str]:
+    """The names among ``definitions`` ((name, SQL) pairs) whose SQL names one in ``denied``, directly or through
+    another such definition."""
+    names = [(name.lower(), _names(sql or "", calls_only=calls_only)) for name, sql in definitions]
+    reached, grew = set(), True
+    while grew:
+        grew = False
+        for name, used in names:
+            if name not in reached and used & (denied | reached):
+                reached.add(name)
+                grew = True
+    return reached
+
+
+_BUILT_IN_MACROS: set[str] | None = None  # DuckDB's own macros that call a denied function (histogram_values)
+
+
 class DuckDBConnection(EngineConnection):
     engine = "duckdb"
 
     def __init__(self, path: str, label: str = ""):
+        global _BUILT_IN_MACROS
         self.conn = connect(path)
         self.label = label
         self._cursor = None
+        macros = self.conn.execute("SELECT function_name, macro_definition, internal FROM duckdb_functions() "
+                                   "WHERE macro_definition IS NOT NULL").fetchall()
+        if _BUILT_IN_MACROS is None:
+            _BUILT_IN_MACROS = _reaching([(n, d) for n, d, internal in macros if internal], set(DENIED_FUNCTIONS),
+                                         calls_only=True)
+        denied = DENIED_FUNCTIONS | _BUILT_IN_MACROS
+        # the file's own macros and views, which the statement's parse shows only by name
+        self.denied_functions = denied | _reaching([(n, d) for n, d, internal in macros if not internal],
+                                                   set(denied), calls_only=True)
+        views = self.conn.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()
+        calling = _reaching(views, set(self.denied_functions), calls_only=True)
+        self.denied_views = calling | _reaching(views, calling, calls_only=False)
 
     def function_refusal(self, sql: str) -> QueryResult | None:
         """None when DuckDB's parse of the SELECT calls no denied function; else the refusal."""
@@ -102,9 +163,15 @@ class DuckDBConnection(EngineConnection):
                 stack.extend(item)
             elif isinstance(item, dict):
                 name = item.get("function_name")
-                if isinstance(name, str) and name.lower() in DENIED_FUNCTIONS:
-                    why = "it runs SQL given as text" if name.lower() in RUNS_SQL else "it builds values of any size"
+                if isinstance(name, str) and name.lower() in self.denied_functions:
+                    why = ("it runs SQL given as text" if name.lower() in RUNS_SQL else "it builds values of any size"
+                           if name.lower() in DENIED_FUNCTIONS else "it calls a function that builds values of any "
+                           "size or runs SQL given as text")
                     return refused(f"function {name}() ({why})")
+                table = item.get("table_name")
+                if isinstance(table, str) and table.lower() in self.denied_views:
+                    return refused(f"view {table} (it calls a function that builds values of any size or runs SQL "
+                                   "given as text)")
                 stack.extend(value for value in item.values() if isinstance(value, (dict, list)))
         return None
 
