@@ -442,6 +442,59 @@ def test_a_model_folder_that_cannot_load_is_one_line_before_the_data_loads(tiny_
     assert code == 2 and errors == [f"Error: cannot load the model {model}: {problem}"], err  # a recipe error's code
 
 
+@pytest.mark.parametrize("verb", ["train", "sft"])
+def test_an_output_dir_that_is_the_model_folder_is_refused_before_anything_loads(tiny_model_dir, tmp_path, capsys,
+                                                                                 monkeypatch, verb):
+    """Training into the folder it starts from would write the run's model, config and tokenizer over the base model
+    (both commands did, and exited 0): refused when the recipe is read, with the folder left as it was."""
+    import shutil
+
+    from t2s.commands import main
+    from t2s.training import pipeline
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    (model / "t2s_tiny.json").unlink()  # a model of the user's: the recipes' tiny-model switch never rebuilds it
+    before = {p.name: p.read_bytes() for p in model.iterdir()}
+
+    def no_rows(*args, **kwargs):
+        raise AssertionError("the data loaded before the output folder was checked")
+
+    monkeypatch.setattr(pipeline, "load_training_rows", no_rows)
+    recipe = "recipes/smoke.yaml" if verb == "train" else "recipes/learn_real_sft.yaml"
+    for named in (model, tmp_path / "." / "model"):  # the same folder, however it is written
+        code = main([verb, "--config", str(REPO_ROOT / recipe), "--model_name_or_path", str(model), "--output_dir",
+                     str(named), "--max_steps", "1"])
+        errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("note:")]
+        assert code == 2 and errors == [f"Error: output_dir {named} is the model folder the run starts from; its "
+                                        "saves would write over that model. Choose another folder."], errors
+    assert {p.name: p.read_bytes() for p in model.iterdir()} == before
+
+
+@pytest.mark.parametrize("verb", ["train", "sft"])
+@pytest.mark.parametrize("flag, value, message", [
+    ("learning_rate", "nan", "learning_rate must be a finite number above 0, got nan"),
+    ("learning_rate", "-1", "learning_rate must be a finite number above 0, got -1.0"),
+    ("per_device_train_batch_size", "0", "per_device_train_batch_size must be a finite number above 0, got 0"),
+    ("num_train_epochs", "nan", "num_train_epochs must be a finite number above 0, got nan"),
+    ("warmup_steps", "nan", "warmup_steps must be a finite number 0 or more, got nan"),
+    ("adam_beta1", "1.5", "adam_beta1 must be a finite number in [0, 1), got 1.5"),
+    ("adam_epsilon", "nan", "adam_epsilon must be a finite number above 0, got nan"),
+    ("seed", "-1", "seed must be a finite number 0 or more, got -1"),
+])
+def test_optimizer_and_schedule_numbers_are_refused_when_the_recipe_is_read(tmp_path, capsys, verb, flag, value,
+                                                                           message):
+    """Each reached the optimizer or the scheduler (a traceback, after the model had loaded and, for sft, after the
+    trajectories had been played), or trained with a step count of nan."""
+    from t2s.commands import main
+
+    recipe = "recipes/smoke.yaml" if verb == "train" else "recipes/learn_real_sft.yaml"
+    code = main([verb, "--config", str(REPO_ROOT / recipe), f"--{flag}", value, "--output_dir", str(tmp_path / "o")])
+    errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("note:")]
+    assert code == 2 and len(errors) == 1 and errors[0].endswith(message), errors
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("line, key, value", [
     ("reward_names: dense", "reward_names", ["dense"]),  # not ['d', 'e', 'n', 's', 'e']
     ("difficulties: simple", "difficulties", ["simple"]),  # not a filter that drops every row

@@ -29,10 +29,12 @@ LIMIT_FIELDS = ("max_turns", "episode_token_budget", "max_tokens_per_turn", "min
 # other numbers that must be finite and above 0 (a 0 divides, an infinity never ends a wait or moves a controller)
 POSITIVE_FIELDS = ("learning_rate", "temperature", "target_kl", "kl_horizon", "loss_norm_constant", "beta_max",
                    "rollout_concurrency", "rollout_request_timeout", "num_iterations", "per_device_train_batch_size",
-                   "gradient_accumulation_steps", "steps_per_generation")
+                   "gradient_accumulation_steps", "steps_per_generation", "num_train_epochs", "adam_epsilon",
+                   "max_completion_length", "max_length")
 # numbers that must be finite and 0 or more (None: unset, where the field allows it)
 NON_NEGATIVE_FIELDS = ("epsilon", "epsilon_high", "max_grad_norm", "weight_decay", "fallback_reward_scale",
-                       "rollout_max_batch_size", "dataloader_num_workers")
+                       "rollout_max_batch_size", "dataloader_num_workers", "warmup_steps", "warmup_ratio", "seed")
+UNIT_INTERVAL_FIELDS = ("adam_beta1", "adam_beta2")  # numbers in [0, 1)
 KNOWN_VALUES = {"importance_sampling_level": ("token", "sequence"),  # TRL's own
                 "scale_rewards": ("group", "batch", "none", True, False)}
 LIST_SETTINGS = ("reward_names", "reward_weights", "difficulties")  # t2s's list settings a recipe may write as one item
@@ -147,16 +149,47 @@ def _unused_loss_settings(args) -> list[str]:
     return found
 
 
+def check_output_dir(output_dir: str | None, model: str | None) -> None:
+    """``train``'s and ``sft``'s output folder: not a file, not an eval's results, and not the model folder the run
+    starts from, whose weights, config and tokenizer the run's saves would replace."""
+    if not output_dir:
+        return
+    if os.path.isfile(output_dir):
+        raise ConfigError(f"Error: output_dir {output_dir} is a file, not a folder.")
+    if os.path.isdir(output_dir) and any(  # an eval's mode folders (t2s.evaluation)
+            os.path.isfile(os.path.join(entry.path, "eval_config.json")) for entry in os.scandir(output_dir)):
+        raise ConfigError(f"Error: output_dir {output_dir} holds an eval's results; choose another folder.")
+    if model and os.path.isdir(model) and os.path.realpath(output_dir) == os.path.realpath(model):
+        raise ConfigError(f"Error: output_dir {output_dir} is the model folder the run starts from; its saves would "
+                          "write over that model. Choose another folder.")
+
+
+def check_numbers(args) -> None:
+    """Every number setting of ``POSITIVE_FIELDS``, ``NON_NEGATIVE_FIELDS``, ``UNIT_INTERVAL_FIELDS`` and
+    ``LIMIT_FIELDS`` that ``args`` has is finite and in its range (``train``'s and ``sft``'s configs alike)."""
+    for name in (*LIMIT_FIELDS, *POSITIVE_FIELDS, *NON_NEGATIVE_FIELDS, *UNIT_INTERVAL_FIELDS):
+        if not hasattr(args, name):
+            continue
+        value = getattr(args, name)
+        if value is None and name not in LIMIT_FIELDS + ("learning_rate", "temperature"):
+            continue
+        if name in UNIT_INTERVAL_FIELDS:
+            low, fits = "in [0, 1)", lambda v: 0 <= v < 1
+        elif name in NON_NEGATIVE_FIELDS:
+            low, fits = "0 or more", lambda v: v >= 0
+        else:
+            low, fits = "above 0", lambda v: v > 0
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or not fits(value):
+            raise ConfigError(f"Error: {name} must be a finite number {low}, got {value!r}")
+
+
 def validate_training_config(args, reward_names=None) -> None:
     """Start-up checks that need only the config (DESIGN §8); raises :class:`ConfigError` on the first problem.
 
     The checks that need the tokenizer or model (think block, eos ids) run in the trainer.
     """
-    if args.output_dir and os.path.isfile(args.output_dir):
-        raise ConfigError(f"Error: output_dir {args.output_dir} is a file, not a folder.")
-    if args.output_dir and os.path.isdir(args.output_dir) and any(  # an eval's mode folders (t2s.evaluation)
-            os.path.isfile(os.path.join(entry.path, "eval_config.json")) for entry in os.scandir(args.output_dir)):
-        raise ConfigError(f"Error: output_dir {args.output_dir} holds an eval's results; choose another folder.")
+    check_output_dir(args.output_dir, getattr(args, "model_name_or_path", None))
     if args.rollout_backend not in ROLLOUT_BACKENDS:
         raise ConfigError(f"Error: rollout_backend {args.rollout_backend!r} is unknown; use one of "
                           f"{', '.join(ROLLOUT_BACKENDS)}.")
@@ -172,14 +205,7 @@ def validate_training_config(args, reward_names=None) -> None:
         tool_schemas.check_tool_format(args.tool_format)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    for name in (*LIMIT_FIELDS, *POSITIVE_FIELDS, *NON_NEGATIVE_FIELDS):
-        value = getattr(args, name, 1)
-        if value is None and name not in LIMIT_FIELDS + ("learning_rate", "temperature"):
-            continue
-        low = "0 or more" if name in NON_NEGATIVE_FIELDS else "above 0"
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-                or not (value >= 0 if name in NON_NEGATIVE_FIELDS else value > 0):
-            raise ConfigError(f"Error: {name} must be a finite number {low}, got {value!r}")
+    check_numbers(args)
     for name, known in KNOWN_VALUES.items():
         if getattr(args, name, known[0]) not in known:
             raise ConfigError(f"Error: {name} {getattr(args, name)!r} is unknown; use one of "
