@@ -128,15 +128,23 @@ def _symlink_loop(exc: BaseException) -> str | None:
     return None
 
 
+def _unknown_home(exc: BaseException) -> bool:
+    """pathlib's ``expanduser()`` on ``~name`` for a user this machine does not have (RuntimeError)."""
+    return type(exc) is RuntimeError and str(exc).startswith("Could not determine home directory")
+
+
 def user_facing(exc: BaseException) -> bool:
     """True for the failures :func:`error_line` reports as one line (anything else is a bug and keeps its traceback)."""
-    return isinstance(exc, (T2SError, OSError, UnicodeDecodeError)) or _yaml_error(exc) or bool(_symlink_loop(exc))
+    return isinstance(exc, (T2SError, OSError, UnicodeDecodeError)) or _yaml_error(exc) or bool(_symlink_loop(exc)) \
+        or _unknown_home(exc)
 
 
 def error_line(exc: BaseException) -> str:
     """One ``Error: ...`` line describing ``exc``, safe on a terminal (``t2s.ui.console.safe_text``)."""
     if _symlink_loop(exc):
         text = f"a path is a loop of symbolic links: {_symlink_loop(exc)}"
+    elif _unknown_home(exc):
+        text = "a path starts with ~NAME for a user this machine does not have"
     elif isinstance(exc, OSError) and not isinstance(exc, T2SError):
         text = _os_error_text(exc)
     elif isinstance(exc, UnicodeDecodeError):

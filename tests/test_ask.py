@@ -81,8 +81,8 @@ def test_ask_readable_view_and_running_out_of_turns(tmp_path, wal_db):
 
 
 @pytest.mark.parametrize("case, code", [("missing_db", 1), ("not_a_db", 1), ("empty_db", 1), ("folder_db", 1),
-                                        ("fifo_db", 1), ("missing_turns", 1), ("bad_turns", 1), ("no_policy", 2),
-                                        ("empty_question", 2)])
+                                        ("fifo_db", 1), ("missing_turns", 1), ("bad_turns", 1), ("fifo_turns", 1),
+                                        ("device_turns", 1), ("no_policy", 2), ("empty_question", 2)])
 def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
     """Bad input (a database, turns file that is missing or broken) exits 1; bad usage exits 2 (docs/evaluation.md)."""
     path, _ = wal_db
@@ -91,6 +91,7 @@ def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
     junk.write_text("not a database at all " * 100)
     (tmp_path / "empty.sqlite").write_bytes(b"")
     os.mkfifo(tmp_path / "pipe.sqlite")  # opened, it would wait for a writer for ever
+    os.mkfifo(tmp_path / "pipe.jsonl")
     args = {
         "empty_db": ["--db", tmp_path / "empty.sqlite", "--replay", good_turns],
         "folder_db": ["--db", tmp_path, "--replay", good_turns],
@@ -99,6 +100,8 @@ def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
         "not_a_db": ["--db", junk, "--replay", good_turns],
         "missing_turns": ["--db", path, "--replay", tmp_path / "absent.jsonl"],
         "bad_turns": ["--db", path, "--replay", write_turns(tmp_path / "bad.jsonl", [{"x": 1}])],
+        "fifo_turns": ["--db", path, "--replay", tmp_path / "pipe.jsonl"],  # hung for ever
+        "device_turns": ["--db", path, "--replay", "/dev/zero"],  # read until memory ran out
         "no_policy": ["--db", path],
         "empty_question": ["--db", path, "--replay", good_turns, " "],
     }[case]
@@ -112,6 +115,9 @@ def test_ask_errors_are_one_clear_line(tmp_path, wal_db, case, code):
         "folder_db": f"Error: database file is a folder, not a file: {tmp_path}",
         "fifo_db": f"Error: database file is not a regular file (a pipe or a device): {tmp_path / 'pipe.sqlite'}",
         "missing_db": f"Error: database file not found: {tmp_path / 'nope.sqlite'}",
+        "missing_turns": f"Error: turns file not found: {tmp_path / 'absent.jsonl'}",
+        "fifo_turns": f"Error: turns file is not a regular file (a pipe or a device): {tmp_path / 'pipe.jsonl'}",
+        "device_turns": "Error: turns file is not a regular file (a pipe or a device): /dev/zero",
     }
     if case in expected:
         assert out.stderr.strip() == expected[case]

@@ -225,6 +225,20 @@ def test_a_symlink_loop_is_one_line(demo_dir, tmp_path, capsys):
     assert user_facing(later) and error_line(later) == f"Error: a path is a loop of symbolic links: {loop}"
 
 
+def test_a_home_of_no_user_and_an_unreadable_server_url_are_one_line(demo_dir, tmp_path, capsys):
+    """``~NAME`` for a user the machine does not have (pathlib raises RuntimeError), wherever a path is taken, and a
+    PostgreSQL URL that cannot be read ("Invalid IPv6 URL", said without the password the URL holds)."""
+    nobody = "~t2s-no-such-user-here/db.sqlite"
+    assert main(["ask", "a question", "--db", nobody, "--replay", str(tmp_path / "t.jsonl")]) == 1
+    assert _one_error_line(capsys) == f"Error: database file not found: {nobody}"
+    assert main(["export", "--checkpoint", "~t2s-no-such-user-here/m", "--output", str(tmp_path / "x")]) == 1
+    assert _one_error_line(capsys) == "Error: a path starts with ~NAME for a user this machine does not have"
+    url = "postgresql://user:s3cret@[bad/t2s"
+    assert main(["ask", "a question", "--db", url, "--replay", str(tmp_path / "t.jsonl")]) == 1
+    line = _one_error_line(capsys)
+    assert line == "Error: the PostgreSQL URL cannot be read: Invalid IPv6 URL" and "s3cret" not in line
+
+
 BILLION_LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(  # each level 9 times the last: 9**9 values
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 9)}]\n" for i in range(8))
 WIDE_LAUGHS = "a: &a [" + ", ".join(["x"] * 30) + "]\n" + "".join(  # 30**5 values, 6 levels deep

@@ -198,6 +198,18 @@ def test_pipes_beside_or_instead_of_a_database_are_never_opened(tmp_path):
             assert run_tool_query(ref, "SELECT count(*) FROM t", max_rows=5).error == f"Error: {problem}"
         os.remove(f"{path}{side}")
     assert run_tool_query(user_db(path), "SELECT count(*) FROM t", max_rows=5).rows == [(3,)]
+    import duckdb  # DuckDB's own WAL (X.duckdb.wal) as a FIFO: DuckDB opened it and waited for ever
+
+    duck = tmp_path / "db.duckdb"
+    with duckdb.connect(str(duck)) as conn:
+        conn.execute("CREATE TABLE t AS SELECT 1 AS x")
+    os.mkfifo(f"{duck}.wal")
+    problem = f"{duck}.wal beside the database is not a regular file (a pipe or a folder?): DuckDB cannot read past it"
+    assert databases.database_problem(user_db(duck)) == problem
+    assert run_tool_query(user_db(duck), "SELECT count(*) FROM t", max_rows=5).error == f"Error: {problem}"
+    assert run_scoring_query(benchmark_db(duck), "SELECT 1", timeout=5).error == f"Error: {problem}"
+    os.remove(f"{duck}.wal")
+    assert run_tool_query(user_db(duck), "SELECT count(*) FROM t", max_rows=5).rows == [(1,)]
     pipe = tmp_path / "pipe.sqlite"
     os.mkfifo(pipe)
     assert hashing.database_hash(DatabaseRef(db_id="pipe", path=str(pipe))).startswith("missing:")

@@ -19,15 +19,18 @@ from t2s.env.native_calls import render_call
 from t2s.env.protocol import THINK_CLOSE
 
 
+MAX_TURNS_FILE_BYTES = 64 << 20  # recorded turns of many episodes; /dev/zero is no turns file
+
+
 def read_turns(path: str | Path) -> list[str]:
     """TURNS.jsonl: each non-blank line is one JSON string, the raw text of one assistant turn."""
     from t2s.data.rows import DataError, jsonl_values
+    from t2s.errors import read_text_file
 
     turns = []
+    text = read_text_file(path, "turns file", max_bytes=MAX_TURNS_FILE_BYTES, allow_empty=True)  # a FIFO: refused
     try:
-        values = list(jsonl_values(Path(path).read_text(encoding="utf-8"), path))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"Error: cannot read the turns file {path}: {exc}") from exc
+        values = list(jsonl_values(text, path))
     except DataError as exc:  # a line that is not JSON
         raise ValueError(str(exc)) from None
     for number, turn in values:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Callable
 
@@ -89,9 +90,12 @@ def run(args: argparse.Namespace) -> int:
     if len(chosen) > 1:
         raise UsageError(f"Error: ask: choose one policy, got {', '.join(chosen)}")
     if databases.is_dsn(args.db):  # a database on a PostgreSQL server
-        db = databases.user_db(args.db)
+        try:
+            db = databases.user_db(args.db)
+        except databases.DatabaseOpenError as exc:
+            raise EvalError(str(exc)) from None
     else:
-        path = Path(args.db).expanduser()
+        path = Path(os.path.expanduser(args.db))  # ~user of no user stays as written (pathlib raises)
         problem = file_problem(path, "database file")
         if problem:
             if "password=" in args.db:  # a key-value connection string, which --db does not take: never echo it

@@ -18,7 +18,7 @@ import sqlite3
 import threading
 
 from t2s.env.databases.engine_base import EngineConnection
-from t2s.env.databases.opening import DatabaseOpenError, DatabaseRef, open_file, unlocked_state
+from t2s.env.databases.opening import DatabaseOpenError, DatabaseRef, database_problem, open_file, unlocked_state
 from t2s.env.databases.payloads import _payloads
 from t2s.env.databases.sandbox import SandboxConnection, apply_sandbox
 
@@ -101,6 +101,9 @@ def _engine_connection(ref: DatabaseRef, purpose: str) -> EngineConnection:
 
 def _open_engine(ref: DatabaseRef, purpose: str) -> EngineConnection:
     label = f"{purpose}:{ref.db_id}"
+    problem = database_problem(ref)
+    if problem:
+        raise DatabaseOpenError(f"Error: {problem}")
     try:
         if ref.engine == "duckdb":
             from t2s.env.databases.duckdb_engine import DuckDBConnection

@@ -93,12 +93,19 @@ def _wal_has_frames(path: str) -> bool:
 
 
 def database_problem(ref: DatabaseRef) -> str | None:
-    """Why a database file cannot be read as a whole (without ``Error:``), or None: a hot journal next to it."""
-    if ref.path is None or ref.engine != "sqlite":
+    """Why a database file cannot be read as a whole (without ``Error:``), or None: a file beside it that is no
+    regular file (SQLite's journal or WAL, DuckDB's WAL: the engine would open a FIFO and wait for ever), or a hot
+    journal next to a SQLite file."""
+    if ref.path is None or ref.engine not in ("sqlite", "duckdb"):
         return None
-    for side in (ref.path + _JOURNAL_SUFFIX, ref.path + _WAL_SUFFIX):  # SQLite would open a FIFO and wait for ever
+    engine = "SQLite" if ref.engine == "sqlite" else "DuckDB"
+    sides = (_JOURNAL_SUFFIX, _WAL_SUFFIX) if ref.engine == "sqlite" else (".wal",)
+    for side in (ref.path + suffix for suffix in sides):
         if os.path.lexists(side) and not os.path.isfile(side):
-            return f"{side} beside the database is not a regular file (a pipe or a folder?): SQLite cannot read past it"
+            return (f"{side} beside the database is not a regular file (a pipe or a folder?): {engine} cannot read "
+                    "past it")
+    if ref.engine == "duckdb":
+        return None
     journal = _hot_journal(ref.path)
     if journal is None:
         return None
@@ -142,7 +149,10 @@ def server_db(dsn: str, db_id: str | None = None) -> DatabaseRef:
     if db_id is None:
         from urllib.parse import unquote, urlsplit
 
-        db_id = unquote(urlsplit(dsn).path.lstrip("/")) or "postgres"
+        try:
+            db_id = unquote(urlsplit(dsn).path.lstrip("/")) or "postgres"
+        except ValueError as exc:  # "Invalid IPv6 URL": said without the URL, which may hold a password
+            raise DatabaseOpenError(f"Error: the PostgreSQL URL cannot be read: {exc}") from None
     return DatabaseRef(db_id=db_id, path=dsn, immutable=False, engine="postgres")
 
 
