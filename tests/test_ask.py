@@ -146,3 +146,20 @@ def test_ask_prints_database_text_as_written(tmp_path):
     out = ask("--db", path, "--replay", turns, "Which [i]pets[/i]?")
     assert out.returncode == 0, out.stderr
     assert "[red]Rex[/red]" in out.stdout and "[b]name[/b]" in out.stdout and "Which [i]pets[/i]?" in out.stdout
+
+
+@pytest.mark.parametrize("case", ["empty", "other_schema"])
+def test_a_duckdb_file_without_tables_the_tools_show_is_one_line_as_an_empty_sqlite_file_is(tmp_path, case):
+    """ask played a whole episode on a DuckDB file whose main schema holds no table ("the database has no tables")
+    and exited 0, where an empty SQLite file is refused: both are refused, saying where the tables were looked for."""
+    import duckdb
+
+    path = tmp_path / f"{case}.duckdb"
+    with duckdb.connect(str(path)) as conn:
+        if case == "other_schema":
+            conn.execute("CREATE SCHEMA s1; CREATE TABLE s1.t AS SELECT 1 AS x")
+        else:
+            conn.execute("CREATE TABLE gone (x INT); DROP TABLE gone")
+    out = ask("--db", path, "--replay", write_turns(tmp_path / "t.jsonl", ["</think>"]), "a question")
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip() == f"Error: {path} holds no tables in its main schema: nothing to ask about"

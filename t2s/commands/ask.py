@@ -110,17 +110,20 @@ def run(args: argparse.Namespace) -> int:
         if db.engine == "sqlite":
             tables = databases.tool_connection(db).execute(
                 "SELECT name FROM sqlite_master WHERE type IN ('table', 'view') LIMIT 1").fetchall()
-        else:
+        else:  # DuckDB's main schema, PostgreSQL's public one: the tables the tools show
             from t2s.env.schema import get_schema
 
-            get_schema(db)
+            tables = get_schema(db).tables
     except Exception as exc:  # not a database, unreadable, unreachable, ...
         shown = args.db if db.engine != "postgres" else db.db_id  # a URL may hold a password
         message = str(exc).removeprefix("Error: ")
         raise EvalError(f"Error: cannot open {shown} as a {databases.ENGINE_NAMES[db.engine]} database: "
                         f"{message}") from None
     if not tables:  # SQLite opens an empty file as a database without tables: no question has an answer there
-        raise EvalError(f"Error: {args.db} holds no tables (an empty file?): nothing to ask about")
+        shown = args.db if db.engine != "postgres" else f"the PostgreSQL database {db.db_id}"
+        where = {"sqlite": " (an empty file?)", "duckdb": " in its main schema",
+                 "postgres": " in its current schema"}[db.engine]
+        raise EvalError(f"Error: {shown} holds no tables{where}: nothing to ask about")
     policy = PolicyConfig.from_options({**vars(args), "policy": chosen[0]})  # a bad system prompt file is named here
     config = policy.episode_for(args.mode)
     row = ask_row(args.question, args.evidence, db)
