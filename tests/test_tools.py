@@ -247,6 +247,30 @@ def test_empty_database(tmp_path):
     assert box.call("inspect_schema", {}).error  # not a tool of this dialect
 
 
+@pytest.mark.parametrize("engine", ["sqlite", "duckdb"])
+def test_a_name_with_a_line_break_stays_on_its_line(tmp_path, engine):
+    """A table or column named across two lines (a user's own file) is shown escaped, one name a line, so the model
+    never reads it as two tables or two keys; it is found again by the name as written."""
+    name, column = 'We"ird\nName', "ref\r\nid"
+    if engine == "sqlite":
+        path = tmp_path / "odd.sqlite"
+        with sqlite3.connect(path) as conn:
+            conn.execute("CREATE TABLE base (id INTEGER PRIMARY KEY)")
+            conn.execute(f'CREATE TABLE "We""ird\nName" ("{column}" INTEGER REFERENCES base(id))')
+        conn.close()
+    else:
+        import duckdb
+
+        path = tmp_path / "odd.duckdb"
+        with duckdb.connect(str(path)) as conn:
+            conn.execute("CREATE TABLE base (id INTEGER PRIMARY KEY)")
+            conn.execute(f'CREATE TABLE "We""ird\nName" ("{column}" INTEGER REFERENCES base(id))')
+    box = Toolbox(databases.user_db(path))
+    assert box.call("list_tables", {}).text.splitlines() == ["base", 'We"ird\\nName']
+    keys = box.call("foreign_keys", {"table_name": name})
+    assert not keys.error and keys.text.splitlines() == ['We"ird\\nName.ref\\r\\nid -> base.id'], keys.text
+
+
 def test_column_descriptions_with_bad_bytes(tmp_path):
     header = b"original_column_name,column_name,column_description,data_format,value_description\n"
     cases = [

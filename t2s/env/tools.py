@@ -48,6 +48,14 @@ class Outcome(NamedTuple):
 # Formatting
 
 
+def one_line(text: str) -> str:
+    """``text`` with its line breaks escaped (``\\n``, ``\\r``): a value or a name of the database shown on a line of
+    its own, which a break inside would make look like two."""
+    if "\n" in text or "\r" in text:
+        text = text.replace("\r", "\\r").replace("\n", "\\n")
+    return text
+
+
 def format_cell(value) -> str:
     """One cell as the model sees it: a blob by its size, line breaks escaped, long text cut with a marker."""
     kind = type(value)
@@ -59,8 +67,7 @@ def format_cell(value) -> str:
         if isinstance(value, (bytes, bytearray, memoryview)):
             return f"<blob {len(bytes(value))} bytes>"
         value = str(value)
-    if "\n" in value or "\r" in value:
-        value = value.replace("\r", "\\r").replace("\n", "\\n")
+    value = one_line(value)
     if len(value) > CELL_CHARS:
         value = value[:CELL_CHARS] + f"...[+{len(value) - CELL_CHARS} chars]"
     return value
@@ -261,7 +268,7 @@ class Toolbox:
 
     def _list_tables(self, tool, args, timeout) -> Outcome:
         tables = self.schema.tables
-        return Outcome("\n".join(tables) if tables else "(the database has no tables)")
+        return Outcome("\n".join(map(one_line, tables)) if tables else "(the database has no tables)")
 
     def _describe_table(self, tool, args, timeout) -> Outcome:
         table = self._table(args["table_name"])
@@ -291,7 +298,7 @@ class Toolbox:
         keys = self.schema.foreign_keys(table)
         if not keys:
             return Outcome(f"(no foreign keys from or to {table})")
-        return Outcome("\n".join(f"{a}.{b} -> {c}.{d}" for a, b, c, d in keys))
+        return Outcome("\n".join(one_line(f"{a}.{b} -> {c}.{d}") for a, b, c, d in keys))
 
     def _join_path(self, tool, args, timeout) -> Outcome:
         table_a, table_b = self._table(args["table_a"]), self._table(args["table_b"])
