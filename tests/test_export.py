@@ -416,3 +416,40 @@ def test_a_model_folder_the_libraries_refuse_is_one_error_line_and_no_folder(tin
     # would have left main: returning 1 is having caught it)
     assert len(err) == 1 and err[0].startswith("Error: ") and problem in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_checkpoint_without_a_chat_template_is_refused_unloaded_and_exports_with_one_given(tiny_model_dir, tmp_path,
+                                                                                               capsys, monkeypatch):
+    """A model whose tokenizer has no chat template (a base model) is refused before its weights load, leaving no
+    folder, with the advice export now takes: ``--chat-template FILE``, which the exported tokenizer then carries."""
+    import shutil
+
+    import transformers
+
+    from t2s.commands import main
+
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(tiny_model_dir, checkpoint)
+    template = (checkpoint / "chat_template.jinja").read_text()
+    (checkpoint / "chat_template.jinja").unlink()
+    config = json.loads((checkpoint / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (checkpoint / "tokenizer_config.json").write_text(json.dumps(config))
+    loading = transformers.AutoModelForCausalLM.from_pretrained
+
+    def refused_before(*args, **kwargs):
+        raise AssertionError("the weights loaded before the chat template was checked")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", refused_before)
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "o"), "--no-verify"]) == 1
+    [line] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error")]
+    assert "no chat template" in line and "--chat-template FILE" in line, line
+    assert not (tmp_path / "o").exists()
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", loading)
+    given = tmp_path / "template.jinja"
+    given.write_text(template)
+    assert main(["export", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "o"), "--no-verify",
+                 "--chat-template", str(given)]) == 0, capsys.readouterr().err
+    assert (tmp_path / "o" / "chat_template.jinja").read_text() == template
+    assert main(["export", "--from-gguf", str(given), "--output", str(tmp_path / "g"), "--chat-template",
+                 str(given)]) == 2  # a checkpoint's option: --from-gguf takes none

@@ -43,6 +43,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-shard-size", type=shard_size, default=MAX_SHARD_SIZE,
                         help="largest safetensors shard, e.g. 5GB or 500MB (default: %(default)s)")
     parser.add_argument("--recipe", default=None, help="the recipe YAML the model was trained with, for the model card")
+    parser.add_argument("--chat-template", default=None, type=non_empty_path, metavar="FILE",
+                        help="a Jinja chat template the exported tokenizer carries instead of its own (the one the "
+                        "model trained with, where its own has none: a base model)")
     parser.add_argument("--no-verify", action="store_true", help="skip reloading the export and generating")
     parser.add_argument("--force", action="store_true",
                         help="write into a non-empty output folder (--from-gguf replaces it)")
@@ -50,7 +53,7 @@ def add_arguments(parser) -> None:
 
 # The options of a checkpoint export, with the values that mean "not given"; --from-gguf takes none of them.
 CHECKPOINT_OPTIONS = {"base": None, "eval": None, "repo_id": None, "max_shard_size": MAX_SHARD_SIZE, "recipe": None,
-                      "no_verify": False}
+                      "no_verify": False, "chat_template": None}
 
 
 def check_sources(args) -> None:
@@ -92,6 +95,7 @@ def run(args) -> int:
         force=args.force,
         repo_id=args.repo_id,
         max_shard_size=args.max_shard_size,
+        chat_template=args.chat_template,
     )
     print_line(f"Exported to {out}")
     return 0

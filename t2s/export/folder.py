@@ -98,20 +98,28 @@ def base_name(checkpoint: Path, base: str | None) -> str | None:
     return recorded
 
 
+def export_base_dir(checkpoint: Path, base: str | None) -> Path | None:
+    """The base model's folder: ``--base``, else the one a LoRA adapter records (None for full weights without
+    ``--base``)."""
+    if not is_adapter(checkpoint):
+        return resolve_model_dir(base) if base else None
+    base_name_ = base_name(checkpoint, base)
+    if not base_name_:
+        raise ExportError(f"{checkpoint} is a LoRA adapter with no base model recorded; pass --base")
+    return resolve_model_dir(base_name_)
+
+
 def load_merged_model(checkpoint: Path, base: str | None):
     """The trained model with any LoRA adapter merged, in float32 for an exact merge; plus the base folder used."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    base_dir = export_base_dir(checkpoint, base)
     if not is_adapter(checkpoint):
         model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-        return model, (resolve_model_dir(base) if base else None)
+        return model, base_dir
     from peft import PeftModel
 
-    base_name_ = base_name(checkpoint, base)
-    if not base_name_:
-        raise ExportError(f"{checkpoint} is a LoRA adapter with no base model recorded; pass --base")
-    base_dir = resolve_model_dir(base_name_)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model = PeftModel.from_pretrained(model, checkpoint).merge_and_unload()
     return model, base_dir
@@ -238,8 +246,9 @@ def _is_composite(base_dir: Path | None) -> bool:
 
 # ---------------------------------------------------------------------------------------------------------- export
 def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, verify=True, force=False,
-                 repo_id=None, max_shard_size=MAX_SHARD_SIZE) -> Path:
-    """Write the export folder; returns its path."""
+                 repo_id=None, max_shard_size=MAX_SHARD_SIZE, chat_template=None) -> Path:
+    """Write the export folder; returns its path. ``chat_template``: a Jinja file the exported tokenizer carries
+    instead of its own (a base model has none)."""
     checkpoint = Path(checkpoint).expanduser().resolve()
     out = Path(output).expanduser().resolve()
     if not checkpoint.is_dir():
@@ -271,20 +280,28 @@ def export_model(checkpoint, output, *, base=None, eval_dir=None, recipe=None, v
     if eval_dir:  # fails early: no summary, or an eval of other weights (this checkpoint, or an earlier export of it)
         earlier = weights_fingerprint(out) if exported_from(out) == source else None
         check_eval_of(eval_dir, {checkpoint: source, out: earlier})
+    from t2s.env.chat_format import apply_chat_template_file, chat_format
+    from t2s.errors import FileError, first_line
+
+    try:  # the tokenizer and its chat format first: a model without a usable template is refused unloaded
+        tokenizer = load_tokenizer(checkpoint, export_base_dir(checkpoint, base))
+    except ExportError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a tokenizer (or the config it reads) the library refuses
+        raise ExportError(f"cannot load the model {checkpoint}: {first_line(exc)}") from None
+    try:
+        apply_chat_template_file(tokenizer, chat_template)
+    except FileError as exc:
+        raise ExportError(str(exc).removeprefix("Error: ")) from None
+    stop_ids = stop_token_ids(tokenizer)
+    fmt = chat_format(tokenizer)
     try:
         model, base_dir = load_merged_model(checkpoint, base)
-        tokenizer = load_tokenizer(checkpoint, base_dir)
     except ExportError:
         raise
     except Exception as exc:  # noqa: BLE001 - a folder the libraries refuse (a config at odds with its weights)
-        from t2s.errors import first_line
-
         raise ExportError(f"cannot load the model {checkpoint}: {first_line(exc)}") from None
     out.mkdir(parents=True, exist_ok=True)  # once the model has loaded: a failed export leaves no folder
-    stop_ids = stop_token_ids(tokenizer)
-    from t2s.env.chat_format import chat_format
-
-    fmt = chat_format(tokenizer)
     composite = _is_composite(base_dir)
 
     with tempfile.TemporaryDirectory() as tmp:
