@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import re
+import json
 import os
+import re
 import subprocess
 import sys
 
@@ -412,6 +413,10 @@ BROKEN_MODELS = {  # what is done to a copy of the tiny model: the one line trai
                         "no model weights: model.safetensors is missing"),
     "empty": (lambda m: [p.unlink() for p in m.iterdir() if p.is_file()],
               "it holds neither config.json nor adapter_config.json"),
+    # a field of the wrong kind: huggingface_hub's StrictDataclassError (no ValueError) was a traceback
+    "config-field-kind": (lambda m: (m / "config.json").write_text(json.dumps(
+        {**json.loads((m / "config.json").read_text()), "num_hidden_layers": "two"})),
+        "Validation error for field 'num_hidden_layers':"),
 }
 
 

@@ -140,6 +140,15 @@ def check_model_folder(model_path) -> None:
     problem = model_folder_problem(model_path)
     if problem:
         raise ConfigError(f"Error: cannot load the model {model_path}: {problem}")
+    if os.path.isfile(os.path.join(model_path, "config.json")):  # a field of the wrong kind, found by the config class
+        from transformers import AutoConfig
+
+        from t2s.errors import first_line
+
+        try:
+            AutoConfig.from_pretrained(model_path)
+        except Exception as exc:  # noqa: BLE001 - huggingface_hub's StrictDataclassError is no ValueError
+            raise ConfigError(f"Error: cannot load the model {model_path}: {first_line(exc)}") from None
 
 
 @contextlib.contextmanager
