@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 
 import pytest
@@ -50,6 +51,13 @@ def _truncate(path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
+def _edit_state(checkpoint, **changes) -> None:
+    import json
+
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    (checkpoint / "trainer_state.json").write_text(json.dumps({**state, **changes}))
+
+
 DAMAGE = {
     "no trainer_state": (lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json is missing"),
     "no weights": (lambda c: (c / "model.safetensors").unlink(), "no model weights"),
@@ -58,7 +66,12 @@ DAMAGE = {
     "cut weights": (lambda c: _truncate(c / "model.safetensors"), "model.safetensors is cut off"),
     "cut optimizer": (lambda c: _truncate(c / "optimizer.pt"), "optimizer.pt is cut off"),
     "cut trainer_state": (lambda c: _truncate(c / "trainer_state.json"), "trainer_state.json is unreadable"),
+    # a state the trainer would take up and carry on from wrongly: steps logged from -6, or a crash after a step
+    "negative step": (lambda c: _edit_state(c, global_step=-7), "trainer_state.json has a negative global_step (-7)"),
+    "log_history text": (lambda c: _edit_state(c, log_history="oops"),
+                         "trainer_state.json has a log_history that is not a list"),
 }
+
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
@@ -74,7 +87,7 @@ def test_latest_passes_over_an_incomplete_newest_checkpoint_with_one_warning(run
     assert len(warnings) == 1
     assert "checkpoint-3" in warnings[0] and "checkpoint-2" in warnings[0] and problem in warnings[0]
     # a folder named explicitly is refused with its reason instead of failing inside HF Trainer
-    with pytest.raises(ConfigError, match=f"cannot be resumed: {problem}"):
+    with pytest.raises(ConfigError, match=re.escape(f"cannot be resumed: {problem}")):
         resume_checkpoint(make_config(output, resume_from_checkpoint=str(output / "checkpoint-3")))
 
 

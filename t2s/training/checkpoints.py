@@ -192,8 +192,13 @@ def checkpoint_problem(folder: str | os.PathLike, *, model_only: bool = False) -
     state = read_trainer_state(folder)
     if state is None:
         return f"{TRAINER_STATE} is {'unreadable' if (folder / TRAINER_STATE).is_file() else 'missing'}"
-    if not isinstance(state.get("global_step"), int):
+    step = state.get("global_step")
+    if not isinstance(step, int) or isinstance(step, bool):
         return f"{TRAINER_STATE} has no global_step"
+    if step < 0:
+        return f"{TRAINER_STATE} has a negative global_step ({step})"
+    if not isinstance(state.get("log_history", []), list):  # the trainer appends each step's log to it
+        return f"{TRAINER_STATE} has a log_history that is not a list"
     subdirs = [d for d in folder.iterdir() if d.is_dir()]
     problem = _weights_problem(folder, subdirs)
     if problem is None and not model_only:
