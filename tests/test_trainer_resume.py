@@ -52,8 +52,6 @@ def _truncate(path) -> None:
 
 
 def _edit_state(checkpoint, **changes) -> None:
-    import json
-
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     (checkpoint / "trainer_state.json").write_text(json.dumps({**state, **changes}))
 
