@@ -548,9 +548,11 @@ def test_endpoint_dying_midway_keeps_finished_results(demo_dir, tmp_path, capsys
     assert len({line["question_id"] for line in lines}) == len(lines) == 10
 
 
-def test_a_refused_episode_keeps_the_episodes_in_flight(demo_dir, tmp_path, capsys):
-    """One question's second turn is refused (400, final) while three others are in flight: the run stops with one
-    Error: line, and the three episodes that finish after the refusal are kept (they were played, then dropped)."""
+def test_a_refused_request_ends_its_episode_in_an_error_and_the_run_goes_on(demo_dir, tmp_path, capsys):
+    """One question's second turn is refused (400, final) while three others are in flight: that episode ends in an
+    error (scored 0, said in one line), the others finish, and the run writes its summary (a refusal stopped the run
+    before, and each resume met it again, so that no summary was ever written). A resume plays that episode again:
+    only it, once, and the file holds each question exactly once."""
     from t2s.commands import main
 
     gold = gold_by_question(demo_dir)
@@ -571,13 +573,25 @@ def test_a_refused_episode_keeps_the_episodes_in_flight(demo_dir, tmp_path, caps
         return healthy(body)
 
     argv = ["eval", "--policy", "endpoint", "--endpoint-mode", "chat", "--data", str(demo_dir), "--n", "4", "--seed",
-            "0", "--concurrency", "4", "--retries", "0", "--output", str(tmp_path / "out"), "--quiet"]
+            "0", "--concurrency", "4", "--retries", "0", "--output", str(tmp_path / "out")]
     with ChatFake(respond) as fake:
-        assert main([*argv, "--endpoint", fake.url]) == 1
-    err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("Error:") and "400" in err
-    kept = read_lines(tmp_path / "out" / "full")
-    assert len(kept) == 3 and all(line["official"] == 1 for line in kept), [line["question"] for line in kept]
+        assert main([*argv, "--endpoint", fake.url]) == 0
+        port = fake.server.server_address[1]
+    out = capsys.readouterr().out
+    assert "1 of 4 episodes ended in an error (the server refused or garbled a request" in out, out[-2000:]
+    lines = read_lines(tmp_path / "out" / "full")
+    [failed] = [line for line in lines if line["stop_reason"] == "error"]
+    assert failed["question"] == victim[0] and "400" in failed["error"] and failed["official"] == 0
+    assert len(lines) == 4 and sum(line["official"] == 1 for line in lines) == 3
+    assert read_summary(tmp_path / "out", "full")["stop_reasons"]["error"] == 1
+    with ChatFake(healthy, port) as fake:  # the same command, the server answering: only that episode is played
+        assert main([*argv, "--endpoint", fake.url]) == 0
+        assert {question_of(body) for body in fake.requests} == {victim[0]}
+    lines = read_lines(tmp_path / "out" / "full")
+    assert len(lines) == len({line["question_id"] for line in lines}) == 4 and all(line["official"] == 1
+                                                                                   for line in lines)
+    raw = (tmp_path / "out" / "full" / "episodes.jsonl").read_text().splitlines()
+    assert len(raw) == 4 and len({json.loads(line)["question_id"] for line in raw}) == 4  # the file itself
 
 
 def test_a_chat_server_too_short_for_the_episode_budget_is_refused_at_start(demo_dir, tmp_path, capsys):

@@ -189,7 +189,10 @@ class ChatClientPool:
                     self.health.answered(index, usable=False, reason=str(exc).removeprefix("Error: "))
                 else:
                     self.health.mark_down(index, str(exc).removeprefix("Error: "))
-        raise EndpointError(f"Error: no server answered (the last: {str(last).removeprefix('Error: ')})")
+        # as the last server failed: unreachable (the run stops, to resume later) or unusable (this request alone);
+        # no server left to try at all is unreachable
+        raise EndpointError(f"Error: no server answered (the last: {str(last).removeprefix('Error: ')})",
+                            unreachable=last is None or last.unreachable, unusable=last is not None and last.unusable)
 
     def complete(self, messages, max_tokens, sampling, seed=None):
         return self._routed(lambda client: client.complete(messages, max_tokens, sampling, seed))

@@ -353,7 +353,11 @@ class Runner:
             return run_text_episode(row, config.episode_for(mode), chat_policy(self.chat_client, config.sampling,
                                                                                seed=seed), tokenizer=self.tokenizer)
         except EndpointError as exc:
-            raise EvalError(str(exc)) from None
+            if exc.unreachable:  # no server answers: the run stops, and resumes from here
+                raise EvalError(str(exc)) from None
+            # the server refused this request or answered it with nothing usable: this episode ends in an error,
+            # scored 0 and said in the summary, and the run goes on (a resume would meet the same answer)
+            return unplayed_record(row, mode, str(exc))
 
     def _play_rollout(self, jobs, mode, emit) -> None:
         from t2s.rollout.driver import Rollout

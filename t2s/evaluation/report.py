@@ -188,6 +188,11 @@ def episode_notes(summary: dict) -> list[str]:
     played = summary.get("n_episodes", 0) - summary.get("no_turn_episodes", 0)
     none_ran = [f"none of the {played} played episodes' final SQL ran (executes_rate 0): each scored 0; the error "
                 "column of scores.jsonl says why"] if played > 0 and summary.get("executes_rate") == 0 else []
+    errors = (summary.get("stop_reasons") or {}).get("error", 0)
+    if errors:  # the server refused or garbled their requests, or the environment failed: not the policy's doing
+        none_ran.insert(0, f"{errors} of {summary.get('n_episodes', 0)} episodes ended in an error (the server "
+                           "refused or garbled a request, or the environment failed): each scored 0; the error "
+                           "column of episodes.jsonl says which")
     if not summary.get("no_turn_episodes"):
         return none_ran
     from t2s.env.episode import EpisodeConfig

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 import time
 from pathlib import Path
@@ -79,7 +80,9 @@ class EpisodeLog:
         self._handle = None
 
     def load(self) -> set[tuple[str, int]]:
-        """Read earlier lines; a truncated last line (a killed run) is dropped from the file."""
+        """Read earlier lines; a truncated last line (a killed run) is dropped from the file, and so is an episode that
+        ended in an error (``stop_reason`` "error": its server refused the request, or the environment failed), to be
+        played again."""
         if not self.path.is_file():
             return set()
         data = self.path.read_bytes()
@@ -109,8 +112,14 @@ class EpisodeLog:
                     raise EvalError(f"Error: {self.path} line {len(complete)}: {problem}; move the file away to start "
                                     "over")
         kept = b"".join(raw + b"\n" for raw in complete)
+        if any(line.get("stop_reason") == "error" for line in lines):  # a refusal or a failure is no result
+            lines = [line for line in lines if line.get("stop_reason") != "error"]
+            kept = b"".join(json.dumps(line, ensure_ascii=False).encode() + b"\n" for line in lines)
         if kept != data:
-            self.path.write_bytes(kept)
+            partial = self.path.with_name(self.path.name + ".partial")
+            with writing(partial):
+                partial.write_bytes(kept)
+            os.replace(partial, self.path)  # whole or not at all: an interrupt never loses a finished episode
         unique: dict[tuple[str, int], dict] = {}
         for line in lines:
             unique[(str(line["question_id"]), int(line.get("sample", 0)))] = line
