@@ -91,3 +91,18 @@ def test_an_endpoint_that_is_not_a_server_url_is_refused_at_once(url, demo_dir, 
     assert code == 1 and capsys.readouterr().err.strip().splitlines() == [
         f"Error: --endpoint {shown!r} is not a server URL such as http://localhost:8000"]
     assert EndpointConfig(urls=("http://127.0.0.1:9", "https://host.example/v1")).urls[1] == "https://host.example/v1"
+
+
+@pytest.mark.parametrize("url", ["http://alice:s3cretTOKEN@127.0.0.1:8000", "https://s3cretTOKEN@host.example/v1"])
+def test_an_endpoint_with_a_key_in_its_url_is_refused_before_any_file_records_it(url, demo_dir, tmp_path, capsys):
+    """The URL lands in eval_config.json, summary.json, summary.md, report.html and error lines: a password in it
+    would be in all of them. Refused at once, naming --api-key, never showing what precedes the @."""
+    from t2s.commands import main
+
+    code = main(["eval", "--policy", "endpoint", "--endpoint", url, "--endpoint-mode", "chat", "--data",
+                 str(demo_dir), "--output", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 1 and "s3cretTOKEN" not in err and not (tmp_path / "out").exists()
+    [line] = err.strip().splitlines()
+    assert line.startswith("Error: --endpoint '...@") and "holds a user name or password" in line
+    assert "--api-key" in line

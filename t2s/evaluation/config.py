@@ -69,9 +69,14 @@ class EndpointConfig:
                 usable = parts.scheme in ("http", "https") and bool(parts.hostname) and parts.port != 0
             except ValueError:  # a port that is no number, a broken IPv6 address
                 usable = False
-            if not usable:  # shown without what precedes an @: a user name and token
-                shown = url if "@" not in url else "...@" + url.rsplit("@", 1)[1]
+            shown = url if "@" not in url else "...@" + url.rsplit("@", 1)[1]  # never a user name and token
+            if not usable:
                 raise EvalError(f"Error: --endpoint {shown!r} is not a server URL such as http://localhost:8000")
+            if parts.username is not None or parts.password is not None:  # it would be in eval_config.json, the
+                # summary, the report and every error line
+                raise EvalError(f"Error: --endpoint {shown!r} holds a user name or password (NAME:KEY@): every file "
+                                "the run writes records its servers' URLs; pass the key with --api-key or "
+                                "$OPENAI_API_KEY, which no file records")
 
     @property
     def url(self) -> str | None:
