@@ -238,3 +238,18 @@ def test_message_fields_of_any_type_are_read_as_text():
     assert parsed.calls[0].args == {"sql": "SELECT \ufffd"}
     json.dumps(parsed.text).encode("utf-8")  # a record of it can be written
     assert "\ud800" not in json.dumps(history, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("retries, backoff", [(5000, 0.0), (5000, 1.0), (1, 1e300), (12, 2.0)])
+def test_the_wait_before_a_retry_is_capped_whatever_the_retries_and_backoff(retries, backoff):
+    """backoff x 2^n overflowed inside tenacity (a traceback, "timestamp out of range") and grew past any useful wait
+    (--retries 12: 4096 s before the last try): every wait is at most MAX_RETRY_WAIT_S."""
+    import tenacity
+
+    from t2s.backends.http_retry import MAX_RETRY_WAIT_S, _policy
+
+    wait = _policy(retries, backoff, None)["wait"]
+    state = tenacity.RetryCallState(retry_object=None, fn=None, args=(), kwargs={})
+    for attempt in (1, 2, 13, retries, retries + 1):
+        state.attempt_number = attempt
+        assert 0 <= wait(state) <= MAX_RETRY_WAIT_S

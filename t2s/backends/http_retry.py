@@ -136,10 +136,13 @@ def _checked(response: httpx.Response) -> httpx.Response:
     return response
 
 
+MAX_RETRY_WAIT_S = 300.0  # the longest wait before a retry: backoff x 2^n grows past any useful wait (and time_t)
+
+
 def _policy(retries: int, backoff: float, on_retry: Callable[[], None] | None) -> dict:
     return dict(
         stop=tenacity.stop_after_attempt(retries + 1),
-        wait=tenacity.wait_exponential(multiplier=backoff),
+        wait=tenacity.wait_exponential(multiplier=backoff, max=MAX_RETRY_WAIT_S),
         retry=tenacity.retry_if_exception(_retried),
         before_sleep=(lambda state: on_retry()) if on_retry else None,
         reraise=True,
