@@ -887,6 +887,26 @@ def test_progress_without_a_terminal_is_plain_lines_with_the_time_left(demo_dir,
     assert re.search(r", about 0:00:\d\d left$", lines[0]) and not lines[-1].endswith("left")
 
 
+def test_the_bar_of_a_resumed_run_starts_at_every_episode_already_written(monkeypatch):
+    """On a terminal, a resumed run's bar starts at the episodes already written, a question whose gold SQL fails
+    (not scored) among them, and so ends at its total (it ended at 5/6 with one unscored episode)."""
+    import io
+
+    from rich.console import Console
+
+    from t2s.evaluation.progress import Progress
+    from t2s.ui import console as consoles
+
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=120)
+    monkeypatch.setattr(consoles, "console", lambda stderr=False: terminal)
+    done = [{"official": 1}] * 4 + [{"official": None}]
+    bar = Progress(6, done, "gold/full")
+    assert bar._progress.tasks[0].completed == 5
+    bar.advance({"official": 1})
+    assert bar._progress.tasks[0].completed == 6 == bar._progress.tasks[0].total
+    bar.close()
+
+
 def test_an_evaluation_in_this_process_frees_its_runner_though_an_import_error_kept_the_frames_that_set_it_up(
         demo_dir, tmp_path, monkeypatch):
     """vLLM, first imported while an in-process ``eval --policy vllm`` sets its runner up, keeps an import error whose

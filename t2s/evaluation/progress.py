@@ -37,7 +37,7 @@ class Progress:
             console=console(stderr=True), transient=False,
         )  # fmt: skip
         self._progress.start()
-        self._task = self._progress.add_task(label, total=total, completed=self.count, acc=self._acc())
+        self._task = self._progress.add_task(label, total=total, completed=len(done_lines), acc=self._acc())
 
     def _acc(self) -> str:
         return f"{self.correct / self.count:.3f}" if self.count else "-"
