@@ -191,7 +191,9 @@ def test_calls_per_turn_limit(db_row):
 
 
 def test_ten_thousand_objects_in_one_turn(db_row):
-    record = play(db_row, [turn(*[call("list_tables")] * 10_000), turn(call("submit_sql", sql=GOOD))])
+    # 380,000 characters: a turn that long needs a turn limit of thousands of tokens (text_policy.MAX_CHARS_PER_TOKEN)
+    record = play(db_row, [turn(*[call("list_tables")] * 10_000), turn(call("submit_sql", sql=GOOD))],
+                  max_tokens_per_turn=8192, episode_token_budget=16384)
     assert record["counters"]["calls"] == 9 and "9992 more were ignored" in record["turns"][0]["observation"]
 
 

@@ -887,6 +887,42 @@ def test_progress_without_a_terminal_is_plain_lines_with_the_time_left(demo_dir,
     assert re.search(r", about 0:00:\d\d left$", lines[0]) and not lines[-1].endswith("left")
 
 
+def test_a_server_that_ignores_max_tokens_cannot_fill_the_runs_files(demo_dir, tmp_path):
+    """A server answering 2 MB a turn, whatever max_tokens asks: each turn is cut at MAX_CHARS_PER_TOKEN characters a
+    token it may hold, and counts as a cut-off (it wrote 755 MB of episodes for 4 questions, at 20 MB a turn)."""
+    from t2s.commands import main
+    from t2s.rollout.text_policy import MAX_CHARS_PER_TOKEN
+
+    def respond(body):
+        return chat_answer('{"tool": "run_query", "args": {"sql": "SELECT ' + "x" * (2 << 20) + '"}}')
+
+    with ChatFake(respond) as fake:
+        assert main(["eval", "--policy", "endpoint", "--endpoint-mode", "chat", "--endpoint", fake.url, "--data",
+                     str(demo_dir), "--n", "2", "--max-turns", "2", "--max-tokens-per-turn", "64", "--output",
+                     str(tmp_path / "out"), "--quiet"]) == 0
+        assert all(body["max_tokens"] <= 64 for body in fake.requests)
+    lines = read_lines(tmp_path / "out" / "full")
+    turns = [turn for line in lines for turn in line["turns"]]
+    assert turns and all(len(turn["assistant"]) <= MAX_CHARS_PER_TOKEN * 64 for turn in turns)
+    assert all(line["counters"]["turn_cutoffs"] == len(line["turns"]) for line in lines)
+    assert (tmp_path / "out" / "full" / "episodes.jsonl").stat().st_size < 200_000
+
+
+def test_server_read_calls_past_the_cap_are_cut_with_their_turn():
+    """A tools endpoint's call of 1 MB of arguments (already read by the server): the turn is cut, without calls."""
+    from t2s.env.turns import ParsedTurn, ToolCall
+    from t2s.rollout.text_policy import MAX_CHARS_PER_TOKEN, TextPolicies
+
+    huge = ParsedTurn(calls=[ToolCall("run_query", {"sql": "SELECT " + "x" * (1 << 20)})], deviations=0, errors=[],
+                      text="", think_end=-1, body="")
+    small = ParsedTurn(calls=[ToolCall("list_tables", {})], deviations=0, errors=[], text="", think_end=-1, body="")
+    episode = None  # the policies here do not read it
+    cut = TextPolicies(lambda e: huge).turn(0, episode, 64)
+    assert cut.finish_reason == "length" and cut.parsed is None and len(cut.text) <= MAX_CHARS_PER_TOKEN * 64
+    kept = TextPolicies(lambda e: small).turn(0, episode, 64)
+    assert kept.finish_reason == "stop" and kept.parsed is small
+
+
 def test_the_bar_of_a_resumed_run_starts_at_every_episode_already_written(monkeypatch):
     """On a terminal, a resumed run's bar starts at the episodes already written, a question whose gold SQL fails
     (not scored) among them, and so ends at its total (it ended at 5/6 with one unscored episode)."""

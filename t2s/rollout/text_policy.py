@@ -9,7 +9,10 @@ a server keeps each turn's finish reason in ``policy.finish_reasons``; "length" 
 - with a tokenizer, the text's tokens (special tokens in the text are not parsed) closed by the template's end of turn,
   with logprob 0.0; a turn longer than the episode allows is cut to its limit and decoded again, as a model's turn
   would have been; a turn a server read is counted, never cut;
-- without one, no tokens: only the turn and tool budgets apply, and a server's cut still counts as a cut-off.
+- without one, no tokens: only the turn and tool budgets apply, and a server's cut still counts as a cut-off;
+- either way, a turn (or a server's calls) longer than ``MAX_CHARS_PER_TOKEN`` characters for each token the turn may
+  hold is cut there, without its calls, and counts as a cut-off: a server that ignores ``max_tokens`` cannot fill the
+  run's memory and files.
 
 The driver then builds the very token stream, environment tokens and ``env_mask`` a training rollout builds (the
 warm start's examples are these streams). ``play`` and ``run_text_episode`` play one episode inline, on the calling
@@ -25,6 +28,9 @@ from t2s.env import turns
 from t2s.env.episode import Episode, EpisodeConfig
 from t2s.env.record import EpisodeRecord
 from t2s.env.turns import ParsedTurn
+
+
+MAX_CHARS_PER_TOKEN = 64  # generous: a token of any real vocabulary decodes to far fewer characters
 
 
 class TextPolicies:
@@ -54,6 +60,14 @@ class TextPolicies:
         text = turns.valid_text(text) if isinstance(text, str) else ""
         server_cut = getattr(policy, "finish_reasons", [""])[-1:] == ["length"]
         reason = "length" if server_cut else "stop"
+        cap = MAX_CHARS_PER_TOKEN * max(1, max_tokens)
+        if len(text) > cap or (parsed is not None and _calls_size(parsed, cap) > cap):  # no model writes that much
+            text, parsed = text[:cap], None  # in a turn: a server ignoring max_tokens; cut as the turn limit cuts
+            if self.tokenizer is None:
+                return TurnOutput([], [], "length", None, text=text)
+            ids = list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+            ids = ids[:max_tokens]
+            return TurnOutput(ids, [0.0] * len(ids), "length", None, text=self.tokenizer.decode(ids))
         if self.tokenizer is None:
             return TurnOutput([], [], reason, None, text=text, parsed=parsed)
         ids = list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
@@ -64,6 +78,14 @@ class TextPolicies:
             ids.append(self.end_of_turn_id)
         return TurnOutput(ids, [0.0] * len(ids), reason, None if server_cut else self.end_of_turn_id, text=text,
                           parsed=parsed)
+
+
+def _calls_size(parsed: ParsedTurn, cap: int) -> int:
+    """About how many characters a server-read turn's calls hold (more than ``cap`` when they cannot be measured)."""
+    try:
+        return sum(len(str(call.args)) + len(str(call.tool)) for call in parsed.calls)
+    except (RecursionError, ValueError):  # nested past repr's reach, or an int too long to print
+        return cap + 1
 
 
 def play(episode: Episode, policy, tokenizer=None) -> Episode:
