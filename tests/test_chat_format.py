@@ -187,3 +187,30 @@ def test_a_template_without_a_generation_prompt_is_refused(tiny_tokenizer):
     with pytest.raises(ChatFormatError, match="renders no generation prompt .*--chat-template FILE"):
         chat_format(_with_template(tiny_tokenizer, no_prompt))
     assert not chat_format(_with_template(tiny_tokenizer, CHATML_NO_THINK)).thinking  # with it: read as before
+
+
+def test_a_template_that_loops_is_refused_in_seconds_and_an_outer_timer_keeps_its_time(tiny_tokenizer, monkeypatch):
+    """99,999 x 99,999 iterations hung start-up with no output (train, sft, export and eval read the format first):
+    refused after RENDER_SECONDS. A timer already running (pytest-timeout's) is left with the time it had, less the
+    time spent."""
+    import signal
+    import time
+
+    from t2s.env import chat_format as module
+
+    monkeypatch.setattr(module, "RENDER_SECONDS", 0.5)
+    looping = "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}" + CHATML_NO_THINK
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda *args: fired.append(args))
+    before = signal.setitimer(signal.ITIMER_REAL, 60.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ChatFormatError, match=r"takes more than 0\.5 s to render a plain conversation \(a loop"):
+            chat_format(_with_template(tiny_tokenizer, looping))
+        spent = time.monotonic() - started
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert spent < 10 and 60.0 - spent - 1 < remaining <= 60.0 - spent + 0.1 and not fired
+        assert chat_format(_with_template(tiny_tokenizer, CHATML_NO_THINK)).end_of_turn == "<|im_end|>"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, *before)
+        signal.signal(signal.SIGALRM, previous)

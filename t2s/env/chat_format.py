@@ -23,7 +23,9 @@ probe conversations through the tokenizer's own template once and reads each of 
   (``user_head``), and from the end of that content to the next generation prompt's end (``user_tail``).
 
 A tokenizer with no chat template (a base model) gets a clear error naming the fix: ``--chat-template FILE`` or the
-recipe key ``chat_template``, read by :func:`apply_chat_template_file`.
+recipe key ``chat_template``, read by :func:`apply_chat_template_file`. A template that fails on a probe, or takes
+more than ``RENDER_SECONDS`` to render one (a loop; timed in the main thread, where commands read it), is refused the
+same way.
 
 The folder's ``generation_config.json`` and ``config.json`` are read only when they are regular files of at most
 1 MiB and 16 MiB; anything else (a FIFO, a device, a larger file: no model's config is) is refused with a
@@ -32,11 +34,14 @@ The folder's ``generation_config.json`` and ``config.json`` are read only when t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import signal
 import stat
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,10 +153,55 @@ def _name(tokenizer) -> str:
     return str(getattr(tokenizer, "name_or_path", "") or "the model")
 
 
+RENDER_SECONDS = 10.0  # a probe conversation renders in milliseconds; a template that loops never ends
+
+
+class _RenderTimeout(BaseException):  # BaseException: no handler inside the template's code can swallow it
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float):
+    """Raise _RenderTimeout in the block after ``seconds`` (main thread only, by SIGALRM; elsewhere no limit). A timer
+    already set (pytest-timeout's) keeps its time: it fires as before when it is due first, and runs on afterwards."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+    started = time.monotonic()
+    outer_due = [False]
+
+    def on_alarm(signum, frame):
+        if outer_due[0] and callable(previous):
+            signal.signal(signal.SIGALRM, previous)
+            previous(signum, frame)
+        raise _RenderTimeout
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
+    if old_delay and old_delay < seconds:  # the outer timer is due first: it fires, as its own handler says
+        outer_due[0] = True
+        signal.setitimer(signal.ITIMER_REAL, old_delay)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if old_delay:
+            signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - started), 1e-3), old_interval)
+
+
+def _too_slow(tokenizer) -> ChatFormatError:
+    return ChatFormatError(f"Error: the chat template of {_name(tokenizer)} takes more than {RENDER_SECONDS:g} s to "
+                           "render a plain conversation (a loop?); fix it or pass --chat-template FILE")
+
+
 def _render(tokenizer, messages, *, generation: bool, thinking: bool = False, **extra) -> str:
     try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation,
-                                             enable_thinking=thinking, **extra)
+        with _time_limit(RENDER_SECONDS):
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation,
+                                                 enable_thinking=thinking, **extra)
+    except _RenderTimeout:
+        raise _too_slow(tokenizer) from None
     except Exception as exc:  # noqa: BLE001 - a template's own error, one line
         raise ChatFormatError(f"Error: the chat template of {_name(tokenizer)} fails on a plain conversation: "
                               f"{type(exc).__name__}: {exc}") from None
@@ -260,8 +310,11 @@ def _read(tokenizer) -> ChatFormat:
     system = [{"role": "system", "content": _PROBE_SYSTEM}]
     user = [{"role": "user", "content": _PROBE_USER}]
     try:
-        tokenizer.apply_chat_template(system + user, tokenize=False, add_generation_prompt=True)
+        with _time_limit(RENDER_SECONDS):
+            tokenizer.apply_chat_template(system + user, tokenize=False, add_generation_prompt=True)
         system_role = True
+    except _RenderTimeout:
+        raise _too_slow(tokenizer) from None
     except Exception:  # noqa: BLE001 - the template refuses a system message
         system_role = False
         notes.append(f"the chat template of {name} has no system role; the system prompt opens the first user message")
