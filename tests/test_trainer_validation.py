@@ -500,6 +500,25 @@ def test_optimizer_and_schedule_numbers_are_refused_when_the_recipe_is_read(tmp_
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("verb", ["train", "sft"])
+def test_a_report_to_integration_that_is_unknown_or_not_installed_is_refused_when_the_recipe_is_read(tmp_path, capsys,
+                                                                                                     verb):
+    """``report_to: wandb`` without wandb failed only once both models had loaded (a traceback)."""
+    from transformers.integrations import get_available_reporting_integrations
+
+    from t2s.commands import main
+
+    recipe = "recipes/smoke.yaml" if verb == "train" else "recipes/learn_real_sft.yaml"
+    missing = "wandb" if "wandb" not in get_available_reporting_integrations() else "clearml"
+    for value, message in ((missing, f"report_to {missing!r}: its package is not installed here"),
+                           ("nosuch", "report_to 'nosuch' is unknown; use none or one of azure_ml, ")):
+        code = main([verb, "--config", str(REPO_ROOT / recipe), "--report_to", value, "--output_dir",
+                     str(tmp_path / "o")])
+        errors = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("note:")]
+        assert code == 2 and len(errors) == 1 and message in errors[0], errors
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("line, key, value", [
     ("reward_names: dense", "reward_names", ["dense"]),  # not ['d', 'e', 'n', 's', 'e']
     ("difficulties: simple", "difficulties", ["simple"]),  # not a filter that drops every row

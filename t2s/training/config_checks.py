@@ -164,6 +164,27 @@ def check_output_dir(output_dir: str | None, model: str | None) -> None:
                           "write over that model. Choose another folder.")
 
 
+def check_report_to(args) -> None:
+    """Each ``report_to`` integration is one transformers knows and this machine has installed (``wandb`` missing
+    failed the run only once both models had loaded)."""
+    names = getattr(args, "report_to", None)
+    names = [names] if isinstance(names, str) else list(names or [])
+    names = [name for name in names if name not in ("none", "all")]
+    if not names:
+        return
+    from transformers.integrations import get_available_reporting_integrations
+    from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
+
+    available = get_available_reporting_integrations()
+    for name in names:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise ConfigError(f"Error: report_to {name!r} is unknown; use none or one of "
+                              f"{', '.join(sorted(INTEGRATION_TO_CALLBACK))}.")
+        if name not in available:
+            raise ConfigError(f"Error: report_to {name!r}: its package is not installed here (the integrations "
+                              f"installed: {', '.join(available) or 'none'}).")
+
+
 def check_numbers(args) -> None:
     """Every number setting of ``POSITIVE_FIELDS``, ``NON_NEGATIVE_FIELDS``, ``UNIT_INTERVAL_FIELDS`` and
     ``LIMIT_FIELDS`` that ``args`` has is finite and in its range (``train``'s and ``sft``'s configs alike)."""

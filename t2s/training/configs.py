@@ -309,13 +309,15 @@ def parse_with(parser, argv: list[str] | None):
     parser.error = error  # argparse would print its usage text and exit
     try:
         parsed = parser.parse_args_and_config(argv)
-        from t2s.training.config_checks import check_choices, check_kinds, check_numbers, check_output_dir
+        from t2s.training.config_checks import check_choices, check_kinds, check_numbers, check_output_dir, \
+            check_report_to
 
         for settings in parsed:  # the script arguments too, which check nothing when built
             check_kinds(settings)
             check_choices(settings)
             check_numbers(settings)  # sft's config too (train's is checked as it is built)
         config, model = parsed[1], parsed[-1]
+        check_report_to(config)
         check_output_dir(getattr(config, "output_dir", None), getattr(model, "model_name_or_path", None))
         return parsed
     except TypeError as exc:  # a library's own setting of the wrong kind, taken apart in its __post_init__
