@@ -548,6 +548,32 @@ def test_endpoint_dying_midway_keeps_finished_results(demo_dir, tmp_path, capsys
     assert len({line["question_id"] for line in lines}) == len(lines) == 10
 
 
+def test_a_run_whose_server_died_resumes_on_a_server_at_another_address(demo_dir, tmp_path, capsys):
+    """The server dies midway (every request then fails): the run stops, keeping what finished; the same model served
+    at another port finishes it (the servers' URLs were part of what a resume had to match, so a server restarted
+    elsewhere, or a pool without its dead member, could never resume the folder)."""
+    from t2s.commands import main
+
+    healthy = good_agent(gold_by_question(demo_dir))
+    answered = [0]
+
+    def dying(body):
+        answered[0] += 1
+        return healthy(body) if answered[0] <= 4 else (500, {"error": "engine died"})
+
+    argv = ["eval", "--policy", "endpoint", "--endpoint-mode", "chat", "--data", str(demo_dir), "--n", "5",
+            "--concurrency", "1", "--retries", "0", "--output", str(tmp_path / "out"), "--quiet"]
+    with ChatFake(dying) as fake:
+        assert main([*argv, "--endpoint", fake.url]) == 1
+    assert len(read_lines(tmp_path / "out" / "full")) == 2
+    capsys.readouterr()
+    with ChatFake(healthy) as elsewhere:
+        assert main([*argv, "--endpoint", elsewhere.url]) == 0, capsys.readouterr().err
+        assert len(elsewhere.requests) == 6  # the 3 questions left, 2 turns each
+    lines = read_lines(tmp_path / "out" / "full")
+    assert len(lines) == len({line["question_id"] for line in lines}) == 5
+
+
 def test_a_refused_request_ends_its_episode_in_an_error_and_the_run_goes_on(demo_dir, tmp_path, capsys):
     """One question's second turn is refused (400, final) while three others are in flight: that episode ends in an
     error (scored 0, said in one line), the others finish, and the run writes its summary (a refusal stopped the run

@@ -143,12 +143,13 @@ class EpisodeLog:
 
 def resume_config(config: dict) -> dict:
     """What a resumed run must match: the configuration less its timings, ``comparable`` and ``data`` (derived from
-    the rest).
+    the rest), and less where its servers are (``endpoint``, ``endpoints``): a server restarted on another port, or a
+    run going on without one that died, serves the same ``served_model`` under the same settings.
     A folder written before ``training_token_stream`` had that flag under the name ``comparable``."""
     config = dict(config)
     if "training_token_stream" not in config and "comparable" in config:
         config["training_token_stream"] = config["comparable"]
-    return {k: v for k, v in config.items() if k not in (*TIMING_KEYS, "comparable", "data")}
+    return {k: v for k, v in config.items() if k not in (*TIMING_KEYS, "comparable", "data", "endpoint", "endpoints")}
 
 
 def check_resume_config(folder: Path, config: dict) -> None:
