@@ -572,7 +572,7 @@ def test_cte_expansion_counts_every_copy_of_a_chain():
     """Each level of the chain doubles what SQLite compiles; quoted and bare names, a column list and a CTE inside
     another's body are all followed."""
     from t2s.bench.sandbox import cte_chain
-    from t2s.env.databases.sqltext import cte_expansion
+    from t2s.env.databases.sqltext import MAX_CTES, cte_expansion
 
     small, deeper = cte_expansion(cte_chain(8), 10**9), cte_expansion(cte_chain(9), 10**9)
     assert 1.9 < deeper / small < 2.1 and small > 2**8
@@ -582,5 +582,13 @@ def test_cte_expansion_counts_every_copy_of_a_chain():
     body = "(SELECT 1, 2, 3, 4, 5, 6, 7, 8)"
     on_tables = cte_expansion(f'WITH x AS {body} SELECT * FROM "T", t', 10**9)
     assert cte_expansion(f'WITH x AS {body} SELECT * FROM "X", x', 10**9) == on_tables + 2 * 16
+    # names sqlglot reads as keywords (SQLite as names) still count; more than MAX_CTES definitions are over the cap
+    keywords = cte_chain(22).replace("c7_0", "first").replace("c14_1", "range").replace("c21_0", "filter")
+    assert cte_expansion(keywords, 10**6) == 10**6 + 1
+    def many(count: int) -> str:
+        return "WITH " + ", ".join(f"n{i} AS (SELECT 1)" for i in range(count)) + " SELECT 1"
+
+    assert cte_expansion(many(MAX_CTES), 10**9) < 10**4 and cte_expansion(many(MAX_CTES + 1), 10**9) == 10**9 + 1
+    assert cte_expansion(cte_chain(21) + " /* an unclosed comment, which SQLite accepts", 10**9) is None
     nested = f"WITH x(v) AS {body}, y AS (WITH z AS (SELECT v FROM x) SELECT v FROM z) SELECT * FROM y"
     assert cte_expansion(nested, 10**9) > cte_expansion(nested.replace("FROM x", "FROM t"), 10**9) + 3 * 16

@@ -15,7 +15,7 @@ from t2s.env.databases.connections import connection
 from t2s.env.databases.opening import DatabaseOpenError, DatabaseRef
 from t2s.env.databases.results import QueryResult
 from t2s.env.databases.sandbox import SandboxConnection
-from t2s.env.databases.sqltext import cte_expansion, only_comments, starts_with_reindex
+from t2s.env.databases.sqltext import MAX_CTES, cte_expansion, only_comments, starts_with_reindex
 
 _WRITE_ERROR_MARKERS = (
     "attempt to write a readonly database",
@@ -87,10 +87,15 @@ def execute(
     if len(sql) > bounds.max_sql_length:
         return QueryResult(error=f"Error: the SQL is longer than {bounds.max_sql_length} characters")
     lowered = sql.lower()
-    if "with" in lowered and cte_expansion(sql, bounds.max_cte_expansion) > bounds.max_cte_expansion:
-        return QueryResult(error=f"Error: the query's CTEs expand to more than {bounds.max_cte_expansion:,} tokens "
-                                 "once each reference is compiled as a copy of its CTE (a CTE that names the one "
-                                 "before twice doubles the query): refer to them fewer times")
+    expansion = cte_expansion(sql, bounds.max_cte_expansion) if "with" in lowered else 0
+    if expansion is None:  # e.g. an unclosed comment, which SQLite accepts: its CTEs could not be bounded
+        return QueryResult(error="Error: the query cannot be read to bound its common table expressions (an unclosed "
+                                 "comment or quote?)")
+    if expansion > bounds.max_cte_expansion:
+        return QueryResult(error=f"Error: the query's common table expressions are too many (over {MAX_CTES}) or "
+                                 f"expand too far (over {bounds.max_cte_expansion:,} tokens once each reference is "
+                                 "compiled as a copy of its CTE; one that names the one before twice doubles the "
+                                 "query): refer to them fewer times")
     amplified = rowcost.names_amplifier(lowered)
     try:
         cap = rowcost.value_cap(conn, lowered) if amplified else None  # before the deadline: once per file

@@ -148,34 +148,39 @@ def one_line_ddl(sql: str) -> str:
     return "".join(out).strip()
 
 
-_NAME_TOKENS = None  # sqlglot's token types that can name a table (set at first use: sqlglot is imported lazily)
+MAX_CTES = 100  # definitions in one statement (real ones: below 20); more is refused unmeasured
 
 
-def cte_expansion(sql: str, cap: int) -> int:
+def cte_expansion(sql: str, cap: int) -> int | None:
     """About how many tokens SQLite compiles for ``sql`` once every reference to a common table expression is
-    compiled as a copy of its body, as SQLite compiles it (capped at ``cap + 1``). A chain of CTEs that each name the
-    one before twice costs 2 ** depth copies while the text grows only linearly: 61,000 characters compiled for 48 s,
-    out of reach of the deadline, which SQLite never checks while it compiles.
+    compiled as a copy of its body, as SQLite compiles it (capped at ``cap + 1``; ``cap + 1`` too for more than
+    ``MAX_CTES`` definitions). A chain of CTEs that each name the one before twice costs 2 ** depth copies while the
+    text grows only linearly: 61,000 characters compiled for 48 s, out of reach of the deadline, which SQLite never
+    checks while it compiles. None when sqlglot cannot read the text (an unclosed comment, which SQLite accepts).
 
-    Read from sqlglot's tokens (no parse, no recursion): a CTE is ``name [(columns)] AS [NOT] [MATERIALIZED] (body)``;
-    its cost is its body's tokens plus, for each name of an earlier-closing CTE in it, that CTE's cost less the name
-    itself. The statement's cost counts every such name in the whole text at its CTE's cost, which may count a name
-    twice (in a body and at its use), never less. Text sqlglot cannot read costs its length in tokens (0 when it
-    cannot be read at all: SQLite then refuses it)."""
-    global _NAME_TOKENS
+    Read from sqlglot's tokens (no parse, no recursion): a CTE is ``name [(columns)] AS [NOT] [MATERIALIZED] (body)``,
+    its name any word or quoted name (``first`` and ``range`` are keywords to sqlglot, names to SQLite); its cost is
+    its body's tokens plus, for each name in it of a CTE that closed before it, that CTE's cost less the name itself.
+    The statement's cost counts every such name in the whole text at its CTE's cost, which may count a name twice (in
+    a body and at its use), never less."""
     from bisect import bisect_left, bisect_right
 
     from sqlglot.dialects.sqlite import SQLite
     from sqlglot.tokens import TokenType
 
-    if _NAME_TOKENS is None:
-        _NAME_TOKENS = frozenset({TokenType.VAR, TokenType.IDENTIFIER})
     try:
         tokens = SQLite().tokenize(sql)
-    except Exception:  # noqa: BLE001 - what sqlglot cannot read, SQLite reads or refuses on its own
-        return 0
+    except Exception:  # noqa: BLE001 - text sqlglot cannot read: not measured
+        return None
     if not any(t.token_type == TokenType.WITH for t in tokens):
         return len(tokens)
+
+    def name_of(token) -> str | None:
+        if token.token_type == TokenType.IDENTIFIER or (token.token_type != TokenType.STRING and token.text[:1]
+                                                        and (token.text[0].isalpha() or token.text[0] == "_")):
+            return token.text.lower()
+        return None
+
     closing, stack = {}, []  # the index of each ( and its )
     for i, token in enumerate(tokens):
         if token.token_type == TokenType.L_PAREN:
@@ -184,7 +189,8 @@ def cte_expansion(sql: str, cap: int) -> int:
             closing[stack.pop()] = i
     definitions = []  # (end, start, name) of each CTE's body
     for i, token in enumerate(tokens[:-2]):
-        if token.token_type not in _NAME_TOKENS:
+        name = name_of(token)
+        if name is None:
             continue
         j = i + 1
         if tokens[j].token_type == TokenType.L_PAREN:  # a column list
@@ -195,24 +201,27 @@ def cte_expansion(sql: str, cap: int) -> int:
         while j < len(tokens) and tokens[j].text.lower() in ("not", "materialized"):
             j += 1
         if j < len(tokens) and tokens[j].token_type == TokenType.L_PAREN and j in closing:
-            definitions.append((closing[j], j, token.text.lower()))
+            definitions.append((closing[j], j, name))
+            if len(definitions) > MAX_CTES:
+                return cap + 1
     names = {name for _, _, name in definitions}
-    uses: dict[str, list[int]] = {}  # where each CTE's name is used (its definition's own name included)
+    places, named = [], []  # where a CTE's name stands (its definition's own included), and which name
     for i, token in enumerate(tokens):
-        if token.token_type in _NAME_TOKENS and token.text.lower() in names:
-            uses.setdefault(token.text.lower(), []).append(i)
+        name = name_of(token)
+        if name in names:
+            places.append(i)
+            named.append(name)
     cost: dict[str, int] = {}
     for end, start, name in sorted(definitions):  # inner CTEs close before the bodies they sit in
         body = end - start
-        for other, weight in cost.items():
-            places = uses[other]
-            body += (weight - 1) * (bisect_right(places, end) - bisect_left(places, start))
+        for k in range(bisect_left(places, start), bisect_right(places, end)):  # the names in this body only
+            body += cost.get(named[k], 1) - 1
             if body > cap:
                 break
         cost[name] = min(body, cap + 1)
     total = len(tokens)
-    for name, weight in cost.items():
-        total += (weight - 1) * len(uses[name])
+    for name in named:
+        total += cost.get(name, 1) - 1
         if total > cap:
             return cap + 1
     return total
