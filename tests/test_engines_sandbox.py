@@ -196,12 +196,16 @@ def test_a_duckdb_files_own_views_and_macros_cannot_hide_a_denied_function(tmp_p
             CREATE MACRO tm(n) AS TABLE SELECT * FROM range(n);
             CREATE VIEW fine AS SELECT id, 'range(9)' AS text FROM t;
             CREATE MACRO twice(n) AS n * 2;
+            CREATE MACRO from_big() AS TABLE SELECT * FROM big;
+            CREATE MACRO count_big() AS (SELECT count(*) FROM on_big);
         """)
     before = databases.file_checksum(path)
     ref = databases.user_db(path)
     refused = [("SELECT count(*) FROM big", "view big"), ("SELECT n FROM on_big", "view on_big"),
                ('SELECT * FROM "long"', "view long"), ("SELECT len(m(300000000))", "function m()"),
-               ("SELECT through_m(300000000)", "function through_m()"), ("SELECT * FROM tm(5)", "function tm()")]
+               ("SELECT through_m(300000000)", "function through_m()"), ("SELECT * FROM tm(5)", "function tm()"),
+               ("SELECT * FROM from_big()", "function from_big()"), ("SELECT count_big()", "function count_big()"),
+               ("SELECT * FROM histogram(t, id, bin_count := 1000000000)", "function histogram()")]
     for sql, name in refused:
         for result in (databases.run_tool_query(ref, sql, max_rows=5),
                        databases.run_scoring_query(ref, sql, timeout=5)):
@@ -210,6 +214,8 @@ def test_a_duckdb_files_own_views_and_macros_cannot_hide_a_denied_function(tmp_p
             assert not result.timed_out
     fine = databases.run_tool_query(ref, "SELECT id, text, twice(id) FROM fine", max_rows=5)
     assert fine.rows == [(1, "range(9)", 2)], fine
+    # DuckDB's histogram aggregate shares its name with a table macro over histogram_values: the aggregate runs
+    assert databases.run_tool_query(ref, "SELECT histogram(id) FROM t", max_rows=5).rows == [('{"1": 1}',)]
     databases.close_thread_connections()
     assert databases.file_checksum(path) == before
 

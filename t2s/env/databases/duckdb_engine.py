@@ -109,43 +109,48 @@ def _names(text: str, *, calls_only: bool) -> set[str]:
     return found
 
 
-def _reaching(definitions: list[tuple[str, str]], denied: set[str], *, calls_only: bool) -> set[str]:
-    """The names among ``definitions`` ((name, SQL) pairs) whose SQL names one in ``denied``, directly or through
-    another such definition."""
-    names = [(name.lower(), _names(sql or "", calls_only=calls_only)) for name, sql in definitions]
-    reached, grew = set(), True
+def _denied_definitions(definitions: list[tuple[str, str, str]], functions: set[str], views: set[str]
+                        ) -> tuple[set[str], set[str], set[str]]:
+    """Which of ``definitions`` ((kind, name, SQL): kind "macro", "table_macro" or "view") call a function of
+    ``functions`` or read a view of ``views``, directly or through one another: (scalar macros, table macros,
+    views), the given sets included, found together until nothing more is."""
+    read = [(kind, name.lower(), _names(sql or "", calls_only=True), _names(sql or "", calls_only=False))
+            for kind, name, sql in definitions]
+    scalars, tables, views = set(functions), set(functions), set(views)
+    grew = True
     while grew:
         grew = False
-        for name, used in names:
-            if name not in reached and used & (denied | reached):
-                reached.add(name)
+        for kind, name, calls, words in read:
+            found = {"macro": scalars, "table_macro": tables, "view": views}[kind]
+            if name not in found and (calls & (scalars | tables) or words & views):
+                found.add(name)
                 grew = True
-    return reached
+    return scalars, tables, views
 
 
-_BUILT_IN_MACROS: set[str] | None = None  # DuckDB's own macros that call a denied function (histogram_values)
+_BUILT_IN: tuple[set[str], set[str]] | None = None  # DuckDB's own macros that call a denied function (scalar, table)
 
 
 class DuckDBConnection(EngineConnection):
     engine = "duckdb"
 
     def __init__(self, path: str, label: str = ""):
-        global _BUILT_IN_MACROS
+        global _BUILT_IN
         self.conn = connect(path)
         self.label = label
         self._cursor = None
-        macros = self.conn.execute("SELECT function_name, macro_definition, internal FROM duckdb_functions() "
-                                   "WHERE macro_definition IS NOT NULL").fetchall()
-        if _BUILT_IN_MACROS is None:
-            _BUILT_IN_MACROS = _reaching([(n, d) for n, d, internal in macros if internal], set(DENIED_FUNCTIONS),
-                                         calls_only=True)
-        denied = DENIED_FUNCTIONS | _BUILT_IN_MACROS
+        macros = self.conn.execute("SELECT function_type, function_name, macro_definition, internal FROM "
+                                   "duckdb_functions() WHERE macro_definition IS NOT NULL").fetchall()
+        if _BUILT_IN is None:  # histogram_values, and histogram's table form (its aggregate form is harmless)
+            _BUILT_IN = _denied_definitions([(k, n, d) for k, n, d, internal in macros if internal],
+                                            set(DENIED_FUNCTIONS), set())[:2]
         # the file's own macros and views, which the statement's parse shows only by name
-        self.denied_functions = denied | _reaching([(n, d) for n, d, internal in macros if not internal],
-                                                   set(denied), calls_only=True)
-        views = self.conn.execute("SELECT view_name, sql FROM duckdb_views() WHERE NOT internal").fetchall()
-        calling = _reaching(views, set(self.denied_functions), calls_only=True)
-        self.denied_views = calling | _reaching(views, calling, calls_only=False)
+        own = [(k, n, d) for k, n, d, internal in macros if not internal]
+        own += [("view", n, d) for n, d in self.conn.execute("SELECT view_name, sql FROM duckdb_views() "
+                                                             "WHERE NOT internal").fetchall()]
+        scalars, tables, self.denied_views = _denied_definitions(own, set(DENIED_FUNCTIONS), set())
+        self.denied_scalars = scalars | _BUILT_IN[0]
+        self.denied_tables = tables | _BUILT_IN[1] | self.denied_scalars
 
     def function_refusal(self, sql: str) -> QueryResult | None:
         """None when DuckDB's parse of the SELECT calls no denied function; else the refusal."""
@@ -156,14 +161,14 @@ class DuckDBConnection(EngineConnection):
             cursor.close()
         if tree.get("error"):
             return QueryResult(error="Error: " + str(tree.get("error_message") or "the query cannot be read"))
-        stack = [tree]
+        stack = [(tree, False)]  # (a part of the parse, whether it is a table function's call)
         while stack:
-            item = stack.pop()
+            item, as_table = stack.pop()
             if isinstance(item, list):
-                stack.extend(item)
+                stack.extend((value, False) for value in item)
             elif isinstance(item, dict):
                 name = item.get("function_name")
-                if isinstance(name, str) and name.lower() in self.denied_functions:
+                if isinstance(name, str) and name.lower() in (self.denied_tables if as_table else self.denied_scalars):
                     why = ("it runs SQL given as text" if name.lower() in RUNS_SQL else "it builds values of any size"
                            if name.lower() in DENIED_FUNCTIONS else "it calls a function that builds values of any "
                            "size or runs SQL given as text")
@@ -172,7 +177,9 @@ class DuckDBConnection(EngineConnection):
                 if isinstance(table, str) and table.lower() in self.denied_views:
                     return refused(f"view {table} (it calls a function that builds values of any size or runs SQL "
                                    "given as text)")
-                stack.extend(value for value in item.values() if isinstance(value, (dict, list)))
+                table_call = item.get("type") == "TABLE_FUNCTION"
+                stack.extend((value, table_call and key == "function") for key, value in item.items()
+                             if isinstance(value, (dict, list)))
         return None
 
     def run(self, sql, timeout, max_rows, max_cells, max_bytes) -> QueryResult:
