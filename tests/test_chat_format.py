@@ -211,6 +211,16 @@ def test_a_template_that_loops_is_refused_in_seconds_and_an_outer_timer_keeps_it
         remaining, _ = signal.getitimer(signal.ITIMER_REAL)
         assert spent < 10 and 60.0 - spent - 1 < remaining <= 60.0 - spent + 0.1 and not fired
         assert chat_format(_with_template(tiny_tokenizer, CHATML_NO_THINK)).end_of_turn == "<|im_end|>"
+        # an outer timer due first fires once, its handler runs, and the render goes on under the time it has left
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        monkeypatch.setattr(module, "RENDER_SECONDS", 5.0)
+        # a slow, finite template: about 0.2 s a render here, well inside RENDER_SECONDS
+        slow = "{% for i in range(3000) %}{% for j in range(1000) %}{% endfor %}{% endfor %}" + CHATML_NO_THINK
+        started = time.monotonic()
+        assert chat_format(_with_template(tiny_tokenizer, slow)).end_of_turn == "<|im_end|>"
+        time.sleep(0.3)  # had the outer timer been set again, it would fire here a second time
+        assert time.monotonic() - started > 0.2  # the render ran past the outer timer, which fired once only
+        assert len(fired) == 1 and signal.getitimer(signal.ITIMER_REAL)[0] == 0
     finally:
         signal.setitimer(signal.ITIMER_REAL, *before)
         signal.signal(signal.SIGALRM, previous)

@@ -163,31 +163,39 @@ class _RenderTimeout(BaseException):  # BaseException: no handler inside the tem
 @contextlib.contextmanager
 def _time_limit(seconds: float):
     """Raise _RenderTimeout in the block after ``seconds`` (main thread only, by SIGALRM; elsewhere no limit). A timer
-    already set (pytest-timeout's) keeps its time: it fires as before when it is due first, and runs on afterwards."""
+    already set (pytest-timeout's) keeps its time: due first, it fires then (its handler runs, and the block goes on
+    under the time it has left); due later, it is set again afterwards with what remains of it."""
     if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
         yield
         return
     started = time.monotonic()
-    outer_due = [False]
+    outer = {"due_first": False, "fired": False}
 
     def on_alarm(signum, frame):
-        if outer_due[0] and callable(previous):
-            signal.signal(signal.SIGALRM, previous)
-            previous(signum, frame)
+        if outer["due_first"]:
+            outer["due_first"], outer["fired"] = False, True
+            if callable(previous):
+                previous(signum, frame)  # may raise: it ends the block as it would have
+            left = seconds - (time.monotonic() - started)
+            if left > 0:
+                signal.setitimer(signal.ITIMER_REAL, left)
+                return
         raise _RenderTimeout
 
     previous = signal.signal(signal.SIGALRM, on_alarm)
     old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, seconds)
-    if old_delay and old_delay < seconds:  # the outer timer is due first: it fires, as its own handler says
-        outer_due[0] = True
+    if old_delay and old_delay < seconds:  # the outer timer is due first
+        outer["due_first"] = True
         signal.setitimer(signal.ITIMER_REAL, old_delay)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        if old_delay:
+        if old_delay and not outer["fired"]:
             signal.setitimer(signal.ITIMER_REAL, max(old_delay - (time.monotonic() - started), 1e-3), old_interval)
+        elif outer["fired"] and old_interval:  # a repeating outer timer goes on repeating
+            signal.setitimer(signal.ITIMER_REAL, old_interval, old_interval)
 
 
 def _too_slow(tokenizer) -> ChatFormatError:
