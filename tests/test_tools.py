@@ -269,6 +269,8 @@ def test_a_name_with_a_line_break_stays_on_its_line(tmp_path, engine):
     assert box.call("list_tables", {}).text.splitlines() == ["base", 'We"ird\\nName']
     keys = box.call("foreign_keys", {"table_name": name})
     assert not keys.error and keys.text.splitlines() == ['We"ird\\nName.ref\\r\\nid -> base.id'], keys.text
+    path = box.call("join_path", {"table_a": name, "table_b": "base"})
+    assert not path.error and len(path.text.splitlines()) == 1 and "\\n" in path.text, path.text
 
 
 def test_column_descriptions_with_bad_bytes(tmp_path):

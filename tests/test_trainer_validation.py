@@ -632,3 +632,23 @@ def test_a_pass_rate_file_of_another_shape_is_one_error_line(tmp_path, content):
         pass_rate_ids(fifo)
     kept.write_text('[{"question_id": 7}, {"question_id": "a"}]')
     assert pass_rate_ids(kept) == {"7", "a"}
+
+
+def test_a_model_with_custom_code_is_left_to_the_loader(tiny_model_dir, tmp_path):
+    """A config.json with an ``auto_map`` runs the folder's own code when read: the start-up check leaves it to the
+    loader, which runs it only with ``trust_remote_code`` (it was refused, "contains custom code", whatever the
+    recipe said), while a field of the wrong kind in an ordinary config is still found."""
+    import shutil
+
+    from t2s.errors import ConfigError
+    from t2s.training.checkpoints import check_model_folder
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "model_type": "t2s_custom",
+                                                   "auto_map": {"AutoConfig": "custom.CustomConfig"}}))
+    check_model_folder(model)
+    (model / "config.json").write_text(json.dumps({**config, "num_hidden_layers": "two"}))
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        check_model_folder(model)

@@ -291,7 +291,8 @@ class Toolbox:
                 except Exception:
                     self._descriptions = {}
         notes = self._descriptions.get(table.lower(), {})
-        return "\n".join(f"-- {col}: {' '.join(str(text).split())}" for col, text in notes.items() if text)  # one line
+        return "\n".join(f"-- {one_line(col)}: {' '.join(str(text).split())}" for col, text in notes.items()
+                         if text)  # one line each
 
     def _foreign_keys(self, tool, args, timeout) -> Outcome:
         table = self._table(args["table_name"])
@@ -307,7 +308,7 @@ class Toolbox:
             return Outcome(f"no foreign-key path between {table_a} and {table_b}")
         if not path:
             return Outcome(f"{table_a} and {table_b} are the same table: no join needed")
-        return Outcome("\n".join(path))
+        return Outcome("\n".join(map(one_line, path)))
 
     def _sample_rows(self, tool, args, timeout) -> Outcome:
         table = self._table(args["table_name"])

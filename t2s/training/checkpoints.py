@@ -140,7 +140,9 @@ def check_model_folder(model_path) -> None:
     problem = model_folder_problem(model_path)
     if problem:
         raise ConfigError(f"Error: cannot load the model {model_path}: {problem}")
-    if os.path.isfile(os.path.join(model_path, "config.json")):  # a field of the wrong kind, found by the config class
+    config_path = os.path.join(model_path, "config.json")
+    if os.path.isfile(config_path) and "auto_map" not in _json_keys(config_path):  # a field of the wrong kind,
+        # found by the config class (a model with custom code is left to the loader: its config runs that code)
         from transformers import AutoConfig
 
         from t2s.errors import first_line
@@ -149,6 +151,15 @@ def check_model_folder(model_path) -> None:
             AutoConfig.from_pretrained(model_path)
         except Exception as exc:  # noqa: BLE001 - huggingface_hub's StrictDataclassError is no ValueError
             raise ConfigError(f"Error: cannot load the model {model_path}: {first_line(exc)}") from None
+
+
+def _json_keys(path) -> set[str]:
+    """The top-level keys of a JSON object file (none when it is not one: model_folder_problem said so already)."""
+    try:
+        value = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    return set(value) if isinstance(value, dict) else set()
 
 
 @contextlib.contextmanager
