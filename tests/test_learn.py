@@ -38,6 +38,20 @@ def test_gain_compares_the_last_five_steps_with_the_first_five():
     assert learn.window_mean(values, last=False) == pytest.approx(0.1)
 
 
+def test_learn_real_gains_average_one_pass_over_its_questions_at_each_end():
+    recipe = RECIPES_DIR / "learn_real.yaml"  # 8 rollouts × 8 a micro-batch × 2 accumulated: 2 questions a step
+    assert learn.cycle_window(recipe, 16, 32) == 8  # each end holds every GRPO question once
+    assert learn.cycle_window(recipe, 32, 32) == 16
+    assert learn.cycle_window(recipe, 15, 32) == 8  # a last step holding one question
+    assert learn.cycle_window(recipe, 16, 10) == 5  # never more than half the run
+    assert learn.cycle_window(recipe, 1, 2, ("--num_generations", "2", "--per_device_train_batch_size", "2",
+                                             "--gradient_accumulation_steps", "1", "--steps_per_generation", "1")) == 1
+    assert learn.cycle_window(recipe, 16, 32, ("--gradient_accumulation_steps", "4")) == 4
+    values = [0.0] * 8 + [0.5] * 16 + [1.0] * 8
+    assert learn.gain(values, 8) == pytest.approx(1.0) and learn.gain(values) == pytest.approx(1.0)
+    assert learn.gain([0.0] * 4 + [1.0] * 4, 4) == pytest.approx(1.0) and learn.gain([0.0] * 4 + [1.0] * 4, 5) < 1
+
+
 def test_missed_targets_name_each_one():
     assert learn.missed_targets(0.3, 0.0, 0.3, 600) == []
     missed = learn.missed_targets(0.1, 0.0, 0.05, 1000)

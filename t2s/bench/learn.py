@@ -38,14 +38,25 @@ TARGETS = {"grpo_gain": 0.15, "margin": 0.15, "start_low": 0.1, "start_high": 0.
 # ---------------------------------------------------------------------------------------------------- the parts
 
 
-def window_mean(values: list[float], last: bool) -> float:
-    part = values[-WINDOW:] if last else values[:WINDOW]
+def window_mean(values: list[float], last: bool, window: int = WINDOW) -> float:
+    part = values[-window:] if last else values[:window]
     return sum(part) / max(1, len(part))
 
 
-def gain(values: list[float]) -> float:
-    """Mean of the last 5 values minus the mean of the first 5."""
-    return window_mean(values, True) - window_mean(values, False)
+def gain(values: list[float], window: int = WINDOW) -> float:
+    """Mean of the last ``window`` values (default 5) minus the mean of the first ``window``."""
+    return window_mean(values, True, window) - window_mean(values, False, window)
+
+
+def cycle_window(recipe: Path, questions: int, steps: int, overrides: tuple[str, ...] = ()) -> int:
+    """The steps of one pass over ``questions`` under ``recipe`` with ``overrides`` (at most half of ``steps``): a gain
+    over such windows compares each question's first visit with its last, so their difficulty leaves the difference
+    (the trainer's sampler draws every question once per pass)."""
+    from t2s.training.configs import parse_recipe
+
+    _, args, _ = parse_recipe(["--config", str(recipe), *overrides])
+    per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps // args.num_generations
+    return max(1, min(steps // 2, -(-questions // max(1, per_step))))
 
 
 def missed_targets(grpo_gain: float, control_gain: float, start: float, seconds: float) -> list[str]:

@@ -75,10 +75,8 @@ def _bird_row(row: dict, prefix: str) -> dict:
 
 
 def write_split(data_dir: Path, folder: Path, seed: int, sft_questions: int, grpo_questions: int) -> Split:
-    """Read Spider dev and BIRD superhero from ``data_dir``, split them by database, and write the split's files.
-
-    The SFT and GRPO questions are disjoint, drawn with ``seed`` from every training database's questions.
-    """
+    """Read Spider dev and BIRD superhero from ``data_dir``, split them by database, and write the split's files. The
+    SFT and GRPO questions are disjoint, drawn with ``seed`` from every training database's questions."""
     from t2s.data.loaders import load_bird, load_spider
 
     spider = load_spider(data_dir / "spider_dev" / "dev.json", require_databases=False)
@@ -91,8 +89,7 @@ def write_split(data_dir: Path, folder: Path, seed: int, sft_questions: int, grp
     if not train or not unseen or sft_questions + grpo_questions > len(train):
         raise ValueError(f"Error: {data_dir} gives {len(train)} training and {len(unseen)} unseen questions; "
                          f"--sft-questions + --grpo-questions must fit the training ones")
-    shuffled = list(train)
-    random.Random(seed).shuffle(shuffled)
+    random.Random(seed).shuffle(shuffled := list(train))
     databases = folder / "databases"
     shutil.rmtree(folder, ignore_errors=True)
     databases.mkdir(parents=True)
@@ -366,7 +363,7 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
     offline_environment()
     import datasets
 
-    from t2s.bench.learn import gain, plot_curves
+    from t2s.bench.learn import cycle_window, gain, plot_curves
     from t2s.evaluation.compare import compare_runs
     from t2s.training.progress import quiet_libraries
     from t2s.ui.console import console as make_console, print_table
@@ -429,7 +426,10 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
             f"{report['ci_high']:+.3f}] McNemar p={report['mcnemar_p']:.3f} (only {other} right {report['only_a']}, "
             f"only GRPO right {report['only_b']})")
     equiv = {name: [s.get("tier/equivalent", 0.0) for s in steps] for name, steps in runs.items()}
-    train_gain, control_gain = gain(equiv["grpo"]), gain(equiv["control"])
+    window = cycle_window(RECIPES_DIR / RL_RECIPE, grpo_questions, steps, grpo_flags)
+    log(f"gains: the mean equivalence of the last {window} steps minus the first {window} (each one pass over the "
+        f"{grpo_questions} GRPO questions)")
+    train_gain, control_gain = gain(equiv["grpo"], window), gain(equiv["control"], window)
     plot = output / "learn_real.png"
     plot_curves(plot, runs, f"{model.name}: GRPO vs permuted-reward control on training questions (seed {seed})")
     log(f"curves in {plot}")
@@ -437,8 +437,8 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
     seconds = time.perf_counter() - started
     (output / "learn_real.json").write_text(json.dumps({
         "seed": seed, "steps": steps, "sft_questions": sft_questions, "grpo_questions": grpo_questions,
-        "ex": ex, "paired": paired, "train_gain": train_gain, "control_gain": control_gain, "seconds": seconds,
-        "summaries": summaries, "runs": runs}, indent=1, default=str), encoding="utf-8")
+        "ex": ex, "paired": paired, "gain_window": window, "train_gain": train_gain, "control_gain": control_gain,
+        "seconds": seconds, "summaries": summaries, "runs": runs}, indent=1, default=str), encoding="utf-8")
     missed = missed_targets(ex, summaries["warm"]["format_deviation_rate"], paired["control"]["delta"],
                             train_gain - control_gain, seconds, no_bf16)
     for line in missed:
