@@ -773,6 +773,36 @@ def test_completions_endpoint_failing_midway(tiny_model_dir, tiny_tokenizer, dem
     assert len(lines) == 2 and all(line["official"] == 1 for line in lines)  # finished results are kept
 
 
+@pytest.mark.parametrize("fault", ["400", "garbage"])
+def test_completions_endpoint_a_refused_or_garbled_turn_ends_its_episode_in_an_error(
+        tiny_model_dir, tiny_tokenizer, demo_dir, tmp_path, capsys, fault):
+    """As in chat mode: a turn the server refuses (400) or answers with no completion ends that episode in an error
+    (scored 0, said in one line) and the run goes on to its summary; a resume plays that episode alone again."""
+    from t2s.commands import main
+    from tests.fake_vllm import CompletionsGoodAgent, FakeVLLMServer
+
+    agent = CompletionsGoodAgent(tiny_tokenizer, gold_by_question(demo_dir))
+    argv = ["eval", "--policy", "endpoint", "--model", str(tiny_model_dir), "--data", str(demo_dir), "--n", "4",
+            "--concurrency", "1", "--batch-size", "1", "--retries", "1", "--backoff", "0.01",
+            "--output", str(tmp_path / "out")]
+    with FakeVLLMServer(agent, faults=[None, fault]) as server:  # the first question's second turn
+        assert main([*argv, "--endpoint", server.base_url]) == 0, capsys.readouterr().err
+        first = server.requests[0]["prompt"]
+    out = capsys.readouterr().out
+    assert "1 of 4 episodes ended in an error (the server refused or garbled a request" in out, out[-2000:]
+    lines = read_lines(tmp_path / "out" / "full")
+    [failed] = [line for line in lines if line["stop_reason"] == "error"]
+    assert failed["official"] == 0 and failed["error"].startswith("Error:")
+    assert ("400" in failed["error"]) == (fault == "400")
+    assert len(lines) == 4 and sum(line["official"] == 1 for line in lines) == 3
+    with FakeVLLMServer(agent) as server:  # a resume plays that episode alone, and the file holds each question once
+        assert main([*argv, "--endpoint", server.base_url]) == 0, capsys.readouterr().err
+        assert len(server.requests) == 2 and server.requests[0]["prompt"] == first
+    lines = read_lines(tmp_path / "out" / "full")
+    assert len(lines) == len({line["question_id"] for line in lines}) == 4
+    assert all(line["official"] == 1 for line in lines)
+
+
 def test_completions_endpoint_refuses_a_server_too_short_for_an_episode(tiny_model_dir, tiny_tokenizer, demo_dir,
                                                                        tmp_path, capsys):
     from t2s.commands import main

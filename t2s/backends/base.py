@@ -89,14 +89,16 @@ class TurnOutput:
     error: str | None = None
     text: str | None = None  # the turn's text when a text policy wrote it; None: decode token_ids
     parsed: Any = None  # the turn's calls as a server read them (ParsedTurn), else None: the episode reads the text
+    unreachable: bool = False  # with finish "error": no server answered (the retries spent), not a refused request
 
     def __post_init__(self) -> None:
         if len(self.token_ids) != len(self.logprobs):
             raise ValueError(f"TurnOutput: {len(self.token_ids)} token ids but {len(self.logprobs)} logprobs")
 
     @classmethod
-    def failed(cls, message: str) -> TurnOutput:
-        return cls([], [], "error", None, message if message.startswith("Error:") else f"Error: {message}")
+    def failed(cls, message: str, unreachable: bool = False) -> TurnOutput:
+        return cls([], [], "error", None, message if message.startswith("Error:") else f"Error: {message}",
+                   unreachable=unreachable)
 
     @property
     def stop_token(self) -> int | None:  # the contract's short name

@@ -107,7 +107,7 @@ class ServerPool:
     ) -> TurnOutput:
         """One turn on the episode's server, or on another live one when that server is down."""
         tried: set[int] = set()
-        last = "every server is down"
+        last, unusable = "every server is down", False
         while (index := self.health.pick(_EPISODE_SERVER.get(), tried)) is not None:
             _EPISODE_SERVER.set(index)
             try:
@@ -116,16 +116,17 @@ class ServerPool:
                 self.health.answered(index, usable=True)
                 return turn
             except UnusableAnswer as exc:
-                last = exc.reason
+                last, unusable = exc.reason, True
                 tried.add(index)
                 self.health.answered(index, usable=False, reason=exc.reason)
             except RequestFailed as exc:
-                last = f"{self.health.urls[index]}: {exc}"
+                last, unusable = f"{self.health.urls[index]}: {exc}", False
                 if not exc.retryable:  # the server answers and refuses this request: the turn's own failure
                     return TurnOutput.failed(last)
                 tried.add(index)
                 self.health.mark_down(index, exc.reason)
-        return TurnOutput.failed(f"no server answered this turn ({last})")
+        # unreachable (the run stops, to resume later) unless the last server tried answered with nothing usable
+        return TurnOutput.failed(f"no server answered this turn ({last})", unreachable=not unusable)
 
     def generate(self, prompts, max_tokens, sampling, seeds=None) -> list[TurnOutput]:
         """A batch as concurrent requests, each its own episode (for turn-synchronous callers)."""

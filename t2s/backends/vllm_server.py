@@ -210,7 +210,7 @@ class VLLMServerBackend:
         except UnusableAnswer as exc:
             return TurnOutput.failed(exc.reason)
         except RequestFailed as exc:
-            return TurnOutput.failed(f"{self.base_url}/v1/completions {exc}")
+            return TurnOutput.failed(f"{self.base_url}/v1/completions {exc}", unreachable=exc.retryable)
 
     async def arequest_turn(
         self, prompt_ids: list[int], max_tokens: int, sampling: SamplingSettings, seed: int | None = None

@@ -367,8 +367,12 @@ class Runner:
 
         def on_finish(trace) -> None:  # scored in the rollout's worker threads (scorer), written here
             row, sample = jobs[trace.index]
-            if trace.error:
+            if trace.error and trace.unreachable:  # no server answers: the run stops, and resumes from here
                 failures.append(trace.error)
+                return
+            if trace.error:  # a refused or garbled request, or an engine's failed one: as in chat mode, this episode
+                # ends in an error, scored 0 and said in the summary, and the run goes on
+                emit(row, sample, score_record(row, unplayed_record(row, mode, trace.error), sample), scored=True)
                 return
             emit(row, sample, eval_line(row, trace.record, trace.outcome, sample), scored=True)
 

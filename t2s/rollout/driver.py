@@ -157,7 +157,7 @@ class _Run:
         self.last = out
         trace.finish_reasons.append(out.finish_reason)
         if out.finish_reason == "error":
-            trace.error = out.error or "Error: generation failed"
+            trace.error, trace.unreachable = out.error or "Error: generation failed", out.unreachable
             return None
         trace.completion_ids += out.token_ids
         trace.logprobs += [float(x) for x in out.logprobs]

@@ -25,6 +25,7 @@ class EpisodeTrace:
     env_texts: list[str] = field(default_factory=list)  # the decoded environment segments, in order
     finish_reasons: list[str] = field(default_factory=list)
     error: str | None = None  # a generation failure that ended the episode
+    unreachable: bool = False  # that failure: no server answered (TurnOutput.unreachable)
 
     def check(self, end_of_turn_id: int | None = None) -> None:
         n = len(self.completion_ids)
