@@ -7,6 +7,7 @@ import json
 import logging
 import re
 import shutil
+import zipfile
 
 import pytest
 
@@ -51,6 +52,11 @@ def _truncate(path) -> None:
     path.write_bytes(data[: len(data) // 2])
 
 
+def _zip_without_pickle(path) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("archive/readme.txt", "a zip, but no torch.save file")
+
+
 def _edit_state(checkpoint, **changes) -> None:
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     (checkpoint / "trainer_state.json").write_text(json.dumps({**state, **changes}))
@@ -64,6 +70,13 @@ DAMAGE = {
     "cut weights": (lambda c: _truncate(c / "model.safetensors"), "model.safetensors is cut off"),
     "cut optimizer": (lambda c: _truncate(c / "optimizer.pt"), "optimizer.pt is cut off"),
     "cut trainer_state": (lambda c: _truncate(c / "trainer_state.json"), "trainer_state.json is unreadable"),
+    # files HF Trainer would hand to torch.load, and fail in with a traceback
+    "garbage optimizer": (lambda c: (c / "optimizer.pt").write_bytes(b"not a torch file\n" * 64),
+                          "optimizer.pt is not a torch file"),
+    "garbage rng state": (lambda c: (c / "rng_state.pth").write_bytes(bytes(range(256))),
+                          "rng_state.pth is not a torch file"),
+    "zip optimizer": (lambda c: _zip_without_pickle(c / "optimizer.pt"),
+                      "optimizer.pt is not a torch file: a zip archive without data.pkl"),
     # a state the trainer would take up and carry on from wrongly: steps logged from -6, or a crash after a step
     "negative step": (lambda c: _edit_state(c, global_step=-7), "trainer_state.json has a negative global_step (-7)"),
     "log_history text": (lambda c: _edit_state(c, log_history="oops"),

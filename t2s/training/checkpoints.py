@@ -54,12 +54,27 @@ def _weights_file_problem(path: Path) -> str | None:
             end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
             if size != 8 + header_len + end:
                 return f"{path.name} is cut off: {size} bytes where its tensors need {8 + header_len + end}"
-        elif path.suffix in (".pt", ".bin", ".pth") and not zipfile.is_zipfile(path):
-            with open(path, "rb") as f:
-                if f.read(2) == b"PK":  # a torch.save zip whose end (the central directory) is missing
-                    return f"{path.name} is cut off"
-    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
+        elif path.suffix in (".pt", ".bin", ".pth"):
+            return _torch_file_problem(path)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, struct.error, zipfile.BadZipFile) as exc:
         return f"{path.name} is unreadable: {type(exc).__name__}"
+    return None
+
+
+def _torch_file_problem(path: Path) -> str | None:
+    """Why ``path`` is no ``torch.save`` file, read from its first bytes and its zip directory only: a zip archive
+    holding a ``data.pkl``, or the legacy format, a pickle (its first byte 0x80)."""
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            if not any(name.rsplit("/", 1)[-1] == "data.pkl" for name in archive.namelist()):
+                return f"{path.name} is not a torch file: a zip archive without data.pkl"
+        return None
+    with open(path, "rb") as f:
+        head = f.read(2)
+    if head == b"PK":  # a torch.save zip whose end (the central directory) is missing
+        return f"{path.name} is cut off"
+    if head[:1] != b"\x80":
+        return f"{path.name} is not a torch file"
     return None
 
 
@@ -103,7 +118,8 @@ def _optimizer_problem(folder: Path, subdirs: list[Path]) -> str | None:
         return "no optimizer state: optimizer.pt is missing"
     if not (folder / SCHEDULER).is_file():
         return f"no scheduler state: {SCHEDULER} is missing"
-    for path in [*files, folder / SCHEDULER]:
+    states = sorted(folder.glob("rng_state*.pth")) + [p for p in (folder / "scaler.pt",) if p.is_file()]
+    for path in [*files, folder / SCHEDULER, *states]:  # HF Trainer loads each of them with no check of its own
         problem = _weights_file_problem(path)
         if problem:
             return problem
