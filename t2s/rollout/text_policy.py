@@ -61,17 +61,13 @@ class TextPolicies:
         server_cut = getattr(policy, "finish_reasons", [""])[-1:] == ["length"]
         reason = "length" if server_cut else "stop"
         cap = MAX_CHARS_PER_TOKEN * max(1, max_tokens)
-        if len(text) > cap or (parsed is not None and _calls_size(parsed, cap) > cap):  # no model writes that much
-            text, parsed = text[:cap], None  # in a turn: a server ignoring max_tokens; cut as the turn limit cuts
-            if self.tokenizer is None:
-                return TurnOutput([], [], "length", None, text=text)
-            ids = list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
-            ids = ids[:max_tokens]
-            return TurnOutput(ids, [0.0] * len(ids), "length", None, text=self.tokenizer.decode(ids))
+        oversized = len(text) > cap or (parsed is not None and _calls_size(parsed, cap) > cap)  # no model writes so
+        if oversized:  # much in a turn: a server ignoring max_tokens; cut as the turn limit cuts, without its calls
+            text, parsed = text[:cap], None
         if self.tokenizer is None:
-            return TurnOutput([], [], reason, None, text=text, parsed=parsed)
+            return TurnOutput([], [], "length" if oversized else reason, None, text=text, parsed=parsed)
         ids = list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
-        if parsed is None and len(ids) + 1 > max_tokens:  # +1: the end of turn that closes the turn
+        if oversized or (parsed is None and len(ids) + 1 > max_tokens):  # +1: the end of turn that closes the turn
             ids = ids[:max_tokens]
             return TurnOutput(ids, [0.0] * len(ids), "length", None, text=self.tokenizer.decode(ids))
         if not server_cut:
