@@ -126,6 +126,29 @@ def test_broken_submit_falls_back_but_keeps_submitted_sql(db_row):
     assert record["counters"]["submitted"] is True and record["counters"]["fallback_used"] is True
 
 
+def test_a_submit_that_fails_at_a_later_row_does_not_run_and_falls_back(db_row, tmp_path):
+    """The final-SQL rule's "runs without error" is the whole query's: SQLite reports json()'s malformed JSON only at
+    the row that holds it, the tenth here, past the first rows that run_query shows and the check once read."""
+    path = tmp_path / "late.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE t (id INTEGER, j TEXT, v INTEGER)")
+        conn.executemany("INSERT INTO t VALUES (?, ?, ?)", [(i, "{" if i == 10 else f'{{"a":{i}}}', i * 10)
+                                                            for i in range(1, 11)])
+    conn.close()
+    row = {**db_row, "db_id": "late", "db_path": str(path), "gold_sql": "SELECT v FROM t"}
+    late = "SELECT json(j), v FROM t"
+    first_rows = databases.run_tool_query(databases.ref_from_row(row), late, max_rows=1)
+    assert first_rows.ok and first_rows.more  # its first rows run
+    assert "malformed JSON" in databases.run_tool_query(databases.ref_from_row(row), late, max_rows=None).error
+    for shown in (False, True):  # run_query showing its first rows does not make it a query that runs
+        turns = [turn(call("run_query", sql="SELECT v FROM t"))] + [turn(call("run_query", sql=late))] * shown
+        record = play(row, [*turns, turn(call("submit_sql", sql=late))])
+        assert record["submitted_sql"] == late and record["final_sql_source"] == "fallback", shown
+        # the fallback is the last run_query that ran without error as its caller saw it (DESIGN §3)
+        assert record["final_sql"] == (late if shown else "SELECT v FROM t")
+        assert ("malformed" in record["turns"][-2]["observation"]) is False
+
+
 def test_broken_submit_with_nothing_to_fall_back_to_is_kept_as_written(db_row):
     record = play(db_row, [turn(call("submit_sql", sql="SELECT nope FROM members"))])
     assert record["final_sql"] == "SELECT nope FROM members" and record["final_sql_source"] == "submitted"

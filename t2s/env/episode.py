@@ -122,7 +122,7 @@ class Episode:
         self.last_working_sql: str | None = None
         self.final_sql: str | None = None
         self.final_sql_source = "none"
-        self._runs: dict[str, bool] = {}  # SQL -> ran without error (tool connection), to avoid re-running it
+        self._runs: dict[str, bool] = {}  # SQL -> ran to its last row without error (the final-SQL check's runs)
         self._finalized = False
 
     @property
@@ -271,8 +271,7 @@ class Episode:
                         stop_reason = "failed_queries"
                 else:
                     self.failed_streak = 0
-                    self.last_working_sql = result.sql
-                    self._runs[result.sql] = True
+                    self.last_working_sql = result.sql  # run_query reads its first rows only: no _runs entry
             results.append(result)
             if used >= tool_budget and stop_reason is None:
                 stop_reason = "tool_time"

@@ -368,11 +368,12 @@ class Toolbox:
     # -- the final-SQL check ------------------------------------------------------------------------------------------
 
     def executes(self, sql, *, timeout: float | None = None) -> tuple[bool, bool]:
-        """(runs without error, was a write attempt): a cheap, row-capped run on the tool connection."""
+        """(runs without error, was a write attempt): a run to the last row on the tool connection, under the tool's
+        time limit and the scoring caps (a result past them ran without error as far as it went)."""
         if not isinstance(sql, str) or not sql.strip():
             return False, False
         try:
-            result = databases.run_tool_query(self.db, sql, max_rows=1, timeout=timeout or self.tool_timeout)
+            result = databases.run_tool_query(self.db, sql, max_rows=None, timeout=timeout or self.tool_timeout)
         except Exception:
             return False, False
         return result.ok, bool(result.write_attempt)

@@ -141,20 +141,24 @@ def _failed(message: str) -> QueryResult:
     return QueryResult(error=message)
 
 
-def run_tool_query(ref: DatabaseRef, sql: str, *, max_rows: int, timeout: float | None = None) -> QueryResult:
-    """A model's query on this thread's tool connection, fetching at most ``max_rows`` (+1 to see if more exist).
+def run_tool_query(ref: DatabaseRef, sql: str, *, max_rows: int | None, timeout: float | None = None) -> QueryResult:
+    """A model's query on this thread's tool connection, fetching at most ``max_rows`` (+1 to see if more exist);
+    ``None``: the whole result under the scoring caps (the final-SQL check: a query that fails at a later row does not
+    run without error).
 
     ``timeout`` defaults to ``LIMITS.tool_timeout``.
     """
     if timeout is None:
         timeout = limits.LIMITS.tool_timeout
+    caps = {} if max_rows is not None else {"max_cells": limits.LIMITS.scoring_max_cells,
+                                             "max_bytes": limits.LIMITS.scoring_max_bytes}
     if ref.engine != "sqlite":
-        return engines.run_query(ref, "tool", sql, timeout=timeout, max_rows=max_rows)
+        return engines.run_query(ref, "tool", sql, timeout=timeout, max_rows=max_rows, **caps)
     try:
         conn = connection(ref, "tool")
     except DatabaseOpenError as exc:
         return _failed(str(exc))
-    return execute(conn, sql, timeout=timeout, max_rows=max_rows)
+    return execute(conn, sql, timeout=timeout, max_rows=max_rows, **caps)
 
 
 def run_scoring_query(ref: DatabaseRef, sql: str, *, timeout: float) -> QueryResult:
