@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from t2s.env import databases
 from t2s.env.databases import limits
+from t2s.scoring import metrics
 from t2s.scoring.rewards import (
     MAX_F1_CELLS,
     REWARD_FUNCS,
@@ -146,10 +147,19 @@ def test_over_cap_is_never_equivalent(hero_db, monkeypatch):
     execute_final(row, "SELECT 1")  # warm the gold cache under the normal cap
     monkeypatch.setattr(limits, "LIMITS", dataclasses.replace(limits.LIMITS, scoring_max_cells=5))
     # the same set of rows as gold, repeated past the cap
-    outcome = execute_final(row, "SELECT t.name FROM team t, hero, hero AS h2")
+    sql = "SELECT t.name FROM team t, hero, hero AS h2"
+    outcome = execute_final(row, sql)
     assert outcome.over_cap and not outcome.equivalent and outcome.f1 == 0.0
     b = _one(outcome)
     assert b.tier != "equivalent" and b.reward < 3.0
+    # it ran: the reward's executable tier and eval's executes say so alike, and eval scores it 0 with the reason
+    from t2s.env.record import one_turn_record
+    from t2s.evaluation.records import eval_line
+
+    scores = metrics.score_sql(databases.ref_from_row(row), sql, row["gold_sql"])
+    line = eval_line(row, one_turn_record(row, "full", sql, sql), scores, 0)
+    assert outcome.executes and b.tier == "executable" and line["executes"] is True
+    assert line["official"] == 0 and "over the scoring cap" in line["error"]
 
 
 def test_gold_failure_is_never_equivalent(hero_db):

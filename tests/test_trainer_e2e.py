@@ -61,7 +61,7 @@ def test_real_rollout_trains_and_keeps_the_token_stream_invariants(tiny_model_di
     for key in ("reward", "rewards/dense/mean", "rewards/dense/f1", "rewards/dense/join", "rewards/dense/consensus",
                 "tier/invalid", "frac_reward_zero_std", "episodes/stop/submitted", "episodes/stop/prompt_too_long",
                 "episodes/turns_mean", "episodes/submit_rate", "episodes/forced_rate",
-                "episodes/truncated_rate", "episodes/turn_cutoff_rate", "kl", "beta", "sampling/logp_gap/mean",
+                "episodes/truncated_rate", "episodes/turn_cutoffs_per_turn", "kl", "beta", "sampling/logp_gap/mean",
                 *TIME_METRICS):
         assert key in logged, key
     # the transformers backend in fp32 samples from the policy the loss scores: the logprob gap is ~0

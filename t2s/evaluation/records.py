@@ -71,7 +71,7 @@ def eval_line(row: dict, record, scores: dict, sample: int) -> dict:
         official=int(scores["official"]),
         strict=int(scores["strict"]),
         soft_f1=float(scores["soft_f1"]),
-        executes=error is None,
+        executes=error is None or bool(scores.get("over_cap")),  # ran without error, as the reward's tiers count
         error=record.error or error,
     )
     return line

@@ -93,9 +93,9 @@ def score_sql(ref, pred_sql, gold_sql: str, *, results: dict | None = None) -> d
     Returns ``{"official": 0|1, "strict": 0|1, "soft_f1": float, "error": str | None}``. The gold result comes from
     the per-database cache; the prediction runs under the scoring deadline (``max(5 s, 10 x gold time)``, capped).
     A blank or non-string prediction, an error, a timeout, or a result over the scoring cap scores 0 with the reason
-    in ``error``. A gold SQL that fails, times out or goes over the cap is reported in ``error`` and never scores as
-    correct; ``gold_failed`` is then True (whatever the prediction), so callers can leave the question out rather
-    than blame the prediction.
+    in ``error`` (over the cap: ``over_cap`` True too, as it ran). A gold SQL that fails, times out or goes over the
+    cap is reported in ``error`` and never scores as correct; ``gold_failed`` is then True (whatever the prediction),
+    so callers can leave the question out rather than blame the prediction.
 
     ``results``, when given, receives the ``gold`` and ``pred`` query results that were run (for a reader to see).
     """
@@ -115,8 +115,8 @@ def score_sql(ref, pred_sql, gold_sql: str, *, results: dict | None = None) -> d
         results["pred"] = pred
     if pred.error is not None or pred.timed_out:
         return _zero(pred.error or "Error: the prediction timed out")
-    if pred.over_cap:
-        return _zero("Error: the prediction's result is over the scoring cap")
+    if pred.over_cap:  # it ran (``over_cap``: the executes rate counts it, as the reward's executable tier does)
+        return {**_zero("Error: the prediction's result is over the scoring cap"), "over_cap": True}
     if pred.rows == gold.rows:  # the same rows in the same order: each measure at its best (soft_f1 exactly 1.0)
         return {"official": 1, "strict": 1, "soft_f1": 1.0, "error": None}
     return {

@@ -76,7 +76,7 @@ EPISODE_METRICS = {
     "episodes/fallback_rate": ("fallback_used", "episodes"),
     "episodes/forced_rate": ("forced", "episodes"),
     "episodes/truncated_rate": ("truncated", "episodes"),
-    "episodes/turn_cutoff_rate": ("turn_cutoffs", "turns"),
+    "episodes/turn_cutoffs_per_turn": ("turn_cutoffs", "turns"),  # eval's turn_cutoff_rate counts episodes
     "episodes/tool_error_rate": ("tool_errors", "calls"),
     "episodes/format_deviations_mean": ("format_deviations", "episodes"),
     "episodes/write_attempts_mean": ("write_attempts", "episodes"),
