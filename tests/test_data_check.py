@@ -119,11 +119,11 @@ def test_outcome_classes_and_filter_rows(tmp_path):
 def test_cache_key_follows_the_data_and_databases(tmp_path):
     data = _tiny_bird(tmp_path / "bird")
     rows = load_json_rows(data)
-    key = hygiene.cache_key(rows, data, rows.db_root)
-    assert key == hygiene.cache_key(rows, data, rows.db_root)
-    assert key != hygiene.cache_key(rows, data, tmp_path)  # another database root
+    key = hygiene.cache_key(rows, rows.db_root)
+    assert key == hygiene.cache_key(rows, rows.db_root)
+    assert key != hygiene.cache_key(rows, tmp_path)  # another database root
     data.write_text(data.read_text().replace("SELECT x FROM t WHERE x > 9", "SELECT x FROM t WHERE x > 2"))
-    assert key != hygiene.cache_key(load_json_rows(data), data, rows.db_root)  # another data file
+    assert key != hygiene.cache_key(load_json_rows(data), rows.db_root)  # another data file
 
 
 @pytest.mark.parametrize("folder_name", ["data", "d" * 40 + "/" + "long-folder-name-" * 6])
@@ -203,6 +203,12 @@ def test_make_demo_writes_over_the_demo_but_never_over_a_users_questions(tmp_pat
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("Error:") and "not the demo's" in line and "choose another folder" in line
     assert (mine / "dev.json").read_text() == theirs and not (mine / "dev_databases").exists()
+    # the demo's questions with one of the user's own on a demo database (its name: the demo's): still refused
+    demo = json.loads((out / "dev.json").read_text())
+    own = json.dumps([*demo, {**demo[0], "question_id": 999, "question": "MY OWN QUESTION?"}])
+    (mine / "dev.json").write_text(own)
+    assert main(["data", "make-demo", "--output", str(mine)]) == 1
+    assert "not the demo's" in capsys.readouterr().err and (mine / "dev.json").read_text() == own
     (mine / "dev.json").write_text('[{"question_id": 0, "db_id": "cycling_club", "quest')  # cut off: unreadable
     assert main(["data", "make-demo", "--output", str(mine)]) == 1
     [line] = capsys.readouterr().err.strip().splitlines()

@@ -410,3 +410,53 @@ def test_a_lone_surrogate_in_a_question_becomes_a_replacement_character_the_toke
     assert first["question"] == "how many \ufffd\ufffd?" and first["evidence"] == "a \ufffd"
     assert second["question"] == "café 😀"  # a surrogate pair is one character, kept
     assert tiny_tokenizer(first["question"] + first["evidence"])["input_ids"]
+
+
+def test_every_text_of_a_row_is_well_formed_and_a_field_of_the_wrong_type_is_named(tmp_path):
+    """A lone surrogate anywhere in a row (not only its question) would fail at the first UTF-8 write of it: eval's
+    lines, a Dataset, data check's outcomes. A schema_id, source or question_id that is no text (nor a whole number)
+    would fail later, far from the file: each is named with its row at load."""
+    data = tmp_path / "rows.json"
+    data.write_text('[{"question_id": "a\\ud800", "question": "q", "gold_sql": "SELECT \'\\udcff\'", '
+                    '"db_id": "x\\udc80", "db_path": "x.sqlite", "source": "s\\ud801"}]')
+    [row] = load_json_rows(data)
+    for value in row.values():
+        assert value is None or isinstance(value.encode("utf-8"), bytes)  # raises for a lone surrogate
+    assert row["question_id"] == "a\ufffd" and row["db_id"] == "x\ufffd" and row["source"] == "s\ufffd"
+    good = {"question": "q", "gold_sql": "SELECT 1", "db_id": "x", "db_path": "x.sqlite"}
+    for field, value, said in [("schema_id", {"a": 1}, "'schema_id' holds dict, not text"),
+                               ("source", ["s"], "'source' holds list, not text"),
+                               ("question_id", {"a": 1}, "'question_id' holds dict, not text or a whole number"),
+                               ("question_id", True, "'question_id' holds bool"),
+                               ("question_id", 1.5, "'question_id' holds float")]:
+        data.write_text(json.dumps([good, {**good, field: value}]))
+        with pytest.raises(DataError, match=r"row 1 \(0-based\) " + re.escape(said)):
+            load_json_rows(data)
+    bird = tmp_path / "dev.json"
+    bird.write_text(json.dumps([{"question_id": [1], "question": "q", "SQL": "SELECT 1", "db_id": "x"}]))
+    with pytest.raises(DataError, match=r"row 0 \(0-based\) 'question_id' holds list"):
+        load_rows("bird", bird, require_databases=False)
+
+
+def test_a_db_id_too_long_for_a_file_name_is_a_missing_database_not_a_crash(tmp_path):
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps([{"question_id": 1, "question": "q", "SQL": "SELECT 1", "db_id": "a" * 300}]))
+    rows = load_rows("bird", data, require_databases=False)
+    assert rows.missing_databases == {"a" * 300: 1}
+    from t2s.data import hygiene
+
+    [outcome] = hygiene.check_rows([{**rows[0], "db_path": str(tmp_path / ("b" * 300) / "x.sqlite")}],
+                                   progress=False, use_cache=False)[0]
+    assert outcome["outcome"] == "missing_db"
+
+
+def test_an_output_file_is_written_whole_or_left_as_it_was(tmp_path):
+    from t2s.data.rows import write_text_whole
+
+    path = tmp_path / "out" / "dev.json"
+    write_text_whole(path, json.dumps(["caf\u00e9", "lone \udcff"], ensure_ascii=False))
+    assert json.loads(path.read_text(encoding="utf-8")) == ["café", "lone \udcff"]  # the escape reads back the same
+    with pytest.raises(AttributeError):
+        write_text_whole(path, None)  # a writer failing midway
+    assert json.loads(path.read_text(encoding="utf-8"))[0] == "café" and [p.name for p in path.parent.iterdir()] == [
+        "dev.json"]

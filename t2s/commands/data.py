@@ -12,6 +12,7 @@ from pathlib import Path
 from t2s.ui.args import (add_hidden_alias, non_empty_path, non_negative_int, positive_float, positive_int,
                          sample_count, unit_float)
 from t2s.env.databases import file_checksum
+from t2s.data.rows import write_text_whole
 from t2s.errors import UsageError, error_line
 from t2s.ui.console import print_line, print_table
 from t2s.settings import workspace
@@ -210,7 +211,7 @@ def check_and_report(rows, *, console, data_file=None, db_root=None, workers=4, 
 
     key = None
     if use_cache:
-        key = hygiene.cache_key(rows, data_file, db_root, extra_key) if timeout is None else None
+        key = hygiene.cache_key(rows, db_root, extra_key) if timeout is None else None
     outcomes, from_cache = hygiene.check_rows(rows, workers=workers, timeout=timeout, key=key, use_cache=use_cache)
     summary = hygiene.summarize(outcomes)
     print_table(console, hygiene.summary_table(summary, title=title))
@@ -354,7 +355,7 @@ def _difficulty(args) -> int:
     path = output_file(args, OUTPUT_FILES["difficulty"])
     if path:
         out = [{**record, "difficulty_estimated": est} for record, est in zip(records, estimates)]
-        path.write_text(json.dumps(out, indent=1, ensure_ascii=False), encoding="utf-8")
+        write_text_whole(path, json.dumps(out, indent=1, ensure_ascii=False))
         console.print(f"rows with difficulty_estimated: {path}")
     return 0
 
@@ -418,7 +419,7 @@ def _passrate(args) -> int:
                       style="yellow", highlight=False)
     path = output_file(args, OUTPUT_FILES["passrate"])
     if path:
-        path.write_text(json.dumps(kept, indent=1, ensure_ascii=False), encoding="utf-8")
+        write_text_whole(path, json.dumps(kept, indent=1, ensure_ascii=False))
         console.print(f"{len(kept)} of {len(rows)} rows kept: {path}")
     return 0
 

@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 from t2s.data import engine_copy
-from t2s.data.rows import DataError, read_records
+from t2s.data.rows import DataError, read_records, write_text_whole
 from t2s.env.databases.engine_base import quote
 
 _SQL_FIELDS = ("SQL", "query", "sql", "gold_sql")
@@ -233,7 +233,7 @@ def convert(data, engine: str, output, *, dsn: str | None = None, db_root=None, 
     databases.close_thread_connections()
     for db_report in db_reports.values():
         db_report.pop("columns", None)
-    (output / "dev.json").write_text(json.dumps(kept, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text_whole(output / "dev.json", json.dumps(kept, indent=2, ensure_ascii=False) + "\n")
     report = {
         "engine": engine,
         "source": str(data_file),
@@ -246,8 +246,7 @@ def convert(data, engine: str, output, *, dsn: str | None = None, db_root=None, 
         "databases": db_reports,
         "dropped_questions": dropped,
     }
-    (output / "convert_report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n",
-                                                encoding="utf-8")
+    write_text_whole(output / "convert_report.json", json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
 
 

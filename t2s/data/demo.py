@@ -811,15 +811,6 @@ def question_records(db_path: Path, database: DemoDatabase, first_id: int) -> li
     return records
 
 
-def _write_text(path: Path, text: str) -> None:
-    """Written whole or not at all (a run killed midway leaves the last file, not half of one)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(staged, "w", encoding="utf-8", newline="") as handle:
-        handle.write(text)
-    os.replace(staged, path)
-
-
 class NotTheDemos(ValueError):
     """The output folder's dev.json holds questions the demo does not: writing would lose them."""
 
@@ -835,8 +826,13 @@ def _check_only_demo_questions(data_file: Path) -> None:
     except (OSError, ValueError, RecursionError):
         raise NotTheDemos(f"Error: {data_file} is there but not a JSON list of questions; make-demo writes over no "
                           "file it cannot read: remove it, or choose another folder") from None
-    ours = {database.db_id for database in DATABASES}
-    if not isinstance(rows, list) or any(not isinstance(r, dict) or r.get("db_id") not in ours for r in rows):
+    ours = {(database.db_id, question, sql) for database in DATABASES for question, _, sql, _ in database.questions}
+
+    def demo_question(record) -> bool:  # one of the demo's own questions, word for word (not a user's on its databases)
+        key = (record.get("db_id"), record.get("question"), record.get("SQL")) if isinstance(record, dict) else ()
+        return len(key) == 3 and all(isinstance(part, str) for part in key) and key in ours
+
+    if not isinstance(rows, list) or not all(demo_question(r) for r in rows):
         raise NotTheDemos(f"Error: {data_file} holds questions that are not the demo's; writing the demo there would "
                           "lose them: choose another folder")
 
@@ -847,6 +843,8 @@ def write_demo(output: Path, databases: tuple[DemoDatabase, ...] | None = None) 
     Every database is built into a temporary file and its questions checked before anything is moved into place. A
     ``dev.json`` already there that holds other questions (a user's data) is never written over (``NotTheDemos``).
     """
+    from t2s.data.rows import write_text_whole
+
     _check_only_demo_questions(output / "dev.json")
     databases = DATABASES if databases is None else databases
     staged: list[tuple[Path, Path]] = []  # (temporary file, final path)
@@ -870,8 +868,8 @@ def write_demo(output: Path, databases: tuple[DemoDatabase, ...] | None = None) 
     entries = []
     for database, (_, db_path) in zip(databases, staged):
         for table in database.tables:
-            _write_text(db_path.parent / "database_description" / f"{table.name}.csv", description_csv(table))
+            write_text_whole(db_path.parent / "database_description" / f"{table.name}.csv", description_csv(table))
         entries.append(tables_json(db_path, database))
-    _write_text(output / "dev_tables.json", json.dumps(entries, indent=2) + "\n")
-    _write_text(output / "dev.json", json.dumps(records, indent=4, ensure_ascii=False) + "\n")
+    write_text_whole(output / "dev_tables.json", json.dumps(entries, indent=2) + "\n")
+    write_text_whole(output / "dev.json", json.dumps(records, indent=4, ensure_ascii=False) + "\n")
     return records

@@ -43,22 +43,18 @@ def _database_stamp(rows: Sequence[dict]) -> list:
     return stamps
 
 
-def cache_key(
-    rows: Sequence[dict], data_file: str | Path | None = None, db_root: str | Path | None = None, extra: str = ""
-) -> str:
-    """Key of a check: the data file's hash (or the rows' contents), the database root and the database files.
+def cache_key(rows: Sequence[dict], db_root: str | Path | None = None, extra: str = "") -> str:
+    """Key of a check: the rows' contents (each id, database and gold SQL as read: the same file read as another
+    ``--kind`` reads other SQL), the database root and the database files.
 
     ``extra`` adds anything else the outcomes depend on (e.g. the hash of a SQaLe schema table).
     """
     from t2s.env import databases
 
-    if data_file is not None:
-        data = databases.file_checksum(data_file)
-    else:
-        data = hashlib.sha256(
-            json.dumps([[r["question_id"], r.get("db_path"), r.get("schema_id"), r["gold_sql"]] for r in rows])
-            .encode("utf-8", "surrogatepass")
-        ).hexdigest()
+    data = hashlib.sha256(
+        json.dumps([[r["question_id"], r.get("db_path"), r.get("schema_id"), r["gold_sql"]] for r in rows])
+        .encode("utf-8", "surrogatepass")
+    ).hexdigest()
     limits = [getattr(databases, name, None)
               for name in ("SCORING_MIN_TIMEOUT", "SCORING_GOLD_FACTOR", "SCORING_MAX_TIMEOUT")]
     payload = json.dumps(
@@ -106,7 +102,7 @@ def check_row(row: dict, timeout: float | None = None) -> dict:
 
     record = {"question_id": row["question_id"], "db_id": row["db_id"], "outcome": "ok", "rows": 0, "seconds": 0.0,
               "error": None}
-    if row.get("db_path") and not databases.is_dsn(row["db_path"]) and not Path(row["db_path"]).is_file():
+    if row.get("db_path") and not databases.is_dsn(row["db_path"]) and not os.path.isfile(row["db_path"]):
         record.update(outcome="missing_db", error=f"Error: database file not found: {row['db_path']}")
         return record
     try:
@@ -215,8 +211,6 @@ def filter_rows(
 
 def write_outcomes(path: str | Path, outcomes: Sequence[dict]) -> None:
     """Per-row outcomes as JSONL."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as handle:
-        for outcome in outcomes:
-            handle.write(json.dumps(outcome, ensure_ascii=False) + "\n")
+    from t2s.data.rows import write_text_whole
+
+    write_text_whole(path, "".join(json.dumps(outcome, ensure_ascii=False) + "\n" for outcome in outcomes))

@@ -121,7 +121,8 @@ def _attach_databases(rows: list[dict], db_root: Path, data_file: Path, require_
         db_id = row["db_id"]
         file = database_file(db_root, db_id)
         if db_id not in present:
-            present[db_id] = file.exists()  # a pipe or folder there is unreadable: db_probe says so
+            # a pipe or folder there is unreadable: db_probe says so; a name too long for a path is no file
+            present[db_id] = os.path.exists(file)
         if not present[db_id]:
             missing[db_id] = missing.get(db_id, 0) + 1
         row["db_path"] = str(file)
@@ -312,10 +313,8 @@ def with_engine(rows: RowList, engine: str, dsn: str | None, require_databases: 
 def _load_common_rows(records, data_file, db_root, source, require_databases) -> RowList:
     rows = []
     for position, record in enumerate(records):
-        _require(record, ("question", "gold_sql", "db_id"), data_file, position)
-        if not isinstance(record.get("db_path", ""), (str, type(None))):
-            raise DataError(f"Error: {data_file}: row {position} (0-based) 'db_path' holds "
-                            f"{type(record['db_path']).__name__}, not text")
+        _require(record, ("question", "gold_sql", "db_id"), data_file, position,
+                 optional=("db_path", "schema_id", "source"))
         own_id = record.get("question_id")
         row = make_row(
             question_id=own_id if own_id is not None else f"{source or data_file.stem}:{position}",

@@ -71,18 +71,18 @@ def make_row(
     schema_id: str | None = None,
     difficulty: str | None = None,
 ) -> dict:
-    """One row in the common shape (every key present, plain strings or None). A lone surrogate in the question or
-    evidence (JSON's ``"\\udcff"``, which no tokenizer encodes) becomes U+FFFD."""
+    """One row in the common shape (every key present, plain strings or None). A lone surrogate in any of its text
+    (JSON's ``"\\udcff"``, which no tokenizer encodes and no UTF-8 file holds) becomes U+FFFD."""
     return {
-        "question_id": str(question_id),
+        "question_id": well_formed(str(question_id)),
         "question": well_formed(question),
         "evidence": well_formed(evidence or ""),
-        "gold_sql": gold_sql,
-        "db_id": db_id,
-        "db_path": db_path,
-        "schema_id": schema_id,
-        "difficulty": difficulty,
-        "source": source,
+        "gold_sql": well_formed(gold_sql),
+        "db_id": well_formed(db_id),
+        "db_path": well_formed(db_path),
+        "schema_id": well_formed(schema_id),
+        "difficulty": well_formed(difficulty),
+        "source": well_formed(source),
     }
 
 
@@ -95,6 +95,22 @@ def well_formed(text):
         return text
     except UnicodeEncodeError:  # in a str every surrogate is a lone one (json joins the pairs)
         return "".join("\ufffd" if "\ud800" <= c <= "\udfff" else c for c in text)
+
+
+def write_text_whole(path: str | Path, text: str) -> None:
+    """``text`` written whole or not at all: a run that fails or is killed midway leaves the file as it was, not empty
+    or half written. A lone surrogate (JSON's ``"\\udcff"`` read from a data file, which UTF-8 cannot hold) is
+    written as that escape, so JSON text stays valid and reads back the same."""
+    import os
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        staged.write_bytes(text.encode("utf-8", "backslashreplace"))
+        os.replace(staged, path)
+    finally:
+        staged.unlink(missing_ok=True)
 
 
 def read_text_file(path: str | Path, what: str = "data file") -> str:
@@ -186,12 +202,18 @@ def _is_single_json_object(text: str) -> bool:
         return False
 
 
-def _require(record: dict, fields: Iterable[str], path, position: int) -> None:
-    """Raise naming the file and row when a required field is missing or not a non-empty string."""
+def _require(record: dict, fields: Iterable[str], path, position: int, optional: Iterable[str] = ()) -> None:
+    """Raise naming the file and row when a required field is missing or not a non-empty string, an ``optional`` one is
+    present (not null) but not a string, or ``question_id`` is neither text nor a whole number."""
     values = {f: record.get(f) for f in fields}
     missing = [repr(f) for f, v in values.items() if v is None or (isinstance(v, str) and not v.strip())]
     wrong = [f"{f!r} holds {type(v).__name__}, not text" for f, v in values.items()
              if v is not None and not isinstance(v, str)]
+    wrong += [f"{f!r} holds {type(record[f]).__name__}, not text" for f in optional
+              if record.get(f) is not None and not isinstance(record[f], str)]
+    own_id = record.get("question_id")
+    if own_id is not None and not isinstance(own_id, str) and type(own_id) is not int:  # not a bool, a float, a list
+        wrong.append(f"'question_id' holds {type(own_id).__name__}, not text or a whole number")
     if missing or wrong:
         said = ([f"is missing required field(s) {', '.join(missing)}"] if missing else []) + wrong
         raise DataError(f"Error: {path}: row {position} (0-based) {'; '.join(said)}")
