@@ -460,3 +460,19 @@ def test_an_output_file_is_written_whole_or_left_as_it_was(tmp_path):
         write_text_whole(path, None)  # a writer failing midway
     assert json.loads(path.read_text(encoding="utf-8"))[0] == "café" and [p.name for p in path.parent.iterdir()] == [
         "dev.json"]
+
+
+def test_a_broken_json_document_of_many_lines_is_placed_where_it_breaks(tmp_path):
+    """A pretty-printed {"data": [...]} with a stray comma is one JSON document, not JSONL: its error names its own
+    line, not line 1."""
+    data = tmp_path / "dev.json"
+    rows = [{"question_id": i, "question": "q", "SQL": "SELECT 1", "db_id": "x"} for i in range(3)]
+    text = json.dumps({"data": rows}, indent=1).replace('"x"\n  }', '"x",\n  }', 1)  # a trailing comma
+    data.write_text(text)
+    broken = text.index('"x",') + 4
+    line = text[:broken].count("\n") + 1
+    with pytest.raises(DataError, match=rf"not valid JSON: .* at line {line + 1} column"):
+        load_json_rows(data)
+    data.write_text("\n".join(json.dumps(row) for row in rows[:2]) + "\n{broken\n")  # JSONL stays JSONL
+    with pytest.raises(DataError, match="line 3 is not valid JSON"):
+        load_json_rows(data)

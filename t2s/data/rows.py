@@ -131,7 +131,9 @@ def parse_records(text: str, path: str | Path) -> list[dict]:
     suffix means JSONL)."""
     path = Path(path)
     stripped = text.lstrip()
-    if path.suffix == ".jsonl" or (stripped.startswith("{") and not _is_single_json_object(stripped)):
+    # JSONL: by its name, or objects a line (a first line that is no object alone: one document, its error placed)
+    if path.suffix == ".jsonl" or (stripped.startswith("{") and not _is_single_json_object(stripped)
+                                   and _is_single_json_object(stripped.split("\n", 1)[0])):
         records = [value for _, value in jsonl_values(text, path)]
     else:
         try:
