@@ -574,6 +574,41 @@ def test_a_run_whose_server_died_resumes_on_a_server_at_another_address(demo_dir
     assert len(lines) == len({line["question_id"] for line in lines}) == 5
 
 
+def test_ctrl_c_waits_for_the_requests_already_sent_not_for_whole_episodes(demo_dir, tmp_path, capsys):
+    """Ctrl-C during a chat-mode run: the episodes in flight send no further turn (each would have sent its second),
+    none of them is written half played, and the same command then plays every question once."""
+    import os
+    import signal
+
+    from t2s.commands import main
+
+    healthy = good_agent(gold_by_question(demo_dir))
+    arrivals, interrupted_at, lock = [], [], threading.Lock()
+
+    def respond(body):
+        with lock:
+            arrivals.append(time.monotonic())
+            if len(arrivals) == 2 and not interrupted_at:  # both episodes in flight: their first turns sent
+                interrupted_at.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGINT)  # as Ctrl-C: the main thread's wait is broken off at once
+        time.sleep(0.3)
+        return healthy(body)
+
+    argv = ["eval", "--policy", "endpoint", "--endpoint-mode", "chat", "--data", str(demo_dir), "--n", "6",
+            "--concurrency", "2", "--retries", "0", "--output", str(tmp_path / "out"), "--quiet"]
+    with ChatFake(respond) as fake:
+        assert main([*argv, "--endpoint", fake.url]) == 130
+        time.sleep(0.5)  # a second turn sent late would have arrived by now
+        assert len(fake.requests) == 2  # the first turns alone: no episode sent its second, none began
+    assert "run the same command again to resume" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "full" / "episodes.jsonl").exists() or read_lines(tmp_path / "out" / "full") == []
+    with ChatFake(healthy) as fake:
+        assert main([*argv, "--endpoint", fake.url]) == 0
+    lines = read_lines(tmp_path / "out" / "full")
+    assert len(lines) == len({line["question_id"] for line in lines}) == 6 and all(line["official"] == 1
+                                                                                   for line in lines)
+
+
 def test_a_refused_request_ends_its_episode_in_an_error_and_the_run_goes_on(demo_dir, tmp_path, capsys):
     """One question's second turn is refused (400, final) while three others are in flight: that episode ends in an
     error (scored 0, said in one line), the others finish, and the run writes its summary (a refusal stopped the run

@@ -10,6 +10,7 @@ prediction is a single-turn answer whose SQL is the file's, as filed, whatever m
 
 from __future__ import annotations
 
+import threading
 import zlib
 from pathlib import Path
 
@@ -161,6 +162,7 @@ class Runner:
         self.predictions = None
         self.scripted = None  # policy_factory(row, sample) -> a scripted policy, played instead of config.policy
         self.target: dict = {}
+        self.stopping = threading.Event()  # set on an interrupt: endpoint episodes send no further request
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def setup(self, all_rows: list[dict], questions: list[dict] | None = None) -> None:
@@ -296,13 +298,14 @@ class Runner:
                     if failed is not None:
                         failed.result()
             except BaseException:
+                self.stopping.set()  # an endpoint's episodes in flight end at their next turn, unwritten
                 for future in pending:
                     future.cancel()
                 running = {future: job for future, job in pending.items() if not future.cancelled()}
-                wait(running)  # as leaving the pool would: the episodes in flight finish, and are kept
+                wait(running)  # as leaving the pool would: the requests already sent are answered
                 for future, (row, sample) in running.items():
-                    if future.exception() is None:
-                        emit(row, sample, future.result(), scored=True)
+                    if future.exception() is None and future.result().get("error") != INTERRUPTED:
+                        emit(row, sample, future.result(), scored=True)  # episodes that finished are kept
                 raise
 
     def _scored(self, make_record, row, sample, mode) -> dict:  # make_record: (row, sample, mode) -> EpisodeRecord
@@ -349,9 +352,10 @@ class Runner:
         # a single-turn answer offers no tools, in either endpoint mode
         chat_policy = ToolsEndpointPolicy if config.endpoint.mode == "tools" and mode != "single" \
             else ChatEndpointPolicy
+        client = _StoppableClient(self.chat_client, self.stopping)
         try:  # without a tokenizer the episode counts the turns the server cut (finish reason "length")
-            return run_text_episode(row, config.episode_for(mode), chat_policy(self.chat_client, config.sampling,
-                                                                               seed=seed), tokenizer=self.tokenizer)
+            return run_text_episode(row, config.episode_for(mode), chat_policy(client, config.sampling, seed=seed),
+                                    tokenizer=self.tokenizer)
         except EndpointError as exc:
             if exc.unreachable:  # no server answers: the run stops, and resumes from here
                 raise EvalError(str(exc)) from None
@@ -385,6 +389,33 @@ class Runner:
         rollout.run(rows)
         if failures:
             raise EvalError(f"{failures[0]} ({len(failures)} episode(s) failed; finished results are kept)")
+
+
+INTERRUPTED = "Error: the run was interrupted before this turn"
+
+
+class _StoppableClient:
+    """A chat client that sends no request once ``stopping`` is set (Ctrl-C): each episode in flight then ends at its
+    next turn, so an interrupt waits for the requests already sent, not for every turn of every episode in flight
+    (an episode so ended is not written: a resume plays it)."""
+
+    def __init__(self, client, stopping: threading.Event):
+        self.client, self.stopping = client, stopping
+        self.enable_thinking = client.enable_thinking
+
+    def _go_on(self) -> None:
+        from t2s.backends.chat_endpoint import EndpointError
+
+        if self.stopping.is_set():
+            raise EndpointError(INTERRUPTED)
+
+    def complete(self, *args, **kwargs):
+        self._go_on()
+        return self.client.complete(*args, **kwargs)
+
+    def complete_message(self, *args, **kwargs):
+        self._go_on()
+        return self.client.complete_message(*args, **kwargs)
 
 
 class PredictionPolicy:
