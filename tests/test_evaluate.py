@@ -1084,6 +1084,29 @@ def test_an_eval_where_no_question_can_be_scored_fails_after_writing_its_folder(
         evaluate(args)
     summary = read_summary(tmp_path / "eval", "withheld")
     assert summary["n"] == 0 and summary["gold_failures"] == 3
+    # nothing scored is no accuracy of 0, as in `score`: null, and "-" in the reports
+    assert summary["execution_accuracy_official"] is None and summary["strict"] is None
+    assert "| official EX | - |" in (tmp_path / "eval" / "summary.md").read_text()
+    assert (tmp_path / "eval" / "summary.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_eval_whose_episodes_all_end_before_a_turn_or_in_an_error_fails(demo_dir, tmp_path, monkeypatch):
+    """Neither cause alone covers every episode, both together do: no episode played a turn, and the run says so
+    instead of exiting 0 on a table of zeros."""
+    from t2s.evaluation import runner
+
+    summaries = {"full": {"n_episodes": 4, "no_turn_episodes": 1, "stop_reasons": {"prompt_too_long": 1, "error": 3}}}
+    with pytest.raises(EvalError, match="none of 4 episodes was played: 1 ended before their first turn and 3 in an "
+                                        "error"):
+        runner.check_something_evaluated(summaries)
+    summaries["full"]["stop_reasons"] = {"prompt_too_long": 1, "error": 2, "submitted": 1}
+    runner.check_something_evaluated(summaries)  # one played: a result
+    from t2s.evaluation.report import episode_notes
+
+    notes = episode_notes({"n_episodes": 4, "stop_reasons": {"error": 3, "submitted": 1}, "executes_rate": 0})
+    assert any("none of the 1 played episodes' final SQL ran" in note for note in notes)  # the errors not counted
+    assert not any("final SQL ran" in note for note in episode_notes(
+        {"n_episodes": 3, "stop_reasons": {"error": 3}, "executes_rate": 0}))
 
 
 def test_an_eval_whose_every_episode_ends_in_an_error_fails(demo_dir, tmp_path, monkeypatch, caplog):

@@ -131,9 +131,9 @@ def parse_records(text: str, path: str | Path) -> list[dict]:
     suffix means JSONL)."""
     path = Path(path)
     stripped = text.lstrip()
-    # JSONL: by its name, or objects a line (a first line that is no object alone: one document, its error placed)
+    # JSONL: by its name, or objects a line (a first line cut short, "{" say, begins one document: its error placed)
     if path.suffix == ".jsonl" or (stripped.startswith("{") and not _is_single_json_object(stripped)
-                                   and _is_single_json_object(stripped.split("\n", 1)[0])):
+                                   and not _ends_unfinished(stripped.split("\n", 1)[0])):
         records = [value for _, value in jsonl_values(text, path)]
     else:
         try:
@@ -194,6 +194,17 @@ def decode_problem(exc: Exception) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return "not UTF-8 text"
     return "a number of more digits than Python reads"  # sys.get_int_max_str_digits(), 4300 by default
+
+
+def _ends_unfinished(line: str) -> bool:
+    """Whether ``line`` is valid JSON so far but ends before its value does (a document's first line)."""
+    try:
+        json.loads(line)
+    except json.JSONDecodeError as exc:
+        return exc.pos >= len(line.rstrip())
+    except (ValueError, RecursionError):
+        return False
+    return False
 
 
 def _is_single_json_object(text: str) -> bool:

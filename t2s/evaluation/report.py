@@ -37,9 +37,10 @@ DIFFICULTY_ORDER = ("simple", "moderate", "challenging")
 SCORE_KEYS = ("execution_accuracy_official", "strict", "soft_f1")
 
 
-def _mean(values) -> float:
+def _mean(values) -> float | None:
+    """The mean to 6 places; None (shown "-") of no values: nothing scored is no accuracy of 0."""
     values = list(values)
-    return round(sum(values) / len(values), 6) if values else 0.0
+    return round(sum(values) / len(values), 6) if values else None
 
 
 def _counter(line: dict, name: str) -> int:
@@ -185,10 +186,10 @@ def unscored_notes(summary: dict, limit: int = 10) -> list[str]:
 def episode_notes(summary: dict) -> list[str]:
     """One line when episodes ended before their first turn, naming the prompt's length, the budget and
     ``min_episode_tokens``; one when no episode's final SQL ran (a clean-looking table of zeros is not a result)."""
-    played = summary.get("n_episodes", 0) - summary.get("no_turn_episodes", 0)
+    errors = (summary.get("stop_reasons") or {}).get("error", 0)
+    played = summary.get("n_episodes", 0) - summary.get("no_turn_episodes", 0) - errors  # not ended before a turn
     none_ran = [f"none of the {played} played episodes' final SQL ran (executes_rate 0): each scored 0; the error "
                 "column of scores.jsonl says why"] if played > 0 and summary.get("executes_rate") == 0 else []
-    errors = (summary.get("stop_reasons") or {}).get("error", 0)
     if errors:  # the server refused or garbled their requests, or the environment failed: not the policy's doing
         none_ran.insert(0, f"{errors} of {summary.get('n_episodes', 0)} episodes ended in an error (the server "
                            "refused or garbled a request, or the environment failed): each scored 0; the error "
@@ -355,14 +356,12 @@ def plot_summaries(summaries: dict[str, dict], path) -> None:
     for i, mode in enumerate(modes):
         summary = summaries[mode]
         per = summary.get("per_difficulty") or {}
-        values = [
-            (summary if g == "all" else per.get(g, {})).get("execution_accuracy_official", 0.0) for g in groups
-        ]
+        values = [(summary if g == "all" else per.get(g, {})).get("execution_accuracy_official") for g in groups]
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(groups))]
-        bars = ax.bar(xs, values, width=width * 0.95, label=mode)
-        for bar, value in zip(bars, values):
-            ax.annotate(f"{value:.2f}", (bar.get_x() + bar.get_width() / 2, value), ha="center", va="bottom",
-                        fontsize=7)
+        bars = ax.bar(xs, [value or 0.0 for value in values], width=width * 0.95, label=mode)
+        for bar, value in zip(bars, values):  # none scored: no bar, and "-" where its figure would be
+            ax.annotate(_fmt(value, "2"), (bar.get_x() + bar.get_width() / 2, value or 0.0), ha="center",
+                        va="bottom", fontsize=7)
     counts = [
         (next(iter(summaries.values())) if g == "all"
          else next(iter(summaries.values())).get("per_difficulty", {}).get(g, {})).get("n", 0)
@@ -423,4 +422,4 @@ def sibling_table(out_dir, ks=(8, 32)) -> str:
               + [mode_summary(f"vote{k}", "full")["vote_at_k"] for k in ks]
               + [mode_summary("single", "single")["execution_accuracy_official"]])  # fmt: skip
     return "\n".join(["| " + " | ".join(heads) + " |", "|---" * len(heads) + "|",
-                      "| " + " | ".join(f"{v:.3f}" for v in values) + " |"])
+                      "| " + " | ".join(_fmt(v, "f") for v in values) + " |"])

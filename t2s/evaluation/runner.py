@@ -325,11 +325,16 @@ def check_something_evaluated(summaries: dict[str, dict]) -> None:
     before its first turn or in an error (generation or environment), or no question could be scored (every gold SQL
     fails)."""
     played = sum(s.get("n_episodes", 0) for s in summaries.values())  # the scored episodes
-    if played and sum(s.get("no_turn_episodes", 0) for s in summaries.values()) == played:
+    no_turn = sum(s.get("no_turn_episodes", 0) for s in summaries.values())
+    errors = sum(s.get("stop_reasons", {}).get("error", 0) for s in summaries.values())
+    if played and no_turn == played:
         raise EvalError("Error: every episode ended before its first turn (see the line above): nothing was evaluated")
-    if played and sum(s.get("stop_reasons", {}).get("error", 0) for s in summaries.values()) == played:
+    if played and errors == played:
         raise EvalError(f"Error: every one of {played} episodes ended in an error, the model's server or the "
                         "environment (see the lines above): the figures measure the errors, not the policy")
+    if played and no_turn + errors >= played:
+        raise EvalError(f"Error: none of {played} episodes was played: {no_turn} ended before their first turn and "
+                        f"{errors} in an error (see the lines above): nothing was evaluated")
     unscored = max((s.get("gold_failures", 0) for s in summaries.values()), default=0)
     if not played and unscored:
         raise EvalError(f"Error: no question could be scored: the gold SQL of every one of the {unscored} questions "
