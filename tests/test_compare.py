@@ -149,3 +149,22 @@ def test_a_mode_folder_without_scores_and_a_cut_off_last_line(tmp_path, capsys):
     whole.write_text((run / "scores.jsonl").read_text().rstrip("\n"))
     for other in (cut, whole):
         assert compare_runs(run, other)["n"] == 3
+
+
+@pytest.mark.parametrize("reason", ["error", "prompt_too_long"])
+def test_a_run_whose_every_episode_played_no_turn_is_refused(tmp_path, capsys, reason):
+    """Its zeros measure its server's errors (or prompts too long for the budget), not the policy: no paired
+    result, one line naming the run."""
+    run_a = _scores(tmp_path / "a", [1, 1, 0])
+    run_b = _scores(tmp_path / "b", [0, 0, 0])
+    (run_b / "episodes.jsonl").write_text("".join(json.dumps({"question_id": f"q{i}", "sample": 0, "official": 0,
+                                                             "strict": 0, "stop_reason": reason}) + "\n"
+                                                  for i in range(3)))
+    assert main(["compare", str(run_a), str(run_b)]) == 1
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"Error: B ({run_b}): every one of its 3 episodes ended in an error or before its first "
+                           "turn")
+    with open(run_b / "episodes.jsonl", "a") as handle:  # one played: a result, whatever it scored
+        handle.write(json.dumps({"question_id": "q9", "sample": 0, "official": 0, "strict": 0,
+                                 "stop_reason": "submitted"}) + "\n")
+    assert compare_runs(run_a, run_b)["n"] == 3

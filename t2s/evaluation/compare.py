@@ -66,11 +66,35 @@ def read_run(path, metric: str = "official") -> dict[str, float | None]:
     return {question_id: value for question_id, (_, value) in chosen.items()}
 
 
+UNPLAYED = ("error", "prompt_too_long")  # stop reasons of an episode that played no turn of the policy's own
+
+
+def nothing_played(run) -> str | None:
+    """Why a run's episodes measure nothing: every one of them ended in an error (its server, the environment) or
+    before its first turn; None when one played, or the run holds no episodes (a score run)."""
+    from t2s.evaluation.run_folders import RunFolderError, read_episodes
+
+    file = run_file(run)
+    episodes = file.with_name(EPISODES) if file.name == SCORES else file
+    if not episodes.is_file():
+        return None
+    try:
+        reasons = [line.get("stop_reason") for line in read_episodes(episodes)]
+    except RunFolderError:
+        return None  # read_run says what is wrong with it
+    if reasons and all(reason in UNPLAYED for reason in reasons):
+        return f"every one of its {len(reasons)} episodes ended in an error or before its first turn"
+    return None
+
+
 def compare_runs(run_a, run_b, metric: str = "official") -> dict:
     """The paired report of two runs (see the module docstring)."""
     from t2s.scoring.metrics import mcnemar_exact, paired_bootstrap
 
     scores_a, scores_b = read_run(run_a, metric), read_run(run_b, metric)
+    for label, run in (("A", run_a), ("B", run_b)):
+        if problem := nothing_played(run):  # its zeros are the errors', not the policy's
+            raise CompareError(f"Error: {label} ({run}): {problem}: it measures nothing to compare")
     missing_from_a = set(scores_b) - set(scores_a)
     missing_from_b = set(scores_a) - set(scores_b)
     if missing_from_a or missing_from_b:
