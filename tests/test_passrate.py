@@ -164,3 +164,34 @@ def test_rows_whose_gold_sql_fails_are_not_scored_and_never_kept(demo_dir, tmp_p
     assert errors == ["Error: no row could be scored: the gold SQL of every one of the 3 rows fails on its database; "
                       "check --data and --db-root (nothing written)"]
     assert not (tmp_path / "b" / "passrate_kept.json").exists()
+
+
+def test_rows_whose_episodes_end_in_an_error_are_not_measured_and_never_kept(demo_dir, tmp_path, capsys):
+    """An episode its server refused scores 0 but says nothing of the question: its row is not counted as unsolved
+    (with --min-solved 0 it would be kept as a hard question made of server errors). When every row is so, the
+    command fails with one line and writes nothing."""
+    from tests.test_evaluate import ChatFake, gold_by_question, good_agent, question_of
+
+    healthy = good_agent(gold_by_question(demo_dir))
+    picked = select_rows(load_json_rows(demo_dir / "dev.json"), 3, 0)  # the rows --n 3 plays
+    refused = picked[0]["question"]
+
+    def respond(body):
+        return (400, {"error": "refused"}) if question_of(body) == refused else healthy(body)
+
+    flags = ["--data", str(demo_dir / "dev.json"), "--n", "3", "--policy", "endpoint", "--endpoint-mode", "chat",
+             "--k", "2", "--min-solved", "0", "--max-solved", "2", "--retries", "0"]
+    with ChatFake(respond) as fake:
+        assert main(["data", "passrate", *flags, "--endpoint", fake.url, "--output", str(tmp_path / "a")]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"1 rows not measured, an episode of theirs ended in an error or before its first turn (never kept; run " \
+           f"again to measure them): {picked[0]['question_id']}" in out
+    assert "not measured (an episode played no turn)" in out and "not scored (gold SQL fails)" not in out
+    kept = json.loads((tmp_path / "a" / "passrate_kept.json").read_text())
+    assert sorted(row["question_id"] for row in kept) == sorted(str(row["question_id"]) for row in picked[1:])
+    with ChatFake(lambda body: (400, {"error": "refused"})) as fake:
+        assert main(["data", "passrate", *flags, "--endpoint", fake.url, "--output", str(tmp_path / "b")]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and errors[0].startswith("Error: no solve count was measured: an episode of every one "
+                                                     "of the 3 rows ended in an error")
+    assert not (tmp_path / "b" / "passrate_kept.json").exists()

@@ -407,14 +407,20 @@ def _passrate(args) -> int:
     counts = passrate.policy_counts(rows, PolicyConfig.from_options(vars(args)))
     kept = passrate.keep_partially_solved(rows, counts, args.k, args.min_solved, high)
     print_table(console, passrate.histogram_table(counts, args.k, args.min_solved, high))
-    unscored = [str(row.get("question_id")) for row, solved in zip(rows, counts) if solved is None]
+    from t2s.ui.console import some
+
+    unplayed = getattr(counts, "unplayed", [])
+    unscored = [str(row.get("question_id")) for row, solved in zip(rows, counts)
+                if solved is None and str(row.get("question_id")) not in unplayed]
+    if unplayed:
+        console.print(f"{len(unplayed)} rows not measured, an episode of theirs ended in an error or before its "
+                      f"first turn (never kept; run again to measure them): {some(unplayed)}", style="yellow",
+                      highlight=False)
     if unscored and len(unscored) == len(rows):
         print(f"Error: no row could be scored: the gold SQL of every one of the {len(rows)} rows fails on its "
               "database; check --data and --db-root (nothing written)", file=sys.stderr)
         return 1
     if unscored:
-        from t2s.ui.console import some
-
         console.print(f"{len(unscored)} rows not scored, their gold SQL fails (never kept): {some(unscored)}",
                       style="yellow", highlight=False)
     path = output_file(args, OUTPUT_FILES["passrate"])

@@ -95,11 +95,13 @@ def keep_partially_solved(rows: Sequence[dict], counts: Sequence[int], k: int, l
 
 def histogram_table(counts: Sequence[int], k: int, low: int, high: int):
     """A rich table: how many rows were solved 0..k times, and which of them are kept; rows that cannot be scored
-    (count None) in a row of their own."""
+    (count None) in a row of their own, and those not measured (``SolveCounts.unplayed``) in another."""
     from rich.table import Table
     from rich.text import Text
 
     histogram = Counter(counts)
+    unplayed = len(getattr(counts, "unplayed", []))
+    histogram[None] -= unplayed
     table = Table(title=f"pass rate over {k} samples")
     table.add_column("solved")
     table.add_column("rows", justify="right")
@@ -108,6 +110,8 @@ def histogram_table(counts: Sequence[int], k: int, low: int, high: int):
         table.add_row(f"{solved}/{k}", str(histogram.get(solved, 0)), "yes" if low <= solved <= high else "")
     if histogram.get(None):
         table.add_row("not scored (gold SQL fails)", str(histogram[None]), "")
+    if unplayed:
+        table.add_row("not measured (an episode played no turn)", str(unplayed), "")
     kept = sum(n for s, n in histogram.items() if s is not None and low <= s <= high)
     table.add_row(*(Text(cell, style="bold") for cell in ("total", str(len(counts)), f"{kept} kept")), end_section=True)
     return table

@@ -401,12 +401,20 @@ def play_jobs(runner: Runner, jobs: list[tuple[dict, int]], mode: str, on_line, 
         progress.close()
 
 
-def solve_counts(rows: list[dict], config: PolicyConfig, *, policy_factory=None,
-                 mode: str = "full") -> list[int | None]:
-    """For each row, how many of ``config.k`` samples end in an official match, played and scored as ``eval`` does;
-    None for a row that cannot be scored (its gold SQL fails, times out or goes over the scoring cap).
+class SolveCounts(list):
+    """Solve counts, one a row (None: not measured); ``unplayed``: the ids of the rows not measured because an episode
+    of theirs played no turn (it ended in an error, or before its first turn), which a count of 0 would call hard."""
 
-    ``policy_factory(row, sample)`` plays a scripted policy instead of ``config.policy``. Raises EvalError.
+    unplayed: list[str]
+
+
+def solve_counts(rows: list[dict], config: PolicyConfig, *, policy_factory=None, mode: str = "full") -> SolveCounts:
+    """For each row, how many of ``config.k`` samples end in an official match, played and scored as ``eval`` does;
+    None for a row that cannot be scored (its gold SQL fails, times out or goes over the scoring cap) or one of whose
+    episodes played no turn (``SolveCounts.unplayed``).
+
+    ``policy_factory(row, sample)`` plays a scripted policy instead of ``config.policy``. Raises EvalError, also when
+    no episode played a turn.
     """
     runner = Runner(config)
     if policy_factory is not None:
@@ -417,16 +425,23 @@ def solve_counts(rows: list[dict], config: PolicyConfig, *, policy_factory=None,
         runner.setup(rows)
     rows = [dict(row) for row in rows]  # one object per position, even where the caller repeats a row
     position = {id(row): index for index, row in enumerate(rows)}
-    counts: list[int | None] = [0] * len(rows)
+    counts, unplayed = SolveCounts([0] * len(rows)), set()
 
     def count(row, line) -> None:
         index = position[id(row)]
-        if line["official"] is None or counts[index] is None:
-            counts[index] = None  # unscorable: a count of 0 would call it unsolved
+        if line.get("stop_reason") in ("error", "prompt_too_long"):
+            unplayed.add(index)
+        if line["official"] is None or counts[index] is None or index in unplayed:
+            counts[index] = None  # unscorable, or not measured: a count of 0 would call it unsolved
         else:
             counts[index] += int(line["official"])
 
     jobs = [(row, sample) for row in rows for sample in range(config.k)]
     label = "scripted" if policy_factory is not None else config.policy
     play_jobs(runner, jobs, mode, count, Progress(len(jobs), [], f"{label}: solving x{config.k}", quiet=config.quiet))
+    if rows and len(unplayed) == len(rows) and all(c is None for c in counts):
+        raise EvalError(f"Error: no solve count was measured: an episode of every one of the {len(rows)} rows ended "
+                        "in an error (the server refused or garbled a request, or the environment failed) or before "
+                        "its first turn (its prompt left no room in the episode token budget)")
+    counts.unplayed = [str(rows[index].get("question_id")) for index in sorted(unplayed)]
     return counts
