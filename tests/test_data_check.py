@@ -181,6 +181,19 @@ def test_prepare_with_nothing_present(tmp_path, capsys):
     assert "Nothing to check yet" in " ".join(capsys.readouterr().out.split())
 
 
+def test_prepare_where_every_data_file_found_is_skipped_exits_1(tmp_path, capsys):
+    """A data file found whose databases are not there yet is skipped; when that is every one, nothing was checked:
+    one line, exit 1, not a clean end."""
+    data = tmp_path / "bird" / "dev.json"
+    data.parent.mkdir(parents=True)
+    data.write_text(json.dumps([{"question_id": 1, "question": "q", "SQL": "SELECT 1", "db_id": "shop"}]))
+    assert main(["data", "prepare", "--data-dir", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "skipped" in captured.out
+    assert captured.err.strip().splitlines()[-1] == ("Error: none of the 1 data files found could be checked (each "
+                                                     "skipped, above)")
+
+
 def test_make_demo_then_check_it(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["data", "make-demo", "--output", str(out)]) == 0

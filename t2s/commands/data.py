@@ -165,9 +165,6 @@ def _console():
     return console()
 
 
-# ----------------------------------------------------------------------------------------------------------------
-
-
 def load_for_command(args, *, require_databases=None):
     """Rows of --data by --kind (auto-detected BIRD/Spider/SynSQL JSON by default); with --n, the rows eval's seeded
     pick (``questions.select_rows``) takes from the whole file."""
@@ -277,16 +274,21 @@ def _prepare(args) -> int:
             found += _find_data_files(folder)
     if not found:
         console.print(f"No data files found under {', '.join(map(str, dirs))}. Nothing to check yet.")
-    failed = 0
+    failed, skipped = 0, 0
     for data_file in found:
         try:
             rows = loaders.load_json_rows(data_file)
         except data_rows.DataError as exc:
             console.print(f"{data_file}: skipped. {exc}", style="yellow")
+            skipped += 1
             continue
         summary = check_and_report(rows, console=console, data_file=data_file, db_root=rows.db_root,
                                    workers=args.workers, title=f"gold SQL check: {data_file}")
         failed |= _none_ran(summary, f"in {data_file}: check its databases", present_only=True)
+    if found and skipped == len(found):  # found, and not one checked: no result
+        print(f"Error: none of the {len(found)} data files found could be checked (each skipped, above)",
+              file=sys.stderr)
+        return 1
     return failed
 
 
@@ -314,9 +316,6 @@ def _find_data_files(folder: Path, depth: int = 3) -> list[Path]:
             elif entry.is_dir() and level < depth and not entry.name.endswith(("databases", "database")):
                 stack.append((entry, level + 1))
     return sorted(found)
-
-
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def _difficulty(args) -> int:
@@ -380,9 +379,6 @@ def print_figures(console, figures: dict, title: str) -> None:
     console.print(f"accuracy {pct(figures['accuracy'])} | simple+moderate kept by the filter "
                   f"{pct(figures['kept_simple_moderate'])} | "
                   f"challenging excluded {pct(figures['excluded_challenging'])}")
-
-
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def _passrate(args) -> int:
