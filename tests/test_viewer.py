@@ -474,3 +474,17 @@ def test_a_line_break_in_an_id_or_database_stays_in_its_row(demo_dir, tmp_path, 
     # the list is sorted by id, and the two episodes were written in the order they finished: found by content
     [changed] = [row for row in rows if row[0].startswith(f"{first[0]['question_id']} fake")]
     assert len(rows) == 2 and "a b" in changed
+
+
+def test_show_on_a_run_stopped_before_its_first_episode_says_so(demo_dir, tmp_path, capsys):
+    """An eval killed before it wrote an episode leaves an empty episodes.jsonl: show says that, alone or in a pair,
+    instead of "no episode of 0 matches" or "share no question"."""
+    gold_eval(demo_dir, tmp_path / "done")
+    gold_eval(demo_dir, tmp_path / "empty")
+    (tmp_path / "empty" / "full" / "episodes.jsonl").write_text("")
+    capsys.readouterr()
+    for argv in (["show", str(tmp_path / "empty")], ["show", str(tmp_path / "done"), str(tmp_path / "empty")]):
+        assert main(argv) == 1
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert line == (f"Error: {tmp_path / 'empty'} holds no episodes yet (its run stopped before the first was "
+                        "written)")

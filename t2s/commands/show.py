@@ -46,6 +46,9 @@ def run(args) -> int:
     filters = dict(wrong=args.wrong, tier=args.tier, db=args.db, ids=args.id)
     lines = run_episodes(args.run, args.mode)
     lines_b = run_episodes(args.run_b, args.mode) if args.run_b else []
+    for run, held in ((args.run, lines), (args.run_b, lines_b if args.run_b else [None])):
+        if not held:  # a run stopped before its first episode was written: nothing to show, nor to pair
+            raise T2SError(f"Error: {run} holds no episodes yet (its run stopped before the first was written)")
     ids_a, ids_b = ({str(x.get("question_id")) for x in run} for run in (lines, lines_b))
     if args.run_b and not ids_a & ids_b:
         raise T2SError(f"Error: {args.run} and {args.run_b} share no question, so they cannot be paired (as `compare` "
