@@ -138,11 +138,10 @@ def _attach_databases(rows: list[dict], db_root: Path, data_file: Path, require_
                 f"Error: the database folder {db_root} does not exist (needed by {data_file}). "
                 f"Download the databases and unpack them there, or pass --db-root."
             )
-        folders = ", ".join(str(db_root / db) for db in sorted(missing)[:5])
+        files = ", ".join(str(database_file(db_root, db)) for db in sorted(missing)[:5])  # the folder may be there
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise DataError(
-            f"Error: {len(missing)} database folder(s) missing under {db_root} for {data_file}: {folders}{more}"
-        )
+        raise DataError(f"Error: {len(missing)} database file(s) missing under {db_root} for {data_file}: "
+                        f"{files}{more}")
     log.warning(result.missing_summary())
     return result
 
