@@ -164,6 +164,10 @@ def test_a_run_whose_every_episode_played_no_turn_is_refused(tmp_path, capsys, r
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"Error: B ({run_b}): every one of its 3 episodes ended in an error or before its first "
                            "turn")
+    with open(run_b / "episodes.jsonl", "a") as handle:  # another sample of each played: only sample 0 is paired
+        handle.write("".join(json.dumps({"question_id": f"q{i}", "sample": 1, "official": 1, "strict": 1,
+                                         "stop_reason": "submitted"}) + "\n" for i in range(3)))
+    assert main(["compare", str(run_a), str(run_b)]) == 1 and "every one of its 3 episodes" in capsys.readouterr().err
     with open(run_b / "episodes.jsonl", "a") as handle:  # one played: a result, whatever it scored
         handle.write(json.dumps({"question_id": "q9", "sample": 0, "official": 0, "strict": 0,
                                  "stop_reason": "submitted"}) + "\n")

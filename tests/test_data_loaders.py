@@ -450,16 +450,24 @@ def test_a_db_id_too_long_for_a_file_name_is_a_missing_database_not_a_crash(tmp_
     assert outcome["outcome"] == "missing_db"
 
 
-def test_an_output_file_is_written_whole_or_left_as_it_was(tmp_path):
+def test_an_output_file_is_written_whole_or_left_as_it_was(tmp_path, monkeypatch):
+    import os
+
     from t2s.data.rows import write_text_whole
 
     path = tmp_path / "out" / "dev.json"
     write_text_whole(path, json.dumps(["caf\u00e9", "lone \udcff"], ensure_ascii=False))
     assert json.loads(path.read_text(encoding="utf-8")) == ["café", "lone \udcff"]  # the escape reads back the same
-    with pytest.raises(AttributeError):
-        write_text_whole(path, None)  # a writer failing midway
-    assert json.loads(path.read_text(encoding="utf-8"))[0] == "café" and [p.name for p in path.parent.iterdir()] == [
-        "dev.json"]
+
+    def interrupted(source, target):  # the new text written in full, then the run killed before it takes the place
+        assert Path(source).read_text() == '["new"]'
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write_text_whole(path, '["new"]')
+    assert json.loads(path.read_text(encoding="utf-8"))[0] == "café"  # the old file, whole
+    assert [p.name for p in path.parent.iterdir()] == ["dev.json"]  # and no staged file left behind
 
 
 def test_a_broken_json_document_of_many_lines_is_placed_where_it_breaks(tmp_path):

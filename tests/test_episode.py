@@ -149,6 +149,23 @@ def test_a_submit_that_fails_at_a_later_row_does_not_run_and_falls_back(db_row, 
         assert ("malformed" in record["turns"][-2]["observation"]) is False
 
 
+def test_a_submit_whose_first_rows_come_runs_though_its_whole_result_takes_longer_than_a_tool_call(db_row,
+                                                                                                  tmp_path):
+    """The check reads the whole result only to find an error at a later row: running out of the tool's time there
+    is no error (scoring gives the query its own deadline), so a slow right answer is not swapped for the fallback."""
+    path = tmp_path / "big.sqlite"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE big (v INTEGER)")
+        conn.executemany("INSERT INTO big VALUES (?)", ((i,) for i in range(300_000)))
+    conn.close()
+    row = {**db_row, "db_id": "big", "db_path": str(path), "gold_sql": "SELECT v FROM big"}
+    whole = databases.run_tool_query(databases.ref_from_row(row), "SELECT v FROM big", max_rows=None, timeout=0.02)
+    assert whole.timed_out  # its whole result takes longer than this tool time limit
+    record = play(row, [turn(call("run_query", sql="SELECT 1")), turn(call("submit_sql", sql="SELECT v FROM big"))],
+                  tool_timeout=0.02)
+    assert record["final_sql"] == "SELECT v FROM big" and record["final_sql_source"] == "submitted"
+
+
 def test_broken_submit_with_nothing_to_fall_back_to_is_kept_as_written(db_row):
     record = play(db_row, [turn(call("submit_sql", sql="SELECT nope FROM members"))])
     assert record["final_sql"] == "SELECT nope FROM members" and record["final_sql_source"] == "submitted"

@@ -195,3 +195,15 @@ def test_rows_whose_episodes_end_in_an_error_are_not_measured_and_never_kept(dem
     assert len(errors) == 1 and errors[0].startswith("Error: no solve count was measured: an episode of every one "
                                                      "of the 3 rows ended in an error")
     assert not (tmp_path / "b" / "passrate_kept.json").exists()
+    # the two causes together: one row's gold SQL fails, the others' episodes are refused: nothing measured either
+    records = json.loads((demo_dir / "dev.json").read_text())
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps([dict(r, SQL="SELECT nope FROM nowhere") if str(r["question_id"]) == str(
+        picked[0]["question_id"]) else r for r in records]))
+    mixed = ["--data", str(broken), "--db-root", str(demo_dir / "dev_databases"), *flags[2:]]
+    with ChatFake(lambda body: healthy(body) if question_of(body) == refused else (400, {"error": "no"})) as fake:
+        assert main(["data", "passrate", *mixed, "--endpoint", fake.url, "--output", str(tmp_path / "c")]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
+    assert errors == ["Error: no row was measured: 1 rows' gold SQL fails and 2 rows had an episode that played no "
+                      "turn (see above; nothing written)"]
+    assert not (tmp_path / "c" / "passrate_kept.json").exists()

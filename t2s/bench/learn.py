@@ -50,13 +50,19 @@ def gain(values: list[float], window: int = WINDOW) -> float:
 
 def cycle_window(recipe: Path, questions: int, steps: int, overrides: tuple[str, ...] = ()) -> int:
     """The steps of one pass over ``questions`` under ``recipe`` with ``overrides`` (at most half of ``steps``): a gain
-    over such windows compares each question's first visit with its last, so their difficulty leaves the difference
-    (the trainer's sampler draws every question once per pass)."""
+    over such windows (``pass_gain``) compares each question's first visit with its last, so their difficulty leaves
+    the difference. TRL's sampler draws the questions in a new order each pass, as many whole steps as they fill (a
+    last step they would fill only in part is left out)."""
     from t2s.training.configs import parse_recipe
 
     _, args, _ = parse_recipe(["--config", str(recipe), *overrides])
     per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps // args.num_generations
-    return max(1, min(steps // 2, -(-questions // max(1, per_step))))
+    return max(1, min(steps // 2, questions // max(1, per_step)))
+
+
+def pass_gain(values: list[float], window: int) -> float:
+    """``gain`` over the first pass and the last whole one (steps past the last whole pass are left out)."""
+    return gain(values[: len(values) // window * window], window)
 
 
 def missed_targets(grpo_gain: float, control_gain: float, start: float, seconds: float) -> list[str]:

@@ -363,7 +363,7 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
     offline_environment()
     import datasets
 
-    from t2s.bench.learn import cycle_window, gain, plot_curves
+    from t2s.bench.learn import cycle_window, pass_gain, plot_curves
     from t2s.evaluation.compare import compare_runs
     from t2s.training.progress import quiet_libraries
     from t2s.ui.console import console as make_console, print_table
@@ -429,7 +429,7 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
     window = cycle_window(RECIPES_DIR / RL_RECIPE, grpo_questions, steps, grpo_flags)
     log(f"gains: the mean equivalence of the last {window} steps minus the first {window} (each one pass over the "
         f"{grpo_questions} GRPO questions)")
-    train_gain, control_gain = gain(equiv["grpo"], window), gain(equiv["control"], window)
+    train_gain, control_gain = pass_gain(equiv["grpo"], window), pass_gain(equiv["control"], window)
     plot = output / "learn_real.png"
     plot_curves(plot, runs, f"{model.name}: GRPO vs permuted-reward control on training questions (seed {seed})")
     log(f"curves in {plot}")

@@ -412,6 +412,10 @@ def _passrate(args) -> int:
         console.print(f"{len(unplayed)} rows not measured, an episode of theirs ended in an error or before its "
                       f"first turn (never kept; run again to measure them): {some(unplayed)}", style="yellow",
                       highlight=False)
+    if unplayed and len(unscored) + len(unplayed) == len(rows):  # both causes together: nothing measured either
+        print(f"Error: no row was measured: {len(unscored)} rows' gold SQL fails and {len(unplayed)} rows had an "
+              "episode that played no turn (see above; nothing written)", file=sys.stderr)
+        return 1
     if unscored and len(unscored) == len(rows):
         print(f"Error: no row could be scored: the gold SQL of every one of the {len(rows)} rows fails on its "
               "database; check --data and --db-root (nothing written)", file=sys.stderr)

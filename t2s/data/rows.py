@@ -131,9 +131,10 @@ def parse_records(text: str, path: str | Path) -> list[dict]:
     suffix means JSONL)."""
     path = Path(path)
     stripped = text.lstrip()
+    first_line = stripped[:stripped.find("\n")] if "\n" in stripped else stripped  # a slice: the text is not split
     # JSONL: by its name, or objects a line (a first line cut short, "{" say, begins one document: its error placed)
     if path.suffix == ".jsonl" or (stripped.startswith("{") and not _is_single_json_object(stripped)
-                                   and not _ends_unfinished(stripped.split("\n", 1)[0])):
+                                   and not _ends_unfinished(first_line)):
         records = [value for _, value in jsonl_values(text, path)]
     else:
         try:

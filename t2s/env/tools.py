@@ -368,15 +368,21 @@ class Toolbox:
     # -- the final-SQL check ------------------------------------------------------------------------------------------
 
     def executes(self, sql, *, timeout: float | None = None) -> tuple[bool, bool]:
-        """(runs without error, was a write attempt): a run to the last row on the tool connection, under the tool's
-        time limit and the scoring caps (a result past them ran without error as far as it went)."""
+        """(runs without error, was a write attempt) on the tool connection, under the tool's time limit: its first
+        rows; then, where more rows follow, the whole of it under the scoring caps, so that an error at a later row
+        rules it out. That whole run running out of time, or past the caps, is no error: the query's first rows came,
+        and scoring gives it its own, longer deadline."""
         if not isinstance(sql, str) or not sql.strip():
             return False, False
+        timeout = timeout or self.tool_timeout
         try:
-            result = databases.run_tool_query(self.db, sql, max_rows=None, timeout=timeout or self.tool_timeout)
+            first = databases.run_tool_query(self.db, sql, max_rows=1, timeout=timeout)
+            if not first.ok or not first.more:  # it failed, or its first rows were all of it
+                return first.ok, bool(first.write_attempt)
+            whole = databases.run_tool_query(self.db, sql, max_rows=None, timeout=timeout)
         except Exception:
             return False, False
-        return result.ok, bool(result.write_attempt)
+        return whole.ok or bool(whole.timed_out), bool(first.write_attempt or whole.write_attempt)
 
 
 def _label(tool: str, args: dict) -> str:

@@ -70,20 +70,31 @@ UNPLAYED = ("error", "prompt_too_long")  # stop reasons of an episode that playe
 
 
 def nothing_played(run) -> str | None:
-    """Why a run's episodes measure nothing: every one of them ended in an error (its server, the environment) or
-    before its first turn; None when one played, or the run holds no episodes (a score run)."""
-    from t2s.evaluation.run_folders import RunFolderError, read_episodes
+    """Why a run's paired episodes (each question's lowest sample, as ``read_run`` takes) measure nothing: every one
+    ended in an error (its server, the environment) or before its first turn; None when one played, or the run holds
+    no episodes (a score run). The file is read a line at a time, keeping only each question's stop reason."""
+    import json
 
     file = run_file(run)
     episodes = file.with_name(EPISODES) if file.name == SCORES else file
     if not episodes.is_file():
         return None
+    chosen: dict[str, tuple[int, object]] = {}
     try:
-        reasons = [line.get("stop_reason") for line in read_episodes(episodes)]
-    except RunFolderError:
-        return None  # read_run says what is wrong with it
-    if reasons and all(reason in UNPLAYED for reason in reasons):
-        return f"every one of its {len(reasons)} episodes ended in an error or before its first turn"
+        with open(episodes, encoding="utf-8") as handle:
+            for text in handle:
+                line = json.loads(text) if text.strip() else None
+                if not isinstance(line, dict):
+                    continue
+                question, sample = str(line.get("question_id")), line.get("sample") or 0
+                if not isinstance(sample, int) or isinstance(sample, bool):
+                    return None  # read_run says what is wrong with it
+                if question not in chosen or sample < chosen[question][0]:
+                    chosen[question] = (sample, line.get("stop_reason"))
+    except (OSError, ValueError, RecursionError):  # a cut-off last line, a damaged file: read_run speaks for it
+        return None
+    if chosen and all(reason in UNPLAYED for _, reason in chosen.values()):
+        return f"every one of its {len(chosen)} episodes ended in an error or before its first turn"
     return None
 
 

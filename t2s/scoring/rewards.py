@@ -60,7 +60,7 @@ class ExecutionOutcome:
     question_id: str | None = None
     final_sql: str | None = None
     parses: bool = False  # parses as SQLite statements (sqlglot)
-    executes: bool = False  # ran to completion without error, timeout or going over the scoring cap
+    executes: bool = False  # ran without error or timeout (a result over the scoring cap ran: over_cap says so)
     equivalent: bool = False  # official set equality with the gold result
     f1: float = 0.0  # F1 of normalised cell multisets against gold
     join: bool = False  # gold reads >= 2 tables and the prediction reads exactly the same set
