@@ -391,8 +391,10 @@ def test_predictions_of_other_questions_than_the_picked_ones_are_refused_naming_
     predictions = _write(tmp_path / "p.jsonl", json.dumps({"question_id": 103, "sql": "SELECT 1"}))
     rows = list(load_json_rows(bird_dir / "dev.json"))
     with pytest.raises(Exception, match=r"none of the 2 questions to score \(such as 100, 101\) has a prediction in "
-                                        r".*, which predicts 1 other questions of the data and 0 ids not in it; "):
+                                        r".*, which predicts 1 other questions of the data \(on (\w+)\) and 0 ids "
+                                        r"not in it; ") as raised:
         read_predictions(predictions, rows, rows[:2])
+    assert raised.match(rf"\(on {re.escape(str(rows[3]['db_id']))}\)")  # where they are: a database left out, say
     assert read_predictions(predictions, rows, rows[2:]).missing_ids == ["102"]  # one predicted among them: a result
 
 

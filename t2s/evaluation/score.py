@@ -84,10 +84,14 @@ def read_predictions(path, rows: list[dict], questions: list[dict] | None = None
     if wanted and len(out.missing_ids) == len(wanted):
         from t2s.ui.console import some
 
+        scored = {row["question_id"] for row in wanted}  # where the predicted ones are: a database skipped, say
+        elsewhere = sorted({str(row["db_id"]) for row in rows if row["question_id"] in out.sql and
+                            row["question_id"] not in scored})
         raise PredictionsError(
             f"Error: none of the {len(wanted)} questions to score (such as "
             f"{some([row['question_id'] for row in wanted], limit=3)}) has a prediction in {path}, which predicts "
-            f"{len(out.sql)} other questions of the data and {len(out.unknown_ids)} ids not in it"
+            f"{len(out.sql)} other questions of the data"
+            + (f" (on {some(elsewhere, limit=3)})" if elsewhere else "") + f" and {len(out.unknown_ids)} ids not in it"
             + (f" ({some(out.unknown_ids, limit=3)})" if out.unknown_ids else "")
             + "; check that the predictions, the data and --n go together")
     out.warnings = prediction_warnings(out)
