@@ -144,8 +144,8 @@ def test_a_submit_that_fails_at_a_later_row_does_not_run_and_falls_back(db_row, 
         turns = [turn(call("run_query", sql="SELECT v FROM t"))] + [turn(call("run_query", sql=late))] * shown
         record = play(row, [*turns, turn(call("submit_sql", sql=late))])
         assert record["submitted_sql"] == late and record["final_sql_source"] == "fallback", shown
-        # the fallback is the last run_query that ran without error as its caller saw it (DESIGN §3)
-        assert record["final_sql"] == (late if shown else "SELECT v FROM t")
+        # the fallback: the last run_query that ran without error, not the one the check found failing
+        assert record["final_sql"] == "SELECT v FROM t" and record["counters"]["fallback_used"]
         assert ("malformed" in record["turns"][-2]["observation"]) is False
 
 

@@ -2,8 +2,8 @@
 
 The caller feeds assistant turns (text) and its own token counts; the episode runs the calls, enforces every
 budget, renders the next observation and finally picks the final SQL:
-1. the submitted SQL, if it executes;  2. else the forced answer, if it executes;
-3. else the last ``run_query`` that ran without error (fallback);  4. else the submitted/forced SQL as written, or none.
+1. the submitted SQL, if it executes;  2. else the forced answer, if it executes;  3. else the last ``run_query`` that
+ran without error, unless that check failed it (fallback);  4. else the submitted/forced SQL as written, or none.
 
 Mode ``single`` is the single-turn protocol (``t2s.env.single_turn``): one turn, no tools, the turn's SQL is the
 answer as written; the only budget is the episode's, so a prompt ends it unplayed only when it leaves no token.
@@ -120,6 +120,7 @@ class Episode:
         self.submitted_sql: str | None = None
         self.forced_sql: str | None = None
         self.last_working_sql: str | None = None
+        self.working_sqls: dict[str, None] = {}  # every run_query that ran without error, the latest last
         self.final_sql: str | None = None
         self.final_sql_source = "none"
         self._runs: dict[str, bool] = {}  # SQL -> ran to its last row without error (the final-SQL check's runs)
@@ -150,10 +151,8 @@ class Episode:
             self._finish("prompt_too_long")
 
     def next_max_tokens(self) -> int:
-        """Tokens the next generation call may use; 0 means the budget is spent and the episode is over.
-
-        One token of the budget is always left for the ``<|im_end|>`` that closes a turn cut off by its limit.
-        """
+        """Tokens the next generation call may use (0: the budget is spent and the episode over); one token of the
+        budget is always left for the ``<|im_end|>`` that closes a turn cut off by its limit."""
         if self.done:
             return 0
         cfg = self.config
@@ -272,6 +271,8 @@ class Episode:
                 else:
                     self.failed_streak = 0
                     self.last_working_sql = result.sql  # run_query reads its first rows only: no _runs entry
+                    self.working_sqls.pop(result.sql, None)
+                    self.working_sqls[result.sql] = None
             results.append(result)
             if used >= tool_budget and stop_reason is None:
                 stop_reason = "tool_time"
@@ -424,8 +425,8 @@ class Episode:
             self.final_sql, self.final_sql_source = self.submitted_sql, "submitted"
         elif self._executes(self.forced_sql):
             self.final_sql, self.final_sql_source = self.forced_sql, "forced"
-        elif self.last_working_sql is not None:
-            self.final_sql, self.final_sql_source = self.last_working_sql, "fallback"
+        elif fallback := next((sql for sql in reversed(self.working_sqls) if self._runs.get(sql, True)), None):
+            self.final_sql, self.final_sql_source = fallback, "fallback"
             self.counters["fallback_used"] = 1
         elif self.submitted_sql is not None:
             self.final_sql, self.final_sql_source = self.submitted_sql, "submitted"
