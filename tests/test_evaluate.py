@@ -596,10 +596,15 @@ def test_ctrl_c_waits_for_the_requests_already_sent_not_for_whole_episodes(demo_
 
     argv = ["eval", "--policy", "endpoint", "--endpoint-mode", "chat", "--data", str(demo_dir), "--n", "6",
             "--concurrency", "2", "--retries", "0", "--output", str(tmp_path / "out"), "--quiet"]
-    with ChatFake(respond) as fake:
-        assert main([*argv, "--endpoint", fake.url]) == 130
-        time.sleep(0.5)  # a second turn sent late would have arrived by now
-        assert len(fake.requests) == 2  # the first turns alone: no episode sent its second, none began
+    # Ctrl-C's own handler, whatever an earlier test's library left installed for SIGINT in this process
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with ChatFake(respond) as fake:
+            assert main([*argv, "--endpoint", fake.url]) == 130
+            time.sleep(0.5)  # a second turn sent late would have arrived by now
+            assert len(fake.requests) == 2  # the first turns alone: no episode sent its second, none began
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
     assert "run the same command again to resume" in capsys.readouterr().err
     assert not (tmp_path / "out" / "full" / "episodes.jsonl").exists() or read_lines(tmp_path / "out" / "full") == []
     with ChatFake(healthy) as fake:
