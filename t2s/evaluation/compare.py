@@ -66,14 +66,13 @@ def read_run(path, metric: str = "official") -> dict[str, float | None]:
     return {question_id: value for question_id, (_, value) in chosen.items()}
 
 
-UNPLAYED = ("error", "prompt_too_long")  # stop reasons of an episode that played no turn of the policy's own
-
-
 def nothing_played(run) -> str | None:
     """Why a run's paired episodes (each question's lowest sample, as ``read_run`` takes) measure nothing: every one
     ended in an error (its server, the environment) or before its first turn; None when one played, or the run holds
     no episodes (a score run). The file is read a line at a time, keeping only each question's stop reason."""
     import json
+
+    from t2s.evaluation.records import UNPLAYED
 
     file = run_file(run)
     episodes = file.with_name(EPISODES) if file.name == SCORES else file

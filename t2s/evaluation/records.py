@@ -12,6 +12,9 @@ import json
 import math
 
 PREVIEW_ROWS = 10
+#: stop reasons of an episode that played no turn of the policy's own: its server or the environment failed, or its
+#: prompt left no room in the budget (its 0 says nothing of the policy: compare and passrate leave such episodes out)
+UNPLAYED = ("error", "prompt_too_long")
 PREVIEW_CELL_CHARS = 200
 SCORE_KEYS = ("question_id", "sample", "db_id", "difficulty", "official", "strict", "soft_f1", "executes", "error",
               "gold_error")

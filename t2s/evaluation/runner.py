@@ -21,7 +21,7 @@ from pathlib import Path
 
 from t2s.env.databases import file_checksum
 from t2s.errors import writing
-from t2s.evaluation.records import EVAL_LINE_KEYS, line_problem, score_record
+from t2s.evaluation.records import EVAL_LINE_KEYS, UNPLAYED, line_problem, score_record
 from t2s.evaluation.policies import Runner
 from t2s.errors import EvalError
 from t2s.env import single_turn
@@ -429,7 +429,7 @@ def solve_counts(rows: list[dict], config: PolicyConfig, *, policy_factory=None,
 
     def count(row, line) -> None:
         index = position[id(row)]
-        if line.get("stop_reason") in ("error", "prompt_too_long"):
+        if line.get("stop_reason") in UNPLAYED:
             unplayed.add(index)
         if line["official"] is None or counts[index] is None or index in unplayed:
             counts[index] = None  # unscorable, or not measured: a count of 0 would call it unsolved
