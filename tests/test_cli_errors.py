@@ -211,6 +211,21 @@ def test_a_model_folder_that_is_not_there_is_named_and_no_output_folder_is_left(
     assert not (tmp_path / "out").exists()  # the run made it, and left it empty: it is gone again
 
 
+HEAVY_IMPORTS_SCRIPT = ("import sys\nfrom t2s.commands import main\ncode = main(sys.argv[1:])\n"
+                        "print(sorted(set(sys.modules) & {'torch', 'transformers', 'trl', 'vllm'}))\nsys.exit(code)\n")
+
+
+@pytest.mark.parametrize("policy", ["model", "vllm"])
+def test_a_missing_model_is_told_before_torch_or_vllm_is_imported(demo_dir, tmp_path, policy):
+    """A mistyped --model is answered at once, not after the seconds torch's and vLLM's imports take."""
+    done = subprocess.run([sys.executable, "-c", HEAVY_IMPORTS_SCRIPT, *_eval(demo_dir, tmp_path / "out", "--policy",
+                                                                             policy, "--model", "/no/such/model")],
+                          capture_output=True, text=True, timeout=300, env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert done.stderr.startswith("Error: model or tokenizer folder not found: /no/such/model ("), done.stderr
+    assert done.stdout.strip() == "[]"
+
+
 def test_a_symlink_loop_is_one_line(demo_dir, tmp_path, capsys):
     loop = tmp_path / "dbs"
     loop.symlink_to(loop)  # a link to itself: resolving it never ends

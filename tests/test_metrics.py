@@ -232,11 +232,15 @@ def test_mcnemar_hand_values():
 @pytest.mark.parametrize("b, c", [(3, 7), (50, 80), (900, 1100), (2000, 2300), (5000, 5000)])
 def test_mcnemar_past_the_exact_sums_limit_agrees_with_the_exact_sum(b, c, monkeypatch):
     """Many discordant pairs (a large run's): the tail is summed in log space, within 1e-9 of the exact integer sum,
-    which a test of a few thousand pairs can afford (each binomial coefficient from math.comb)."""
+    which a test of a few thousand pairs can afford (each binomial coefficient exactly, from the one before it)."""
     from t2s.scoring import metrics
 
     n = b + c
-    exact = min(1.0, 2 * sum(math.comb(n, i) for i in range(min(b, c) + 1)) / 2**n)
+    coefficients = [1]
+    for i in range(min(b, c)):  # C(n, i + 1) = C(n, i) * (n - i) / (i + 1), a whole number at every step
+        coefficients.append(coefficients[-1] * (n - i) // (i + 1))
+    assert all(coefficients[i] == math.comb(n, i) for i in [*range(0, len(coefficients), 97), len(coefficients) - 1])
+    exact = min(1.0, 2 * sum(coefficients) / 2**n)
     assert mcnemar_exact(b, c) == exact  # the integer path, below the limit
     monkeypatch.setattr(metrics, "EXACT_MCNEMAR_MAX_PAIRS", 0)
     assert mcnemar_exact(b, c) == pytest.approx(exact, rel=1e-9)

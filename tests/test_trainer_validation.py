@@ -276,11 +276,15 @@ def test_train_cli_short_server_context_is_one_clear_line(tiny_model_dir, demo_d
 
 @pytest.mark.parametrize("command", ["train", "sft"])
 def test_a_missing_recipe_is_bad_input_exit_1(command, tmp_path):
-    """A recipe file that is not there exits 1, as every other missing file does (2 is for bad usage)."""
-    result = subprocess.run([sys.executable, "-m", "t2s", command, "--config", str(tmp_path / "missing.yaml")],
+    """A recipe file that is not there exits 1, as every other missing file does (2 is for bad usage), and is answered
+    before torch, transformers or TRL are imported."""
+    script = ("import sys\nfrom t2s.commands import main\ncode = main(sys.argv[1:])\n"
+              "print(sorted(set(sys.modules) & {'torch', 'transformers', 'trl'}))\nsys.exit(code)\n")
+    result = subprocess.run([sys.executable, "-c", script, command, "--config", str(tmp_path / "missing.yaml")],
                             capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip().splitlines() == [f"Error: recipe {tmp_path / 'missing.yaml'} not found."]
+    assert result.stdout.strip() == "[]"
 
 
 @pytest.mark.parametrize("overrides, message", [

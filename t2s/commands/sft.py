@@ -34,12 +34,12 @@ def warm_start_keys_help() -> str:
 
 def run(args: argparse.Namespace) -> int:
     from t2s.training.pipeline import free_finished_run, say_written, start_command
-    from t2s.training.startup import setup_error
-    from t2s.training.warm_start import SUMMARY_FILE, build_sft_trainer, fit, parse_sft_recipe
 
     config_path = start_command(args.config)
     if config_path is None:  # a missing recipe file is bad input, as every other missing file
         return 1
+    from t2s.training.startup import setup_error
+    from t2s.training.warm_start import SUMMARY_FILE, build_sft_trainer, fit, parse_sft_recipe
     try:
         sft_args, config, model_args = parse_sft_recipe(["--config", str(config_path), *args.overrides])
         trainer, counts = build_sft_trainer(sft_args, config, model_args)

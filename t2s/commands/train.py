@@ -34,11 +34,11 @@ def recipe_keys_help() -> str:
 def run(args: argparse.Namespace) -> int:
     from t2s.training.pipeline import (build_trainer, fit, free_finished_run, resume_checkpoint, say_written,
                                        start_command, use_step_printer)
-    from t2s.training.startup import setup_error
 
     config = start_command(args.config)
     if config is None:  # a missing recipe file is bad input, as every other missing file
         return 1
+    from t2s.training.startup import setup_error
     from t2s.training.configs import parse_recipe
     from t2s.run_lock import rank_zero_lock
 

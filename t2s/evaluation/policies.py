@@ -58,6 +58,8 @@ def load_tokenizer(name: str | None, required: bool, chat_template: str | None =
 def model_backend(model: str, tokenizer_name: str | None = None, device: str | None = None,
                   max_batch_size: int | None = None, chat_template: str | None = None):
     """(HFGenerateBackend, tokenizer, device) for a transformers checkpoint (bf16 on GPU, fp32 on CPU)."""
+    check_model(model)  # a bad folder is told before torch's import
+    tokenizer = load_tokenizer(tokenizer_name or model, required=True, chat_template=chat_template)
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -69,8 +71,6 @@ def model_backend(model: str, tokenizer_name: str | None = None, device: str | N
         from t2s.training.cpu_threads import configure_cpu_threads
 
         configure_cpu_threads(on_cpu=True)  # every usable core, one inter-op thread, quiet kernel fallbacks
-    check_model(model)
-    tokenizer = load_tokenizer(tokenizer_name or model, required=True, chat_template=chat_template)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device).eval()
     except Exception as exc:  # noqa: BLE001
@@ -224,29 +224,27 @@ class Runner:
     def _setup_vllm(self) -> None:
         config = self.config
         budget = config.episode.episode_token_budget
-        try:
-            from vllm import LLM
-        except ImportError:
-            raise EvalError("Error: --policy vllm needs vLLM (pip install -r requirements-gpu.txt)") from None
-        from t2s.backends.vllm_colocate import VLLMColocateBackend
-
-        import vllm
-
-        check_model(config.model)
+        check_model(config.model)  # the model, its tokenizer and context first: a bad one is told before vLLM's import
         self.tokenizer = load_tokenizer(config.tokenizer or config.model, required=True,
                                         chat_template=config.chat_template)
-        from t2s.backends.vllm_engine import checkpoint_dtype, cpu_engine_kwargs, engine_dtype, has_cuda, \
-            token_ids_only, vllm_environment
-
-        vllm_environment()
-        dtype = engine_dtype(config.dtype or checkpoint_dtype(config.model))
-        max_model_len = budget + 512
         context = model_context_length(config.model)
         if context is not None and budget > context:
             raise EvalError(f"Error: --episode-token-budget {budget} is longer than the model's "
                             f"context of {context} tokens (max_position_embeddings); pass a budget of at most "
                             f"{context}")
-        max_model_len = min(max_model_len, context or max_model_len)
+        try:
+            from vllm import LLM
+        except ImportError:
+            raise EvalError("Error: --policy vllm needs vLLM (pip install -r requirements-gpu.txt)") from None
+        import vllm
+
+        from t2s.backends.vllm_colocate import VLLMColocateBackend
+        from t2s.backends.vllm_engine import checkpoint_dtype, cpu_engine_kwargs, engine_dtype, has_cuda, \
+            token_ids_only, vllm_environment
+
+        vllm_environment()
+        dtype = engine_dtype(config.dtype or checkpoint_dtype(config.model))
+        max_model_len = min(budget + 512, context or budget + 512)
         memory = {"gpu_memory_utilization": config.gpu_memory_utilization} if has_cuda() else {}
         try:
             llm = LLM(

@@ -418,19 +418,21 @@ def use_step_printer(trainer) -> None:
 
 
 def start_command(config: str) -> Path | None:
-    """What ``train`` and ``sft`` do first: CPU threads (before torch is imported), quiet settings, logging.
+    """What ``train`` and ``sft`` do first: find the recipe (before anything heavy is imported: a mistyped path is
+    answered at once), then CPU threads (before torch is imported), quiet settings, logging.
 
     Returns the recipe's path, or None after one ``Error:`` line when it is not found.
     """
+    path = resolve_path(config)
+    if path is None or not path.is_file():
+        from t2s.ui.console import print_line
+
+        print_line(f"Error: recipe {config} not found.", stderr=True)
+        return None
     from t2s.training.cpu_threads import configure_cpu_threads
     from t2s.settings import command_environment
-    from t2s.ui.console import print_line
 
     configure_cpu_threads()
     command_environment()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    path = resolve_path(config)
-    if path is None or not path.is_file():
-        print_line(f"Error: recipe {config} not found.", stderr=True)
-        return None
     return path
