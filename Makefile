@@ -100,6 +100,9 @@ endif
 
 # The tests and the demo never reach the network; training and serving may download hub models (Qwen/Qwen3.5-2B).
 test demo: export HF_HUB_OFFLINE := 1
+# The suite's workers and the hundred-odd commands it starts reuse the compiled t2s and test modules (and pytest's
+# rewritten assertions) from __pycache__, also where the environment sets PYTHONDONTWRITEBYTECODE.
+test: export PYTHONDONTWRITEBYTECODE :=
 
 test: install install-vllm install-models
 	$(PY) -m ruff check
