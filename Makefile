@@ -115,8 +115,10 @@ lint: install
 demo: install
 	$(PY) -m t2s demo
 
+# GRPO through accelerate launch (t2s.training.launch: a training process that fails ends the run with its own exit
+# code and Error line, without the launcher's traceback).
 train: install
-	$(VENV)/bin/accelerate launch --config_file accelerate_configs/$(ACCELERATE).yaml --num_processes $(NUM_GPUS) \
+	$(PY) -m t2s.training.launch --config_file accelerate_configs/$(ACCELERATE).yaml --num_processes $(NUM_GPUS) \
 		-m t2s train --config recipes/$(RECIPE).yaml $(TRAIN_ARGS)
 
 # vLLM's OpenAI server (DESIGN's flags), through vLLM's supported launcher module, which starts for both distributions

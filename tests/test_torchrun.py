@@ -165,20 +165,21 @@ def _weights(folder: Path) -> dict:
 
 def test_two_machines_make_the_update_one_machine_makes_on_the_same_rollouts(attention_model_dir, tmp_path):
     """Two "machines" on loopback, launched as ``slurm/node.sh`` launches them (``accelerate launch --num_machines 2
-    --machine_rank R --rdzv_backend static``, one process each, 4 rollouts per process), train two steps on the scripted
-    rollouts; one process with 8 rollouts a step trains on the very same rollouts (the scripted runner's completions,
-    rewards and sampler logprobs depend only on the question and the copy). The global batches are equal, so the
-    trained weights must be equal within float tolerance: advantages are taken over the gathered group, the loss is
-    normalised by the gathered token count, and DDP averages the two machines' gradients. Plain SGD, so that a
-    gradient off by any factor would show. The machines run the shared-prompt pass (each question's prompt once, its
-    rollouts against its cache: several forward calls under DDP before one backward), the one process TRL's whole-row
-    pass, on the full-attention tiny model that takes the former."""
+    --machine_rank R --rdzv_backend static`` through ``t2s.training.launch``, one process each, 4 rollouts per
+    process), train two steps on the scripted rollouts; one process with 8 rollouts a step trains on the very same
+    rollouts (the scripted runner's completions, rewards and sampler logprobs depend only on the question and the
+    copy). The global batches are equal, so the trained weights must be equal within float tolerance: advantages are
+    taken over the gathered group, the loss is normalised by the gathered token count, and DDP averages the two
+    machines' gradients. Plain SGD, so that a gradient off by any factor would show. The machines run the
+    shared-prompt pass (each question's prompt once, its rollouts against its cache: several forward calls under DDP
+    before one backward), the one process TRL's whole-row pass, on the full-attention tiny model that takes the
+    former."""
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRL_EXPERIMENTAL_SILENCE": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(REPO_ROOT)}
     script = str(REPO_ROOT / "tests" / "_train_script.py")
     port = str(free_port())
-    machines = [_launch([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+    machines = [_launch([sys.executable, "-m", "t2s.training.launch", "--config_file",
                          str(REPO_ROOT / "accelerate_configs" / "multi_gpu.yaml"), "--mixed_precision", "no",
                          "--num_machines", "2", "--machine_rank", str(rank), "--num_processes", "2",
                          "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--rdzv_backend", "static",
