@@ -113,19 +113,16 @@ else  # a CPU machine: one process, gloo, and no mixed precision (the GPU config
     PROCESSES=$MACHINES; DEVICE=(--mixed_precision no)
 fi
 echo "t2s: machine $MACHINE of $MACHINES (${HOSTS[$RANK]}), $PROCESSES processes in all, main ${HOSTS[1]}:$MAIN_PORT, server $SERVER_URL"
-# accelerate launch (t2s.training.launch: without the launcher's own traceback when training fails); its stderr is
-# also kept in a local file, to see whether the training process said with an "Error:" line what stopped it
-SAID=$(mktemp)
-trap 'rm -f "$STARTED" "$SAID"' EXIT
-{ "$PY" -m t2s.training.launch --config_file "accelerate_configs/$ACCELERATE.yaml" "${DEVICE[@]}" \
+# accelerate launch, through t2s.training.launch: a training process that fails ends it with its own exit code, and
+# without the launcher's traceback
+"$PY" -m t2s.training.launch --config_file "accelerate_configs/$ACCELERATE.yaml" "${DEVICE[@]}" \
     --num_machines "$MACHINES" --machine_rank "$MACHINE" --num_processes "$PROCESSES" \
     --main_process_ip "${HOSTS[1]}" --main_process_port "$MAIN_PORT" --rdzv_backend static \
-    -m t2s train --config "recipes/$RECIPE.yaml" --rollout_backend vllm_server --vllm_server_base_url "$SERVER_URL" "$@" \
-    2>&1 1>&3 3>&- | tee "$SAID" >&2; } 3>&1  # stdout as it is, stderr through tee
-rc=${PIPESTATUS[0]}
+    -m t2s train --config "recipes/$RECIPE.yaml" --rollout_backend vllm_server --vllm_server_base_url "$SERVER_URL" "$@"
+rc=$?
 if [ "$rc" -ne 0 ]; then
     echo "machine $MACHINE exited $rc" > "$JOB_DIR/failed"
-    if grep -q '^Error:' "$SAID"; then  # said already: the task adds no second Error line
+    if [ "$rc" -eq 2 ]; then  # t2s train's exit after its own Error: line (recipe, config, data or model): no second
         echo "t2s: training on machine $MACHINE (${HOSTS[$RANK]}) exited $rc; the job stops" >&2
         exit 1
     fi

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from t2s.settings import REPO_ROOT
-from t2s.training.launch import exit_code
+from t2s.training.launch import exit_code, main, reported_failure
 
 
 def test_an_exit_code_is_passed_on_and_a_signal_is_named(capsys):
@@ -21,6 +21,35 @@ def test_an_exit_code_is_passed_on_and_a_signal_is_named(capsys):
     assert exit_code(-signal.SIGKILL, rank=1) == 128 + signal.SIGKILL
     assert capsys.readouterr().err.splitlines() == [
         "Error: training process rank 1 was killed by SIGKILL (out of memory is the usual cause)"]
+    assert exit_code(-signal.SIGSEGV) == 128 + signal.SIGSEGV
+    assert capsys.readouterr().err.splitlines() == ["Error: the training process was killed by SIGSEGV"]
+
+
+def _failure(exitcode: int, timestamp: int):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=exitcode, error_file="")
+    failure.timestamp = timestamp
+    return failure
+
+
+def test_of_several_failures_a_signal_other_than_the_agents_sigterm_is_reported():
+    # rank 1 killed (out of memory), rank 0's collective broken in the same second, rank 2 stopped by the agent
+    killed = {0: _failure(1, 100), 1: _failure(-signal.SIGKILL, 100), 2: _failure(-signal.SIGTERM, 100)}
+    assert reported_failure(killed) == (1, -signal.SIGKILL)
+    assert reported_failure({0: _failure(-signal.SIGTERM, 101), 1: _failure(2, 100)}) == (1, 2)  # the earliest
+    assert reported_failure({1: _failure(3, 100), 0: _failure(2, 100)}) == (0, 2)  # the same second: the lowest rank
+
+
+def test_a_command_of_the_launchers_own_that_fails_is_raised_as_accelerate_raises_it(monkeypatch):
+    import accelerate.commands.launch as accelerate_launch
+
+    def launch_command(args):  # not accelerate's simple_launcher: as its `mpirun --version` check would fail
+        raise subprocess.CalledProcessError(1, ["mpirun", "--version"])
+
+    monkeypatch.setattr(accelerate_launch, "launch_command", launch_command)
+    with pytest.raises(subprocess.CalledProcessError):
+        main(["--cpu", "--num_processes", "1", "train.py"])
 
 
 @pytest.mark.parametrize("body, code", [("sys.exit(3)", 3), ("os.kill(os.getpid(), signal.SIGKILL)", 137)])
