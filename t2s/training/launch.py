@@ -2,16 +2,16 @@
 processes end when one of them fails.
 
 ``accelerate launch`` answers a training process that exits non-zero with its own traceback: the elastic agent's
-``ChildFailedError`` (a failure report of some thirty lines) on the multi-process path, a ``CalledProcessError`` on
-the single-process one. The training process has already said what happened (``train`` and ``sft`` print one
-``Error:`` line and exit 2; an unexpected exception prints its own traceback), so here the launcher exits with that
-process's exit code and adds nothing, except for a process killed by a signal, which could say nothing itself: that
-gets one ``Error:`` line naming the rank and the signal, and exit code 128 + the signal's number. Of several failed
-processes, one killed by a signal other than the SIGTERM the agent sends the rest is the one reported (the others'
-failures follow from it: a broken collective, the agent's stop), else the first. Any other failure of the launcher
-(its arguments, a rendezvous that never forms, a command of its own) is raised as accelerate raises it; and as in
-``accelerate launch``, ``--quiet`` ends a failed single-process run with exit code 1, and ``--debug`` prints the
-agent's stack instead. ``slurm/node.sh`` and ``make train`` launch through this module.
+``ChildFailedError`` (a failure report of some thirty lines) on the multi-process path, a ``CalledProcessError`` on the
+single-process one. The training process has already said what happened (``train`` and ``sft`` print one ``Error:``
+line, and exit 2 for a recipe, config, data or model they cannot use; an unexpected exception prints its own traceback),
+so here the launcher exits with that process's exit code and adds nothing, except for a process killed by a signal,
+which could say nothing itself: that gets one ``Error:`` line naming the rank and the signal, and exit code 128 + the
+signal's number. Of several failed processes, one killed by a signal other than the SIGTERM the agent sends the rest is
+the one reported (the others' failures follow from it: a broken collective, the agent's stop), else the first. Any other
+failure of the launcher (its arguments, a rendezvous that never forms, a command of its own) is raised as accelerate
+raises it; and as in ``accelerate launch``, ``--quiet`` ends a failed single-process run with exit code 1, and
+``--debug`` prints the agent's stack instead. ``slurm/node.sh`` and ``make train`` launch through this module.
 """
 
 from __future__ import annotations
