@@ -104,9 +104,10 @@ test demo: export HF_HUB_OFFLINE := 1
 # rewritten assertions) from __pycache__, also where the environment sets PYTHONDONTWRITEBYTECODE.
 test: export PYTHONDONTWRITEBYTECODE :=
 
+# The run ends with its fifteen slowest tests, ahead of the summary: the suite's time is a target (docs/benchmarks.md).
 test: install install-vllm install-models
 	$(PY) -m ruff check
-	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) $(PYTEST_ARGS)
+	$(PY) -m pytest $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup) --durations=15 $(PYTEST_ARGS)
 
 # The linter alone (ruff; its settings are in pyproject.toml).
 lint: install
