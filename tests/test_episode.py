@@ -118,6 +118,16 @@ def test_empty_forced_answer_falls_back_to_last_working_query(db_row):
     assert record["counters"]["fallback_used"] is True and record["counters"]["forced"] is True
 
 
+def test_the_forced_turn_offers_the_latest_query_that_ran(db_row):
+    """A query run again is the latest one, though it first ran before another."""
+    turns = [turn(call("run_query", sql=WORKS)), turn(call("run_query", sql=GOOD)), turn(call("run_query", sql=WORKS)),
+             "I give up."]
+    record = play(db_row, turns, max_turns=3)
+    forced = record["turns"][2]["observation"]
+    assert f"The last query that ran without error was:\n{WORKS}\n" in forced, forced
+    assert record["final_sql"] == WORKS and record["final_sql_source"] == "fallback"
+
+
 def test_broken_submit_falls_back_but_keeps_submitted_sql(db_row):
     record = play(db_row, [turn(call("run_query", sql=WORKS)),
                            turn(call("submit_sql", sql="SELECT nope FROM members"))])

@@ -119,7 +119,6 @@ class Episode:
         self.started = False
         self.submitted_sql: str | None = None
         self.forced_sql: str | None = None
-        self.last_working_sql: str | None = None
         self.working_sqls: dict[str, None] = {}  # every run_query that ran without error, the latest last
         self.final_sql: str | None = None
         self.final_sql_source = "none"
@@ -270,8 +269,7 @@ class Episode:
                         stop_reason = "failed_queries"
                 else:
                     self.failed_streak = 0
-                    self.last_working_sql = result.sql  # run_query reads its first rows only: no _runs entry
-                    self.working_sqls.pop(result.sql, None)
+                    self.working_sqls.pop(result.sql, None)  # run_query reads its first rows only: no _runs entry
                     self.working_sqls[result.sql] = None
             results.append(result)
             if used >= tool_budget and stop_reason is None:
@@ -336,7 +334,7 @@ class Episode:
             "tool_time": "The tool time budget is used up.",
             "budget": "The token budget is nearly used up.",
         }[reason]
-        return forced_message(self.last_working_sql, why, self.toolbox.submit_tool)
+        return forced_message(next(reversed(self.working_sqls), None), why, self.toolbox.submit_tool)
 
     def _start_forced_turn(self, reason: str) -> None:
         self.forced_turn = True
