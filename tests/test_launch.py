@@ -1,6 +1,7 @@
 """``t2s.training.launch``: ``accelerate launch`` that ends as a failed training process ends, with its exit code and
-without the launcher's traceback; a process killed by a signal gets one ``Error:`` line. (The multi-process path, the
-elastic agent's ``ChildFailedError``, is run by ``tests/test_node_script.py`` and ``tests/test_torchrun.py``.)"""
+without the launcher's traceback; a process killed by a signal gets one ``Error:`` line; an ``Error:`` line that every
+process meets alike is printed once. (The multi-process path, the elastic agent's ``ChildFailedError``, is also run by
+``tests/test_node_script.py`` and ``tests/test_torchrun.py``.)"""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 import pytest
 
 from t2s.settings import REPO_ROOT
-from t2s.training.launch import exit_code, main, reported_failure
+from t2s.training.launch import ERRORS_DIR, exit_code, main, print_error, reported_failure
 
 
 def test_an_exit_code_is_passed_on_and_a_signal_is_named(capsys):
@@ -39,6 +40,9 @@ def test_of_several_failures_a_signal_other_than_the_agents_sigterm_is_reported(
     assert reported_failure(killed) == (1, -signal.SIGKILL)
     assert reported_failure({0: _failure(-signal.SIGTERM, 101), 1: _failure(2, 100)}) == (1, 2)  # the earliest
     assert reported_failure({1: _failure(3, 100), 0: _failure(2, 100)}) == (0, 2)  # the same second: the lowest rank
+    # rank 1 stopped by its own Error line (exit 2), rank 0 stopped by the agent in the same second: rank 1's code
+    assert reported_failure({0: _failure(-signal.SIGTERM, 100), 1: _failure(2, 100)}) == (1, 2)
+    assert reported_failure({1: _failure(-signal.SIGTERM, 100), 0: _failure(-signal.SIGTERM, 101)}) == (1, -15)
 
 
 def test_a_command_of_the_launchers_own_that_fails_is_raised_as_accelerate_raises_it(monkeypatch):
@@ -66,3 +70,28 @@ def test_a_failed_single_process_run_ends_with_its_code_and_no_traceback(tmp_pat
     errors = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
     assert errors == ([] if code == 3 else ["Error: the training process was killed by SIGKILL (out of memory is "
                                             "the usual cause)"]), done.stderr[-3000:]
+
+
+def test_an_error_line_is_printed_once_by_the_processes_of_one_launch(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(ERRORS_DIR, raising=False)
+    print_error("Error: outside a launch")
+    print_error("Error: outside a launch")
+    assert capsys.readouterr().err.splitlines() == ["Error: outside a launch"] * 2
+    monkeypatch.setenv(ERRORS_DIR, str(tmp_path))
+    for line in ["Error: a bad recipe", "Error: a bad recipe", "Error: rank 1's own", "Error: a bad recipe"]:
+        print_error(line)
+    assert capsys.readouterr().err.splitlines() == ["Error: a bad recipe", "Error: rank 1's own"]
+    monkeypatch.setenv(ERRORS_DIR, str(tmp_path / "gone"))  # a folder that cannot be written: the line all the same
+    print_error("Error: a bad recipe")
+    assert capsys.readouterr().err.splitlines() == ["Error: a bad recipe"]
+
+
+def test_two_processes_that_meet_the_same_setup_error_print_it_once_without_the_agents_log():
+    done = subprocess.run([sys.executable, "-m", "t2s.training.launch", "--config_file",
+                           "accelerate_configs/multi_gpu.yaml", "--num_processes", "2", "-m", "t2s", "train",
+                           "--config", "recipes/no-such-recipe.yaml"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != ERRORS_DIR} | {"OMP_NUM_THREADS": "1"})
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    assert lines == ["Error: recipe recipes/no-such-recipe.yaml not found."], lines  # not the agent's "failed" line

@@ -7,19 +7,49 @@ single-process one. The training process has already said what happened (``train
 line, and exit 2 for a recipe, config, data or model they cannot use; an unexpected exception prints its own traceback),
 so here the launcher exits with that process's exit code and adds nothing, except for a process killed by a signal,
 which could say nothing itself: that gets one ``Error:`` line naming the rank and the signal, and exit code 128 + the
-signal's number. Of several failed processes, one killed by a signal other than the SIGTERM the agent sends the rest is
-the one reported (the others' failures follow from it: a broken collective, the agent's stop), else the first. Any other
-failure of the launcher (its arguments, a rendezvous that never forms, a command of its own) is raised as accelerate
-raises it; and as in ``accelerate launch``, ``--quiet`` ends a failed single-process run with exit code 1, and
-``--debug`` prints the agent's stack instead. ``slurm/node.sh`` and ``make train`` launch through this module.
+signal's number. Of several failed processes, the one reported is one killed by a signal other than the SIGTERM the
+agent sends the rest (the others' failures follow from it: a broken collective, the agent's stop), else one that exited
+with a code of its own, else the first; the agent's own log lines about the processes it stopped are left out (with
+``--debug``, kept). The processes of one launch print an ``Error:`` line that another of them has printed already only
+once (:func:`print_error`): a recipe or config error, which every rank meets alike, is one line, not one per rank. Any
+other failure of the launcher (its arguments, a rendezvous that never forms, a command of its own) is raised as
+accelerate raises it; and as in ``accelerate launch``, ``--quiet`` ends a failed single-process run with exit code 1,
+and ``--debug`` prints the agent's stack instead. ``slurm/node.sh`` and ``make train`` launch through this module.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
 import signal
 import subprocess
 import sys
+import tempfile
 import traceback
+
+# The folder where the processes of one launch mark the Error lines printed (set by :func:`main` for its processes)
+ERRORS_DIR = "T2S_LAUNCH_ERRORS"
+# The elastic agent's logger for the processes it starts, stops and finds failed: what the launch reports itself
+AGENT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+
+
+def print_error(line: str) -> None:
+    """Print the ``Error:`` line ``line`` on stderr, unless another process of this launch printed it already (a
+    marker named by its hash in the launch's ``T2S_LAUNCH_ERRORS`` folder, created exclusively); outside a launch,
+    or where the folder cannot be written, always."""
+    from t2s.ui.console import print_line
+
+    folder = os.environ.get(ERRORS_DIR)
+    if folder:
+        marker = os.path.join(folder, hashlib.sha256(line.encode("utf-8", "replace")).hexdigest())
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return
+        except OSError:
+            pass
+    print_line(line, stderr=True)
 
 
 def exit_code(returncode: int, rank: int | None = None) -> int:
@@ -38,10 +68,13 @@ def exit_code(returncode: int, rank: int | None = None) -> int:
 
 def reported_failure(failures: dict) -> tuple[int, int]:
     """(rank, exit code) of the failure to report among the elastic agent's ``{rank: ProcessFailure}``: one killed by a
-    signal other than SIGTERM, else the earliest (timestamps are whole seconds: the lowest rank among equals)."""
-    ranks = sorted(failures, key=lambda rank: (failures[rank].timestamp, rank))
-    killed = [rank for rank in ranks if failures[rank].exitcode < 0 and -failures[rank].exitcode != signal.SIGTERM]
-    rank = (killed or ranks)[0]
+    signal other than SIGTERM, else one that exited with a code of its own (not stopped by the agent's SIGTERM), else
+    the earliest; among equals the earliest (timestamps are whole seconds: then the lowest rank)."""
+
+    def kind(code: int) -> int:
+        return 0 if code < 0 and -code != signal.SIGTERM else 1 if code > 0 else 2
+
+    rank = min(failures, key=lambda rank: (kind(failures[rank].exitcode), failures[rank].timestamp, rank))
     return rank, failures[rank].exitcode
 
 
@@ -53,10 +86,27 @@ def _from_the_training_process(exc: subprocess.CalledProcessError) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from accelerate.commands.launch import launch_command, launch_command_parser
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from accelerate.commands.launch import launch_command_parser
 
     args = launch_command_parser().parse_args(argv)
+    if not args.debug:
+        logging.getLogger(AGENT_LOGGER).setLevel(logging.CRITICAL)
+    before = os.environ.get(ERRORS_DIR)
+    try:
+        with tempfile.TemporaryDirectory(prefix="t2s-launch-errors-") as errors:
+            os.environ[ERRORS_DIR] = errors  # the training processes inherit it
+            return _launch(args)
+    finally:
+        if before is None:
+            os.environ.pop(ERRORS_DIR, None)
+        else:
+            os.environ[ERRORS_DIR] = before
+
+
+def _launch(args) -> int:
+    from accelerate.commands.launch import launch_command
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
     try:
         launch_command(args)
     except ChildFailedError as exc:

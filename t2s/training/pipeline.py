@@ -421,13 +421,14 @@ def start_command(config: str) -> Path | None:
     """What ``train`` and ``sft`` do first: find the recipe (before anything heavy is imported: a mistyped path is
     answered at once), then CPU threads (before torch is imported), quiet settings, logging.
 
-    Returns the recipe's path, or None after one ``Error:`` line when it is not found.
+    Returns the recipe's path, or None after one ``Error:`` line (once for the processes of one launch) when it is
+    not found.
     """
     path = resolve_path(config)
     if path is None or not path.is_file():
-        from t2s.ui.console import print_line
+        from t2s.training.launch import print_error
 
-        print_line(f"Error: recipe {config} not found.", stderr=True)
+        print_error(f"Error: recipe {config} not found.")
         return None
     from t2s.training.cpu_threads import configure_cpu_threads
     from t2s.settings import command_environment

@@ -110,12 +110,13 @@ def resolve_reward_funcs(names, args) -> list[Callable]:
 
 def setup_error(exc: Exception) -> int:
     """A recipe, config, data or model error at start-up on stderr (a ConfigError as it is, any other as its first
-    line, prefixed ``Error:``); returns the exit code (2)."""
-    from t2s.ui.console import print_line
+    line, prefixed ``Error:``), once for the processes of one launch (``t2s.training.launch``); returns the exit code
+    (2)."""
+    from t2s.training.launch import print_error
 
     if isinstance(exc, ConfigError):
-        print_line(str(exc), stderr=True)
+        print_error(str(exc))
         return 2
     message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
-    print_line((message.splitlines() or [""])[0], stderr=True)
+    print_error((message.splitlines() or [""])[0])
     return 2
