@@ -9,9 +9,10 @@ so here the launcher exits with that process's exit code and adds nothing, excep
 which could say nothing itself: that gets one ``Error:`` line naming the rank and the signal, and exit code 128 + the
 signal's number. Of several failed processes, the one reported is one killed by a signal other than the SIGTERM the
 agent sends the rest (the others' failures follow from it: a broken collective, the agent's stop), else one that exited
-with a code of its own, else the first; the agent's own log lines about the processes it stopped are left out (with
-``--debug``, kept). The processes of one launch print an ``Error:`` line that another of them has printed already only
-once (:func:`print_error`): a recipe or config error, which every rank meets alike, is one line, not one per rank. Any
+with a code of its own, else the first (of those the agent found together); the agent's own log lines that report the
+failure are left out (with ``--debug``, kept). The processes of one launch print an ``Error:`` line that another of
+them has printed already only once (``t2s.ui.console.print_error_once``, for the set-up errors of ``train`` and
+``sft``): a recipe or config error, which every rank of a machine meets alike, is one line, not one per rank. Any
 other failure of the launcher (its arguments, a rendezvous that never forms, a command of its own) is raised as
 accelerate raises it; and as in ``accelerate launch``, ``--quiet`` ends a failed single-process run with exit code 1,
 and ``--debug`` prints the agent's stack instead. ``slurm/node.sh`` and ``make train`` launch through this module.
@@ -19,7 +20,6 @@ and ``--debug`` prints the agent's stack instead. ``slurm/node.sh`` and ``make t
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import signal
@@ -28,28 +28,16 @@ import sys
 import tempfile
 import traceback
 
-# The folder where the processes of one launch mark the Error lines printed (set by :func:`main` for its processes)
-ERRORS_DIR = "T2S_LAUNCH_ERRORS"
-# The elastic agent's logger for the processes it starts, stops and finds failed: what the launch reports itself
+from t2s.ui.console import LAUNCH_ERRORS_DIR
+
+# The elastic agent's logger for the processes it starts and stops, and its records that report a failure the launch
+# reports itself (any other record of it, such as a process that would not stop, is kept)
 AGENT_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+AGENT_FAILURE_REPORT = ("failed (exitcode", "Sending process", "Closing process")
 
 
-def print_error(line: str) -> None:
-    """Print the ``Error:`` line ``line`` on stderr, unless another process of this launch printed it already (a
-    marker named by its hash in the launch's ``T2S_LAUNCH_ERRORS`` folder, created exclusively); outside a launch,
-    or where the folder cannot be written, always."""
-    from t2s.ui.console import print_line
-
-    folder = os.environ.get(ERRORS_DIR)
-    if folder:
-        marker = os.path.join(folder, hashlib.sha256(line.encode("utf-8", "replace")).hexdigest())
-        try:
-            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-        except FileExistsError:
-            return
-        except OSError:
-            pass
-    print_line(line, stderr=True)
+def _not_a_failure_report(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(AGENT_FAILURE_REPORT)
 
 
 def exit_code(returncode: int, rank: int | None = None) -> int:
@@ -67,14 +55,18 @@ def exit_code(returncode: int, rank: int | None = None) -> int:
 
 
 def reported_failure(failures: dict) -> tuple[int, int]:
-    """(rank, exit code) of the failure to report among the elastic agent's ``{rank: ProcessFailure}``: one killed by a
-    signal other than SIGTERM, else one that exited with a code of its own (not stopped by the agent's SIGTERM), else
-    the earliest; among equals the earliest (timestamps are whole seconds: then the lowest rank)."""
+    """(rank, exit code) of the failure to report among the elastic agent's ``{rank: ProcessFailure}``. Of the failures
+    stamped within a second of the earliest (whole seconds: those the agent found together; a later one followed from
+    them, such as the SIGKILL the agent sends 30 s after a SIGTERM that did not stop a process): one killed by a signal
+    other than SIGTERM, else one that exited with a code of its own, else one stopped by SIGTERM; among equals the
+    earliest, then the lowest rank."""
 
     def kind(code: int) -> int:
         return 0 if code < 0 and -code != signal.SIGTERM else 1 if code > 0 else 2
 
-    rank = min(failures, key=lambda rank: (kind(failures[rank].exitcode), failures[rank].timestamp, rank))
+    first = min(failure.timestamp for failure in failures.values())
+    together = [rank for rank in failures if failures[rank].timestamp <= first + 1]
+    rank = min(together, key=lambda rank: (kind(failures[rank].exitcode), failures[rank].timestamp, rank))
     return rank, failures[rank].exitcode
 
 
@@ -89,18 +81,20 @@ def main(argv: list[str] | None = None) -> int:
     from accelerate.commands.launch import launch_command_parser
 
     args = launch_command_parser().parse_args(argv)
+    agent_log = logging.getLogger(AGENT_LOGGER)
     if not args.debug:
-        logging.getLogger(AGENT_LOGGER).setLevel(logging.CRITICAL)
-    before = os.environ.get(ERRORS_DIR)
+        agent_log.addFilter(_not_a_failure_report)
+    before = os.environ.get(LAUNCH_ERRORS_DIR)
     try:
-        with tempfile.TemporaryDirectory(prefix="t2s-launch-errors-") as errors:
-            os.environ[ERRORS_DIR] = errors  # the training processes inherit it
+        with tempfile.TemporaryDirectory(prefix="t2s-launch-errors-", ignore_cleanup_errors=True) as errors:
+            os.environ[LAUNCH_ERRORS_DIR] = errors  # the training processes inherit it
             return _launch(args)
     finally:
+        agent_log.removeFilter(_not_a_failure_report)
         if before is None:
-            os.environ.pop(ERRORS_DIR, None)
+            os.environ.pop(LAUNCH_ERRORS_DIR, None)
         else:
-            os.environ[ERRORS_DIR] = before
+            os.environ[LAUNCH_ERRORS_DIR] = before
 
 
 def _launch(args) -> int:

@@ -426,9 +426,9 @@ def start_command(config: str) -> Path | None:
     """
     path = resolve_path(config)
     if path is None or not path.is_file():
-        from t2s.training.launch import print_error
+        from t2s.ui.console import print_error_once
 
-        print_error(f"Error: recipe {config} not found.")
+        print_error_once(f"Error: recipe {config} not found.")
         return None
     from t2s.training.cpu_threads import configure_cpu_threads
     from t2s.settings import command_environment

@@ -112,11 +112,11 @@ def setup_error(exc: Exception) -> int:
     """A recipe, config, data or model error at start-up on stderr (a ConfigError as it is, any other as its first
     line, prefixed ``Error:``), once for the processes of one launch (``t2s.training.launch``); returns the exit code
     (2)."""
-    from t2s.training.launch import print_error
+    from t2s.ui.console import print_error_once
 
     if isinstance(exc, ConfigError):
-        print_error(str(exc))
+        print_error_once(str(exc))
         return 2
     message = str(exc) if str(exc).startswith("Error:") else f"Error: {exc}"
-    print_error((message.splitlines() or [""])[0])
+    print_error_once((message.splitlines() or [""])[0])
     return 2

@@ -19,11 +19,15 @@ whatever the terminal's width.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import json
 import logging
+import os
 import re
 import sys
+import time
 
 #: widest table laid out (a table wider than this is cut to it)
 MAX_TABLE_WIDTH = 100_000
@@ -80,6 +84,41 @@ def print_line(*parts, stderr: bool = False) -> None:
     """``print`` for lines that may quote untrusted text (an error naming a SQL or a path): escaped by
     :func:`safe_text`."""
     print(safe_text(" ".join(map(str, parts))), file=sys.stderr if stderr else sys.stdout)
+
+
+#: the folder in which the processes of one launch (``t2s.training.launch`` sets it) mark the Error lines they print
+LAUNCH_ERRORS_DIR = "T2S_LAUNCH_ERRORS"
+#: how long a process waits for the one that marked a line first to say it printed it
+ERROR_PRINTED_WAIT_S = 2.0
+
+
+def print_error_once(line: str) -> None:
+    """:func:`print_line` of an ``Error:`` line on stderr, once for the processes of one launch (a recipe or config
+    error that every rank meets alike is one line, not one per rank). The first process to create the line's marker
+    (named by its hash, created exclusively in the ``T2S_LAUNCH_ERRORS`` folder) prints it, then writes to the marker;
+    another waits up to ``ERROR_PRINTED_WAIT_S`` for that write and prints nothing, or prints the line itself when the
+    write never comes (the first was stopped before it could print). Outside a launch, or where the folder cannot be
+    written, the line is printed."""
+    folder = os.environ.get(LAUNCH_ERRORS_DIR)
+    marker = os.path.join(folder, hashlib.sha256(line.encode("utf-8", "replace")).hexdigest()) if folder else None
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600) if marker else None
+    except FileExistsError:
+        deadline = time.monotonic() + ERROR_PRINTED_WAIT_S
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                if os.path.getsize(marker):
+                    return
+            time.sleep(0.01)
+        fd = None
+    except OSError:
+        fd = None
+    print_line(line, stderr=True)
+    if fd is not None:
+        sys.stderr.flush()
+        with contextlib.suppress(OSError):
+            os.write(fd, b"printed\n")
+        os.close(fd)
 
 
 @functools.lru_cache(maxsize=1)
