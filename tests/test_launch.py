@@ -104,6 +104,18 @@ def test_an_error_line_is_printed_once_by_the_processes_of_one_launch(tmp_path, 
     assert capsys.readouterr().err.splitlines() == ["Error: a bad recipe"]
 
 
+def test_a_command_line_error_is_printed_once_by_the_processes_of_one_launch(tmp_path, monkeypatch, capsys):
+    from t2s.commands import main as t2s_main
+
+    monkeypatch.setenv(LAUNCH_ERRORS_DIR, str(tmp_path))
+    for _ in range(2):  # two ranks of `t2s train` without its recipe
+        with pytest.raises(SystemExit) as stopped:
+            t2s_main(["train"])
+        assert stopped.value.code == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("Error: t2s train: ") and "--config" in line, line
+
+
 def test_a_line_whose_first_process_was_stopped_before_printing_it_is_printed_by_another(tmp_path, monkeypatch,
                                                                                        capsys):
     import hashlib

@@ -11,8 +11,9 @@ signal's number. Of several failed processes, the one reported is one killed by 
 agent sends the rest (the others' failures follow from it: a broken collective, the agent's stop), else one that exited
 with a code of its own, else the first (of those the agent found together); the agent's own log lines that report the
 failure are left out (with ``--debug``, kept). The processes of one launch print an ``Error:`` line that another of
-them has printed already only once (``t2s.ui.console.print_error_once``, for the set-up errors of ``train`` and
-``sft``): a recipe or config error, which every rank of a machine meets alike, is one line, not one per rank. Any
+them has printed already only once (``t2s.ui.console.print_error_once``, for the set-up and command-line errors of
+``train`` and ``sft``): a recipe, config or flag error, which every rank of a machine meets alike, is one line, not
+one per rank. Any
 other failure of the launcher (its arguments, a rendezvous that never forms, a command of its own) is raised as
 accelerate raises it; and as in ``accelerate launch``, ``--quiet`` ends a failed single-process run with exit code 1,
 and ``--debug`` prints the agent's stack instead. ``slurm/node.sh`` and ``make train`` launch through this module.

@@ -105,9 +105,9 @@ class CommandParser(argparse.ArgumentParser):
             self.error(f"unrecognized option {name}" + (f"; did you mean {close[0]}?" if close else ""))
 
     def error(self, message: str):
-        from t2s.ui.console import safe_text
+        from t2s.ui.console import print_error_once
 
-        sys.stderr.write(safe_text(f"Error: {self.prog}: {message} (see `{self.prog} --help`)") + "\n")
+        print_error_once(f"Error: {self.prog}: {message} (see `{self.prog} --help`)")  # once for a launch's processes
         sys.exit(2)
 
 
