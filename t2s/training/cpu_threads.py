@@ -19,7 +19,8 @@ On a CPU, transformers also warns once per function that Qwen3.5's linear-attent
 ``causal_conv1d`` and ``flash-linear-attention`` kernels to their PyTorch reference (four warnings in a training run),
 though those kernels need a GPU and could not apply: ``quiet_kernel_fallbacks`` says it in one line instead.
 
-``score_labelled_positions_only``: on a CPU, GRPO's log-prob passes project only the completion through the LM head.
+``score_labelled_positions_only``: on a CPU, GRPO's log-prob passes and the warm start's loss project only the
+completion through the LM head.
 """
 
 from __future__ import annotations
@@ -117,13 +118,13 @@ def quiet_kernel_fallbacks() -> None:
 def score_labelled_positions_only() -> None:
     """On a CPU, project only the positions that have a label through the LM head, as TRL does on CUDA.
 
-    TRL 1.16's fused LM head (``trl.trainer.utils.add_fused_lm_head``, used by every log-prob pass of GRPO) scores only
-    the labelled positions (the completion) where Triton runs; elsewhere it projects every position, the prompt's
-    included, and masks the prompt's afterwards, so that the tile shapes never change on devices that recompile for a
-    new shape. A CPU does not recompile, and there the wasted projection is most of a step for a large vocabulary:
-    Gemma 3's 262k tokens over a 950-token withheld prompt and a 150-token completion. The per-token values are the
-    same rows' values either way (``tests/test_trainer_loss.py`` checks it). This widens TRL's choice to the CPU; other
-    devices keep TRL's own. Idempotent.
+    TRL 1.16's fused LM head (``trl.trainer.utils.add_fused_lm_head``, used by every log-prob pass of GRPO and by
+    ``SFTTrainer``'s loss) scores only the labelled positions (the completion) where Triton runs; elsewhere it projects
+    every position, the prompt's included, and masks the prompt's afterwards, so that the tile shapes never change on
+    devices that recompile for a new shape. A CPU does not recompile, and there the wasted projection is most of a
+    step for a large vocabulary: Gemma 3's 262k tokens over a 950-token withheld prompt and a 150-token completion.
+    The per-token values are the same rows' values either way (``tests/test_trainer_loss.py`` checks it). This widens
+    TRL's choice to the CPU; other devices keep TRL's own. Idempotent.
     """
     import trl.trainer.utils as trl_utils
 

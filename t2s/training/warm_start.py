@@ -20,8 +20,10 @@ with valid near misses rather than garbage, which is what GRPO can improve on.
 
 Each example is ``input_ids`` = prompt + completion and ``completion_mask`` = 0 over the prompt, then ``env_mask``:
 the loss covers the model's own tokens only, as the GRPO loss does. TRL's ``SFTTrainer`` trains on it
-(``completion_only_loss``). The output folder (model and tokenizer) is what ``t2s train`` (``model_name_or_path``),
-``t2s eval --policy model --model`` and ``t2s export`` take.
+(``completion_only_loss``); on a CPU its LM head projects only those tokens, not the prompt's
+(``t2s.training.cpu_threads.score_labelled_positions_only``, as in GRPO's passes). The output folder (model and
+tokenizer) is what ``t2s train`` (``model_name_or_path``), ``t2s eval --policy model --model`` and ``t2s export``
+take.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from t2s.settings import match_umask
+from t2s.training.cpu_threads import score_labelled_positions_only
 
 log = logging.getLogger(__name__)
 WEIGHT_STEPS = 5  # near_miss_weight is realised by repetition in fifths of a gold trajectory
@@ -319,6 +322,7 @@ def build_sft_trainer(sft_args: T2SSFTArguments, config, model_args, *, callback
     with loading_model(model_path):  # a config.json at odds with its weights: one Error: line
         trainer = SFTTrainer(model_path, args=config, train_dataset=dataset, processing_class=tokenizer,
                              callbacks=callbacks)
+    score_labelled_positions_only()  # on a CPU, the LM head projects the model's own tokens only (as GRPO's passes)
     return trainer, counts
 
 
