@@ -345,3 +345,24 @@ def postgres_demo(tmp_path_factory, demo_dir, postgres_dsn):
 
     folder = tmp_path_factory.mktemp("demo-postgres")
     return folder, convert(demo_dir / "dev.json", "postgres", folder, dsn=postgres_dsn), postgres_dsn
+
+
+@pytest.fixture
+def lm_head_rows(monkeypatch) -> list[int]:
+    """How many rows (positions) each call of TRL's fused LM head projects through the vocabulary, with TRL's own
+    choice of rows restored first (an earlier test's ``score_labelled_positions_only`` may have widened it)."""
+    import trl.kernels.chunked_logprob as kernels
+    import trl.trainer.utils as trl_utils
+
+    monkeypatch.setattr(trl_utils, "_use_triton", kernels._use_triton)
+    rows: list[int] = []
+    kernel = trl_utils._ChunkedLogProbFunction
+
+    class Counting:
+        @staticmethod
+        def apply(hidden, *args):
+            rows.append(hidden.shape[0])
+            return kernel.apply(hidden, *args)
+
+    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", Counting)
+    return rows

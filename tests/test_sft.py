@@ -151,23 +151,10 @@ def test_recorded_episodes_replay_only_the_correct_ones(rows, tiny_tokenizer, de
     assert counts["recorded_not_correct_on_replay"] == 1
 
 
-def test_sft_trainer_labels_are_the_env_mask_and_it_trains(tiny_model_dir, tmp_path, monkeypatch):
+def test_sft_trainer_labels_are_the_env_mask_and_it_trains(tiny_model_dir, tmp_path, monkeypatch, lm_head_rows):
     """The prepared labels are the model's own tokens, and on a CPU the LM head projects those positions only (TRL's
     fused head alone would project the prompt's too: ``score_labelled_positions_only``)."""
-    import trl.kernels.chunked_logprob as kernels
-    import trl.trainer.utils as trl_utils
-
-    monkeypatch.setattr(trl_utils, "_use_triton", kernels._use_triton)  # TRL's own choice, whatever ran before
-    projected, labelled = [], []
-    kernel = trl_utils._ChunkedLogProbFunction
-
-    class Counting:
-        @staticmethod
-        def apply(hidden, *args):
-            projected.append(hidden.shape[0])
-            return kernel.apply(hidden, *args)
-
-    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", Counting)
+    labelled = []
     sft_args, config, model_args = sft.parse_sft_recipe(_sft_argv(tiny_model_dir, tmp_path / "out",
                                                                   "--near_misses", "1"))
     trainer, counts = sft.build_sft_trainer(sft_args, config, model_args)
@@ -194,7 +181,7 @@ def test_sft_trainer_labels_are_the_env_mask_and_it_trains(tiny_model_dir, tmp_p
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     sft.fit(trainer, counts)
     assert trainer.state.global_step == 3
-    assert projected == [own for own, _ in labelled] and len(projected) == 3  # one pass a step: its own tokens
+    assert lm_head_rows == [own for own, _ in labelled] and len(labelled) == 3  # one pass a step: its own tokens
     assert all(own < every / 2 for own, every in labelled), labelled  # the prompt is most of every position
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     assert losses and all(loss == loss and loss > 0 for loss in losses)

@@ -314,27 +314,15 @@ def test_logit_gradient_is_exactly_zero_at_env_tokens_and_padding(oracle_cases, 
 
 
 
-def test_on_a_cpu_the_lm_head_projects_only_the_labelled_positions(tiny_model_dir, monkeypatch):
+def test_on_a_cpu_the_lm_head_projects_only_the_labelled_positions(tiny_model_dir, lm_head_rows):
     """``score_labelled_positions_only``: TRL's fused LM head, which on a CPU projects every position (prompt included)
     through the vocabulary, projects only the labelled ones there, with the same log-probabilities, entropies and
     gradients."""
-    import trl.kernels.chunked_logprob as kernels
     import trl.trainer.utils as trl_utils
     from transformers import AutoModelForCausalLM
 
     from t2s.training.cpu_threads import score_labelled_positions_only
 
-    monkeypatch.setattr(trl_utils, "_use_triton", kernels._use_triton)  # TRL's own choice, whatever ran before
-    projected = []
-    kernel = trl_utils._ChunkedLogProbFunction
-
-    class Counting:
-        @staticmethod
-        def apply(hidden, *args):
-            projected.append(hidden.shape[0])
-            return kernel.apply(hidden, *args)
-
-    monkeypatch.setattr(trl_utils, "_ChunkedLogProbFunction", Counting)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     trl_utils.add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     generator = torch.Generator().manual_seed(0)
@@ -354,7 +342,7 @@ def test_on_a_cpu_the_lm_head_projects_only_the_labelled_positions(tiny_model_di
     score_labelled_positions_only()
     score_labelled_positions_only()  # idempotent
     compact = run()
-    assert projected == [3 * 39, 10 + 10 + 5]  # every shifted position, then only the labelled ones
+    assert lm_head_rows == [3 * 39, 10 + 10 + 5]  # every shifted position, then only the labelled ones
     torch.testing.assert_close(compact[0], full[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(compact[1], full[1], rtol=1e-5, atol=1e-6)
     assert len(compact[2]) == len(full[2])
