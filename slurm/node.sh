@@ -92,7 +92,7 @@ if [ "$RANK" -eq 0 ]; then
         marked done && exit 0
         marked failed && fail "a training machine failed ($(cat "$JOB_DIR/failed")); the server stops"
         kill -0 "$SERVER" 2>/dev/null || { touch "$JOB_DIR/server-died"; fail "the vLLM server on ${HOSTS[0]} exited; see $LOG"; }
-        sleep 0.5  # shell built-ins and file times only: the job ends within half a second of its trainers
+        sleep 0.5  # two file tests and kill -0 a round: the job ends within half a second of its trainers
     done
 fi
 
@@ -105,7 +105,7 @@ while :; do
         "$SERVER_URL" 2>/dev/null && break
     marked server-died && fail "the vLLM server on ${HOSTS[0]} exited before it answered"
     [ "$SECONDS" -ge "$DEADLINE" ] && fail "the vLLM server at $SERVER_URL did not answer /health within $WAIT s"
-    sleep 1
+    sleep 2
 done
 if [ "$GPUS_PER_NODE" -gt 0 ]; then
     PROCESSES=$(( MACHINES * GPUS_PER_NODE )); DEVICE=()

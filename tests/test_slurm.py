@@ -138,9 +138,10 @@ def one_host_slurm(folder: Path):
         "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "SelectType=select/cons_tres",
         "SelectTypeParameters=CR_Core", "ReturnToService=2", "MpiDefault=none", "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none",
-        # `sbatch --wait` polls the job every 2 s, 8 s, then 32 s, unless a finished job's record may be purged
-        # sooner (MinJobAge, 300 s by default): at 4 s it polls every 2 s and sees the job end within 2 s, not 30
-        "MinJobAge=4",
+        # `sbatch --wait` asks for the job's state after 2 s, 8 s later, then every 32 s, unless a finished job's
+        # record may be purged sooner (MinJobAge, 300 s by default): at 5 s it asks every 2 s, and sees the job end
+        # within 2 s instead of up to 32
+        "MinJobAge=5",
         # as many CPUs as tasks (three nodes' worth on one host); slurmd takes the configured count as given
         "SlurmdParameters=config_overrides",
         f"NodeName={host} NodeAddr=127.0.0.1 CPUs={max(TASKS, os.cpu_count() or 1)} RealMemory=4000",
