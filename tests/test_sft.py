@@ -190,6 +190,43 @@ def test_sft_trainer_labels_are_the_env_mask_and_it_trains(tiny_model_dir, tmp_p
     assert summary["global_step"] == 3 and summary["trajectories"]["gold"] == counts["gold"]
 
 
+def test_the_warm_starts_loss_and_metrics_do_not_depend_on_which_positions_the_head_projects(
+        tiny_model_dir, tmp_path, monkeypatch, lm_head_rows):
+    """One batch through the warm start's loss, the LM head projecting the model's own tokens only (as ``sft`` sets it
+    on a CPU) and then every position (TRL's own choice there): the same loss, gradients, entropy, token accuracy and
+    token count."""
+    import torch
+    import trl.kernels.chunked_logprob as kernels
+    import trl.trainer.utils as trl_utils
+
+    sft_args, config, model_args = sft.parse_sft_recipe(_sft_argv(tiny_model_dir, tmp_path / "out"))
+    trainer, _ = sft.build_sft_trainer(sft_args, config, model_args)
+    batch = next(iter(trainer.get_train_dataloader()))
+    model = trainer.model.train()
+
+    def measured():
+        trainer._metrics["train"].clear()
+        trainer._total_train_tokens = 0
+        model.zero_grad()
+        loss = trainer.compute_loss(model, dict(batch))
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return loss.detach(), {k: v[-1] for k, v in trainer._metrics["train"].items()}, grads
+
+    own = measured()
+    monkeypatch.setattr(trl_utils, "_use_triton", kernels._use_triton)
+    every = measured()
+    labelled = int((batch["labels"][:, 1:] != -100).sum())
+    assert lm_head_rows == [labelled, batch["labels"][:, 1:].numel()]
+    torch.testing.assert_close(own[0], every[0], rtol=1e-5, atol=1e-6)
+    assert own[1].keys() == every[1].keys() >= {"entropy", "mean_token_accuracy", "num_tokens"}
+    for key in every[1]:
+        assert own[1][key] == pytest.approx(every[1][key], rel=1e-5, abs=1e-6), key
+    assert len(own[2]) == len(every[2]) > 0
+    for got, want in zip(own[2], every[2]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
 def test_sft_examples_mask_matches_rollout_env_mask(rows, tiny_tokenizer, demo_recipe):
     """The mask SFT trains on is the env_mask the RL rollout returns for the same episode (``to_trl``)."""
     from t2s.rollout.trace import to_trl
