@@ -1143,3 +1143,24 @@ def test_an_eval_whose_every_episode_ends_in_an_error_fails(demo_dir, tmp_path, 
     evaluate(eval_args("--policy", "gold", "--data", demo_dir, "--n", "3", "--mode", "withheld", "--output",
                        tmp_path / "again"))
     assert read_summary(tmp_path / "again", "withheld")["stop_reasons"].get("error") == 1
+
+
+def test_package_versions_read_the_installed_file_lists_once_and_only_for_an_import_of_another_name(monkeypatch):
+    """Reading which distribution provides an import reads every installed distribution's file list (about 0.7 s with
+    torch and vLLM installed): it is done only for a name that is no distribution's own, and once per process."""
+    from importlib import metadata
+
+    from t2s.evaluation import runner
+
+    calls = []
+    monkeypatch.setattr(metadata, "packages_distributions", lambda: calls.append(1) or {"sqlglot": ["sqlglot"]})
+    runner._providers.cache_clear()
+    try:
+        monkeypatch.setattr(runner, "PACKAGES", ("sqlglot",))
+        assert runner.package_versions() == {"sqlglot": metadata.version("sqlglot")} and calls == []
+        monkeypatch.setattr(runner, "PACKAGES", ("sqlglot", "no_such_import"))
+        for _ in range(3):
+            assert runner.package_versions() == {"sqlglot": metadata.version("sqlglot"), "no_such_import": None}
+        assert calls == [1]
+    finally:
+        runner._providers.cache_clear()  # the real file lists for the tests after this one
