@@ -73,8 +73,6 @@ def main() -> int:
     args, overrides = parser.parse_known_args()
     sys.path.insert(0, str(REPO))
 
-    from transformers import AutoModelForCausalLM
-
     from t2s.settings import RECIPES_DIR
     from t2s.training.configs import parse_recipe
     from t2s.training.pipeline import build_trainer, free_finished_run
@@ -102,18 +100,19 @@ def main() -> int:
     trainer.rollout_func = capture
     engine = trainer.vllm_generation.llm.llm_engine if not args.server else None
     dtype = str(engine.model_config.dtype) if engine is not None else None
+    ids = trainer.processing_class(TEXT)["input_ids"]
+    checked = rank == 0 or not args.server
+    start_lp = model_logprobs(trainer.model, ids) if checked else None  # the starting weights (LoRA's B is zero)
     trainer.train()  # as `fit` does, but the engine is checked before the run ends
 
-    ids = trainer.processing_class(TEXT)["input_ids"]
     trainer.vllm_generation.sync_weights()  # the last step's weights (TRL pushes before each generation)
     result = {"rank": rank, "world_size": trainer.accelerator.num_processes, "dtype": dtype, "seen": seen,
               "global_step": trainer.state.global_step, "lora": any("lora_" in n for n, _ in
                                                                     trainer.model.named_parameters())}
     trainer.model.eval()
-    if rank == 0 or not args.server:
+    if checked:
         engine_lp = engine_logprobs(trainer, ids)
         trained_lp = model_logprobs(trainer.model, ids)
-        start_lp = model_logprobs(AutoModelForCausalLM.from_pretrained(args.model), ids)
         result.update(
             engine=engine_lp,
             trained_gap=max(abs(a - b) for a, b in zip(engine_lp, trained_lp)),

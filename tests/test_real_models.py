@@ -3,12 +3,13 @@ a think block, a GGUF tokenizer that names ``<|im_start|>`` as its eos) and Goog
 template; ``recipes/chat_templates/gemma3.jinja`` supplies Gemma's turn format).
 
 On SmolLM2, in both modes, with real tools on held-out BIRD questions (superhero, where the shared data is present;
-else the demo's): ``eval --policy vllm`` plays the same greedy episodes as ``--policy model`` (a difference is
-allowed only at a near-tie, detected from the model's logprobs and reported); ``ask`` answers; ``sft`` then two GRPO
-steps colocated with vLLM, full and LoRA with peft's default targets, keep ``sampling/logp_gap/mean`` under 0.01;
-``export`` writes a folder that ``make serve`` loads, stopping on ``<|im_end|>``; and ``eval --policy endpoint`` runs
-against it in chat and completions modes. On Gemma 3: one clear error line without a template, then an eval and a
-GRPO step with one, after which the engine holds the trained weights.
+else the demo's) under bench learn-real's two-line system prompt (``ask`` keeps the tool manual, about 460 tokens more
+to prefill in every episode): ``eval --policy vllm`` plays the same greedy episodes as ``--policy model`` (a
+difference is allowed only at a near-tie, detected from the model's logprobs and reported); ``ask`` answers; ``sft``
+then two GRPO steps colocated with vLLM, full and LoRA with peft's default targets, keep ``sampling/logp_gap/mean``
+under 0.01; ``export`` writes a folder that ``make serve`` loads, stopping on ``<|im_end|>``; and ``eval --policy
+endpoint`` runs against it in chat and completions modes. On Gemma 3: one clear error line without a template, then
+an eval and a GRPO step with one, after which the engine holds the trained weights.
 """
 
 from __future__ import annotations
@@ -36,15 +37,16 @@ SUPERHERO = shared_data_dir() / "bird_dev_superhero"
 # greedy identity is checked on held-out BIRD questions (superhero) where the shared data is present, else on the demo
 HELD_OUT = SUPERHERO if (SUPERHERO / "dev.json").is_file() else DEMO
 GEMMA_TEMPLATE = ROOT / "recipes" / "chat_templates" / "gemma3.jinja"
+# the two-line system prompt of bench learn-real instead of the tool manual: prompts of about 100 tokens, not 460
+SHORT_PROMPT = ROOT / "recipes" / "learn_real_system_prompt.txt"
 EPISODES = ["--data", str(DEMO), "--n", "2", "--max-turns", "2", "--max-tokens-per-turn", "24",
-            "--episode-token-budget", "4096", "--temperature", "0", "--quiet"]
+            "--episode-token-budget", "4096", "--temperature", "0", "--system-prompt-file", str(SHORT_PROMPT),
+            "--quiet"]
 LOGP_GAP_BOUND = 0.01
 NEAR_TIE = 1e-4  # two best next tokens this close in logprob: either may win on another kernel
 TRAIN_SCRIPT = ROOT / "tests" / "_vllm_train_script.py"
-# the two-line system prompt of bench learn-real instead of the tool manual: prompts of about 100 tokens, not 460
 SMALL_STEPS = ["--per_device_train_batch_size", "2", "--num_generations", "2", "--max_turns", "1",
-               "--max_tokens_per_turn", "16", "--forced_turn_reserve", "16",
-               "--system_prompt_file", str(ROOT / "recipes" / "learn_real_system_prompt.txt")]
+               "--max_tokens_per_turn", "16", "--forced_turn_reserve", "16", "--system_prompt_file", str(SHORT_PROMPT)]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -105,7 +107,8 @@ def _divergence_gap(model_dir: Path, record: dict, mode: str, turn: int, a: str,
     rows = load_json_rows(HELD_OUT / "dev.json")
     row = next(r for r in rows if str(r["question_id"]) == str(record["question_id"]))
     config = chat_format(tokenizer).episode_config(EpisodeConfig(mode=mode, max_turns=2, max_tokens_per_turn=24,
-                                                                 episode_token_budget=4096))
+                                                                 episode_token_budget=4096,
+                                                                 system_prompt_file=str(SHORT_PROMPT)))
     ids = first_prompt_ids(tokenizer, Episode(row, config))
     literal = dict(add_special_tokens=False, split_special_tokens=True)
     for earlier in record["turns"][:turn]:
