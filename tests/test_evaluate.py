@@ -955,9 +955,10 @@ def test_eval_config_records_the_installed_vllm_whatever_distribution_installed_
     pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
     import vllm
 
-    from t2s.evaluation.runner import package_versions
+    from t2s.evaluation.runner import RECORDED_PACKAGES
+    from t2s.settings import package_versions
 
-    versions = package_versions()
+    versions = package_versions(RECORDED_PACKAGES)
     assert versions["vllm"] == vllm.__version__.split("+")[0] or versions["vllm"] == vllm.__version__
     assert all(versions[name] for name in ("torch", "transformers", "trl", "peft", "sqlglot"))
 
@@ -1150,17 +1151,16 @@ def test_package_versions_read_the_installed_file_lists_once_and_only_for_an_imp
     torch and vLLM installed): it is done only for a name that is no distribution's own, and once per process."""
     from importlib import metadata
 
-    from t2s.evaluation import runner
+    from t2s import settings
 
     calls = []
     monkeypatch.setattr(metadata, "packages_distributions", lambda: calls.append(1) or {"sqlglot": ["sqlglot"]})
-    runner._providers.cache_clear()
+    settings._providers.cache_clear()
     try:
-        monkeypatch.setattr(runner, "PACKAGES", ("sqlglot",))
-        assert runner.package_versions() == {"sqlglot": metadata.version("sqlglot")} and calls == []
-        monkeypatch.setattr(runner, "PACKAGES", ("sqlglot", "no_such_import"))
+        assert settings.package_versions(["sqlglot"]) == {"sqlglot": metadata.version("sqlglot")} and calls == []
         for _ in range(3):
-            assert runner.package_versions() == {"sqlglot": metadata.version("sqlglot"), "no_such_import": None}
+            assert settings.package_versions(["sqlglot", "no_such_import"]) == {
+                "sqlglot": metadata.version("sqlglot"), "no_such_import": None}
         assert calls == [1]
     finally:
-        runner._providers.cache_clear()  # the real file lists for the tests after this one
+        settings._providers.cache_clear()  # the real file lists for the tests after this one

