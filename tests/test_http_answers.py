@@ -28,7 +28,8 @@ class RawServer:
         self.socket = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.socket.getsockname()[1]}"
         self.stopped = threading.Event()
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.accepting = threading.Thread(target=self._serve, daemon=True)
+        self.accepting.start()
 
     def _serve(self):
         while not self.stopped.is_set():
@@ -49,7 +50,13 @@ class RawServer:
             connection.close()
 
     def close(self):
+        """Stop accepting, then free the socket. The accepting thread is woken (``shutdown``) and waited for first:
+        closed under a thread about to call ``accept``, the descriptor's number could go to the next test's server,
+        and this server's thread would answer that server's requests with this server's answers."""
         self.stopped.set()
+        self.socket.shutdown(socket.SHUT_RDWR)
+        self.accepting.join(timeout=10)
+        assert not self.accepting.is_alive(), "the accepting thread did not stop"
         self.socket.close()
 
 
