@@ -17,6 +17,10 @@ from tests.vllm_support import environment_kept
 
 offline_environment()
 os.environ["HF_HUB_OFFLINE"] = "1"
+# No telemetry, as `make serve` and the tests' vLLM commands have it (tests/vllm_support.py's VLLM_ENV): the hub reads
+# this as it is imported, so a command given the worker's environment and one given VLLM_ENV on top of it then share
+# one preloaded interpreter (tests/preloaded.py) instead of each importing torch and vLLM for itself
+os.environ["DO_NOT_TRACK"] = "1"
 sleep_while_waiting()  # the workers' torch waits as every t2s command's does: set before a test imports torch
 
 _real_connect = socket.socket.connect
