@@ -116,6 +116,15 @@ def test_what_the_preloaded_imports_set_in_the_environment_the_command_has(probe
     assert seen[0] == seen[1] and seen[0]["set_by_vllm"] == "1" and seen[0]["vllm_imported"]
 
 
+def test_a_vllm_command_shares_the_workers_interpreters():
+    """The suite's vLLM commands run with VLLM_ENV on top of the worker's environment: nothing in it that a library
+    reads as it is imported differs from the worker's own (conftest sets ``DO_NOT_TRACK``), so they are served by the
+    same preloaded interpreters as every other command, not by a second chain that imports torch and vLLM again."""
+    from tests.vllm_support import VLLM_ENV
+
+    assert preloaded._import_key(os.environ | VLLM_ENV) == preloaded._import_key(dict(os.environ))
+
+
 def test_a_command_past_its_timeout_is_killed(probe):
     folder, env = probe
     (folder / "slow.py").write_text("import time\ntime.sleep(120)\n")
