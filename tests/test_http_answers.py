@@ -5,6 +5,7 @@ refused at once, without a retry. Both clients: the chat endpoint's (synchronous
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -93,8 +94,9 @@ def server(request):
         return made[-1]
 
     yield start
-    for one in made:
-        one.close()
+    with contextlib.ExitStack() as stack:  # every server is closed, also where one fails to close
+        for one in made:
+            stack.callback(one.close)
 
 
 def _ends_within(call, seconds: float):
@@ -144,6 +146,14 @@ def test_an_answer_over_the_size_cap_is_refused_without_a_retry(server, monkeypa
 
 
 # ------------------------------------------------------------------------------------ answers of the wrong shape
+def _received(connection) -> bytes:
+    """The next bytes of a request; an OSError where the client hung up before sending all of it."""
+    chunk = connection.recv(65536)
+    if not chunk:
+        raise ConnectionResetError("the client hung up")
+    return chunk
+
+
 class ModelsOrPost(RawServer):
     """``GET /v1/models`` answers ``models``; a POST answers ``post``."""
 
@@ -153,14 +163,14 @@ class ModelsOrPost(RawServer):
 
     def _one(self, connection):
         try:
-            head = connection.recv(65536)
+            head = b""
             while b"\r\n\r\n" not in head:
-                head += connection.recv(65536)
+                head += _received(connection)
             header, _, rest = head.partition(b"\r\n\r\n")
             length = next((int(line.split(b":")[1]) for line in header.split(b"\r\n")
                            if line.lower().startswith(b"content-length:")), 0)
             while len(rest) < length:
-                rest += connection.recv(65536)
+                rest += _received(connection)
             body = json.dumps(self.models if header.startswith(b"GET") else self.post).encode()
             connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: "
                                + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body)
@@ -179,8 +189,9 @@ def answers(request):
         return made[-1]
 
     yield start
-    for one in made:
-        one.close()
+    with contextlib.ExitStack() as stack:  # every server is closed, also where one fails to close
+        for one in made:
+            stack.callback(one.close)
 
 
 MODEL_LIST = {"data": [{"id": "fake-model", "max_model_len": 4096}]}
