@@ -14,16 +14,19 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from t2s.backends.vllm_engine import free_port
+from t2s.backends.vllm_engine import free_port, has_cuda
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "VLLM_HOST_IP": "127.0.0.1",
             "VLLM_CPU_KVCACHE_SPACE": "1", "TOKENIZERS_PARALLELISM": "false"}
 SERVER_MAX_MODEL_LEN = 8192
 # The tests' servers run eager (``--enforce-eager``) and without TorchDynamo, as t2s's offline engine runs on a CPU
-# (t2s.backends.vllm_engine): no C++ compile of vLLM's sampler kernels at each start
-EAGER_SERVE_ARGS, NO_DYNAMO = "--enforce-eager", {"TORCHDYNAMO_DISABLE": "1"}
-EAGER_SERVER_ENV = {"SERVE_ARGS": EAGER_SERVE_ARGS, **NO_DYNAMO}  # `make serve`'s variables, as the Slurm job sets them
+# (t2s.backends.vllm_engine): no C++ compile of vLLM's sampler kernels at each start. On a CPU their engine-core process
+# also runs the model itself (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no worker process that imports vLLM and torch once
+# more (about 7 of a start's 26 CPU-seconds) and spins on shared memory for a second after every message.
+EAGER_SERVE_ARGS = "--enforce-eager"
+SERVER_ENV = {"TORCHDYNAMO_DISABLE": "1"} | ({} if has_cuda() else {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+EAGER_SERVER_ENV = {"SERVE_ARGS": EAGER_SERVE_ARGS, **SERVER_ENV}  # `make serve`'s variables, as the Slurm job has them
 # Hang guards, not speed targets: a subprocess or server start that takes longer than this has hung. Generous, since
 # the suite must pass on one core beside other work (`taskset -c 0`), where a start takes several times as long.
 HANG_GUARD_S = 1200
@@ -86,7 +89,7 @@ def served(model_dir: Path, log_path: Path, *serve_args: str):
     from t2s.bench.eval_scale import make_serve
 
     with make_serve(model_dir, free_port(), log_path, max_model_len=SERVER_MAX_MODEL_LEN,
-                    env=VLLM_ENV | NO_DYNAMO, serve_args=" ".join([EAGER_SERVE_ARGS, *serve_args]),
+                    env=VLLM_ENV | SERVER_ENV, serve_args=" ".join([EAGER_SERVE_ARGS, *serve_args]),
                     timeout=HANG_GUARD_S) as url:
         started = Path(log_path).read_text(encoding="utf-8", errors="replace")
         assert not [line for line in started.splitlines() if "DeprecationWarning" in line and "vllm" in line], (
