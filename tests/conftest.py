@@ -81,18 +81,6 @@ def install_network_guard() -> None:
 install_network_guard()
 
 
-def _bind_vllm_to_this_workers_core() -> None:
-    """Under pytest-xdist (``make test`` runs two workers), each worker's vLLM CPU engines bind their OpenMP threads to
-    a core of their own: left to itself, every engine binds core 0, and two at once starve one another."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    if worker.startswith("gw") and worker[2:].isdigit() and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        cores = sorted(os.sched_getaffinity(0))
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = str(cores[int(worker[2:]) % len(cores)])
-
-
-_bind_vllm_to_this_workers_core()
-
-
 def _share_the_cores_between_workers() -> None:
     """Under pytest-xdist, each worker's torch (and every process it starts: ``OMP_NUM_THREADS`` is inherited) gets
     its share of the cores, at least one thread, unless the environment already chose a thread count. The workers
@@ -118,9 +106,9 @@ REAL_MODEL_MODULES = {"test_real_models.py"}
 def pytest_collection_modifyitems(config, items):
     """The tests that start a vLLM engine or server run in two groups (``--dist loadgroup``), each one test after
     another on one worker: the real pretrained models' (``REAL_MODEL_MODULES``) and the tiny models' (where the
-    session's shared server lives). An engine takes a core (each worker's bind a core of their own) and gigabytes of
-    memory, so at most two run at once; pytest-xdist hands out the largest groups first, so the two land on different
-    workers, and the other tests fill in around them."""
+    session's shared server lives). An engine takes a core and gigabytes of memory, so at most two run at once;
+    pytest-xdist hands out the largest groups first, so the two land on different workers, and the other tests fill in
+    around them."""
     for item in items:
         if item.get_closest_marker("vllm") is not None:
             real = item.path.name in REAL_MODEL_MODULES

@@ -105,7 +105,7 @@ def test_missed_targets_name_each_one():
 
 def test_an_evaluation_that_fails_raises_with_the_tail_of_its_log(tmp_path):
     pending = learn_real.PendingEval.start(tmp_path / "no-model", ["--policy", "vllm", "--data", str(tmp_path / "none"),
-                                                                   "--quiet"], tmp_path / "eval", core=0)
+                                                                   "--quiet"], tmp_path / "eval")
     with pytest.raises(RuntimeError, match=r"Error: eval of .*no-model failed \(exit [1-9]\); .*eval\.log: .*Error:"):
         pending.summary()
 

@@ -24,8 +24,9 @@ The CPU-only settings live here and nowhere else in t2s (with ``tools/vllm_cpu``
   nor shared well between two engines;
 - the offline engine in the calling process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): otherwise the CPU platform starts
   an engine-core process and a worker process beside the caller, each importing vLLM and torch again (a SmolLM2 eval
-  of two questions on two cores: 43 s to 20 s, the same turns). Its OpenMP threads are then bound in the calling
-  process (``VLLM_CPU_OMP_THREADS_BIND``), as they would be in the worker. ``make serve`` keeps vLLM's own layout.
+  of two questions on two cores: 43 s to 20 s, the same turns). vLLM binds no threads to cores in this layout
+  (``VLLM_CPU_OMP_THREADS_BIND`` is read only where it starts a worker process): the engine computes on the calling
+  process's threads, as many as ``OMP_NUM_THREADS`` or torch's default gives. ``make serve`` keeps vLLM's own layout.
 - no TorchDynamo (``TORCHDYNAMO_DISABLE=1``): with the model eager, what vLLM still compiles is two sampler kernels
   (the count behind a token's logprob rank, and the unseeded random draw), through inductor and a C++ compiler, on
   the first request that needs each: about 7 s of every engine's start on two cores, for kernels that run in

@@ -19,7 +19,7 @@ install-models`` caches; ``--model DIR`` names another model folder) on a 2-core
   temperature 0, with the GRPO recipe's own episode settings (``OUTPUT/eval_args.txt`` holds those flags on one line).
   GRPO is compared with the warm start and with the control by ``t2s compare``'s paired test (McNemar and a bootstrap
   CI). Each evaluation runs in its own process beside the next stage's training (the zero-shot one beside the warm
-  start, the warm start's beside GRPO, GRPO's beside the control), its engine bound to a core of its own.
+  start, the warm start's beside GRPO, GRPO's beside the control).
 
 Departures from the published recipe, each forced by a 135M model on two CPU cores, are listed in docs/benchmarks.md.
 The last line is ``learn-real: zero_shot=Z warm=W grpo=G control=C delta=D ci=[lo,hi] train_gain=T control_gain=K
@@ -150,21 +150,19 @@ def eval_flags(split: Split, n: int, overrides: tuple[str, ...] = ()) -> list[st
 class PendingEval:
     """``t2s eval`` of a model in its own process (the engine's memory goes with it), started by :meth:`start` (with
     ``launch``, ``subprocess.Popen``'s arguments) and waited for by :meth:`summary`, beside the next stage's training.
-    ``core`` binds its vLLM engine's one OpenMP thread to that core (left to itself it binds the first, as a training
-    run's colocated engine does). ``then`` runs once the evaluation has succeeded (the zero-shot cache's copy)."""
+    ``then`` runs once the evaluation has succeeded (the zero-shot cache's copy)."""
     launch = staticmethod(subprocess.Popen)
 
     def __init__(self, output: Path, process: subprocess.Popen | None = None, model: Path | None = None, then=None):
         self.output, self.process, self.model, self.then = output, process, model, then
 
     @classmethod
-    def start(cls, model: Path, flags: list[str], output: Path, *, core: int | None = None, then=None):
+    def start(cls, model: Path, flags: list[str], output: Path, *, then=None):
         shutil.rmtree(output, ignore_errors=True)  # a fresh evaluation: eval resumes only a run of the same weights
         output.parent.mkdir(parents=True, exist_ok=True)
-        env = os.environ | ({"VLLM_CPU_OMP_THREADS_BIND": str(core)} if core is not None else {})
         command = [sys.executable, "-m", "t2s", "eval", *flags, "--model", str(model), "--output", str(output)]
         with open(output.with_suffix(".log"), "w", encoding="utf-8") as handle:
-            process = cls.launch(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
+            process = cls.launch(command, stdout=handle, stderr=subprocess.STDOUT, env=dict(os.environ),
                                  start_new_session=True)  # its own process group: stop() ends its engine too
         return cls(output, process, model, then)
 
@@ -188,12 +186,6 @@ class PendingEval:
         return json.loads((self.output / "summary.json").read_text(encoding="utf-8"))["modes"]["full"]
 
 
-def spare_core() -> int | None:
-    """The last core this process may run on, for an evaluation beside training; None with a single core."""
-    cores = sorted(os.sched_getaffinity(0))
-    return cores[-1] if len(cores) > 1 else None
-
-
 def zero_shot_key(model: Path, split: Split, flags: list[str]) -> str:
     """The zero-shot evaluation's cache key: the base model's files, the unseen questions, the flags (a path's name
     only: what it holds is keyed), the prompt, the t2s sources, the library versions."""
@@ -206,10 +198,9 @@ def zero_shot_key(model: Path, split: Split, flags: list[str]) -> str:
     ], extra=(" ".join(Path(f).name if i in paths else f for i, f in enumerate(flags)),))
 
 
-def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: Path, log,
-              core: int | None = None) -> PendingEval:
+def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: Path, log) -> PendingEval:
     """The base model's evaluation into ``output``: copied from ``cache`` when its key (:func:`zero_shot_key`)
-    matches, else started (on ``core``, beside the warm start) and cached when it ends; the same for every seed."""
+    matches, else started (beside the warm start) and cached when it ends; the same for every seed."""
     cached = cache / f"learn-real-zero-shot-{zero_shot_key(model, split, flags)}"
     if (cached / "summary.json").is_file():
         log(f"zero-shot: cached in {cached}")
@@ -225,7 +216,7 @@ def zero_shot(model: Path, split: Split, flags: list[str], output: Path, cache: 
         partial.rename(cached)
 
     log("zero-shot: evaluating the base model on the unseen databases, beside the warm start")
-    return PendingEval.start(model, flags, output, core=core, then=store)
+    return PendingEval.start(model, flags, output, then=store)
 
 
 def warm_start_folder(model: Path, split: Split, seed: int, sft_recipe: Path, cache: Path, log) -> Path:
@@ -398,9 +389,8 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
 
     summaries: dict[str, dict] = {}
     cache = cache or workspace() / ".cache"
-    core = spare_core()
     grpo_flags = ("--dataset_path", str(split.grpo), "--max_train_rows", str(grpo_questions), *grpo_overrides)
-    pending = zero_shot(model, split, flags, output / "eval" / "zero_shot", cache, log, core)
+    pending = zero_shot(model, split, flags, output / "eval" / "zero_shot", cache, log)
     try:
         warm_folder = warm_start_folder(model, split, seed, derived_recipe(split, output), cache, log)
         summaries["zero_shot"] = pending.summary()
@@ -408,13 +398,13 @@ def run(*, seed=0, output="runs/bench-learn-real", steps=STEPS, sft_questions=SF
         warm = copy_model(warm_folder, output / "warm")
         runs: dict[str, list[dict]] = {}
         evaluated = "warm"  # each stage's evaluation runs beside the next stage's training
-        pending = PendingEval.start(warm, flags, output / "eval" / "warm", core=core)
+        pending = PendingEval.start(warm, flags, output / "eval" / "warm")
         for name, control in (("grpo", False), ("control", True)):
             console.rule(f"{name}: {steps} steps" + (" (rewards permuted within each step)" if control else "") +
                          f", beside the {evaluated} evaluation")
             runs[name] = grpo_stage(warm, output / name, steps=steps, seed=seed, control=control, overrides=grpo_flags)
             summaries[evaluated] = _evaluated(evaluated, pending.summary(), log)
-            evaluated, pending = name, PendingEval.start(output / name, flags, output / "eval" / name, core=core)
+            evaluated, pending = name, PendingEval.start(output / name, flags, output / "eval" / name)
         summaries[evaluated] = _evaluated(evaluated, pending.summary(), log)
     except BaseException:
         pending.stop()
