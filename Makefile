@@ -22,9 +22,8 @@ PORT ?= 8000
 MAX_MODEL_LEN ?= 16384
 PYTEST_ARGS ?=
 # pytest-xdist workers for make test (1: no workers, the whole suite in one process). The vLLM tests run in two groups
-# (the real pretrained models', the tiny models'), each one test after another on one worker, each worker's engines
-# bound to a core of its own, and the rest around them (tests/conftest.py). On two cores that is faster than one
-# process (docs/benchmarks.md, The test suite).
+# (the real pretrained models', the tiny models'), each one test after another on one worker, and the rest around them
+# (tests/conftest.py). On two cores that is faster than one process (docs/benchmarks.md, The test suite).
 TEST_WORKERS ?= 2
 TRAIN_ARGS ?=
 
