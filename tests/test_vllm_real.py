@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,9 +33,10 @@ def eval_argv(out: Path, *argv) -> list[str]:
 
 
 def run_eval(out: Path, *argv) -> list[list[str]]:
-    """Run ``python -m t2s eval`` and return each episode's assistant turn texts."""
-    done = subprocess.run([sys.executable, "-m", "t2s", *eval_argv(out, *argv)], cwd=ROOT, env=os.environ | VLLM_ENV,
-                          capture_output=True, text=True, timeout=HANG_GUARD_S)
+    """Run ``python -m t2s eval`` (from the worker's preloaded interpreter) and return each episode's assistant turn
+    texts."""
+    done = preloaded.run([sys.executable, "-m", "t2s", *eval_argv(out, *argv)], preload="torch",
+                         env=os.environ | VLLM_ENV, timeout=HANG_GUARD_S)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return turn_texts(out)
 

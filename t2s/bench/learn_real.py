@@ -249,15 +249,23 @@ def copy_model(source: Path, target: Path) -> Path:
     return target
 
 
+# What a GRPO stage's child imports, imported once by the fork server both stages' children are forked from
+GRPO_CHILD_PRELOAD = ("datasets", "trl.trainer.grpo_trainer", "t2s.bench.learn", "t2s.training.pipeline")
+
+
 def grpo_stage(warm: Path, folder: Path, *, steps: int, seed: int, control: bool, overrides: tuple[str, ...]):
     """``recipes/learn_real.yaml`` from ``warm`` into ``folder``, in a child process: each run's colocated engine,
     process group and memory end with it (a second run in one process finds the first's process group torn down).
+    The child is forked from multiprocessing's fork server, which imports ``GRPO_CHILD_PRELOAD`` (torch, TRL, vLLM)
+    once for both stages, with this process's environment (``OMP_WAIT_POLICY`` included, set before torch is
+    imported); it has run nothing, so a fork of it starts clean as a spawned process would.
     Returns the run's logged steps (``folder/metrics.jsonl``, written afresh); a failed run raises."""
     import multiprocessing
 
     shutil.rmtree(folder, ignore_errors=True)  # metrics.jsonl is appended to
-    child = multiprocessing.get_context("spawn").Process(target=_grpo_child,
-                                                         args=(warm, folder, steps, seed, control, overrides))
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(GRPO_CHILD_PRELOAD))  # read when the server starts, at the first stage
+    child = context.Process(target=_grpo_child, args=(warm, folder, steps, seed, control, overrides))
     child.start()
     child.join()
     if child.exitcode != 0:
