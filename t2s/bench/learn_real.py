@@ -249,7 +249,6 @@ def copy_model(source: Path, target: Path) -> Path:
     return target
 
 
-# What a GRPO stage's child imports, imported once by the fork server both stages' children are forked from
 GRPO_CHILD_PRELOAD = ("datasets", "trl.trainer.grpo_trainer", "t2s.bench.learn", "t2s.training.pipeline")
 
 
@@ -267,8 +266,7 @@ def grpo_stage(warm: Path, folder: Path, *, steps: int, seed: int, control: bool
 
     shutil.rmtree(folder, ignore_errors=True)  # metrics.jsonl is appended to
     context = multiprocessing.get_context("spawn" if has_cuda() else "forkserver")
-    if not has_cuda():
-        context.set_forkserver_preload(list(GRPO_CHILD_PRELOAD))  # read when the server starts, at the first stage
+    context.set_forkserver_preload(list(GRPO_CHILD_PRELOAD))  # read as the fork server starts (none is spawned)
     child = context.Process(target=_grpo_child, args=(warm, folder, steps, seed, control, overrides))
     child.start()
     child.join()
