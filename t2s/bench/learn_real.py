@@ -249,25 +249,18 @@ def copy_model(source: Path, target: Path) -> Path:
     return target
 
 
-GRPO_CHILD_PRELOAD = ("datasets", "trl.trainer.grpo_trainer", "t2s.bench.learn", "t2s.training.pipeline")
+GRPO_START_METHOD = "spawn"  # how a GRPO stage's child starts (multiprocessing's name; the tests use "forkserver")
 
 
 def grpo_stage(warm: Path, folder: Path, *, steps: int, seed: int, control: bool, overrides: tuple[str, ...]):
     """``recipes/learn_real.yaml`` from ``warm`` into ``folder``, in a child process: each run's colocated engine,
     process group and memory end with it (a second run in one process finds the first's process group torn down).
-    Without CUDA the child is forked from multiprocessing's fork server, which imports ``GRPO_CHILD_PRELOAD`` (torch,
-    TRL, vLLM) once for both stages, with this process's environment (``OMP_WAIT_POLICY`` included, set before torch
-    is imported); it has run nothing, so a fork of it starts clean as a spawned process would. With CUDA each child
-    is spawned: a process that asked the driver anything (vLLM's platform check does, as it is imported) is not forked.
     Returns the run's logged steps (``folder/metrics.jsonl``, written afresh); a failed run raises."""
     import multiprocessing
 
-    from t2s.backends.vllm_engine import has_cuda
-
     shutil.rmtree(folder, ignore_errors=True)  # metrics.jsonl is appended to
-    context = multiprocessing.get_context("spawn" if has_cuda() else "forkserver")
-    context.set_forkserver_preload(list(GRPO_CHILD_PRELOAD))  # read as the fork server starts (none is spawned)
-    child = context.Process(target=_grpo_child, args=(warm, folder, steps, seed, control, overrides))
+    child = multiprocessing.get_context(GRPO_START_METHOD).Process(target=_grpo_child,
+                                                                   args=(warm, folder, steps, seed, control, overrides))
     child.start()
     child.join()
     if child.exitcode != 0:
